@@ -1,0 +1,45 @@
+"""realm_jax: REALM (retrieval-augmented language model pretraining) in JAX/Flax."""
+
+import setuptools
+
+# Pinned together on purpose: scann 1.4.2 is built against TensorFlow 2.20 (with 2.21
+# `import scann` fails on an undefined symbol), and tensorflow-text must match TensorFlow's
+# minor version. jax/flax/optax/orbax are the versions this stack resolves to on Python 3.11.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "gin-config==0.5.0",
+    "clu==0.0.12",
+    "seqio==0.0.20",
+    "tensorflow==2.20.0",
+    "tensorflow-text==2.20.1",
+    "tensorflow-datasets==4.9.10",
+    "scann==1.4.2",
+    "numpy==2.4.6",
+    "safetensors==0.8.0",
+]
+
+# The parity peers. torch is pinned exactly: this CPU build is what the test machines carry,
+# and any looser requirement pulls several GB of CUDA wheels.
+TEST_REQUIRES = [
+    "pytest==9.0.3",
+    "transformers==4.46.3",
+    "torch==2.13.0",
+]
+
+setuptools.setup(
+    name="realm_jax",
+    version="0.1.0",
+    description="REALM retrieval-augmented language model pretraining in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["realm_jax", "realm_jax.*"]),
+    package_data={"realm_jax": ["data/assets/*"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+)
