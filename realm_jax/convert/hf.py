@@ -1,0 +1,354 @@
+"""Import transformers REALM and BERT checkpoints into realm_jax parameter trees.
+
+Reads a local directory holding `config.json` and `model.safetensors` (or
+`pytorch_model.bin`); nothing is downloaded. Supported checkpoint classes (from
+`config.json`'s `architectures`, or named with `kind=`):
+
+  kind          transformers class            our module            our parameter tree
+  "embedder"    RealmEmbedder                 RealmEmbedder         {bert, projection, ...}
+  "scorer"      RealmScorer                   RealmRetriever        {embedder} or
+                                                                    {query_embedder, document_embedder}
+  "encoder"     RealmKnowledgeAugEncoder      RealmKnowledgeAugEncoder {bert, mlm_head}
+  "reader"      RealmReader                   RealmReader           {bert, span_head}
+  "open_qa"     RealmForOpenQA                query embedder + reader + block embeddings
+  "bert"        BertModel / BertForMaskedLM / BertForPreTraining    {bert[, mlm_head]}
+
+Every tensor of the checkpoint is accounted for: it is converted, or it is one of the tensors
+the transformers classes carry but never use (listed in `_UNUSED`); anything else, and any
+tensor our model needs that the checkpoint lacks, is a `CheckpointMismatchError` listing them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Callable
+
+import numpy as np
+
+from realm_jax.models.config import BertConfig, RealmConfig
+
+StateDict = dict[str, np.ndarray]
+Params = dict[str, Any]
+
+KINDS = ("embedder", "scorer", "encoder", "reader", "open_qa", "bert")
+
+_ARCHITECTURE_KINDS = {
+    "RealmEmbedder": "embedder",
+    "RealmScorer": "scorer",
+    "RealmKnowledgeAugEncoder": "encoder",
+    "RealmReader": "reader",
+    "RealmForOpenQA": "open_qa",
+    "BertModel": "bert",
+    "BertForMaskedLM": "bert",
+    "BertForPreTraining": "bert",
+}
+
+# Tensors that transformers' classes hold but never use in forward: the MLM head inside the
+# embedder's projection and inside the reader, the pooler of BERTs whose pooled output nobody
+# reads, BERT's next-sentence head, and non-persistent buffers some versions saved.
+_UNUSED = {
+    "embedder": [r"cls\.predictions\..*", r".*position_ids", r".*embeddings\.token_type_ids"],
+    "encoder": [r"realm\.pooler\..*", r".*position_ids", r".*embeddings\.token_type_ids"],
+    "reader": [r"realm\.pooler\..*", r"cls\.predictions\..*", r".*position_ids",
+               r".*embeddings\.token_type_ids"],
+    "scorer": [r"(query_)?embedder\.cls\.predictions\..*", r".*position_ids",
+               r".*embeddings\.token_type_ids"],
+    "open_qa": [r"reader\.realm\.pooler\..*", r"reader\.cls\.predictions\..*",
+                r"embedder\.cls\.predictions\..*", r".*position_ids",
+                r".*embeddings\.token_type_ids"],
+    "bert": [r"(bert\.)?pooler\..*", r"cls\.seq_relationship\..*", r".*position_ids",
+             r".*embeddings\.token_type_ids"],
+}
+
+
+class CheckpointMismatchError(ValueError):
+  """The checkpoint's tensors do not match the model (lists missing and unexpected ones)."""
+
+
+# ----------------------------------------------------------------------------- reading files
+
+
+def read_config(directory: str) -> dict:
+  """The checkpoint's `config.json` as a dict."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{directory}: no config.json (a transformers checkpoint "
+                            "directory holds config.json and model.safetensors).")
+  with open(path, encoding="utf-8") as f:
+    try:
+      return json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}: not valid JSON ({e}).") from e
+
+
+def read_state_dict(directory: str) -> StateDict:
+  """All tensors of `model.safetensors` (preferred) or `pytorch_model.bin` as NumPy arrays.
+
+  bfloat16 tensors come back as float32.
+  """
+  safetensors_path = os.path.join(directory, "model.safetensors")
+  torch_path = os.path.join(directory, "pytorch_model.bin")
+  if os.path.isfile(safetensors_path):
+    # The flax loader understands bfloat16, which plain NumPy cannot hold.
+    from safetensors.flax import load_file
+    tensors = load_file(safetensors_path)
+    return {k: _to_numpy(np.asarray(v)) for k, v in tensors.items()}
+  if os.path.isfile(torch_path):
+    try:
+      import torch
+    except ImportError as e:
+      raise ImportError(f"{torch_path}: reading pytorch_model.bin needs torch "
+                        "(pip install 'realm_jax[test]'), or convert it to "
+                        "model.safetensors.") from e
+    tensors = torch.load(torch_path, map_location="cpu", weights_only=True)
+    return {k: _to_numpy(v.float().numpy() if v.is_floating_point() else v.numpy())
+            for k, v in tensors.items()}
+  raise FileNotFoundError(f"{directory}: neither model.safetensors nor pytorch_model.bin.")
+
+
+def _to_numpy(array: np.ndarray) -> np.ndarray:
+  if array.dtype.kind == "f" or str(array.dtype) == "bfloat16":
+    return np.asarray(array, np.float32)
+  return np.asarray(array)
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def bert_config_from_hf(hf: dict, **overrides) -> BertConfig:
+  """Our BertConfig from a transformers BERT/REALM `config.json` dict."""
+  kind = hf.get("position_embedding_type", "absolute")
+  if kind != "absolute":
+    raise ValueError(f"position_embedding_type={kind!r} is not supported (only 'absolute').")
+  values = dict(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      intermediate_size=hf["intermediate_size"], hidden_act=hf["hidden_act"],
+      max_position_embeddings=hf["max_position_embeddings"],
+      type_vocab_size=hf["type_vocab_size"], layer_norm_eps=hf["layer_norm_eps"],
+      initializer_range=hf.get("initializer_range", 0.02),
+      hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout=hf.get("attention_probs_dropout_prob", 0.1))
+  values.update(overrides)
+  return BertConfig(**values)
+
+
+def realm_config_from_hf(hf: dict, **overrides) -> RealmConfig:
+  """Our RealmConfig from a transformers `RealmConfig` dict (BERT configs get defaults)."""
+  bert_overrides = {k[len("bert."):]: v for k, v in overrides.items() if k.startswith("bert.")}
+  own = {k: v for k, v in overrides.items() if not k.startswith("bert.")}
+  values = dict(
+      bert=bert_config_from_hf(hf, **bert_overrides),
+      # The port's projection LayerNorm uses BERT's epsilon (REALM_SPEC 1).
+      proj_layer_norm_eps=hf["layer_norm_eps"])
+  if hf.get("model_type") == "realm":
+    values.update(proj_size=hf["retriever_proj_size"], span_hidden_size=hf["span_hidden_size"],
+                  max_span_width=hf["max_span_width"],
+                  span_layer_norm_eps=hf["reader_layer_norm_eps"])
+  values.update(own)
+  return RealmConfig(**values)
+
+
+# ----------------------------------------------------------------------------- tensor mapping
+
+
+class _Reader:
+  """Takes tensors out of a state dict by name, remembering what was used and missing."""
+
+  def __init__(self, state: StateDict):
+    self.state = state
+    self.used: set[str] = set()
+    self.missing: list[str] = []
+
+  def take(self, name: str, transform: Callable[[np.ndarray], np.ndarray] = lambda x: x):
+    # TF-era BERT checkpoints name LayerNorm parameters gamma/beta.
+    for candidate in (name, name.replace(".weight", ".gamma").replace(".bias", ".beta")):
+      if candidate in self.state:
+        self.used.add(candidate)
+        return transform(self.state[candidate])
+    self.missing.append(name)
+    return None
+
+  def has_prefix(self, prefix: str) -> bool:
+    return any(k.startswith(prefix) for k in self.state)
+
+  def check(self, kind: str, directory: str = "") -> None:
+    patterns = [re.compile(p) for p in _UNUSED.get(kind, [r".*position_ids"])]
+    unexpected = sorted(k for k in self.state if k not in self.used
+                        and not any(p.fullmatch(k) for p in patterns))
+    if self.missing or unexpected:
+      where = f"{directory}: " if directory else ""
+      lines = [f"{where}checkpoint does not match a {kind!r} model."]
+      if self.missing:
+        lines.append(f"  missing tensors ({len(self.missing)}): " + ", ".join(self.missing))
+      if unexpected:
+        lines.append(f"  unexpected tensors ({len(unexpected)}): " + ", ".join(unexpected))
+      raise CheckpointMismatchError("\n".join(lines))
+
+
+def _linear(reader: _Reader, prefix: str) -> dict:
+  """torch Linear [out, in] -> flax Dense {kernel [in, out], bias [out]}."""
+  return {"kernel": reader.take(prefix + ".weight", lambda w: w.T),
+          "bias": reader.take(prefix + ".bias")}
+
+
+def _layer_norm(reader: _Reader, prefix: str) -> dict:
+  return {"scale": reader.take(prefix + ".weight"), "bias": reader.take(prefix + ".bias")}
+
+
+def _bert(reader: _Reader, prefix: str, config: BertConfig, use_pooler: bool) -> dict:
+  """Our BertModel tree from `prefix`embeddings.*, `prefix`encoder.layer.N.*, pooler."""
+  heads, head_dim, hidden = config.num_heads, config.head_dim, config.hidden_size
+
+  def qkv(p: str) -> dict:
+    # [hidden_out, hidden_in] -> [embed, heads, kv]
+    return {"kernel": reader.take(p + ".weight", lambda w: w.T.reshape(hidden, heads, head_dim)),
+            "bias": reader.take(p + ".bias", lambda b: b.reshape(heads, head_dim))}
+
+  emb = prefix + "embeddings."
+  tree = {"embeddings": {
+      "word_embeddings": {"embedding": reader.take(emb + "word_embeddings.weight")},
+      "position_embeddings": {"embedding": reader.take(emb + "position_embeddings.weight")},
+      "token_type_embeddings": {"embedding": reader.take(emb + "token_type_embeddings.weight")},
+      "layer_norm": _layer_norm(reader, emb + "LayerNorm"),
+  }}
+  for i in range(config.num_layers):
+    p = f"{prefix}encoder.layer.{i}."
+    tree[f"layer_{i}"] = {
+        "attention": {
+            "query": qkv(p + "attention.self.query"),
+            "key": qkv(p + "attention.self.key"),
+            "value": qkv(p + "attention.self.value"),
+            "out": {
+                # [hidden_out, hidden_in] -> [heads, kv, embed]
+                "kernel": reader.take(p + "attention.output.dense.weight",
+                                      lambda w: w.T.reshape(heads, head_dim, hidden)),
+                "bias": reader.take(p + "attention.output.dense.bias")},
+        },
+        "attention_layer_norm": _layer_norm(reader, p + "attention.output.LayerNorm"),
+        "intermediate": _linear(reader, p + "intermediate.dense"),
+        "output": _linear(reader, p + "output.dense"),
+        "output_layer_norm": _layer_norm(reader, p + "output.LayerNorm"),
+    }
+  if use_pooler:
+    tree["pooler"] = _linear(reader, prefix + "pooler.dense")
+  return tree
+
+
+def _embedder(reader: _Reader, prefix: str, config: RealmConfig) -> dict:
+  return {"bert": _bert(reader, prefix + "realm.", config.bert, use_pooler=True),
+          "projection": _linear(reader, prefix + "cls.dense"),
+          "projection_layer_norm": _layer_norm(reader, prefix + "cls.LayerNorm")}
+
+
+def _mlm_head(reader: _Reader, prefix: str, word_embeddings_name: str) -> dict:
+  """BERT's MLM head; its decoder must be the (tied) word embedding matrix."""
+  decoder = prefix + "predictions.decoder.weight"
+  if decoder in reader.state:
+    reader.used.add(decoder)
+    word = reader.state.get(word_embeddings_name)
+    if word is not None and not np.array_equal(reader.state[decoder], word):
+      raise CheckpointMismatchError(
+          f"{decoder} differs from {word_embeddings_name}: untied MLM decoders are not "
+          "supported (REALM and BERT tie them).")
+  decoder_bias = prefix + "predictions.decoder.bias"
+  if decoder_bias in reader.state:  # transformers ties it to predictions.bias
+    reader.used.add(decoder_bias)
+  return {"transform": _linear(reader, prefix + "predictions.transform.dense"),
+          "transform_layer_norm": _layer_norm(reader, prefix + "predictions.transform.LayerNorm"),
+          "bias": reader.take(prefix + "predictions.bias")}
+
+
+def _reader(reader: _Reader, prefix: str, config: RealmConfig) -> dict:
+  return {"bert": _bert(reader, prefix + "realm.", config.bert, use_pooler=False),
+          "span_head": {
+              "intermediate": _linear(reader, prefix + "qa_outputs.dense_intermediate"),
+              "span_layer_norm": _layer_norm(reader, prefix + "qa_outputs.layer_normalization"),
+              "output": _linear(reader, prefix + "qa_outputs.dense_output")}}
+
+
+def _scorer(reader: _Reader, config: RealmConfig) -> tuple[dict, RealmConfig]:
+  """RealmScorer: `embedder.*` and, when untied, a different `query_embedder.*`."""
+  documents = _embedder(reader, "embedder.", config)
+  if not reader.has_prefix("query_embedder."):
+    return {"embedder": documents}, config.replace(share_embedders=True)
+  probe = _Reader(reader.state)
+  queries = _embedder(probe, "query_embedder.", config)
+  reader.used |= probe.used
+  reader.missing += probe.missing
+  tied = not probe.missing and all(
+      np.array_equal(reader.state[k], reader.state["embedder." + k[len("query_embedder."):]])
+      for k in probe.used if "embedder." + k[len("query_embedder."):] in reader.state)
+  if tied:
+    return {"embedder": documents}, config.replace(share_embedders=True)
+  return ({"query_embedder": queries, "document_embedder": documents},
+          config.replace(share_embedders=False))
+
+
+def convert_state_dict(state: StateDict, hf_config: dict, kind: str, directory: str = "",
+                       **config_overrides) -> tuple[RealmConfig, Params, dict]:
+  """Converts an in-memory state dict; see `load_checkpoint`."""
+  if kind not in KINDS:
+    raise ValueError(f"kind={kind!r}; expected one of {KINDS}.")
+  config = realm_config_from_hf(hf_config, **config_overrides)
+  reader = _Reader(state)
+  extras: dict = {}
+  if kind == "embedder":
+    params = _embedder(reader, "", config)
+  elif kind == "scorer":
+    params, config = _scorer(reader, config)
+  elif kind == "encoder":
+    params = {"bert": _bert(reader, "realm.", config.bert, use_pooler=False),
+              "mlm_head": _mlm_head(reader, "cls.", "realm.embeddings.word_embeddings.weight")}
+  elif kind == "reader":
+    params = _reader(reader, "", config)
+  elif kind == "open_qa":
+    params = {"query_embedder": _embedder(reader, "embedder.", config),
+              "reader": _reader(reader, "reader.", config)}
+    block_emb = reader.take("block_emb")
+    if block_emb is not None:
+      extras["block_emb"] = block_emb
+  else:  # bert
+    prefix = "bert." if reader.has_prefix("bert.") else ""
+    params = {"bert": _bert(reader, prefix, config.bert,
+                            use_pooler=reader.has_prefix(prefix + "pooler."))}
+    if reader.has_prefix("cls.predictions."):
+      params["mlm_head"] = _mlm_head(reader, "cls.",
+                                     prefix + "embeddings.word_embeddings.weight")
+  reader.check(kind, directory)
+  return config, params, extras
+
+
+def detect_kind(hf_config: dict, directory: str = "") -> str:
+  """The checkpoint kind from `config.json`'s `architectures`."""
+  for arch in hf_config.get("architectures") or []:
+    if arch in _ARCHITECTURE_KINDS:
+      return _ARCHITECTURE_KINDS[arch]
+  raise ValueError(
+      f"{directory}: config.json architectures={hf_config.get('architectures')} is not one of "
+      f"{sorted(_ARCHITECTURE_KINDS)}; pass kind= one of {KINDS}.")
+
+
+def load_checkpoint(directory: str, kind: str | None = None,
+                    **config_overrides) -> tuple[RealmConfig, Params, dict]:
+  """Loads a transformers REALM or BERT checkpoint directory.
+
+  Args:
+    directory: holds `config.json` and `model.safetensors` or `pytorch_model.bin`.
+    kind: one of KINDS; detected from `config.json` when None.
+    **config_overrides: RealmConfig fields to change (e.g. `bert.dtype="bfloat16"`).
+
+  Returns:
+    (config, params, extras): params is the plain (unboxed) float32 tree for the module of
+    that kind (see the module docstring); extras holds `block_emb` [blocks, proj] for an
+    open-QA checkpoint.
+
+  Raises:
+    CheckpointMismatchError: listing missing and unexpected tensors.
+  """
+  hf_config = read_config(directory)
+  kind = kind or detect_kind(hf_config, directory)
+  state = read_state_dict(directory)
+  return convert_state_dict(state, hf_config, kind, directory, **config_overrides)

@@ -1,0 +1,230 @@
+"""BERT encoder in Flax linen, numerically matching transformers' (REALM) BERT.
+
+Every parameter and the main activations carry logical axis names (`embed`, `mlp`, `heads`,
+`kv`, `vocab`, `batch`, `length`); the mapping to mesh axes lives in config, so one CPU device
+runs the same code path as a pod.
+
+Post-LayerNorm BERT: x = LN(x + Attention(x)); x = LN(x + FFN(x)).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from realm_jax.models.config import BertConfig
+
+Array = jax.Array
+
+
+def activation(name: str) -> Callable[[Array], Array]:
+  """The activation function transformers calls `name` (see config.ACTIVATIONS)."""
+  table = {
+      "gelu": functools.partial(jax.nn.gelu, approximate=False),
+      "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+      "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+      "relu": jax.nn.relu,
+      "silu": jax.nn.silu,
+      "swish": jax.nn.silu,
+  }
+  return table[name]
+
+
+def param_init(config: BertConfig, names: tuple[str | None, ...]):
+  """BERT's truncated-normal(std=initializer_range) initialiser with logical axis names."""
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), names)
+
+
+def zeros_init(names: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), names)
+
+
+def ones_init(names: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.ones_init(), names)
+
+
+def layer_norm(epsilon: float, config: BertConfig, name: str,
+               axis_name: str = "embed") -> nn.LayerNorm:
+  """A LayerNorm computed like torch's (two-pass variance, float32 statistics)."""
+  return nn.LayerNorm(
+      epsilon=epsilon, dtype=config.compute_dtype, param_dtype=config.storage_dtype,
+      use_fast_variance=False, scale_init=ones_init((axis_name,)),
+      bias_init=zeros_init((axis_name,)), name=name)
+
+
+def dense(features: int, config: BertConfig, names: tuple[str, str], name: str) -> nn.Dense:
+  return nn.Dense(
+      features, dtype=config.compute_dtype, param_dtype=config.storage_dtype,
+      kernel_init=param_init(config, names), bias_init=zeros_init((names[1],)), name=name)
+
+
+class BertEmbeddings(nn.Module):
+  """Word + position + token-type embeddings, then LayerNorm and dropout."""
+
+  config: BertConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = functools.partial(nn.Embed, features=cfg.hidden_size, dtype=cfg.compute_dtype,
+                              param_dtype=cfg.storage_dtype)
+    self.word_embeddings = embed(
+        cfg.vocab_size, embedding_init=param_init(cfg, ("vocab", "embed")))
+    self.position_embeddings = embed(
+        cfg.max_position_embeddings, embedding_init=param_init(cfg, (None, "embed")))
+    self.token_type_embeddings = embed(
+        cfg.type_vocab_size, embedding_init=param_init(cfg, (None, "embed")))
+    self.layer_norm = layer_norm(cfg.layer_norm_eps, cfg, name="layer_norm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+  def __call__(self, input_ids: Array, token_type_ids: Array, *,
+               deterministic: bool) -> Array:
+    length = input_ids.shape[-1]
+    if length > self.config.max_position_embeddings:
+      raise ValueError(
+          f"Sequence length {length} exceeds max_position_embeddings="
+          f"{self.config.max_position_embeddings}.")
+    # [batch, length, embed]
+    x = (self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+         + self.position_embeddings(jnp.arange(length))[None])
+    x = self.layer_norm(x)
+    return self.dropout(x, deterministic=deterministic)
+
+  def attend(self, hidden: Array) -> Array:
+    """Logits against the word embeddings (the MLM decoder is tied to them)."""
+    return self.word_embeddings.attend(hidden)
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention; scores and softmax in float32 for bfloat16 stability."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, attention_mask: Array, *, deterministic: bool) -> Array:
+    cfg = self.config
+    projection = functools.partial(
+        nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
+        dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+        kernel_init=param_init(cfg, ("embed", "heads", "kv")),
+        bias_init=zeros_init(("heads", "kv")))
+    # [batch, length, heads, kv]
+    query = projection(name="query")(x)
+    key = projection(name="key")(x)
+    value = projection(name="value")(x)
+    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+    key = nn.with_logical_constraint(key, ("batch", "length", "heads", "kv"))
+    value = nn.with_logical_constraint(value, ("batch", "length", "heads", "kv"))
+
+    # [batch, heads, query_length, key_length]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
+                        preferred_element_type=jnp.float32) / math.sqrt(cfg.head_dim)
+    # A fully padded row softmaxes to uniform weights, as transformers' additive mask does.
+    scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+    probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
+
+    # [batch, length, heads, kv]
+    context = jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+    context = nn.with_logical_constraint(context, ("batch", "length", "heads", "kv"))
+    # [batch, length, embed]
+    return nn.DenseGeneral(
+        features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype,
+        kernel_init=param_init(cfg, ("heads", "kv", "embed")),
+        bias_init=zeros_init(("embed",)), name="out")(context)
+
+
+class TransformerLayer(nn.Module):
+  """One post-LN BERT layer."""
+
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x: Array, attention_mask: Array, *, deterministic: bool) -> Array:
+    cfg = self.config
+    dropout = nn.Dropout(cfg.hidden_dropout)
+    # [batch, length, embed]
+    attended = SelfAttention(cfg, name="attention")(x, attention_mask,
+                                                    deterministic=deterministic)
+    x = layer_norm(cfg.layer_norm_eps, cfg, name="attention_layer_norm")(
+        x + dropout(attended, deterministic=deterministic))
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+    # [batch, length, mlp]
+    h = dense(cfg.intermediate_size, cfg, ("embed", "mlp"), name="intermediate")(x)
+    h = activation(cfg.hidden_act)(h)
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    # [batch, length, embed]
+    h = dense(cfg.hidden_size, cfg, ("mlp", "embed"), name="output")(h)
+    x = layer_norm(cfg.layer_norm_eps, cfg, name="output_layer_norm")(
+        x + dropout(h, deterministic=deterministic))
+    return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class BertModel(nn.Module):
+  """BERT: embeddings, `num_layers` transformer layers and (optionally) the pooler.
+
+  Inputs may have any number of leading dimensions (e.g. [batch, candidates, length]); they
+  are flattened for the encoder and restored on the outputs.
+  """
+
+  config: BertConfig
+  use_pooler: bool = False
+
+  def setup(self):
+    cfg = self.config
+    self.embeddings = BertEmbeddings(cfg)
+    self.layers = [TransformerLayer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+    if self.use_pooler:
+      # A square embed->embed matrix; its output dim is named "mlp" so a model-parallel mesh
+      # shards it like the first FFN matrix.
+      self.pooler = dense(cfg.hidden_size, cfg, ("embed", "mlp"), name="pooler")
+
+  def __call__(self, input_ids: Array, token_type_ids: Array | None = None,
+               attention_mask: Array | None = None, *,
+               deterministic: bool = True) -> tuple[Array, Array | None]:
+    """Encodes token ids.
+
+    Args:
+      input_ids: int [..., length].
+      token_type_ids: int [..., length]; zeros when None.
+      attention_mask: [..., length], nonzero for real tokens; all ones when None.
+      deterministic: disables dropout (eval mode).
+
+    Returns:
+      (sequence_output [..., length, embed], pooled_output [..., embed] or None). The pooled
+      output is tanh(Dense(h[CLS])), as BERT's pooler.
+    """
+    leading = input_ids.shape[:-1]
+    length = input_ids.shape[-1]
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if attention_mask is None:
+      attention_mask = jnp.ones_like(input_ids)
+    # [batch, length]
+    input_ids = input_ids.reshape(-1, length)
+    token_type_ids = token_type_ids.reshape(-1, length)
+    attention_mask = attention_mask.reshape(-1, length).astype(bool)
+
+    # [batch, length, embed]
+    x = self.embeddings(input_ids, token_type_ids, deterministic=deterministic)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    for layer in self.layers:
+      x = layer(x, attention_mask, deterministic=deterministic)
+
+    pooled = None
+    if self.use_pooler:
+      # [batch, embed]
+      pooled = jnp.tanh(self.pooler(x[:, 0]))
+      pooled = pooled.reshape(*leading, -1)
+    return x.reshape(*leading, length, -1), pooled
+
+  def attend(self, hidden: Array) -> Array:
+    """Vocabulary logits from hidden states with the tied word embeddings."""
+    return self.embeddings.attend(hidden)
