@@ -1,0 +1,330 @@
+"""Loss functions for REALM pretraining, ICT warm start and open-QA fine-tuning.
+
+Pure JAX functions (no Flax modules), so every model's ``loss_fn`` can share them and the tests
+can compare them directly against independent NumPy references.
+
+Conventions:
+
+* Everything is computed in float32. Inputs are cast with ``.astype(jnp.float32)`` first, so the
+  models may run in bfloat16 while log-sum-exps and means keep full precision.
+* Functions that average over masked positions return ``(value, aux)`` where ``aux`` carries the
+  numerator and denominator of the mean (``*_sum`` and ``weight_sum``). Summing those across
+  devices or microbatches and dividing once gives the right global mean; averaging per-shard
+  means would not (shards hold different numbers of masked tokens).
+* Padded positions (weight 0) never influence a value or a gradient, even if their inputs are
+  ``-inf`` or huge: they are replaced with finite values by ``jnp.where`` *before* any arithmetic,
+  because ``-inf * 0`` is NaN and a NaN in the forward pass also poisons the backward pass.
+
+Spec references are to ``shared/REALM_SPEC.md``.
+"""
+
+from typing import Any, Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+MARGINALIZATIONS = ("per_token", "per_example")
+
+
+def mlm_token_log_probs(mlm_logits: Array, mlm_targets: Array) -> Array:
+  """Log-probability of each target token under each candidate document.
+
+  Args:
+    mlm_logits: ``[batch, candidates, masks, vocab]`` reader MLM logits at the masked positions,
+      one set per retrieved candidate. Any float dtype (bfloat16 is fine).
+    mlm_targets: ``[batch, masks]`` integer target token ids (shared by all candidates: the
+      query, and therefore its masked tokens, is the same whichever document is retrieved).
+
+  Returns:
+    ``[batch, candidates, masks]`` float32 ``log p(y_j | z_k, x)``. Padded mask slots get whatever
+    their (padding) target yields; the losses below ignore them through ``mlm_weights``.
+  """
+  # Normalise in float32: log_softmax over a 30k vocabulary in bfloat16 loses most digits.
+  log_probs = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+  # [batch, candidates, masks, vocab]
+  num_candidates = log_probs.shape[1]
+  # The same targets for every candidate; broadcast explicitly so take_along_axis sees equal ranks.
+  targets = jnp.broadcast_to(
+      mlm_targets[:, None, :, None],
+      (mlm_targets.shape[0], num_candidates, mlm_targets.shape[1], 1))
+  # [batch, candidates, masks, 1]
+  return jnp.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+  # [batch, candidates, masks]
+
+
+def _masked_token_log_probs(token_log_probs: Array, mlm_weights: Array) -> Array:
+  """Replaces padded slots' token log-probs with 0 so they stay finite downstream.
+
+  A padded slot may hold ``-inf`` (or NaN, from an out-of-range padding target). Multiplying it
+  by its zero weight later would give NaN, and an all-``-inf`` logsumexp has a NaN gradient, so
+  the value is swapped out here; ``jnp.where`` sends zero cotangent to the unselected branch.
+  """
+  valid = (mlm_weights > 0)[:, None, :]
+  # [batch, 1, masks]
+  return jnp.where(valid, token_log_probs.astype(jnp.float32), 0.0)
+  # [batch, candidates, masks]
+
+
+def _per_token_marginal(log_prior: Array, token_log_probs: Array) -> Array:
+  """Per-token marginal log-likelihood, REALM_SPEC item 16.
+
+  ``marg[b, j] = logsumexp_k(log p(z_k | x) + log p(y_j | z_k, x))``. Shared by the loss and the
+  retrieval utility so both always use exactly the same marginal.
+
+  Args:
+    log_prior: ``[batch, candidates]`` float32 ``log p(z | x)``.
+    token_log_probs: ``[batch, candidates, masks]`` float32, padded slots already made finite.
+
+  Returns:
+    ``[batch, masks]`` float32 marginal log-probabilities (0 at slots whose token log-probs were
+    zeroed, since the prior sums to one).
+  """
+  joint = log_prior[:, :, None] + token_log_probs
+  # [batch, candidates, masks]
+  return jax.nn.logsumexp(joint, axis=1)
+  # [batch, masks]
+
+
+def _safe_divide(numerator: Array, denominator: Array) -> Array:
+  """``numerator / denominator``, or exactly 0 where the denominator is 0 (finite gradients)."""
+  nonzero = denominator != 0
+  # The inner where keeps the division itself finite, so the outer where's gradient is too.
+  return jnp.where(nonzero, numerator / jnp.where(nonzero, denominator, 1.0), 0.0)
+
+
+def marginal_mlm_loss(
+    candidate_logits: Array,
+    token_log_probs: Array,
+    mlm_weights: Array,
+    *,
+    marginalization: str = "per_token",
+) -> Tuple[Array, Dict[str, Array]]:
+  """REALM pretraining loss: masked-LM likelihood marginalised over retrieved documents.
+
+  ``p(z | x) = softmax_k(f(x, z_k))`` over the candidates (null document included). Two forms:
+
+  * ``"per_token"`` (default, REALM_SPEC item 16): each masked token is marginalised over the
+    documents on its own, ``marg_j = log sum_k p(z_k|x) p(y_j|z_k,x)``, and the loss is the
+    weighted mean of ``-marg_j`` over all masked tokens of the batch. This is the default because
+    it is what the authors' released code computes (and so what produced the published numbers),
+    as does the transformers port.
+  * ``"per_example"``: the paper's formula, ``log sum_k p(z_k|x) prod_j p(y_j|z_k,x)``: the
+    document is chosen once for all masked tokens of an example. The loss is the mean of the
+    negative per-example log-likelihood over the examples that have at least one mask. It differs
+    from the per-token form whenever an example has more than one masked token.
+
+  Args:
+    candidate_logits: ``[batch, candidates]`` retrieval scores ``f(x, z)``.
+    token_log_probs: ``[batch, candidates, masks]`` ``log p(y_j | z_k, x)``, e.g. from
+      ``mlm_token_log_probs``.
+    mlm_weights: ``[batch, masks]`` non-negative float weights, 0 for padded mask slots. Padded
+      slots may hold any token log-prob (even ``-inf``); they affect neither loss nor gradient.
+    marginalization: ``"per_token"`` or ``"per_example"``.
+
+  Returns:
+    ``(loss, aux)``: scalar float32 loss (0, not NaN, when there is no mask at all) and a dict
+    with ``loss_sum`` (negated numerator, ``loss = loss_sum / weight_sum``), ``weight_sum``
+    (sum of mask weights for per_token, number of examples with a mask for per_example) and
+    ``marginal_log_probs`` (``[batch, masks]`` per-token marginals, 0 at padded slots, or
+    ``[batch]`` per-example log-likelihoods, 0 for examples without masks).
+
+  Raises:
+    ValueError: if ``marginalization`` is not one of the allowed values.
+  """
+  if marginalization not in MARGINALIZATIONS:
+    raise ValueError(
+        f"marginalization must be one of {MARGINALIZATIONS}, got {marginalization!r}")
+  # Gradients reach the retriever only through this log_softmax (REALM_SPEC item 15).
+  log_prior = jax.nn.log_softmax(candidate_logits.astype(jnp.float32), axis=-1)
+  # [batch, candidates]
+  weights = mlm_weights.astype(jnp.float32)
+  # [batch, masks]
+  token_lp = _masked_token_log_probs(token_log_probs, weights)
+  # [batch, candidates, masks]
+
+  if marginalization == "per_token":
+    marg = _per_token_marginal(log_prior, token_lp)
+    # [batch, masks]
+    loss_sum = -jnp.sum(marg * weights)
+    weight_sum = jnp.sum(weights)
+    marginal_log_probs = marg
+  else:
+    # log prod_j p(y_j|z,x) = sum_j log p(y_j|z,x); padded slots contribute 0 (zeroed above).
+    doc_ll = jnp.sum(token_lp * weights[:, None, :], axis=-1)
+    # [batch, candidates]
+    ex_ll = jax.nn.logsumexp(log_prior + doc_ll, axis=-1)
+    # [batch]
+    # An example without masks has ex_ll = logsumexp(log_prior) = 0; still excluded explicitly
+    # so it does not count in the denominator.
+    has_mask = (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32)
+    # [batch]
+    loss_sum = -jnp.sum(ex_ll * has_mask)
+    weight_sum = jnp.sum(has_mask)
+    marginal_log_probs = ex_ll * has_mask
+
+  loss = _safe_divide(loss_sum, weight_sum)
+  aux = {
+      "loss_sum": loss_sum,
+      "weight_sum": weight_sum,
+      "marginal_log_probs": marginal_log_probs,
+  }
+  return loss, aux
+
+
+def retrieval_utility(
+    candidate_logits: Array,
+    token_log_probs: Array,
+    mlm_weights: Array,
+    *,
+    null_index: int = 0,
+) -> Tuple[Array, Dict[str, Array]]:
+  """Retrieval utility (REALM_SPEC item 17): how much retrieval helps over the null document.
+
+  ``RU = weighted mean over masked tokens of (marg_j - log p(y_j | null, x))`` with ``marg_j`` the
+  per-token marginal of ``marginal_mlm_loss``. Positive means the retrieved documents make the
+  masked tokens more likely than no document at all; the authors select checkpoints on it
+  (higher is better).
+
+  Args:
+    candidate_logits: ``[batch, candidates]`` retrieval scores ``f(x, z)``.
+    token_log_probs: ``[batch, candidates, masks]`` ``log p(y_j | z_k, x)``.
+    mlm_weights: ``[batch, masks]`` non-negative float weights, 0 for padded mask slots.
+    null_index: candidate slot holding the null document (slot 0 in REALM).
+
+  Returns:
+    ``(ru, aux)``: scalar float32 utility (0 when there are no masks) and a dict with
+    ``utility_sum`` (weighted numerator) and ``weight_sum`` (sum of weights).
+  """
+  log_prior = jax.nn.log_softmax(candidate_logits.astype(jnp.float32), axis=-1)
+  # [batch, candidates]
+  weights = mlm_weights.astype(jnp.float32)
+  # [batch, masks]
+  token_lp = _masked_token_log_probs(token_log_probs, weights)
+  # [batch, candidates, masks]
+  marg = _per_token_marginal(log_prior, token_lp)
+  # [batch, masks]
+  null_lp = token_lp[:, null_index, :]
+  # [batch, masks]
+  utility_sum = jnp.sum((marg - null_lp) * weights)
+  weight_sum = jnp.sum(weights)
+  ru = _safe_divide(utility_sum, weight_sum)
+  return ru, {"utility_sum": utility_sum, "weight_sum": weight_sum}
+
+
+def null_document_probability(candidate_logits: Array, *, null_index: int = 0) -> Array:
+  """Retrieval probability of the null document (the ``retrieval/null_prob`` metric).
+
+  Args:
+    candidate_logits: ``[batch, candidates]`` retrieval scores ``f(x, z)``.
+    null_index: candidate slot holding the null document.
+
+  Returns:
+    ``[batch]`` float32 ``p(z = null | x)``.
+  """
+  probs = jax.nn.softmax(candidate_logits.astype(jnp.float32), axis=-1)
+  # [batch, candidates]
+  return probs[:, null_index]
+
+
+def marginal_log_loss(logits: Array, is_correct: Array) -> Array:
+  """Negative log of the total probability of the correct entries (ORQA; REALM_SPEC item 28).
+
+  ``logsumexp(logits) - logsumexp(logits restricted to correct entries)`` over the last axis.
+  Used for the retriever (``[questions, beam]``) and for the reader with its logits flattened to
+  ``[questions, beam * spans]``. Rows without any correct entry give exactly 0, with zero
+  (finite) gradient, as in ORQA, which zeroes the loss when nothing is correct.
+
+  Args:
+    logits: ``[..., entries]`` scores, any float dtype.
+    is_correct: ``[..., entries]`` bool (or 0/1) correctness labels.
+
+  Returns:
+    ``logits.shape[:-1]`` float32 per-row losses. Average them per question (REALM_SPEC item 28).
+  """
+  logits = logits.astype(jnp.float32)
+  # [..., entries]
+  correct = is_correct.astype(bool)
+  # [..., entries]
+  any_correct = jnp.any(correct, axis=-1)
+  # [...]
+  # finfo.min rather than -inf: the logsumexp of an all-masked row stays finite, so its gradient
+  # (multiplied by zero below) is finite too. Its exp underflows to 0 next to any real logit.
+  masked = jnp.where(correct, logits, jnp.finfo(jnp.float32).min)
+  # [..., entries]
+  log_total = jax.nn.logsumexp(logits, axis=-1)
+  # [...]
+  log_correct = jax.nn.logsumexp(masked, axis=-1)
+  # [...]
+  # For rows with nothing correct, log_total - finfo.min would overflow; substitute log_total so
+  # the difference is 0 and stays finite before the outer where.
+  log_correct = jnp.where(any_correct, log_correct, log_total)
+  return jnp.where(any_correct, log_total - log_correct, 0.0)
+
+
+def in_batch_softmax_loss(
+    query_emb: Array,
+    block_emb: Array,
+    *,
+    label_offset: Any = 0,
+) -> Tuple[Array, Dict[str, Array]]:
+  """Inverse Cloze Task loss with in-batch negatives (REALM_SPEC item 14, from ORQA).
+
+  Each query is scored against every block of the (global) batch with a plain dot product and
+  trained with softmax cross-entropy to pick its own block. Query ``i``'s positive is block
+  ``i + label_offset``: when the blocks are all-gathered across devices and each device holds a
+  shard of the queries, it passes the offset of its shard (e.g. ``device_index * queries``).
+
+  Args:
+    query_emb: ``[queries, proj]`` query embeddings.
+    block_emb: ``[blocks, proj]`` block embeddings, possibly gathered from all devices.
+    label_offset: index of query 0's positive block. A Python int is validated against the
+      shapes; a traced value (e.g. from ``jax.lax.axis_index``) cannot be and is trusted.
+
+  Returns:
+    ``(loss, aux)``: scalar float32 mean cross-entropy over the queries and a dict with
+    ``loss_sum``, ``weight_sum`` (number of queries), ``accuracy_sum`` (queries whose top-scoring
+    block is the positive) and ``scores`` (``[queries, blocks]``).
+
+  Raises:
+    ValueError: on mismatched ranks or widths, or if the labels would fall outside the blocks.
+  """
+  if query_emb.ndim != 2 or block_emb.ndim != 2:
+    raise ValueError(
+        "in_batch_softmax_loss expects query_emb [queries, proj] and block_emb [blocks, proj], "
+        f"got shapes {query_emb.shape} and {block_emb.shape}")
+  if query_emb.shape[1] != block_emb.shape[1]:
+    raise ValueError(
+        f"query_emb and block_emb projection widths differ: {query_emb.shape[1]} vs "
+        f"{block_emb.shape[1]}")
+  num_queries = query_emb.shape[0]
+  num_blocks = block_emb.shape[0]
+  if isinstance(label_offset, (int, np.integer)):
+    if label_offset < 0 or label_offset + num_queries > num_blocks:
+      raise ValueError(
+          f"label_offset ({label_offset}) + queries ({num_queries}) must lie within the "
+          f"{num_blocks} blocks: query i's positive block is i + label_offset")
+
+  scores = jnp.einsum(
+      "qd,nd->qn", query_emb.astype(jnp.float32), block_emb.astype(jnp.float32))
+  # [queries, blocks]
+  labels = label_offset + jnp.arange(num_queries)
+  # [queries]
+  log_probs = jax.nn.log_softmax(scores, axis=-1)
+  # [queries, blocks]
+  nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
+  # [queries]
+  correct = (jnp.argmax(scores, axis=-1) == labels).astype(jnp.float32)
+  # [queries]
+  loss_sum = jnp.sum(nll)
+  weight_sum = jnp.asarray(num_queries, jnp.float32)
+  loss = _safe_divide(loss_sum, weight_sum)
+  aux = {
+      "loss_sum": loss_sum,
+      "weight_sum": weight_sum,
+      "accuracy_sum": jnp.sum(correct),
+      "scores": scores,
+  }
+  return loss, aux
