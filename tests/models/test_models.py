@@ -1,0 +1,200 @@
+"""Model structure and numerics that the transformers parity tests do not cover."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from realm_jax.models import config as model_config
+from realm_jax.models.bert import BertModel
+from realm_jax.models.reader import (RealmKnowledgeAugEncoder, RealmReader, enumerate_spans,
+                                     gather_positions, predict_span, span_correctness)
+from realm_jax.models.retriever import RealmEmbedder, RealmRetriever, relevance_scores
+
+TINY = model_config.RealmConfig(bert=model_config.tiny_bert(vocab_size=50))
+LOGICAL_AXES = {"embed", "mlp", "heads", "kv", "vocab", "proj", None}
+
+
+def _relative_error(approx, exact):
+  approx = np.asarray(approx, np.float64)
+  exact = np.asarray(exact, np.float64)
+  return np.linalg.norm(approx - exact) / np.linalg.norm(exact)
+
+
+def test_bfloat16_forward_stays_within_one_percent_of_float32():
+  """BERT-base shapes, random weights: ||bf16 - f32|| / ||f32|| <= 1e-2 for the hidden states
+  and the pooled output (relative in norm: elementwise ratios blow up near zero)."""
+  config = model_config.base_bert()
+  rng = np.random.default_rng(0)
+  ids = rng.integers(1, config.vocab_size, (2, 64))
+  mask = np.ones_like(ids)
+  mask[1, 40:] = 0
+  params = nn.unbox(BertModel(config, use_pooler=True).init(jax.random.PRNGKey(0), ids))
+  hidden32, pooled32 = BertModel(config, use_pooler=True).apply(params, ids, None, mask)
+  bf16 = dataclasses.replace(config, dtype="bfloat16")
+  hidden16, pooled16 = BertModel(bf16, use_pooler=True).apply(params, ids, None, mask)
+  assert _relative_error(hidden16, hidden32) <= 1e-2
+  assert _relative_error(pooled16, pooled32) <= 1e-2
+  # The comparison is not vacuous: bfloat16 really changed the numbers.
+  assert _relative_error(hidden16, hidden32) > 1e-5
+
+
+def test_enumerate_spans_is_width_major_with_10L_minus_45_spans():
+  starts, ends = enumerate_spans(4, 3)
+  # Hand-listed: widths 1 (4 spans), 2 (3 spans), 3 (2 spans).
+  assert list(zip(starts, ends)) == [(0, 0), (1, 1), (2, 2), (3, 3),
+                                     (0, 1), (1, 2), (2, 3),
+                                     (0, 2), (1, 3)]
+  assert len(enumerate_spans(320, 10)[0]) == 10 * 320 - 45 == 3155
+  assert len(enumerate_spans(96, 10)[0]) == 10 * 96 - 45
+
+
+def test_gather_positions():
+  hidden = jnp.arange(2 * 4 * 3).reshape(2, 4, 3)
+  got = gather_positions(hidden, jnp.array([[3, 0], [1, 1]]))
+  np.testing.assert_array_equal(got, [[[9, 10, 11], [0, 1, 2]], [[15, 16, 17], [15, 16, 17]]])
+
+
+def test_span_correctness_and_prediction_by_hand():
+  starts, ends = enumerate_spans(5, 2)  # 5 width-1 spans, then (0,1) (1,2) (2,3) (3,4)
+  gold_starts = np.array([[2, 3], [-1, -1]])
+  gold_ends = np.array([[3, 3], [-1, -1]])
+  correct = np.asarray(span_correctness(starts, ends, gold_starts, gold_ends))
+  expected = np.zeros((2, 9), bool)
+  expected[0, 3] = True  # span (3, 3)
+  expected[0, 7] = True  # span (2, 3)
+  np.testing.assert_array_equal(correct, expected)
+
+  logits = np.full((2, 9), -5.0)
+  logits[1, 6] = 2.0   # block 1, span (1, 2)
+  logits[0, 2] = 1.5
+  block, start, end = predict_span(jnp.asarray(logits), starts, ends)
+  assert (int(block), int(start), int(end)) == (1, 1, 2)
+
+
+def test_reader_invalid_spans_and_retrieval_score_is_added():
+  ids = np.arange(1, 13).reshape(1, 12) % 50
+  types = np.array([[0] * 4 + [1] * 8])
+  mask = np.ones_like(ids)
+  block_mask = types.astype(bool)
+  block_mask[0, -1] = False  # final [SEP]
+  reader = RealmReader(TINY)
+  params = nn.unbox(reader.init(jax.random.PRNGKey(0), ids, types, mask, block_mask,
+                                np.zeros(1)))
+  base, starts, ends = reader.apply(params, ids, types, mask, block_mask, np.zeros(1))
+  shifted, _, _ = reader.apply(params, ids, types, mask, block_mask, np.array([3.5]))
+  np.testing.assert_allclose(shifted - base, 3.5, atol=1e-5)
+  starts, ends = np.asarray(starts), np.asarray(ends)
+  valid = block_mask[0, starts] & block_mask[0, ends]
+  assert valid.sum() == sum(max(0, 7 - w + 1) for w in range(1, 11))
+  assert np.all(np.asarray(base)[0, ~valid] < -9000)
+  assert np.all(np.asarray(base)[0, valid] > -100)
+
+
+def test_reader_accepts_a_batch_of_questions():
+  ids = np.ones((2, 3, 12), np.int32)
+  block_mask = np.ones_like(ids)
+  reader = RealmReader(TINY)
+  params = nn.unbox(reader.init(jax.random.PRNGKey(0), ids, ids * 0, ids, block_mask,
+                                np.zeros((2, 3))))
+  logits, _, _ = reader.apply(params, ids, ids * 0, ids, block_mask, np.zeros((2, 3)))
+  flat, _, _ = reader.apply(params, ids[1], ids[1] * 0, ids[1], block_mask[1], np.zeros(3))
+  assert logits.shape == (2, 3, 10 * 12 - 45)
+  np.testing.assert_allclose(logits[1], flat, atol=1e-5)
+
+
+def test_encoder_logits_only_at_mask_positions_match_full_sequence_head():
+  ids = np.random.default_rng(0).integers(1, 50, (2, 3, 9))
+  types, mask = np.zeros_like(ids), np.ones_like(ids)
+  positions = np.array([[1, 2, 0], [5, 3, 0]])
+  encoder = RealmKnowledgeAugEncoder(TINY)
+  params = nn.unbox(encoder.init(jax.random.PRNGKey(0), ids, types, mask, positions))
+  logits = encoder.apply(params, ids, types, mask, positions)
+  assert logits.shape == (2, 3, 3, 50)
+  # Evaluating at every position and then gathering gives the same numbers.
+  every = encoder.apply(params, ids, types, mask,
+                        np.broadcast_to(np.arange(9), (2, 9)))
+  np.testing.assert_allclose(
+      logits, np.take_along_axis(np.asarray(every), positions[:, None, :, None], axis=2),
+      atol=1e-5)
+
+
+def _retriever_inputs():
+  rng = np.random.default_rng(1)
+  q = rng.integers(1, 50, (2, 6))
+  c = rng.integers(1, 50, (2, 4, 8))
+  return q, q * 0, np.ones_like(q), c, c * 0, np.ones_like(c)
+
+
+def test_tied_towers_share_parameters_and_untied_do_not():
+  inputs = _retriever_inputs()
+  tied = nn.unbox(RealmRetriever(TINY).init(jax.random.PRNGKey(0), *inputs))
+  assert set(tied["params"]) == {"embedder"}
+  untied_model = RealmRetriever(TINY.replace(share_embedders=False))
+  untied = nn.unbox(untied_model.init(jax.random.PRNGKey(0), *inputs))
+  assert set(untied["params"]) == {"query_embedder", "document_embedder"}
+
+  scores, query_emb, cand_emb = RealmRetriever(TINY).apply(tied, *inputs)
+  # Tied: embedding a candidate as a query gives the same vector.
+  as_query = RealmRetriever(TINY).apply(tied, inputs[3][:, 0], inputs[4][:, 0], inputs[5][:, 0],
+                                        method=RealmRetriever.embed_queries)
+  np.testing.assert_allclose(as_query, cand_emb[:, 0], atol=1e-6)
+  # Scores are plain dot products (no temperature).
+  np.testing.assert_allclose(scores, np.einsum("bp,bkp->bk", query_emb, cand_emb), atol=1e-5)
+  np.testing.assert_allclose(relevance_scores(query_emb, cand_emb), scores, atol=1e-6)
+
+  # Untied: the two towers give different embeddings of the same text.
+  as_query = untied_model.apply(untied, inputs[3][:, 0], method=RealmRetriever.embed_queries)
+  as_doc = untied_model.apply(untied, inputs[3][:, 0], method=RealmRetriever.embed_documents)
+  assert np.max(np.abs(np.asarray(as_query) - np.asarray(as_doc))) > 1e-3
+
+
+def test_every_parameter_has_logical_axis_names():
+  inputs = _retriever_inputs()
+  boxed = [RealmRetriever(TINY).init(jax.random.PRNGKey(0), *inputs)["params"],
+           RealmReader(TINY).init(jax.random.PRNGKey(0), np.ones((1, 12), np.int32),
+                                  np.zeros((1, 12), np.int32), np.ones((1, 12), np.int32),
+                                  np.ones((1, 12), np.int32), np.zeros(1))["params"],
+           RealmKnowledgeAugEncoder(TINY).init(jax.random.PRNGKey(0), inputs[3], inputs[4],
+                                               inputs[5], np.zeros((2, 2), np.int32))["params"]]
+  for tree in boxed:
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert leaves and all(isinstance(leaf, nn.LogicallyPartitioned) for leaf in leaves)
+    for leaf in leaves:
+      assert len(leaf.names) == leaf.value.ndim
+      assert set(leaf.names) <= LOGICAL_AXES
+      # Every matrix is sharded along at least one named axis.
+      if leaf.value.ndim >= 2:
+        assert any(name is not None for name in leaf.names)
+  spec = nn.get_partition_spec(boxed[0])
+  query = spec["embedder"]["bert"]["layer_0"]["attention"]["query"]["kernel"]
+  assert tuple(query) == ("embed", "heads", "kv")
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+  config = TINY.replace(proj_dropout=0.5)
+  ids = np.ones((2, 6), np.int32)
+  params = nn.unbox(RealmEmbedder(config).init(jax.random.PRNGKey(0), ids))
+  a = RealmEmbedder(config).apply(params, ids)
+  b = RealmEmbedder(config).apply(params, ids)
+  np.testing.assert_array_equal(a, b)
+  c = RealmEmbedder(config).apply(params, ids, deterministic=False,
+                                  rngs={"dropout": jax.random.PRNGKey(1)})
+  assert np.max(np.abs(np.asarray(c) - np.asarray(a))) > 1e-3
+
+
+def test_config_validation_and_round_trip():
+  with pytest.raises(ValueError, match="not divisible"):
+    model_config.BertConfig(hidden_size=30, num_heads=4)
+  with pytest.raises(ValueError, match="hidden_act='tanh'"):
+    model_config.BertConfig(hidden_act="tanh")
+  with pytest.raises(ValueError, match="dtype='float64'"):
+    model_config.BertConfig(dtype="float64")
+  with pytest.raises(ValueError, match="max_position_embeddings=512"):
+    RealmEmbedder(TINY).init(jax.random.PRNGKey(0), np.ones((1, 513), np.int32))
+  config = TINY.replace(**{"bert.dtype": "bfloat16", "proj_size": 64})
+  assert config.bert.dtype == "bfloat16" and config.proj_size == 64
+  assert model_config.realm_config_from_dict(model_config.config_to_dict(config)) == config
