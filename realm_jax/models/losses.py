@@ -15,7 +15,7 @@ Conventions:
   ``-inf`` or huge: they are replaced with finite values by ``jnp.where`` *before* any arithmetic,
   because ``-inf * 0`` is NaN and a NaN in the forward pass also poisons the backward pass.
 
-Spec references are to ``shared/REALM_SPEC.md``.
+Spec references (REALM_SPEC n) are to the numbered items of ``docs/realm_spec.md``.
 """
 
 from typing import Any, Dict, Tuple
