@@ -1,0 +1,84 @@
+"""Rule-based English sentence splitting with UTF-8 byte offsets.
+
+Blocks are packed from whole sentences and a salient-span query is one sentence (REALM_SPEC 7,
+9), so every pipeline needs the same sentence boundaries. The authors' release shipped them
+precomputed (`sentence_byte_start/limit`); for other text we split with a small deterministic
+rule set instead of a model: a sentence ends at `.`, `!` or `?` (plus closing quotes or
+brackets) followed by whitespace and a token that can start a sentence, unless the period
+ends a known abbreviation or a single-letter initial; a line break ends a sentence too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+# Words that end with a period without ending the sentence.
+ABBREVIATIONS = frozenset("""
+mr mrs ms dr prof sr jr st mt ft gen col lt sgt capt cmdr adm gov sen rep rev hon
+vs etc al cf eg ie approx dept est inc ltd co corp no nos vol vols pp fig figs ed eds
+jan feb mar apr jun jul aug sep sept oct nov dec ca c b d fl
+""".split())
+
+# A candidate boundary: terminal punctuation, optional closing quotes/brackets, whitespace.
+_BOUNDARY = re.compile(r"""([.!?]+)(["'\u2019\u201d)\]]*)(\s+)""")
+_WORD_BEFORE = re.compile(r"""(\w+)$""")
+_STARTS_SENTENCE = re.compile(r"""["'\u2018\u201c(\[]*[\w\u00c0-\uffff]""")
+
+
+def _ends_with_abbreviation(prefix: str) -> bool:
+  """Whether the text before a period ends in an abbreviation or an initial ("J. R. R.")."""
+  match = _WORD_BEFORE.search(prefix)
+  if not match:
+    return False
+  word = match.group(1)
+  if len(word) == 1 and word.isalpha():
+    return True
+  if word.lower() in ABBREVIATIONS:
+    return True
+  # Dotted acronyms such as "U.S." or "e.g.".
+  return bool(re.search(r"(?:\b\w\.)+\w$", prefix))
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+  """Sentence spans of `text`.
+
+  Args:
+    text: raw text.
+
+  Returns:
+    [(byte_start, byte_limit)] into `text.encode("utf-8")`, in order, each without leading or
+    trailing whitespace; empty for text with no non-space characters.
+  """
+  char_spans = []
+  for paragraph in re.finditer(r"[^\n]+", text):
+    line, line_start = paragraph.group(), paragraph.start()
+    start = 0
+    for boundary in _BOUNDARY.finditer(line):
+      end = boundary.end(2)  # after the punctuation and closing quotes
+      rest = line[boundary.end():]
+      if not rest or not _STARTS_SENTENCE.match(rest):
+        continue
+      if boundary.group(1) == "." and _ends_with_abbreviation(line[:boundary.start(1)]):
+        continue
+      # Lower-case continuation after a period is rarely a new sentence ("approx. five").
+      if boundary.group(1) == "." and rest[0].islower():
+        continue
+      char_spans.append((line_start + start, line_start + end))
+      start = boundary.end()
+    char_spans.append((line_start + start, line_start + len(line)))
+
+  # [num_chars + 1] byte offset of every character boundary (identity for ASCII).
+  char_to_byte = (None if text.isascii() else
+                  [0, *itertools.accumulate(len(c.encode("utf-8")) for c in text)])
+  spans = []
+  for start, end in char_spans:
+    segment = text[start:end]
+    stripped = segment.strip()
+    if not stripped:
+      continue
+    start += len(segment) - len(segment.lstrip())
+    end = start + len(stripped)
+    spans.append((start, end) if char_to_byte is None
+                 else (char_to_byte[start], char_to_byte[end]))
+  return spans
