@@ -20,8 +20,7 @@ description would differ. The public pieces:
 * ``bert_learning_rate_schedule(peak, total_steps, warmup_steps)``: an ``optax.Schedule``.
 * ``scale_by_adam_without_bias_correction(b1, b2, eps)``: the Adam part alone.
 * ``weight_decay_mask(params)``: which leaves are decayed.
-* ``bert_optimizer(...)``: the full chain; ``bert_optimizer_with_schedule(...)`` also returns the
-  schedule so the trainer can log ``train/learning_rate`` as ``schedule(step)``.
+* ``bert_optimizer(...)``: the full chain.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ __all__ = [
     "ScaleByAdamWithoutBiasCorrectionState",
     "bert_learning_rate_schedule",
     "bert_optimizer",
-    "bert_optimizer_with_schedule",
     "default_warmup_steps",
     "scale_by_adam_without_bias_correction",
     "weight_decay_mask",
@@ -290,55 +288,6 @@ def weight_decay_mask(params: optax.Params) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, _: _is_decayed(path), params)
 
 
-def bert_optimizer_with_schedule(
-    peak_learning_rate: float,
-    total_steps: int,
-    *,
-    warmup_steps: int | None = None,
-    weight_decay: float = 0.01,
-    b1: float = 0.9,
-    b2: float = 0.999,
-    eps: float = 1e-6,
-    clip_norm: float = 1.0,
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """Returns ``bert_optimizer(...)`` together with its learning-rate schedule.
-
-  The trainer logs ``train/learning_rate`` as ``schedule(step)``, where ``step`` is the number of
-  updates applied before the current one (the value the update itself uses).
-
-  Args:
-    peak_learning_rate: See ``bert_learning_rate_schedule``.
-    total_steps: See ``bert_learning_rate_schedule``.
-    warmup_steps: See ``bert_learning_rate_schedule``; None uses ``default_warmup_steps``.
-    weight_decay: Decoupled weight-decay rate, applied before the learning rate multiplies.
-    b1: Adam first-moment decay.
-    b2: Adam second-moment decay.
-    eps: Adam epsilon (outside the square root).
-    clip_norm: Global-norm clipping threshold applied to the raw gradients.
-
-  Returns:
-    ``(optimizer, schedule)``.
-
-  Raises:
-    ValueError: If an argument is out of range.
-  """
-  if not clip_norm > 0.0:
-    raise ValueError(f"clip_norm must be > 0, got {clip_norm}.")
-  if not weight_decay >= 0.0:
-    raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
-  schedule = bert_learning_rate_schedule(peak_learning_rate, total_steps, warmup_steps)
-  optimizer = optax.chain(
-      # BERT clips the raw gradients (tf.clip_by_global_norm) before the optimizer sees them.
-      optax.clip_by_global_norm(clip_norm),
-      scale_by_adam_without_bias_correction(b1=b1, b2=b2, eps=eps),
-      # Decay joins the Adam direction before the lr scales it: param -= lr * (adam + wd * param).
-      optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
-      # Uses its own update count, starting at 0 for the first update like BERT's global_step.
-      optax.scale_by_learning_rate(schedule),
-  )
-  return optimizer, schedule
-
-
 def bert_optimizer(
     peak_learning_rate: float,
     total_steps: int,
@@ -355,7 +304,8 @@ def bert_optimizer(
   In order: clip gradients by global norm ``clip_norm``; Adam scaling without bias correction;
   add ``weight_decay * param`` for the leaves ``weight_decay_mask`` selects; multiply by
   ``-bert_learning_rate_schedule(peak_learning_rate, total_steps, warmup_steps)(count)``.
-  Use ``bert_optimizer_with_schedule`` to also get the schedule for logging.
+  The trainer logs ``train/learning_rate`` as ``bert_learning_rate_schedule(...)(step)`` with the
+  same arguments, ``step`` being the number of updates applied before the current one.
 
   Args:
     peak_learning_rate: Peak learning rate (3e-5 pretraining, 1e-4 ICT, 1e-5 open-QA).
@@ -373,14 +323,18 @@ def bert_optimizer(
   Raises:
     ValueError: If an argument is out of range.
   """
-  optimizer, _ = bert_optimizer_with_schedule(
-      peak_learning_rate,
-      total_steps,
-      warmup_steps=warmup_steps,
-      weight_decay=weight_decay,
-      b1=b1,
-      b2=b2,
-      eps=eps,
-      clip_norm=clip_norm,
+  if not clip_norm > 0.0:
+    raise ValueError(f"clip_norm must be > 0, got {clip_norm}.")
+  if not weight_decay >= 0.0:
+    raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+  schedule = bert_learning_rate_schedule(peak_learning_rate, total_steps, warmup_steps)
+  optimizer = optax.chain(
+      # BERT clips the raw gradients (tf.clip_by_global_norm) before the optimizer sees them.
+      optax.clip_by_global_norm(clip_norm),
+      scale_by_adam_without_bias_correction(b1=b1, b2=b2, eps=eps),
+      # Decay joins the Adam direction before the lr scales it: param -= lr * (adam + wd * param).
+      optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      # Uses its own update count, starting at 0 for the first update like BERT's global_step.
+      optax.scale_by_learning_rate(schedule),
   )
   return optimizer

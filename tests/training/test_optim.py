@@ -304,9 +304,9 @@ def test_moments_are_at_least_float32_for_bfloat16_params():
     assert leaf.dtype == jnp.float32
 
 
-def test_optimizer_with_schedule_returns_the_schedule_it_uses():
-  tx, schedule = optim.bert_optimizer_with_schedule(_PEAK_LR, _TOTAL_STEPS,
-                                                    warmup_steps=_WARMUP_STEPS)
+def test_optimizer_uses_the_schedule_the_trainer_logs():
+  tx = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=_WARMUP_STEPS)
+  schedule = optim.bert_learning_rate_schedule(_PEAK_LR, _TOTAL_STEPS, _WARMUP_STEPS)
   params, grads = _random_params(), _random_grads()
   ours = _run_optax(tx, params, grads)
   np.testing.assert_allclose(
