@@ -1,0 +1,1490 @@
+"""Knowledge corpus Z: documents -> blocks -> an on-disk, memory-mapped BlockStore.
+
+REALM retrieves *blocks*, not articles (REALM_SPEC 7): a block is `[CLS] title [SEP] body [SEP]`
+of at most `max_block_len` (288) wordpieces, whose body is a run of whole sentences of one
+article, packed greedily. The same rule as the authors' ORQA preprocessor
+(`orqa/preprocessing/wiki_preprocessor.py`): a sentence joins the current block while
+`3 + len(title) + len(block body) + len(sentence) <= max_block_len`, otherwise the block is
+closed and the sentence starts the next one. Blocks never cross articles.
+
+Deviations from the authors, chosen and documented here:
+
+* **Over-long sentences.** ORQA put a sentence longer than the budget alone in a block and let
+  the featurizer silently truncate it. We keep every wordpiece: the sentence is cut into
+  budget-sized pieces at wordpiece boundaries, preferring the last boundary before a whole word
+  (a piece not starting with `##`) so words stay intact when possible. Each full piece is its own
+  block; the remainder starts a new block that the following sentences may join. Counted as
+  `oversize_sentences` in the manifest.
+* **Over-long titles** (more than `max_title_len` wordpieces, default 64, or max_block_len - 4
+  for smaller blocks) are a counted skip of
+  the whole document (`title_too_long`), not a truncation: a truncated title would be a wrong
+  title in every block of the article and in its uid. No Wikipedia title comes close (titles are
+  at most 255 bytes).
+* **Empty documents** (no text after stripping, or no wordpieces at all) and **exact duplicates**
+  (same stripped title and text as an earlier document; the first is kept) are counted skips.
+  Duplicates are detected by a 64-bit content hash (a false "duplicate" needs a 64-bit
+  collision: odds about 1e-6 for all of Wikipedia).
+* **Body text.** For every block we keep the *original* text of its wordpieces: the UTF-8 bytes
+  from the first wordpiece's start to the last one's limit. So answer strings can be matched
+  case-sensitively in it (REALM_SPEC 27) and whitespace between sentences is what the article had.
+
+Sources (all streaming, all yielding `Document`s; bad input becomes a `BadRecord` that names the
+file, line/record and field, and is raised (`on_error="raise"`, the default: a wrong file format
+shows up on its first line) or counted and reported (`on_error="skip"`). Empty, duplicate and
+over-long-title documents are data, not errors: always counted skips):
+
+* `JsonlSource`: one `{"title": str, "text": str}` object per line.
+* `TfdsSource`: a TFDS builder with `title` and `text` features (e.g. `wikipedia/20230601.en`).
+* `RealmSource`: the REALM release's retrieval corpus, GZIP TFRecords of `tf.train.Example`s
+  (`language/realm/generate_retrieval_corpus.py`: `title`, `body` as bytes, and
+  `{title,body}_token_{ids,texts,starts,stops}`); or ORQA's block files (`blocks.tfr`,
+  `titles.tfr`, optional `examples.tfr` with `title_ids`/`token_ids`), the layout of the released
+  `gs://orqa-data/enwiki-20181220` (13,353,718 blocks, used by REALM's fine-tuning). These
+  records are already blocks: **each record becomes exactly one block** (no re-packing), in
+  record order, so block ids line up with the records. We re-tokenise title and body with our
+  vocabulary (we need byte offsets for the body text); when the record carries token ids,
+  `record_token_ids="verify"` (default) treats a mismatch as bad input and `"ours"` keeps our
+  tokens and counts the mismatch. A record longer than the budget is truncated to it, as the
+  authors' `featurize_document` did (counted as `truncated_records`).
+
+The BlockStore (one directory, written atomically; see `build_block_store`):
+
+  manifest.json      format, counts, options, vocab fingerprint, store_id, per-file sha256
+  tokens.npy         [num_blocks, max_block_len] uint16 (int32 if vocab > 65536): the full
+                     embedder input `[CLS] title [SEP] body [SEP]`, padded with 0
+  title_lengths.npy  [num_blocks] int32 wordpieces of the title (no specials)
+  body_lengths.npy   [num_blocks] int32 wordpieces of the body (no specials); the body tokens of
+                     row i are `tokens[i, t + 2 : t + 2 + b]` with t, b the two lengths
+  uids.npy           [num_blocks] uint64 `content_uid(title, body_text)`
+  doc_ids.npy        [num_blocks] int64 index of the source document among the documents kept
+  text.bin           UTF-8 title and body text of every block, back to back
+  text_offsets.npy   [2 * num_blocks + 1] int64: title i is text[o[2i]:o[2i+1]], body i is
+                     text[o[2i+1]:o[2i+2]]
+
+`store_id` is a content fingerprint: sha256 over the canonical JSON of the content-determining
+options (format version, max_block_len, max_title_len, vocab fingerprint) followed by the uids
+array (little-endian uint64). Same input and options -> same block ids and the same store_id,
+whichever source the documents came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import glob as glob_lib
+import hashlib
+import itertools
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import struct
+import sys
+import time
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import numpy as np
+
+from realm_jax.data import sentences as sentences_lib
+from realm_jax.data import vocab as vocab_lib
+
+FORMAT_NAME = "realm_jax.BlockStore"
+FORMAT_VERSION = 1
+DEFAULT_MAX_BLOCK_LEN = 288
+DEFAULT_MAX_TITLE_LEN = 64
+NUM_SPECIAL_TOKENS = 3  # [CLS] title [SEP] body [SEP]
+
+MANIFEST = "manifest.json"
+TOKENS = "tokens.npy"
+TITLE_LENGTHS = "title_lengths.npy"
+BODY_LENGTHS = "body_lengths.npy"
+UIDS = "uids.npy"
+DOC_IDS = "doc_ids.npy"
+TEXT = "text.bin"
+TEXT_OFFSETS = "text_offsets.npy"
+DATA_FILES = (TOKENS, TITLE_LENGTHS, BODY_LENGTHS, UIDS, DOC_IDS, TEXT, TEXT_OFFSETS)
+
+# Skip reasons. The first group is malformed input (raised or skipped per `on_error`); the
+# second is a property of the data and always a counted skip.
+BAD_INPUT_REASONS = ("invalid_utf8", "malformed_json", "missing_field", "wrong_type",
+                     "malformed_record", "token_mismatch")
+DATA_SKIP_REASONS = ("empty", "title_too_long", "duplicate")
+SKIP_EXAMPLES_PER_REASON = 5
+
+log = logging.getLogger(__name__)
+
+
+class BlockStoreError(Exception):
+  """A BlockStore directory is missing, incomplete, corrupt or does not match expectations."""
+
+
+class CorpusInputError(ValueError):
+  """Bad input documents (raised in `on_error="raise"` mode); the message names where.
+
+  Attributes:
+    record: the BadRecord when the error is one skippable record (else None).
+  """
+
+  def __init__(self, message: str, record: Optional["BadRecord"] = None):
+    super().__init__(message)
+    self.record = record
+
+
+# ------------------------------------------------------------------------------ documents
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Document:
+  """One input document (an article), or one already-made block for REALM records.
+
+  Attributes:
+    title: article title.
+    text: article text (for a block record: the block body).
+    source: where it came from, for messages: "file:line", "tfds:split:index",
+      "tfrecord:file:record".
+    is_block: True for records that are already blocks (REALM/ORQA): one record -> one block.
+    title_token_ids: token ids the record carried for the title, if any.
+    body_token_ids: token ids the record carried for the body, if any.
+  """
+
+  title: str
+  text: str
+  source: str
+  is_block: bool = False
+  title_token_ids: Optional[Sequence[int]] = None
+  body_token_ids: Optional[Sequence[int]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BadRecord:
+  """An input record that could not become a Document.
+
+  Attributes:
+    source: "file:line" / "tfds:split:index" / "tfrecord:file:record".
+    reason: one of BAD_INPUT_REASONS.
+    field: the offending field, if one.
+    message: a complete one-line message naming source and field.
+  """
+
+  source: str
+  reason: str
+  field: Optional[str]
+  message: str
+
+
+SourceItem = Union[Document, BadRecord]
+
+
+def content_uid(title: str, body_text: str) -> int:
+  """The content hash of a block: excludes an example's own source block (REALM_SPEC 12).
+
+  Args:
+    title: block title.
+    body_text: block body text (as stored in the BlockStore).
+
+  Returns:
+    The first 8 bytes, big-endian, of sha256(title + "\\x00" + body_text) in UTF-8, as an int in
+    [0, 2**64). (The authors used sha1 of "title <sep> body"; only equality matters.)
+  """
+  return _uid_from_bytes(title.encode("utf-8"), body_text.encode("utf-8"))
+
+
+def _uid_from_bytes(title: bytes, body: bytes) -> int:
+  return int.from_bytes(hashlib.sha256(title + b"\x00" + body).digest()[:8], "big")
+
+
+def _check_str_field(obj: dict, field_name: str, where: str) -> Union[str, BadRecord]:
+  """A JSON object's string field, or the BadRecord saying what is wrong with it."""
+  if field_name not in obj:
+    return BadRecord(where, "missing_field", field_name,
+                     f"{where}: missing field {field_name!r} (expected an object with string "
+                     f"fields 'title' and 'text'; got keys {sorted(obj)[:8]})")
+  value = obj[field_name]
+  if not isinstance(value, str):
+    return BadRecord(where, "wrong_type", field_name,
+                     f"{where}: field {field_name!r} must be a string, got "
+                     f"{type(value).__name__}")
+  try:
+    value.encode("utf-8")
+  except UnicodeEncodeError as e:  # JSON "\ud800" escapes decode to lone surrogates
+    return BadRecord(where, "invalid_utf8", field_name,
+                     f"{where}: field {field_name!r} is not valid Unicode ({e.reason} at "
+                     f"character {e.start})")
+  return value
+
+
+class JsonlSource:
+  """Documents from a JSONL file of `{"title": str, "text": str}` objects, one per line.
+
+  Lines are read as bytes and decoded one by one, so invalid UTF-8 is reported with its line.
+  Blank lines are ignored. Extra fields are ignored.
+  """
+
+  kind = "jsonl"
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    if not os.path.isfile(self.path):
+      raise CorpusInputError(f"{self.path}: no such JSONL file")
+    self.total_bytes = os.path.getsize(self.path)
+    self.bytes_read = 0
+
+  @property
+  def description(self) -> dict:
+    return {"kind": self.kind, "path": os.path.abspath(self.path), "bytes": self.total_bytes}
+
+  def fraction_done(self) -> Optional[float]:
+    return self.bytes_read / self.total_bytes if self.total_bytes else None
+
+  def __iter__(self) -> Iterator[SourceItem]:
+    self.bytes_read = 0
+    with open(self.path, "rb") as f:
+      for line_number, raw in enumerate(f, start=1):
+        self.bytes_read += len(raw)
+        where = f"{self.path}:{line_number}"
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          yield BadRecord(where, "invalid_utf8", None,
+                          f"{where}: line is not valid UTF-8 ({e.reason} at byte {e.start} of "
+                          f"the line: {raw[max(0, e.start - 10):e.start + 10]!r})")
+          continue
+        if not line.strip():
+          continue
+        try:
+          obj = json.loads(line)
+        except json.JSONDecodeError as e:
+          yield BadRecord(where, "malformed_json", None,
+                          f"{where}: malformed JSON ({e.msg} at column {e.colno})")
+          continue
+        if not isinstance(obj, dict):
+          yield BadRecord(where, "malformed_json", None,
+                          f"{where}: expected a JSON object with 'title' and 'text', got "
+                          f"{type(obj).__name__}")
+          continue
+        title = _check_str_field(obj, "title", where)
+        if isinstance(title, BadRecord):
+          yield title
+          continue
+        text = _check_str_field(obj, "text", where)
+        if isinstance(text, BadRecord):
+          yield text
+          continue
+        yield Document(title=title, text=text, source=where)
+
+
+class TfdsSource:
+  """Documents from a TFDS dataset with string features `title` and `text`.
+
+  The dataset must already be prepared under `data_dir` (e.g. `wikipedia/20230601.en`); nothing
+  is downloaded. Records are read in the split's file order (`shuffle_files=False`), so block
+  ids are deterministic.
+  """
+
+  kind = "tfds"
+
+  def __init__(self, name: str, split: str = "train", data_dir: Optional[str] = None):
+    self.name = name
+    self.split = split
+    self.data_dir = data_dir
+    self.index = 0
+    self.num_examples: Optional[int] = None
+
+  @property
+  def description(self) -> dict:
+    return {"kind": self.kind, "name": self.name, "split": self.split, "data_dir": self.data_dir,
+            "num_examples": self.num_examples}
+
+  def fraction_done(self) -> Optional[float]:
+    return self.index / self.num_examples if self.num_examples else None
+
+  def __iter__(self) -> Iterator[SourceItem]:
+    import tensorflow_datasets as tfds  # lazily: TF is heavy and only this source needs it
+
+    try:
+      builder = tfds.builder(self.name, data_dir=self.data_dir)
+    except Exception as e:  # unknown name or config: say so in one line
+      raise CorpusInputError(f"tfds:{self.name}: {str(e).strip().splitlines()[0]}") from e
+    missing = [k for k in ("title", "text") if k not in builder.info.features]
+    if missing:
+      raise CorpusInputError(
+          f"tfds:{self.name}: the dataset has no feature(s) {missing} (features: "
+          f"{sorted(builder.info.features)}); a knowledge corpus needs 'title' and 'text'")
+    try:
+      self.num_examples = int(builder.info.splits[self.split].num_examples) or None
+    except Exception:  # splits unknown (not prepared, or mocked): no ETA, not an error
+      self.num_examples = None
+    try:
+      dataset = builder.as_dataset(split=self.split, shuffle_files=False)
+    except Exception as e:  # not prepared under data_dir, or an unknown split
+      raise CorpusInputError(
+          f"tfds:{self.name}:{self.split}: {str(e).strip().splitlines()[0]} (prepare the "
+          f"dataset under --tfds_data_dir first; this build downloads nothing)") from e
+    self.index = 0
+    for example in dataset.as_numpy_iterator():
+      where = f"tfds:{self.split}:{self.index}"
+      self.index += 1
+      fields = {}
+      for key in ("title", "text"):
+        try:
+          fields[key] = example[key].decode("utf-8")
+        except UnicodeDecodeError as e:
+          fields = None
+          yield BadRecord(where, "invalid_utf8", key,
+                          f"{where}: field {key!r} is not valid UTF-8 ({e.reason} at byte "
+                          f"{e.start})")
+          break
+      if fields is not None:
+        yield Document(title=fields["title"], text=fields["text"], source=where)
+
+
+def _tfrecord_compression(path: str) -> str:
+  """"GZIP" when the file starts with the gzip magic bytes (REALM's shards have no .gz)."""
+  with open(path, "rb") as f:
+    return "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+
+
+def _iter_tfrecords(path: str) -> Iterator[tuple[int, bytes]]:
+  """(0-based record index, serialized record) of one TFRecord file, via tf.data."""
+  import tensorflow as tf  # lazily
+
+  dataset = tf.data.TFRecordDataset(path, compression_type=_tfrecord_compression(path),
+                                    buffer_size=8 << 20)
+  iterator = dataset.as_numpy_iterator()
+  index = 0
+  while True:
+    try:
+      raw = next(iterator)
+    except StopIteration:
+      return
+    except tf.errors.DataLossError as e:
+      # A corrupt stream cannot be resynchronised: never skippable.
+      raise CorpusInputError(f"tfrecord:{path}:{index}: corrupt TFRecord data "
+                             f"({str(e).splitlines()[0]})") from None
+    yield index, raw
+    index += 1
+
+
+class RealmSource:
+  """Already-blocked records from the REALM/ORQA releases: each record is one block.
+
+  `path` is one of:
+    * a TFRecord file or a glob of shards (sorted), each record a `tf.train.Example` with bytes
+      features `title`, `body` and optional int64 `title_token_ids`, `body_token_ids` (the schema
+      of `language/realm/generate_retrieval_corpus.py`; GZIP auto-detected);
+    * a directory with ORQA's `blocks.tfr` and `titles.tfr` (raw UTF-8 strings, record i of each
+      is block i) and optionally `examples.tfr` (Examples with `title_ids`, `token_ids`).
+  """
+
+  kind = "realm"
+
+  def __init__(self, path: str):
+    self.path = os.fspath(path)
+    self.orqa = os.path.isdir(self.path)
+    if self.orqa:
+      for name in ("blocks.tfr", "titles.tfr"):
+        if not os.path.isfile(os.path.join(self.path, name)):
+          raise CorpusInputError(f"{self.path}: a REALM/ORQA block directory needs {name}")
+      self.files = [os.path.join(self.path, "blocks.tfr")]
+    else:
+      self.files = sorted(glob_lib.glob(self.path))
+      if not self.files:
+        raise CorpusInputError(f"{self.path}: no TFRecord files match")
+    self.total_bytes = sum(os.path.getsize(f) for f in self.files)
+    self.bytes_done = 0
+
+  @property
+  def description(self) -> dict:
+    return {"kind": self.kind, "path": os.path.abspath(self.path),
+            "layout": "orqa" if self.orqa else "realm_examples", "files": len(self.files),
+            "bytes": self.total_bytes}
+
+  def fraction_done(self) -> Optional[float]:
+    # Compressed streams give no position; count whole files done (coarse but monotone).
+    return self.bytes_done / self.total_bytes if self.total_bytes else None
+
+  def __iter__(self) -> Iterator[SourceItem]:
+    self.bytes_done = 0
+    if self.orqa:
+      yield from self._iter_orqa()
+      return
+    for path in self.files:
+      for index, raw in _iter_tfrecords(path):
+        yield _parse_realm_example(raw, f"tfrecord:{path}:{index}")
+      self.bytes_done += os.path.getsize(path)
+
+  def _iter_orqa(self) -> Iterator[SourceItem]:
+    blocks_path = os.path.join(self.path, "blocks.tfr")
+    titles_path = os.path.join(self.path, "titles.tfr")
+    examples_path = os.path.join(self.path, "examples.tfr")
+    has_examples = os.path.isfile(examples_path)
+    blocks = _iter_tfrecords(blocks_path)
+    titles = _iter_tfrecords(titles_path)
+    examples = _iter_tfrecords(examples_path) if has_examples else None
+    while True:
+      block = next(blocks, None)
+      title = next(titles, None)
+      example = next(examples, None) if examples is not None else None
+      if block is None or title is None or (examples is not None and example is None):
+        if not (block is None and title is None and example is None):
+          raise CorpusInputError(
+              f"{self.path}: blocks.tfr, titles.tfr{' and examples.tfr' if has_examples else ''}"
+              f" have different numbers of records")
+        break
+      index = block[0]
+      where = f"tfrecord:{blocks_path}:{index}"
+      try:
+        title_text = title[1].decode("utf-8")
+        body_text = block[1].decode("utf-8")
+      except UnicodeDecodeError as e:
+        yield BadRecord(where, "invalid_utf8", "title/block",
+                        f"{where}: record is not valid UTF-8 ({e.reason} at byte {e.start})")
+        continue
+      title_ids = body_ids = None
+      if example is not None:
+        parsed = _parse_example_ints(example[1], ("title_ids", "token_ids"),
+                                     f"tfrecord:{examples_path}:{index}")
+        if isinstance(parsed, BadRecord):
+          yield parsed
+          continue
+        title_ids, body_ids = parsed["title_ids"], parsed["token_ids"]
+      yield Document(title=title_text, text=body_text, source=where, is_block=True,
+                     title_token_ids=title_ids, body_token_ids=body_ids)
+    self.bytes_done = self.total_bytes
+
+
+def _parse_example(raw: bytes, where: str):
+  from tensorflow.core.example import example_pb2  # lazily
+  from google.protobuf import message as protobuf_message
+
+  try:
+    return example_pb2.Example.FromString(raw)
+  except protobuf_message.DecodeError as e:
+    return BadRecord(where, "malformed_record", None,
+                     f"{where}: not a serialized tf.train.Example ({e})")
+
+
+def _parse_example_ints(raw: bytes, names: Sequence[str], where: str):
+  """Optional int64 features of an Example as lists (None when absent), or a BadRecord."""
+  example = _parse_example(raw, where)
+  if isinstance(example, BadRecord):
+    return example
+  out = {}
+  for name in names:
+    feature = example.features.feature.get(name)
+    if feature is None:
+      out[name] = None
+    elif feature.WhichOneof("kind") != "int64_list":
+      return BadRecord(where, "wrong_type", name,
+                       f"{where}: feature {name!r} must be an int64_list, got "
+                       f"{feature.WhichOneof('kind')}")
+    else:
+      out[name] = list(feature.int64_list.value)
+  return out
+
+
+def _parse_realm_example(raw: bytes, where: str) -> SourceItem:
+  """One REALM retrieval-corpus Example -> a block Document, or a BadRecord."""
+  example = _parse_example(raw, where)
+  if isinstance(example, BadRecord):
+    return example
+  features = example.features.feature
+  texts = {}
+  for name in ("title", "body"):
+    feature = features.get(name)
+    if feature is None:
+      return BadRecord(where, "missing_field", name,
+                       f"{where}: missing feature {name!r} (a REALM corpus record has bytes "
+                       f"features 'title' and 'body'; got {sorted(features)[:8]})")
+    if feature.WhichOneof("kind") != "bytes_list" or len(feature.bytes_list.value) != 1:
+      return BadRecord(where, "wrong_type", name,
+                       f"{where}: feature {name!r} must be a bytes_list with one value")
+    try:
+      texts[name] = feature.bytes_list.value[0].decode("utf-8")
+    except UnicodeDecodeError as e:
+      return BadRecord(where, "invalid_utf8", name,
+                       f"{where}: feature {name!r} is not valid UTF-8 ({e.reason} at byte "
+                       f"{e.start})")
+  ids = {}
+  for name in ("title_token_ids", "body_token_ids"):
+    feature = features.get(name)
+    if feature is None:
+      ids[name] = None
+    elif feature.WhichOneof("kind") != "int64_list":
+      return BadRecord(where, "wrong_type", name, f"{where}: feature {name!r} must be an "
+                       f"int64_list, got {feature.WhichOneof('kind')}")
+    else:
+      ids[name] = list(feature.int64_list.value)
+  return Document(title=texts["title"], text=texts["body"], source=where, is_block=True,
+                  title_token_ids=ids["title_token_ids"], body_token_ids=ids["body_token_ids"])
+
+
+def _bytes_feature(values):
+  import tensorflow as tf
+  return tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+
+
+def _int_feature(values):
+  import tensorflow as tf
+  return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+
+def write_realm_records(path: str, blocks: Iterable[tuple[str, str]],
+                        vocab: Optional[vocab_lib.WordPieceVocabulary] = None, *,
+                        compress: bool = True, with_token_ids: bool = True) -> int:
+  """Writes (title, body) blocks as a REALM retrieval-corpus TFRecord file.
+
+  The schema of `language/realm/generate_retrieval_corpus.py`: bytes features `title`, `body`,
+  and for each of title/body `*_token_texts` (wordpiece strings), `*_token_starts`,
+  `*_token_stops` (-1: the release did not compute boundaries) and `*_token_ids`. GZIP like the
+  release. For tests and for exporting a corpus to the authors' code.
+
+  Args:
+    path: output file.
+    blocks: (title, body) pairs, one record each.
+    vocab: vocabulary for the token features (the bundled one by default).
+    compress: write GZIP (as the release) or plain TFRecords.
+    with_token_ids: include the token features.
+
+  Returns:
+    Number of records written.
+  """
+  import tensorflow as tf  # lazily
+
+  vocab = vocab or vocab_lib.default_vocabulary()
+  count = 0
+  with tf.io.TFRecordWriter(path, options="GZIP" if compress else None) as writer:
+    for title, body in blocks:
+      feature = {"title": _bytes_feature([title.encode("utf-8")]),
+                 "body": _bytes_feature([body.encode("utf-8")])}
+      if with_token_ids:
+        for prefix, text in (("title", title), ("body", body)):
+          ids = vocab.encode(text)
+          feature[f"{prefix}_token_texts"] = _bytes_feature(
+              [vocab.id_to_token(i).encode("utf-8") for i in ids])
+          feature[f"{prefix}_token_starts"] = _int_feature([-1] * len(ids))
+          feature[f"{prefix}_token_stops"] = _int_feature([-1] * len(ids))
+          feature[f"{prefix}_token_ids"] = _int_feature(ids)
+      example = tf.train.Example(features=tf.train.Features(feature=feature))
+      writer.write(example.SerializeToString())
+      count += 1
+  return count
+
+
+def write_orqa_blocks(directory: str, blocks: Iterable[tuple[str, str]],
+                      vocab: Optional[vocab_lib.WordPieceVocabulary] = None) -> int:
+  """Writes (title, body) blocks in ORQA's layout: blocks.tfr, titles.tfr, examples.tfr.
+
+  As `language/orqa/preprocessing/preprocess_wiki_extractor.py` does: raw UTF-8 strings in
+  blocks.tfr/titles.tfr, Examples with `title_ids`, `token_ids`, `sentence_starts` in
+  examples.tfr. For tests.
+
+  Returns:
+    Number of blocks written.
+  """
+  import tensorflow as tf  # lazily
+
+  vocab = vocab or vocab_lib.default_vocabulary()
+  os.makedirs(directory, exist_ok=True)
+  count = 0
+  with tf.io.TFRecordWriter(os.path.join(directory, "blocks.tfr")) as blocks_writer, \
+       tf.io.TFRecordWriter(os.path.join(directory, "titles.tfr")) as titles_writer, \
+       tf.io.TFRecordWriter(os.path.join(directory, "examples.tfr")) as examples_writer:
+    for title, body in blocks:
+      body_bytes = body.encode("utf-8")
+      token_ids, sentence_starts = [], []
+      for start, limit in sentences_lib.split_sentences(body):
+        sentence_starts.append(len(token_ids))
+        token_ids.extend(vocab.encode(body_bytes[start:limit].decode("utf-8")))
+      example = tf.train.Example(features=tf.train.Features(feature={
+          "title_ids": _int_feature(vocab.encode(title)),
+          "token_ids": _int_feature(token_ids),
+          "sentence_starts": _int_feature(sentence_starts)}))
+      blocks_writer.write(body_bytes)
+      titles_writer.write(title.encode("utf-8"))
+      examples_writer.write(example.SerializeToString())
+      count += 1
+  return count
+
+
+def make_source(kind: str, input_path: str, *, split: str = "train",
+                data_dir: Optional[str] = None):
+  """The document source for `kind` ("jsonl", "tfds" or "realm")."""
+  if kind == "jsonl":
+    return JsonlSource(input_path)
+  if kind == "tfds":
+    return TfdsSource(input_path, split=split, data_dir=data_dir)
+  if kind == "realm":
+    return RealmSource(input_path)
+  raise ValueError(f"unknown source kind {kind!r}; expected one of jsonl, tfds, realm")
+
+
+# ------------------------------------------------------------------------------ packing
+
+
+def pack_sentences(sentence_lengths: Sequence[int], budget: int,
+                   word_starts: Optional[Sequence[bool]] = None) -> list[tuple[int, int]]:
+  """Greedy packing of an article's sentences into blocks of at most `budget` body tokens.
+
+  Args:
+    sentence_lengths: wordpieces of each sentence, in order; the body tokens of the article are
+      their concatenation.
+    budget: body wordpieces per block: `max_block_len - 3 - title_len`.
+    word_starts: optional [num_tokens] flags, True where a token starts a word (is not a `##`
+      continuation); used to cut over-long sentences between words when possible.
+
+  Returns:
+    [(start, end)] half-open ranges over the concatenated body tokens, one per block, covering
+    every token in order. A sentence that does not fit in the current block starts the next one;
+    a sentence longer than `budget` is cut into `budget`-sized pieces (see module docstring).
+  """
+  if budget < 1:
+    raise ValueError(f"budget must be >= 1, got {budget}")
+  blocks = []
+  block_start = 0  # first token of the open block
+  position = 0  # tokens consumed so far
+  for length in sentence_lengths:
+    if length <= 0:
+      continue
+    if position - block_start + length <= budget:
+      position += length
+      continue
+    if position > block_start:  # close the open block; this sentence starts the next
+      blocks.append((block_start, position))
+      block_start = position
+    sentence_end = position + length
+    while sentence_end - block_start > budget:  # only for a sentence longer than the budget
+      cut = block_start + budget
+      if word_starts is not None:
+        # The last word start in (block_start, block_start + budget]; else cut mid-word.
+        for candidate in range(block_start + budget, block_start, -1):
+          if word_starts[candidate]:
+            cut = candidate
+            break
+      blocks.append((block_start, cut))
+      block_start = cut
+    position = sentence_end
+  if position > block_start:
+    blocks.append((block_start, position))
+  return blocks
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+_NPY_HEADER_BYTES = 128  # fixed, so the header can be rewritten in place once the shape is known
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+  """A version-1.0 .npy header padded to exactly _NPY_HEADER_BYTES."""
+  body = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (np.dtype(dtype).str,
+                                                                      tuple(shape))
+  prefix = b"\x93NUMPY\x01\x00"
+  body_len = _NPY_HEADER_BYTES - len(prefix) - 2
+  if len(body) + 1 > body_len:
+    raise ValueError(f"npy header too long for shape {shape}")
+  return prefix + struct.pack("<H", body_len) + (body.ljust(body_len - 1) + "\n").encode("latin1")
+
+
+class _NpyAppender:
+  """Streams rows into a .npy file; the header's shape is fixed up by `close()`."""
+
+  def __init__(self, path: str, dtype, row_shape: tuple[int, ...] = (), chunk_rows: int = 4096):
+    self.path = path
+    self.dtype = np.dtype(dtype)
+    self.row_shape = tuple(row_shape)
+    self.rows = 0
+    self._file = open(path, "wb")
+    self._file.write(_npy_header(self.dtype, (0,) + self.row_shape))
+    # [chunk_rows, *row_shape] rows waiting to be written.
+    self._buffer = np.zeros((chunk_rows,) + self.row_shape, self.dtype)
+    self._pending = 0
+
+  def append(self, value) -> None:
+    self._buffer[self._pending] = value
+    self._pending += 1
+    if self._pending == len(self._buffer):
+      self.flush()
+
+  def append_prefix(self, values: Sequence[int]) -> None:
+    """Appends a row whose first len(values) entries are `values`, the rest 0 (padding)."""
+    self._buffer[self._pending, :len(values)] = values
+    self._pending += 1
+    if self._pending == len(self._buffer):
+      self.flush()
+
+  def flush(self) -> None:
+    if self._pending:
+      self._file.write(self._buffer[:self._pending].tobytes())
+      self.rows += self._pending
+      self._buffer[:self._pending] = 0  # padding must be zero for the next rows
+      self._pending = 0
+    self._file.flush()
+
+  def close(self) -> None:
+    self.flush()
+    self._file.seek(0)
+    self._file.write(_npy_header(self.dtype, (self.rows,) + self.row_shape))
+    self._file.flush()
+    os.fsync(self._file.fileno())
+    self._file.close()
+
+  def abort(self) -> None:
+    self._file.close()
+
+
+def token_dtype_for(vocab_size: int) -> np.dtype:
+  """uint16 when every id fits (BERT: 30522), else int32."""
+  return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.int32)
+
+
+class _StagingWriter:
+  """Writes the BlockStore arrays and texts incrementally into a staging directory."""
+
+  def __init__(self, directory: str, max_block_len: int, token_dtype: np.dtype,
+               store_options_json: bytes):
+    self.directory = directory
+    self.max_block_len = max_block_len
+    join = lambda name: os.path.join(directory, name)  # noqa: E731
+    self.tokens = _NpyAppender(join(TOKENS), token_dtype, (max_block_len,), chunk_rows=1024)
+    self.title_lengths = _NpyAppender(join(TITLE_LENGTHS), np.int32)
+    self.body_lengths = _NpyAppender(join(BODY_LENGTHS), np.int32)
+    self.uids = _NpyAppender(join(UIDS), np.uint64)
+    self.doc_ids = _NpyAppender(join(DOC_IDS), np.int64)
+    self.text_offsets = _NpyAppender(join(TEXT_OFFSETS), np.int64)
+    self._appenders = [self.tokens, self.title_lengths, self.body_lengths, self.uids,
+                       self.doc_ids, self.text_offsets]
+    self._text = open(join(TEXT), "wb")
+    self._text_buffer = bytearray()
+    self._text_size = 0
+    self.text_offsets.append(0)
+    self.num_blocks = 0
+    # store_id = sha256(options JSON + "\n" + uids as little-endian uint64), streamed.
+    self._store_hash = hashlib.sha256(store_options_json + b"\n")
+
+  def add(self, title_ids: Sequence[int], body_ids: Sequence[int], title: bytes, body: bytes,
+          doc_id: int) -> int:
+    """Appends one block; returns its uid."""
+    row = [vocab_lib.CLS_ID, *title_ids, vocab_lib.SEP_ID, *body_ids, vocab_lib.SEP_ID]
+    assert len(row) <= self.max_block_len, (len(row), self.max_block_len)
+    uid = _uid_from_bytes(title, body)
+    self.tokens.append_prefix(row)
+    self.title_lengths.append(len(title_ids))
+    self.body_lengths.append(len(body_ids))
+    self.uids.append(uid)
+    self.doc_ids.append(doc_id)
+    self._text_buffer += title
+    self.text_offsets.append(self._text_size + len(self._text_buffer))
+    self._text_buffer += body
+    self.text_offsets.append(self._text_size + len(self._text_buffer))
+    if len(self._text_buffer) >= 4 << 20:
+      self._flush_text()
+    self._store_hash.update(uid.to_bytes(8, "little"))
+    self.num_blocks += 1
+    return uid
+
+  def _flush_text(self) -> None:
+    self._text.write(self._text_buffer)
+    self._text_size += len(self._text_buffer)
+    self._text_buffer = bytearray()
+
+  def close(self) -> str:
+    """Flushes, fixes the .npy headers, fsyncs every file; returns the store_id."""
+    for appender in self._appenders:
+      appender.close()
+    self._flush_text()
+    self._text.flush()
+    os.fsync(self._text.fileno())
+    self._text.close()
+    return self._store_hash.hexdigest()
+
+  def abort(self) -> None:
+    for appender in self._appenders:
+      appender.abort()
+    self._text.close()
+
+
+class _UInt64Set:
+  """A set of 64-bit hashes in a NumPy open-addressing table (8-24 bytes per key).
+
+  A Python set of ints costs about 70 bytes per key (450 MB for all of Wikipedia's articles);
+  this keeps duplicate detection within a bounded, small footprint.
+  """
+
+  def __init__(self, capacity: int = 1 << 16):
+    self._table = np.zeros(capacity, np.uint64)  # 0 marks an empty slot
+    self._mask = capacity - 1
+    self._size = 0
+
+  def __len__(self) -> int:
+    return self._size
+
+  def add(self, key: int) -> bool:
+    """Adds `key`; returns False if it was already present."""
+    key = key or 1  # 0 is the empty marker; merging keys 0 and 1 costs nothing in practice
+    if self._insert(key):
+      self._size += 1
+      if 2 * self._size > len(self._table):
+        self._grow()
+      return True
+    return False
+
+  def _insert(self, key: int) -> bool:
+    table, mask = self._table, self._mask
+    slot = key & mask
+    while True:
+      value = int(table[slot])
+      if value == 0:
+        table[slot] = key
+        return True
+      if value == key:
+        return False
+      slot = (slot + 1) & mask
+
+  def _grow(self) -> None:
+    keys = self._table[self._table != 0].tolist()
+    self._table = np.zeros(2 * len(self._table), np.uint64)
+    self._mask = len(self._table) - 1
+    for key in keys:
+      self._insert(key)
+
+
+def _fsync_dir(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _sha256_file(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(8 << 20):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+_ACTIVE_STAGING: set[str] = set()  # staging dirs of builds running in this process
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by someone else
+    return True
+  return True
+
+
+def clean_stale_staging(dest: str) -> list[str]:
+  """Removes staging/old directories left next to `dest` by builds that died.
+
+  A leftover is `<dest>.staging-<host>-<pid>-<random>` (or `.old-...`) whose host is this host
+  and whose process no longer runs. Directories of live builds, or of other hosts (a shared
+  filesystem), are left alone.
+
+  Returns:
+    The removed paths.
+  """
+  dest = os.path.abspath(dest)
+  parent, base = os.path.dirname(dest), os.path.basename(dest)
+  if not os.path.isdir(parent):
+    return []
+  host = socket.gethostname()
+  removed = []
+  for name in sorted(os.listdir(parent)):
+    for marker in (".staging-", ".old-"):
+      if not name.startswith(base + marker):
+        continue
+      parts = name[len(base + marker):].rsplit("-", 2)
+      if len(parts) != 3 or not parts[1].isdigit():
+        continue
+      path = os.path.join(parent, name)
+      owner_host, pid = parts[0], int(parts[1])
+      if owner_host != host or path in _ACTIVE_STAGING:
+        continue
+      if pid == os.getpid() or not _pid_alive(pid):
+        log.warning("Removing leftover %s of an interrupted build.", path)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+  return removed
+
+
+def _staging_name(dest: str, marker: str) -> str:
+  return f"{dest}.{marker}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _write_manifest(directory: str, manifest: dict) -> None:
+  """Writes manifest.json last (via a temp file + rename): its presence marks a complete store."""
+  tmp = os.path.join(directory, MANIFEST + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(manifest, f, indent=2, sort_keys=True)
+    f.write("\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(directory, MANIFEST))
+  _fsync_dir(directory)
+
+
+def _publish(staging: str, dest: str, overwrite: bool) -> None:
+  """Renames the verified staging directory to `dest` (atomically when dest does not exist)."""
+  parent = os.path.dirname(dest)
+  if os.path.lexists(dest):
+    if not overwrite:
+      raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
+                            f"replace it")
+    # A directory cannot be replaced in one rename: move the old one aside first. dest is
+    # briefly absent, but it never names a half-written store.
+    old = _staging_name(dest, "old")
+    os.rename(dest, old)
+    os.rename(staging, dest)
+    _fsync_dir(parent)
+    shutil.rmtree(old, ignore_errors=True)
+  else:
+    os.rename(staging, dest)
+  _fsync_dir(parent)
+
+
+# ------------------------------------------------------------------------------ building
+
+
+@dataclasses.dataclass
+class BuildProgress:
+  """Progress of a running build (passed to the `progress` callback every few seconds)."""
+
+  documents_read: int
+  documents_used: int
+  blocks_written: int
+  elapsed_s: float
+  fraction_done: Optional[float]
+
+  @property
+  def documents_per_s(self) -> float:
+    return self.documents_read / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+  @property
+  def eta_s(self) -> Optional[float]:
+    if not self.fraction_done or self.fraction_done <= 0:
+      return None
+    return self.elapsed_s * (1.0 - self.fraction_done) / self.fraction_done
+
+  def line(self) -> str:
+    eta = self.eta_s
+    parts = [f"{self.documents_read:,} documents read ({self.documents_per_s:,.0f}/s)",
+             f"{self.blocks_written:,} blocks written"]
+    if self.fraction_done is not None:
+      parts.append(f"{100 * self.fraction_done:.1f}%")
+    if eta is not None:
+      parts.append(f"ETA {_format_seconds(eta)}")
+    return ", ".join(parts)
+
+
+def _format_seconds(seconds: float) -> str:
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  minutes, secs = divmod(rest, 60)
+  return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+@dataclasses.dataclass
+class BuildReport:
+  """What a build did.
+
+  Attributes:
+    path: the published BlockStore directory.
+    store_id: content fingerprint of the store.
+    num_blocks: blocks written.
+    counts: documents_read, documents_used, blocks, skipped (by reason), oversize_sentences,
+      truncated_records, token_mismatches, removed_leftovers.
+    skip_examples: reason -> the first few messages.
+    elapsed_s: wall time of the build.
+  """
+
+  path: str
+  store_id: str
+  num_blocks: int
+  counts: dict
+  skip_examples: dict
+  elapsed_s: float
+
+  def summary_lines(self) -> list[str]:
+    c = self.counts
+    lines = [f"BlockStore written to {self.path}",
+             f"  store_id {self.store_id}",
+             f"  {c['documents_read']:,} documents read, {c['documents_used']:,} used, "
+             f"{self.num_blocks:,} blocks in {_format_seconds(self.elapsed_s)}",
+             f"  oversize sentences split: {c['oversize_sentences']:,}; records truncated: "
+             f"{c['truncated_records']:,}; token-id mismatches kept: {c['token_mismatches']:,}"]
+    skipped = {k: v for k, v in c["skipped"].items() if v}
+    lines.append(f"  skipped: {sum(skipped.values()):,}" + (
+        " (" + ", ".join(f"{k} {v:,}" for k, v in sorted(skipped.items())) + ")"
+        if skipped else ""))
+    for reason in sorted(skipped):
+      for example in self.skip_examples.get(reason, []):
+        lines.append(f"    {reason}: {example}")
+    return lines
+
+
+def _canonical_json(obj) -> bytes:
+  return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def build_block_store(source: Iterable[SourceItem], dest: str, *,
+                      vocab: Optional[vocab_lib.WordPieceVocabulary] = None,
+                      max_block_len: int = DEFAULT_MAX_BLOCK_LEN,
+                      max_title_len: Optional[int] = None,
+                      on_error: str = "raise",
+                      limit: Optional[int] = None,
+                      record_token_ids: str = "verify",
+                      overwrite: bool = False,
+                      progress: Optional[Callable[[BuildProgress], None]] = None,
+                      progress_interval_s: float = 5.0,
+                      sentence_splitter: Callable[[str], list[tuple[int, int]]] = (
+                          sentences_lib.split_sentences)) -> BuildReport:
+  """Builds a BlockStore at `dest` from documents, streaming and atomically.
+
+  Everything is written into `<dest>.staging-<host>-<pid>-<random>` next to `dest`: arrays are
+  appended in chunks (memory stays bounded whatever the corpus size), then the .npy headers are
+  fixed up, every file is fsynced and hashed, the store is re-opened and checked, the manifest is
+  written last, and the directory is renamed to `dest`. An interrupted build leaves no `dest`
+  (only a staging directory, removed by the next build for the same `dest`).
+
+  Args:
+    source: a `JsonlSource`/`TfdsSource`/`RealmSource` or any iterable of Document/BadRecord.
+      If it has `description` and `fraction_done()`, they go to the manifest and progress.
+    dest: output directory (must not exist unless `overwrite`).
+    vocab: WordPiece vocabulary (the bundled BERT uncased by default).
+    max_block_len: wordpieces per block including [CLS]/[SEP]/[SEP] (REALM: 288).
+    max_title_len: longest title kept; longer titles skip the document (`title_too_long`).
+      Default: min(64, max_block_len - 4), so a small test block size still has a body.
+    on_error: "raise" stops at the first malformed record with CorpusInputError naming file,
+      line/record and field; "skip" counts it (manifest `counts.skipped`) and goes on.
+    limit: read at most this many input records (documents, good or bad).
+    record_token_ids: for REALM/ORQA records carrying token ids: "verify" (a mismatch with our
+      tokenisation is bad input) or "ours" (keep our tokens, count `token_mismatches`).
+    overwrite: replace an existing `dest`.
+    progress: called with a BuildProgress every `progress_interval_s` seconds and at the end.
+    progress_interval_s: seconds between progress calls.
+    sentence_splitter: text -> byte spans of its sentences.
+
+  Returns:
+    A BuildReport.
+
+  Raises:
+    CorpusInputError: bad input in "raise" mode, or no block at all.
+    BlockStoreError: `dest` exists and not `overwrite`, or the written store fails its check.
+  """
+  if on_error not in ("raise", "skip"):
+    raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+  if record_token_ids not in ("verify", "ours"):
+    raise ValueError(f"record_token_ids must be 'verify' or 'ours', got {record_token_ids!r}")
+  if max_title_len is None:
+    max_title_len = min(DEFAULT_MAX_TITLE_LEN, max_block_len - NUM_SPECIAL_TOKENS - 1)
+  if max_title_len < 0 or max_block_len - NUM_SPECIAL_TOKENS - max_title_len < 1:
+    raise ValueError(f"max_title_len={max_title_len} leaves no room for a body in "
+                     f"max_block_len={max_block_len} (need max_title_len <= max_block_len - 4)")
+  vocab = vocab or vocab_lib.default_vocabulary()
+  dest = os.path.abspath(os.fspath(dest))
+  if os.path.lexists(dest) and not overwrite:
+    raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
+                          f"replace it")
+  os.makedirs(os.path.dirname(dest), exist_ok=True)
+  removed = clean_stale_staging(dest)
+
+  start_time = time.monotonic()
+  token_dtype = token_dtype_for(vocab.vocab_size)
+  store_options = {"format_version": FORMAT_VERSION, "max_block_len": max_block_len,
+                   "max_title_len": max_title_len, "vocab_fingerprint": vocab.fingerprint}
+  # [vocab_size] True for wordpieces that start a word (not "##" continuations).
+  word_start_table = np.array([not t.startswith("##") for t in vocab.tokens], bool)
+
+  counts = {"documents_read": 0, "documents_used": 0, "blocks": 0,
+            "skipped": {reason: 0 for reason in BAD_INPUT_REASONS + DATA_SKIP_REASONS},
+            "oversize_sentences": 0, "truncated_records": 0, "token_mismatches": 0,
+            "removed_leftovers": len(removed)}
+  skip_examples: dict[str, list[str]] = {}
+
+  def skip(reason: str, message: str) -> None:
+    counts["skipped"][reason] = counts["skipped"].get(reason, 0) + 1
+    examples = skip_examples.setdefault(reason, [])
+    if len(examples) < SKIP_EXAMPLES_PER_REASON:
+      examples.append(message)
+
+  def bad_input(bad: BadRecord) -> None:
+    if on_error == "raise":
+      raise CorpusInputError(bad.message, bad)
+    skip(bad.reason, bad.message)
+
+  fraction_done = getattr(source, "fraction_done", lambda: None)
+
+  def report_progress() -> None:
+    if progress is not None:
+      progress(BuildProgress(counts["documents_read"], counts["documents_used"],
+                             counts["blocks"], time.monotonic() - start_time, fraction_done()))
+
+  staging = _staging_name(dest, "staging")
+  _ACTIVE_STAGING.add(staging)
+  writer = None
+  try:
+    os.makedirs(staging)
+    writer = _StagingWriter(staging, max_block_len, token_dtype,
+                            _canonical_json(store_options))
+    seen = _UInt64Set()
+    last_progress = time.monotonic()
+    items = iter(source) if limit is None else itertools.islice(source, limit)
+    for item in items:
+      counts["documents_read"] += 1
+      now = time.monotonic()
+      if now - last_progress >= progress_interval_s:
+        report_progress()
+        last_progress = now
+      if isinstance(item, BadRecord):
+        bad_input(item)
+        continue
+
+      title = item.title.strip()
+      text = item.text.strip()
+      if not text:
+        skip("empty", f"{item.source}: no text")
+        continue
+      title_ids = vocab.encode(title)
+      if len(title_ids) > max_title_len:
+        skip("title_too_long", f"{item.source}: title has {len(title_ids)} wordpieces "
+             f"(max_title_len={max_title_len}): {title[:60]!r}")
+        continue
+      if item.is_block and record_token_ids == "verify" and item.title_token_ids is not None \
+          and list(item.title_token_ids) != title_ids:
+        bad_input(BadRecord(item.source, "token_mismatch", "title_token_ids",
+                            f"{item.source}: field 'title_token_ids' differs from our "
+                            f"tokenisation of the title (use record_token_ids='ours' to keep "
+                            f"ours)"))
+        continue
+      title_bytes = title.encode("utf-8")
+      text_bytes = text.encode("utf-8")
+
+      budget = max_block_len - NUM_SPECIAL_TOKENS - len(title_ids)
+      if item.is_block:
+        # One record, one block: tokenise the body whole.
+        body_ids, starts, limits = vocab.tokenize_with_offsets(text)
+        if item.body_token_ids is not None and list(item.body_token_ids) != body_ids:
+          if record_token_ids == "verify":
+            bad_input(BadRecord(item.source, "token_mismatch", "body_token_ids",
+                                f"{item.source}: field 'body_token_ids' differs from our "
+                                f"tokenisation of the body (use record_token_ids='ours' to "
+                                f"keep ours)"))
+            continue
+          counts["token_mismatches"] += 1
+        if item.title_token_ids is not None and list(item.title_token_ids) != title_ids:
+          counts["token_mismatches"] += 1  # only reachable with record_token_ids="ours"
+        if len(body_ids) > budget:  # as the authors' featurize_document: truncate
+          counts["truncated_records"] += 1
+        ranges = [(0, min(len(body_ids), budget))] if body_ids else []
+      else:
+        body_ids, starts, limits, sentence_lengths = [], [], [], []
+        for span_start, span_limit in sentence_splitter(text):
+          ids, s, l = vocab.tokenize_with_offsets(
+              text_bytes[span_start:span_limit].decode("utf-8"))
+          body_ids.extend(ids)
+          starts.extend(x + span_start for x in s)
+          limits.extend(x + span_start for x in l)
+          sentence_lengths.append(len(ids))
+          if len(ids) > budget:
+            counts["oversize_sentences"] += 1
+        word_starts = (word_start_table[np.asarray(body_ids, np.int64)]
+                       if any(n > budget for n in sentence_lengths) else None)
+        ranges = pack_sentences(sentence_lengths, budget, word_starts)
+      if not ranges:
+        skip("empty", f"{item.source}: text has no wordpieces")
+        continue
+      # Checked last so that only documents that would be written claim their content.
+      if not seen.add(_uid_from_bytes(title_bytes, text_bytes)):
+        skip("duplicate", f"{item.source}: same title and text as an earlier document "
+             f"({title[:60]!r})")
+        continue
+
+      doc_id = counts["documents_used"]
+      counts["documents_used"] += 1
+      for begin, end in ranges:
+        body = text_bytes[starts[begin]:limits[end - 1]]
+        writer.add(title_ids, body_ids[begin:end], title_bytes, body, doc_id)
+        counts["blocks"] += 1
+
+    if counts["blocks"] == 0:
+      raise CorpusInputError(
+          f"no blocks: all {counts['documents_read']} input records were skipped "
+          f"({ {k: v for k, v in counts['skipped'].items() if v} })")
+    store_id = writer.close()
+    writer = None
+    report_progress()
+
+    files = {}
+    for name in DATA_FILES:
+      path = os.path.join(staging, name)
+      files[name] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "num_blocks": counts["blocks"],
+        "max_block_len": max_block_len,
+        "token_dtype": token_dtype.name,
+        "vocab": {"fingerprint": vocab.fingerprint, "size": vocab.vocab_size},
+        "source": getattr(source, "description", {"kind": type(source).__name__}),
+        "options": {"max_block_len": max_block_len, "max_title_len": max_title_len,
+                    "on_error": on_error, "limit": limit, "record_token_ids": record_token_ids},
+        "store_id_options": store_options,
+        "counts": counts,
+        "skip_examples": skip_examples,
+        "store_id": store_id,
+        "files": files,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "builder": {"python": sys.version.split()[0], "numpy": np.__version__},
+    }
+    _write_manifest(staging, manifest)
+    # Re-open what we wrote (sizes, shapes, dtypes, offsets); hashes were just computed.
+    BlockStore.open(staging, verify="fast", vocab_fingerprint=vocab.fingerprint).close()
+    _publish(staging, dest, overwrite)
+  except BaseException:
+    if writer is not None:
+      writer.abort()
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  finally:
+    _ACTIVE_STAGING.discard(staging)
+
+  return BuildReport(path=dest, store_id=store_id, num_blocks=counts["blocks"], counts=counts,
+                     skip_examples=skip_examples, elapsed_s=time.monotonic() - start_time)
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Block:
+  """One block of the knowledge corpus.
+
+  Attributes:
+    block_id: row in the BlockStore.
+    doc_id: index of the source document (among the documents kept).
+    uid: `content_uid(title, body)`.
+    title: title text.
+    body: original body text.
+    title_token_ids: [title_len] int32 wordpieces (no specials).
+    body_token_ids: [body_len] int32 wordpieces (no specials).
+  """
+
+  block_id: int
+  doc_id: int
+  uid: int
+  title: str
+  body: str
+  title_token_ids: np.ndarray
+  body_token_ids: np.ndarray
+
+
+class BlockStore:
+  """A read-only, memory-mapped knowledge corpus of blocks (see the module docstring)."""
+
+  def __init__(self, path: str, manifest: dict, arrays: dict[str, np.ndarray],
+               text: Union[np.ndarray, bytes]):
+    self.path = path
+    self.manifest = manifest
+    self.tokens = arrays[TOKENS]  # [num_blocks, max_block_len]
+    self.title_lengths = arrays[TITLE_LENGTHS]  # [num_blocks] int32
+    self.body_lengths = arrays[BODY_LENGTHS]  # [num_blocks] int32
+    self.uids = arrays[UIDS]  # [num_blocks] uint64
+    self.doc_ids = arrays[DOC_IDS]  # [num_blocks] int64
+    self.text_offsets = arrays[TEXT_OFFSETS]  # [2 * num_blocks + 1] int64
+    self._text = text  # [text_bytes] uint8 memmap
+
+  @classmethod
+  def open(cls, path: str, *, verify: Union[bool, str] = True,
+           vocab_fingerprint: Optional[str] = None) -> "BlockStore":
+    """Opens a BlockStore directory, refusing anything incomplete or inconsistent.
+
+    Args:
+      path: the directory.
+      verify: True checks every file's size and sha256 against the manifest (reads everything
+        once); "fast" checks sizes only (for huge stores); False skips both (shapes, dtypes and
+        offsets are still checked).
+      vocab_fingerprint: if given, the store must have been built with this vocabulary.
+
+    Returns:
+      The BlockStore (arrays memory-mapped read-only).
+
+    Raises:
+      BlockStoreError: naming the path and the problem.
+    """
+    path = os.fspath(path)
+    if verify not in (True, False, "fast"):
+      raise ValueError(f"verify must be True, False or 'fast', got {verify!r}")
+
+    def fail(problem: str):
+      raise BlockStoreError(f"{path}: {problem}")
+
+    if not os.path.isdir(path):
+      fail("not a directory (no BlockStore here)")
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+      fail(f"no {MANIFEST}: not a BlockStore, or an unfinished build")
+    try:
+      with open(manifest_path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    except (OSError, ValueError) as e:
+      fail(f"unreadable {MANIFEST} ({e})")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+      fail(f"{MANIFEST} is not a {FORMAT_NAME} manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+      fail(f"format_version {manifest.get('format_version')!r} is not supported (this code "
+           f"reads {FORMAT_VERSION})")
+    try:
+      num_blocks = int(manifest["num_blocks"])
+      max_block_len = int(manifest["max_block_len"])
+      token_dtype = np.dtype(manifest["token_dtype"])
+      files = manifest["files"]
+      fingerprint = manifest["vocab"]["fingerprint"]
+      manifest["store_id"]
+    except (KeyError, TypeError, ValueError) as e:
+      fail(f"{MANIFEST} lacks or has a bad entry: {e!r}")
+    if vocab_fingerprint is not None and fingerprint != vocab_fingerprint:
+      fail(f"built with vocabulary {fingerprint[:12]}..., expected {vocab_fingerprint[:12]}...")
+
+    for name in DATA_FILES:
+      file_path = os.path.join(path, name)
+      entry = files.get(name) if isinstance(files, dict) else None
+      if entry is None:
+        fail(f"{MANIFEST} does not list {name}")
+      if not os.path.isfile(file_path):
+        fail(f"missing file {name}")
+      if verify:
+        size = os.path.getsize(file_path)
+        if size != entry.get("bytes"):
+          fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
+               f"modified)")
+      if verify is True and _sha256_file(file_path) != entry.get("sha256"):
+        fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
+
+    expected = {TOKENS: ((num_blocks, max_block_len), token_dtype),
+                TITLE_LENGTHS: ((num_blocks,), np.dtype(np.int32)),
+                BODY_LENGTHS: ((num_blocks,), np.dtype(np.int32)),
+                UIDS: ((num_blocks,), np.dtype(np.uint64)),
+                DOC_IDS: ((num_blocks,), np.dtype(np.int64)),
+                TEXT_OFFSETS: ((2 * num_blocks + 1,), np.dtype(np.int64))}
+    arrays = {}
+    for name, (shape, dtype) in expected.items():
+      try:
+        array = np.load(os.path.join(path, name), mmap_mode="r")
+      except (OSError, ValueError) as e:
+        fail(f"cannot map {name} ({e})")
+      if array.shape != shape or array.dtype != dtype:
+        fail(f"{name} is {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}")
+      arrays[name] = array
+    text_path = os.path.join(path, TEXT)
+    text_size = os.path.getsize(text_path)
+    offsets = arrays[TEXT_OFFSETS]
+    if offsets[0] != 0 or offsets[-1] != text_size:
+      fail(f"{TEXT_OFFSETS} does not span {TEXT} ({text_size} bytes)")
+    text = np.memmap(text_path, np.uint8, mode="r") if text_size else b""
+    return cls(path, manifest, arrays, text)
+
+  # -- properties
+
+  @property
+  def num_blocks(self) -> int:
+    return int(self.manifest["num_blocks"])
+
+  def __len__(self) -> int:
+    return self.num_blocks
+
+  @property
+  def max_block_len(self) -> int:
+    return int(self.manifest["max_block_len"])
+
+  @property
+  def store_id(self) -> str:
+    return self.manifest["store_id"]
+
+  @property
+  def vocab_fingerprint(self) -> str:
+    return self.manifest["vocab"]["fingerprint"]
+
+  # -- random access
+
+  def _check(self, block_id) -> int:
+    block_id = int(block_id)
+    if not 0 <= block_id < self.num_blocks:
+      raise IndexError(f"{self.path}: block id {block_id} out of range [0, {self.num_blocks})")
+    return block_id
+
+  def _text_slice(self, start: int, limit: int) -> str:
+    return bytes(self._text[start:limit]).decode("utf-8")
+
+  def title(self, block_id: int) -> str:
+    """Title text of a block."""
+    i = self._check(block_id)
+    return self._text_slice(int(self.text_offsets[2 * i]), int(self.text_offsets[2 * i + 1]))
+
+  def body(self, block_id: int) -> str:
+    """Original body text of a block."""
+    i = self._check(block_id)
+    return self._text_slice(int(self.text_offsets[2 * i + 1]),
+                            int(self.text_offsets[2 * i + 2]))
+
+  def title_tokens(self, block_id: int) -> np.ndarray:
+    """[title_len] int32 title wordpieces (no specials)."""
+    i = self._check(block_id)
+    return np.asarray(self.tokens[i, 1:1 + int(self.title_lengths[i])], np.int32)
+
+  def body_tokens(self, block_id: int) -> np.ndarray:
+    """[body_len] int32 body wordpieces (no specials): the block part of the reader input."""
+    i = self._check(block_id)
+    start = int(self.title_lengths[i]) + 2
+    return np.asarray(self.tokens[i, start:start + int(self.body_lengths[i])], np.int32)
+
+  def block(self, block_id: int) -> Block:
+    """Everything about one block."""
+    i = self._check(block_id)
+    return Block(block_id=i, doc_id=int(self.doc_ids[i]), uid=int(self.uids[i]),
+                 title=self.title(i), body=self.body(i), title_token_ids=self.title_tokens(i),
+                 body_token_ids=self.body_tokens(i))
+
+  def embedder_inputs(self, block_ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Document-embedder inputs `[CLS] title [SEP] body [SEP]` (REALM_SPEC 11).
+
+    Args:
+      block_ids: [n] block ids (any order, repeats allowed).
+
+    Returns:
+      (ids, type_ids, mask), each int32 [n, max_block_len]: type 0 for [CLS] title [SEP], 1 for
+      body [SEP], 0 on padding; mask 1 on real tokens.
+    """
+    block_ids = np.asarray(block_ids, np.int64).reshape(-1)  # [n]
+    if block_ids.size and (block_ids.min() < 0 or block_ids.max() >= self.num_blocks):
+      raise IndexError(f"{self.path}: block ids out of range [0, {self.num_blocks})")
+    ids = np.asarray(self.tokens[block_ids], np.int32)  # [n, max_block_len]
+    title_lengths = np.asarray(self.title_lengths[block_ids], np.int32)[:, None]  # [n, 1]
+    body_lengths = np.asarray(self.body_lengths[block_ids], np.int32)[:, None]  # [n, 1]
+    positions = np.arange(self.max_block_len, dtype=np.int32)[None, :]  # [1, max_block_len]
+    total = title_lengths + body_lengths + NUM_SPECIAL_TOKENS  # [n, 1]
+    mask = (positions < total).astype(np.int32)  # [n, max_block_len]
+    type_ids = ((positions >= title_lengths + 2) & (positions < total)).astype(np.int32)
+    return ids, type_ids, mask
+
+  def close(self) -> None:
+    """Drops the memory maps (the object is unusable afterwards)."""
+    for name in ("tokens", "title_lengths", "body_lengths", "uids", "doc_ids", "text_offsets"):
+      setattr(self, name, None)
+    self._text = b""
+
+  def __enter__(self) -> "BlockStore":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __repr__(self) -> str:
+    return (f"BlockStore({self.path!r}, num_blocks={self.num_blocks}, "
+            f"max_block_len={self.max_block_len}, store_id={self.store_id[:12]}...)")

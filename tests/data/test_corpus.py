@@ -1,0 +1,566 @@
+"""Knowledge corpus -> BlockStore (REALM_SPEC 7, 11, 12, 24): packing, sources, bad input,
+determinism, atomic builds, open() refusals, embedder inputs, and the CLI."""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from realm_jax.data import corpus
+from realm_jax.data import vocab as vocab_lib
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLS, SEP = vocab_lib.CLS_ID, vocab_lib.SEP_ID
+
+
+@pytest.fixture(scope="module")
+def vocab():
+  return vocab_lib.default_vocabulary()
+
+
+def write_jsonl(path, docs):
+  with open(path, "w", encoding="utf-8") as f:
+    for doc in docs:
+      f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+  return str(path)
+
+
+def build_jsonl(tmp_path, docs, name="store", **kwargs):
+  src = write_jsonl(tmp_path / f"{name}.jsonl", docs)
+  report = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / name), **kwargs)
+  return report, corpus.BlockStore.open(str(tmp_path / name))
+
+
+def leftovers(tmp_path):
+  return sorted(p for p in os.listdir(tmp_path) if ".staging-" in p or ".old-" in p)
+
+
+# ------------------------------------------------------------------------------ basics
+
+
+def test_content_uid_is_big_endian_sha256_prefix():
+  digest = hashlib.sha256("Title\x00Body text é".encode("utf-8")).digest()
+  assert corpus.content_uid("Title", "Body text é") == int.from_bytes(digest[:8], "big")
+  assert corpus.content_uid("a", "bc") != corpus.content_uid("ab", "c")  # separator matters
+
+
+def test_pack_sentences_by_hand():
+  # budget 7: [3 + 4] fits exactly, 2 opens a new block and 5 joins it.
+  assert corpus.pack_sentences([3, 4, 2, 5], 7) == [(0, 7), (7, 14)]
+  # A 10-token sentence with budget 4: the open block closes, the sentence is cut into
+  # budget-sized pieces, and the remainder starts a block that the next sentence joins.
+  assert corpus.pack_sentences([2, 10, 1], 4) == [(0, 2), (2, 6), (6, 10), (10, 13)]
+  # With word starts, a cut falls before a whole word when one is inside the budget:
+  # tokens 5 and 6 are "##" continuations, so the first cut is before token 4.
+  word_starts = [True] * 13
+  word_starts[5] = word_starts[6] = False
+  assert corpus.pack_sentences([2, 10, 1], 4, word_starts) == [(0, 2), (2, 4), (4, 8),
+                                                                (8, 12), (12, 13)]
+  # No word start inside the window: cut mid-word at the budget.
+  assert corpus.pack_sentences([6], 4, [True] + [False] * 5) == [(0, 4), (4, 6)]
+  assert corpus.pack_sentences([0, 3, 0], 4) == [(0, 3)]
+
+
+def test_greedy_packing_end_to_end_by_hand(tmp_path, vocab):
+  # Title "T" is 1 wordpiece, so with max_block_len 16 the body budget is 16 - 3 - 1 = 12.
+  # Sentences of 6, 4 and 6 wordpieces: the first two share a block (10), the third does not.
+  text = "One two three four five.  Six seven eight.\nNine ten eleven twelve thirteen."
+  docs = [{"title": "T", "text": text}, {"title": "Other", "text": "Short one."}]
+  report, store = build_jsonl(tmp_path, docs, max_block_len=16)
+  assert report.num_blocks == len(store) == 3
+  # The body is the original text (case, double space) of its wordpieces.
+  assert store.body(0) == "One two three four five.  Six seven eight."
+  assert store.body(1) == "Nine ten eleven twelve thirteen."
+  assert store.body(2) == "Short one."
+  assert [store.title(i) for i in range(3)] == ["T", "T", "Other"]
+  # Blocks never cross articles.
+  np.testing.assert_array_equal(store.doc_ids, [0, 0, 1])
+  np.testing.assert_array_equal(store.title_lengths, [1, 1, 1])
+  np.testing.assert_array_equal(store.body_lengths, [10, 6, 3])
+  for i in range(3):
+    title_ids, body_ids = vocab.encode(store.title(i)), vocab.encode(store.body(i))
+    row = [CLS, *title_ids, SEP, *body_ids, SEP]
+    assert len(row) <= 16
+    np.testing.assert_array_equal(store.tokens[i], row + [0] * (16 - len(row)))
+    np.testing.assert_array_equal(store.body_tokens(i), body_ids)
+    t, b = int(store.title_lengths[i]), int(store.body_lengths[i])
+    np.testing.assert_array_equal(store.tokens[i, t + 2:t + 2 + b], body_ids)
+    assert store.uids[i] == corpus.content_uid(store.title(i), store.body(i))
+  assert store.tokens.dtype == np.uint16
+  block = store.block(1)
+  assert (block.block_id, block.doc_id, block.title, block.body) == (
+      1, 0, "T", "Nine ten eleven twelve thirteen.")
+  assert block.uid == int(store.uids[1])
+  np.testing.assert_array_equal(block.title_token_ids, vocab.encode("T"))
+  assert report.counts["documents_read"] == report.counts["documents_used"] == 2
+
+
+def test_overlong_sentence_is_split_at_wordpiece_boundaries(tmp_path, vocab):
+  sentence = " ".join(["antidisestablishmentarianism"] + ["word"] * 20) + "."
+  text = "Short start. " + sentence + " Tail sentence."
+  report, store = build_jsonl(tmp_path, [{"title": "T", "text": text}], max_block_len=12)
+  budget = 12 - 3 - 1
+  assert report.counts["oversize_sentences"] == 1
+  assert len(store) > 3
+  rows = store.embedder_inputs(np.arange(len(store)))[2].sum(axis=1)
+  assert rows.max() <= 12
+  assert all(0 < store.body_lengths[i] <= budget for i in range(len(store)))
+  # Every wordpiece is kept, in order, across the blocks.
+  all_body = np.concatenate([store.body_tokens(i) for i in range(len(store))])
+  np.testing.assert_array_equal(all_body, vocab.encode(text))
+  assert store.body(0) == "Short start."
+  # The long word (anti ##dis ##est ...) fits in one budget, so the cut keeps it whole.
+  assert store.body(1) == "antidisestablishmentarianism"
+
+
+# ------------------------------------------------------------------------------ bad input
+
+BAD_LINES = [
+    (b'{"title": "A", "text": ', "malformed_json", "malformed JSON"),
+    (b'{"title": "A"}', "missing_field", "missing field 'text'"),
+    (b'{"text": "x"}', "missing_field", "missing field 'title'"),
+    (b'{"title": 7, "text": "x"}', "wrong_type", "field 'title' must be a string, got int"),
+    (b'["A", "x"]', "malformed_json", "expected a JSON object"),
+    (b'{"title": "A", "text": "caf\xe9 au lait"}', "invalid_utf8", "not valid UTF-8"),
+    (b'{"title": "A", "text": "lone \\ud800 surrogate"}', "invalid_utf8", "field 'text'"),
+]
+GOOD = b'{"title": "Good", "text": "A fine document."}\n'
+
+
+@pytest.mark.parametrize("line,reason,expected", BAD_LINES, ids=[b[1] for b in BAD_LINES])
+def test_bad_line_raises_naming_file_line_and_field(tmp_path, line, reason, expected):
+  path = tmp_path / "bad.jsonl"
+  path.write_bytes(GOOD + line + b"\n" + GOOD)
+  with pytest.raises(corpus.CorpusInputError) as info:
+    corpus.build_block_store(corpus.JsonlSource(str(path)), str(tmp_path / "out"))
+  message = str(info.value)
+  assert f"{path}:2:" in message and expected in message, message
+  assert info.value.record.reason == reason
+  assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
+
+
+def test_skip_mode_counts_and_reports_every_problem(tmp_path):
+  lines = [GOOD]
+  lines += [line + b"\n" for line, _, _ in BAD_LINES]
+  lines += [b'{"title": "Empty", "text": "  \\n "}\n',                     # empty
+            b'{"title": "Zero", "text": "\\u200b\\u200b"}\n',              # no wordpieces
+            json.dumps({"title": "long " * 20, "text": "x."}).encode() + b"\n",  # title
+            GOOD,                                                           # duplicate
+            b"\n",                                                          # blank: ignored
+            b'{"title": "Second", "text": "Another document.", "extra": 1}\n']
+  path = tmp_path / "mixed.jsonl"
+  path.write_bytes(b"".join(lines))
+  report = corpus.build_block_store(corpus.JsonlSource(str(path)), str(tmp_path / "out"),
+                                    max_block_len=16, on_error="skip")
+  skipped = report.counts["skipped"]
+  assert skipped == {"malformed_json": 2, "missing_field": 2, "wrong_type": 1,
+                     "invalid_utf8": 2, "malformed_record": 0, "token_mismatch": 0,
+                     "empty": 2, "title_too_long": 1, "duplicate": 1}
+  assert report.counts["documents_read"] == 13  # the blank line is not a document
+  assert report.counts["documents_used"] == 2 and report.num_blocks == 2
+  manifest = corpus.BlockStore.open(str(tmp_path / "out")).manifest
+  assert manifest["counts"]["skipped"] == skipped
+  assert f"{path}:11:" in manifest["skip_examples"]["title_too_long"][0]
+  assert f"{path}:12:" in manifest["skip_examples"]["duplicate"][0]
+  assert any(f"{path}:7:" in m for m in manifest["skip_examples"]["invalid_utf8"])
+  summary = "\n".join(report.summary_lines())
+  assert "duplicate 1" in summary and "title_too_long" in summary
+
+
+def test_data_skips_are_counted_even_in_raise_mode(tmp_path):
+  docs = [{"title": "A", "text": "Text one."}, {"title": "B", "text": ""},
+          {"title": "A", "text": "Text one."}, {"title": "word " * 70, "text": "Text."}]
+  report, store = build_jsonl(tmp_path, docs)  # on_error="raise", default block length
+  assert report.counts["skipped"]["empty"] == 1
+  assert report.counts["skipped"]["duplicate"] == 1
+  assert report.counts["skipped"]["title_too_long"] == 1  # 70 > default max_title_len 64
+  assert len(store) == 1
+
+
+def test_all_documents_skipped_is_an_error(tmp_path):
+  with pytest.raises(corpus.CorpusInputError, match="no blocks"):
+    build_jsonl(tmp_path, [{"title": "A", "text": " "}])
+  assert not leftovers(tmp_path)
+
+
+# ------------------------------------------------------------------------------ sources agree
+
+SAME_DOCS = [
+    {"title": "Alan Turing", "text": "Alan Turing was an English mathematician. He was born "
+                                     "in Maida Vale, London, in 1912."},
+    {"title": "Zürich", "text": "Zürich is the largest city in Switzerland.  Its Café culture "
+                                "is naïve-free; Œuvre!"},
+    {"title": "東京", "text": "東京 (Tokyo) is the capital of Japan. It has 14 million people."},
+    {"title": "", "text": "A document without a title, still one block."},
+    {"title": "Ada Lovelace", "text": "  Ada Lovelace wrote the first published algorithm.  "},
+]
+
+
+def store_arrays(path):
+  store = corpus.BlockStore.open(path)
+  out = {name: np.load(os.path.join(path, name)) for name in corpus.DATA_FILES
+         if name.endswith(".npy")}
+  with open(os.path.join(path, corpus.TEXT), "rb") as f:
+    out["text"] = f.read()
+  return store, out
+
+
+@pytest.fixture(scope="module")
+def tf():
+  return pytest.importorskip("tensorflow")
+
+
+def test_jsonl_tfds_realm_and_orqa_sources_build_the_same_store(tmp_path, tf):
+  tfds = pytest.importorskip("tensorflow_datasets")
+  # JSONL.
+  jsonl = write_jsonl(tmp_path / "docs.jsonl", SAME_DOCS)
+  corpus.build_block_store(corpus.JsonlSource(jsonl), str(tmp_path / "jsonl"))
+
+  # TFDS wikipedia, mocked with our documents (no network, no prepared data).
+  def as_dataset(self, split, **kwargs):
+    del self, kwargs
+    assert split == "train"
+    return tf.data.Dataset.from_tensor_slices(
+        {"title": [d["title"].encode("utf-8") for d in SAME_DOCS],
+         "text": [d["text"].encode("utf-8") for d in SAME_DOCS]})
+
+  with tfds.testing.mock_data(num_examples=len(SAME_DOCS), as_dataset_fn=as_dataset):
+    corpus.build_block_store(corpus.TfdsSource("wikipedia/20230601.en", split="train"),
+                             str(tmp_path / "tfds"))
+
+  # REALM retrieval-corpus records (each document is short enough to be one block), in two
+  # GZIP shards read in sorted order.
+  pairs = [(d["title"], d["text"]) for d in SAME_DOCS]
+  corpus.write_realm_records(str(tmp_path / "docs.tfr.gz-00000-of-00002"), pairs[:2])
+  corpus.write_realm_records(str(tmp_path / "docs.tfr.gz-00001-of-00002"), pairs[2:])
+  corpus.build_block_store(corpus.RealmSource(str(tmp_path / "docs.tfr.gz-*-of-*")),
+                           str(tmp_path / "realm"))
+
+  # ORQA's released layout (blocks.tfr / titles.tfr / examples.tfr).
+  corpus.write_orqa_blocks(str(tmp_path / "orqa_in"), pairs)
+  corpus.build_block_store(corpus.RealmSource(str(tmp_path / "orqa_in")),
+                           str(tmp_path / "orqa"))
+
+  reference, ref_arrays = store_arrays(str(tmp_path / "jsonl"))
+  assert len(reference) == len(SAME_DOCS)
+  assert reference.body(4) == "Ada Lovelace wrote the first published algorithm."
+  for name in ("tfds", "realm", "orqa"):
+    store, arrays = store_arrays(str(tmp_path / name))
+    assert store.store_id == reference.store_id, name
+    for key in ref_arrays:
+      np.testing.assert_array_equal(arrays[key], ref_arrays[key], err_msg=f"{name}: {key}")
+    assert store.manifest["source"]["kind"] == ("tfds" if name == "tfds" else "realm")
+
+
+def test_realm_records_map_one_to_one_and_check_token_ids(tmp_path, tf, vocab):
+  long_body = " ".join(["word"] * 40) + "."
+  path = str(tmp_path / "blocks.tfr")
+  corpus.write_realm_records(path, [("Title", "Body one."), ("Title", long_body)])
+  report = corpus.build_block_store(corpus.RealmSource(path), str(tmp_path / "a"),
+                                    max_block_len=16)
+  store = corpus.BlockStore.open(str(tmp_path / "a"))
+  # One record, one block: the long record is truncated like the authors' featurizer.
+  assert len(store) == 2 and report.counts["truncated_records"] == 1
+  np.testing.assert_array_equal(store.doc_ids, [0, 1])
+  assert store.body_lengths[1] == 16 - 3 - 1 and store.body(1) == " ".join(["word"] * 12)
+
+  # Records whose ids disagree with our tokenisation: an error naming record and field, or
+  # (record_token_ids="ours") counted and ours kept.
+  example = tf.train.Example(features=tf.train.Features(feature={
+      "title": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"T"])),
+      "body": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"Hello world."])),
+      "body_token_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=[1, 2, 3]))}))
+  missing = tf.train.Example(features=tf.train.Features(feature={
+      "title": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"T"]))}))
+  bad_path = str(tmp_path / "bad.tfr")
+  with tf.io.TFRecordWriter(bad_path) as writer:
+    writer.write(example.SerializeToString())
+    writer.write(missing.SerializeToString())
+    writer.write(b"not a proto \xff\xff")
+  with pytest.raises(corpus.CorpusInputError,
+                     match=rf"tfrecord:{bad_path}:0: field 'body_token_ids' differs"):
+    corpus.build_block_store(corpus.RealmSource(bad_path), str(tmp_path / "b"))
+  report = corpus.build_block_store(corpus.RealmSource(bad_path), str(tmp_path / "c"),
+                                    on_error="skip", record_token_ids="ours")
+  assert report.counts["token_mismatches"] == 1 and report.num_blocks == 1
+  assert report.counts["skipped"]["missing_field"] == 1
+  assert report.counts["skipped"]["malformed_record"] == 1
+  assert f"tfrecord:{bad_path}:1: missing feature 'body'" in (
+      report.skip_examples["missing_field"][0])
+  store = corpus.BlockStore.open(str(tmp_path / "c"))
+  np.testing.assert_array_equal(store.body_tokens(0), vocab.encode("Hello world."))
+
+
+def test_corrupt_tfrecord_stops_the_build_naming_the_record(tmp_path, tf):
+  path = str(tmp_path / "cut.tfr")
+  corpus.write_realm_records(path, [(f"T{i}", f"Body number {i}. " * 20) for i in range(50)])
+  data = open(path, "rb").read()
+  open(path, "wb").write(data[:len(data) // 2])  # a GZIP stream cut in the middle
+  with pytest.raises(corpus.CorpusInputError, match=rf"tfrecord:{path}:\d+: corrupt TFRecord"):
+    corpus.build_block_store(corpus.RealmSource(path), str(tmp_path / "out"), on_error="skip")
+  assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
+
+
+# ------------------------------------------------------------------------------ determinism
+
+
+def test_two_builds_give_the_same_store_id_and_files(tmp_path):
+  docs = SAME_DOCS + [{"title": f"Doc {i}", "text": f"Sentence {i}. Another {i}."}
+                      for i in range(30)]
+  src = write_jsonl(tmp_path / "d.jsonl", docs)
+  a = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "a"), max_block_len=24)
+  b = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "b"), max_block_len=24)
+  c = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "c"), max_block_len=32)
+  assert a.store_id == b.store_id != c.store_id
+  manifest_a = corpus.BlockStore.open(a.path).manifest
+  manifest_b = corpus.BlockStore.open(b.path).manifest
+  assert manifest_a["files"] == manifest_b["files"]  # byte-identical data files
+  # store_id is sha256(options JSON + "\n" + uids), as documented.
+  uids = np.load(os.path.join(a.path, corpus.UIDS))
+  options = json.dumps(manifest_a["store_id_options"], sort_keys=True, separators=(",", ":"))
+  expected = hashlib.sha256(options.encode() + b"\n" + uids.astype("<u8").tobytes())
+  assert a.store_id == expected.hexdigest()
+
+
+def test_npy_appender_streams_chunks(tmp_path):
+  path = str(tmp_path / "x.npy")
+  appender = corpus._NpyAppender(path, np.uint16, (4,), chunk_rows=3)
+  for i in range(10):
+    appender.append_prefix(list(range(1, i % 4 + 1)))
+  appender.close()
+  loaded = np.load(path, mmap_mode="r")
+  assert loaded.shape == (10, 4) and loaded.dtype == np.uint16
+  expected = np.zeros((10, 4), np.uint16)
+  for i in range(10):
+    expected[i, :i % 4] = np.arange(1, i % 4 + 1)
+  np.testing.assert_array_equal(loaded, expected)
+
+
+def test_uint64_set_matches_python_set():
+  rng = np.random.default_rng(0)
+  keys = rng.integers(0, 2**63, size=3000, dtype=np.uint64).tolist()
+  keys += keys[:500]
+  table = corpus._UInt64Set(capacity=8)
+  added = [table.add(k) for k in keys]
+  assert added == [True] * 3000 + [False] * 500 and len(table) == 3000
+
+
+# ------------------------------------------------------------------------------ atomicity
+
+
+def failing_source(docs, fail_after):
+  for i, doc in enumerate(docs):
+    if i == fail_after:
+      raise RuntimeError("source died")
+    yield corpus.Document(doc["title"], doc["text"], f"mem:{i}")
+
+
+MANY = [{"title": f"Doc {i}", "text": f"Text number {i}. More text {i}."} for i in range(20)]
+
+
+@pytest.mark.parametrize("fault", ["source", "manifest", "verify", "rename"])
+def test_a_failed_build_leaves_nothing_at_dest(tmp_path, monkeypatch, fault):
+  dest = str(tmp_path / "store")
+  source = [corpus.Document(d["title"], d["text"], f"mem:{i}") for i, d in enumerate(MANY)]
+  if fault == "source":
+    source = failing_source(MANY, fail_after=7)
+  elif fault == "manifest":
+    monkeypatch.setattr(corpus, "_write_manifest", _raise)
+  elif fault == "verify":
+    monkeypatch.setattr(corpus.BlockStore, "open", _raise)
+  else:  # everything written and verified, the rename fails
+    monkeypatch.setattr(corpus, "_publish", _raise)
+  with pytest.raises(RuntimeError):
+    corpus.build_block_store(source, dest, max_block_len=16)
+  assert not os.path.exists(dest) and not leftovers(tmp_path)
+
+
+def _raise(*args, **kwargs):
+  raise RuntimeError("injected fault")
+
+
+def test_killed_build_leaves_no_store_and_next_build_cleans_up(tmp_path):
+  dest = str(tmp_path / "store")
+  marker = str(tmp_path / "started")
+  script = textwrap.dedent(f"""
+      import time
+      from realm_jax.data import corpus
+      def docs():
+        for i in range(100000):
+          if i == 3000:
+            open({marker!r}, "w").close()
+            time.sleep(600)
+          yield corpus.Document("Doc %d" % i, "Some text %d. More." % i, "mem:%d" % i)
+      corpus.build_block_store(docs(), {dest!r}, max_block_len=16)
+  """)
+  process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT)
+  try:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(marker):
+      assert process.poll() is None, "builder exited early"
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+  finally:
+    process.wait()
+  staged = leftovers(tmp_path)
+  assert len(staged) == 1 and staged[0].startswith("store.staging-")
+  assert not os.path.exists(dest)
+  with pytest.raises(corpus.BlockStoreError, match="no manifest.json"):
+    corpus.BlockStore.open(str(tmp_path / staged[0]))  # partial data, never opens
+  report = corpus.build_block_store(
+      [corpus.Document("A", "Text.", "mem:0")], dest, max_block_len=16)
+  assert report.counts["removed_leftovers"] == 1 and not leftovers(tmp_path)
+  assert len(corpus.BlockStore.open(dest)) == 1
+
+
+def test_only_dead_local_builds_leftovers_are_removed(tmp_path):
+  dead = subprocess.Popen(["true"])
+  dead.wait()  # its pid is now free
+  host = socket.gethostname()
+  stale = tmp_path / f"store.staging-{host}-{dead.pid}-0a1b2c3d"
+  other_host = tmp_path / "store.staging-elsewhere-1-0a1b2c3d"
+  live = tmp_path / f"store.staging-{host}-{os.getppid()}-0a1b2c3d"
+  unrelated = tmp_path / f"other.staging-{host}-{dead.pid}-0a1b2c3d"
+  for path in (stale, other_host, live, unrelated):
+    path.mkdir()
+  report = corpus.build_block_store([corpus.Document("A", "Text.", "m:0")],
+                                    str(tmp_path / "store"))
+  assert report.counts["removed_leftovers"] == 1
+  assert not stale.exists() and other_host.exists() and live.exists() and unrelated.exists()
+
+
+def test_limit_and_progress(tmp_path):
+  src = write_jsonl(tmp_path / "d.jsonl", MANY)
+  seen = []
+  report = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "out"),
+                                    limit=5, progress=seen.append, progress_interval_s=0)
+  assert report.counts["documents_read"] == 5 and report.num_blocks == 5
+  final = seen[-1]
+  assert final.documents_read == 5 and final.blocks_written == 5
+  assert 0 < final.fraction_done < 1 and final.eta_s is not None  # bytes read / file size
+  assert "5 documents read" in final.line() and "ETA" in final.line()
+
+
+def test_existing_dest_needs_overwrite(tmp_path):
+  dest = str(tmp_path / "store")
+  first = corpus.build_block_store([corpus.Document("A", "One.", "m:0")], dest)
+  with pytest.raises(corpus.BlockStoreError, match="already exists"):
+    corpus.build_block_store([corpus.Document("B", "Two.", "m:0")], dest)
+  assert corpus.BlockStore.open(dest).store_id == first.store_id
+  second = corpus.build_block_store([corpus.Document("B", "Two.", "m:0")], dest, overwrite=True)
+  assert corpus.BlockStore.open(dest).store_id == second.store_id != first.store_id
+  assert not leftovers(tmp_path)
+
+
+# ------------------------------------------------------------------------------ open()
+
+
+@pytest.fixture
+def built(tmp_path):
+  report, store = build_jsonl(tmp_path, MANY, max_block_len=16)
+  return report.path
+
+
+def test_open_refuses_missing_manifest_and_missing_file(built):
+  os.remove(os.path.join(built, corpus.UIDS))
+  with pytest.raises(corpus.BlockStoreError, match=rf"{built}: missing file uids.npy"):
+    corpus.BlockStore.open(built, verify=False)
+  os.remove(os.path.join(built, corpus.MANIFEST))
+  with pytest.raises(corpus.BlockStoreError, match=rf"{built}: no manifest.json"):
+    corpus.BlockStore.open(built)
+
+
+def test_open_refuses_checksum_mismatch(built):
+  path = os.path.join(built, corpus.TEXT)
+  data = bytearray(open(path, "rb").read())
+  data[5] ^= 0x01  # same size, different content
+  open(path, "wb").write(bytes(data))
+  with pytest.raises(corpus.BlockStoreError, match=r"text.bin does not match its sha256"):
+    corpus.BlockStore.open(built)
+  corpus.BlockStore.open(built, verify="fast")  # sizes only: documented blind spot
+
+
+@pytest.mark.parametrize("verify", [True, "fast", False])
+def test_open_refuses_truncated_tokens(built, verify):
+  path = os.path.join(built, corpus.TOKENS)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) - 32)
+  with pytest.raises(corpus.BlockStoreError, match=rf"{built}: .*tokens.npy"):
+    corpus.BlockStore.open(built, verify=verify)
+
+
+def test_open_refuses_bad_manifest_and_wrong_vocab(built, vocab):
+  corpus.BlockStore.open(built, vocab_fingerprint=vocab.fingerprint)
+  with pytest.raises(corpus.BlockStoreError, match="built with vocabulary"):
+    corpus.BlockStore.open(built, vocab_fingerprint="0" * 64)
+  manifest_path = os.path.join(built, corpus.MANIFEST)
+  manifest = json.load(open(manifest_path))
+  manifest["format_version"] = 99
+  json.dump(manifest, open(manifest_path, "w"))
+  with pytest.raises(corpus.BlockStoreError, match="format_version 99 is not supported"):
+    corpus.BlockStore.open(built)
+  open(manifest_path, "w").write("{not json")
+  with pytest.raises(corpus.BlockStoreError, match="unreadable manifest.json"):
+    corpus.BlockStore.open(built)
+
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def test_embedder_inputs_by_hand(tmp_path, vocab):
+  docs = [{"title": "Alan Turing", "text": "He was born in 1912."},
+          {"title": "Ada", "text": "Ada wrote code."}]
+  _, store = build_jsonl(tmp_path, docs, max_block_len=12)
+  ids, type_ids, mask = store.embedder_inputs([1, 0, 1])
+  assert ids.shape == type_ids.shape == mask.shape == (3, 12)
+  assert ids.dtype == type_ids.dtype == mask.dtype == np.int32
+  alan, turing = vocab.encode("Alan Turing")
+  he, was, born, in_, year, period = vocab.encode("He was born in 1912.")
+  np.testing.assert_array_equal(ids[1], [CLS, alan, turing, SEP, he, was, born, in_, year,
+                                         period, SEP, 0])
+  np.testing.assert_array_equal(type_ids[1], [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 0])
+  np.testing.assert_array_equal(mask[1], [1] * 11 + [0])
+  ada, wrote, code, period = vocab.encode("Ada wrote code.")
+  np.testing.assert_array_equal(ids[0], [CLS, ada, SEP, ada, wrote, code, period, SEP] + [0] * 4)
+  np.testing.assert_array_equal(type_ids[0], [0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0, 0])
+  np.testing.assert_array_equal(mask[0], [1] * 8 + [0] * 4)
+  np.testing.assert_array_equal(ids[2], ids[0])
+  with pytest.raises(IndexError):
+    store.embedder_inputs([2])
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def test_cli_end_to_end(tmp_path):
+  src = tmp_path / "tiny.jsonl"
+  src.write_bytes(b'{"title": "Alan Turing", "text": "He was born in 1912. He died in 1954."}\n'
+                  b'{"title": "Broken", "text": \n'
+                  b'{"title": "Ada", "text": "Ada wrote the first program."}\n')
+  out = tmp_path / "blocks"
+  command = [sys.executable, "-m", "realm_jax.build_corpus", "--source", "jsonl",
+             "--input", str(src), "--out", str(out), "--max_block_len", "32"]
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+  failed = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+  assert failed.returncode == 1
+  error_lines = failed.stderr.strip().splitlines()
+  assert len(error_lines) == 1 and f"{src}:2: malformed JSON" in error_lines[0], failed.stderr
+  assert not out.exists()
+
+  done = subprocess.run(command + ["--on_error", "skip", "--progress_every", "0"],
+                        capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+  assert done.returncode == 0, done.stderr
+  store = corpus.BlockStore.open(str(out))
+  assert len(store) == 2
+  assert store.store_id in done.stdout and str(out) in done.stdout
+  assert "malformed_json 1" in done.stdout and f"{src}:2:" in done.stdout
+  assert "documents read" in done.stderr and "blocks written" in done.stderr
