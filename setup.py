@@ -45,7 +45,9 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    packages=setuptools.find_packages(include=["realm_jax", "realm_jax.*"]),
+    # tasks/ (seqio registrations) installs as `realm_jax_tasks`.
+    packages=setuptools.find_packages(include=["realm_jax", "realm_jax.*"]) + ["realm_jax_tasks"],
+    package_dir={"realm_jax_tasks": "tasks"},
     package_data={"realm_jax": ["data/assets/*"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES},

@@ -251,7 +251,10 @@ class WordPieceVocabulary:
   def encode_tf(self, text):
     """tf.string (scalar or [batch]) -> int32 ids ([n] or ragged [batch, None])."""
     import tensorflow as tf
-    basic, wordpiece = self._tf_tokenizers
+    # Create the lookup table eagerly even when first called inside a tf.data/tf.function
+    # trace; a table born in one trace's graph cannot be used by the next trace.
+    with tf.init_scope():
+      basic, wordpiece = self._tf_tokenizers
     text = tf.convert_to_tensor(text, tf.string)
     scalar = text.shape.rank == 0
     if scalar:

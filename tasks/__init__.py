@@ -1,0 +1,24 @@
+"""seqio task registrations for realm_jax (installed as the package `realm_jax_tasks`).
+
+`import realm_jax_tasks` registers:
+
+  toy world (generated and cached on first use, see realm_jax.data.toy_world):
+    realm_toy_salient_span, realm_toy_random_span, realm_toy_random_token   REALM pretraining
+    ict_toy                                                                ICT warm start
+    toy_qa                                                                 open-QA
+  benchmarks (files under $REALM_JAX_QA_DATA/<name>/, see realm_jax.data.open_qa):
+    nq_open, web_questions, curated_trec
+
+Other corpora are registered with `register_pretraining_tasks` (e.g. Wikipedia blocks built with
+`python -m realm_jax.build_corpus`), other QA data with `register_qa_task`.
+"""
+
+from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV, register_qa_task,
+                                     register_benchmark_tasks)
+from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretraining_tasks)
+from realm_jax_tasks.toy import TOY_TASKS, register_toy_tasks, toy_block_store_dir
+
+register_toy_tasks()
+register_benchmark_tasks()
+
+ALL_TASKS = TOY_TASKS + BENCHMARK_TASKS

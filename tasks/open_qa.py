@@ -1,0 +1,100 @@
+"""seqio tasks for open-domain QA: NaturalQuestions-Open, WebQuestions, CuratedTrec, toy QA.
+
+Features of an example (REALM_SPEC 26, 30):
+  question_ids  int32 [None]  `[CLS] question [SEP]`, never truncated
+  question      tf.string []  the raw question
+  answers       tf.string [None]  reference answers (regular expressions for CuratedTrec)
+
+Metrics (REALM_SPEC 31-32): ORQA exact match, or CuratedTrec's regex match. The references
+reach the metric functions through `postprocess_fn(..., is_target=True)`, which returns the
+example's `answers`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable, Sequence
+
+import seqio
+import tensorflow as tf
+
+from realm_jax.data import open_qa
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.evaluation import metrics
+
+QA_DATA_ENV = "REALM_JAX_QA_DATA"
+CHECK_SIZES_ENV = "REALM_JAX_QA_CHECK_SIZES"
+BENCHMARK_TASKS = ("nq_open", "web_questions", "curated_trec")
+
+ExamplesFn = Callable[[str], Sequence[open_qa.QAExample]]
+
+
+def _answers_postprocess(output, example=None, is_target=False):
+  """Targets are the example's reference answers; predictions pass through as text."""
+  if is_target:
+    return [a.decode("utf-8") if isinstance(a, bytes) else a for a in example["answers"]]
+  return output.decode("utf-8") if isinstance(output, bytes) else output
+
+
+def _tokenize_question(dataset: tf.data.Dataset) -> tf.data.Dataset:
+  vocab = vocab_lib.default_vocabulary()
+
+  def tokenize(example):
+    ids = vocab.encode_tf(example["question"])
+    example["question_ids"] = tf.concat(
+        [[vocab_lib.CLS_ID], ids, [vocab_lib.SEP_ID]], axis=0)
+    return example
+
+  return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def register_qa_task(name: str, examples_fn: ExamplesFn, *, answers_are_regex: bool = False,
+                     splits: Sequence[str] = open_qa.SPLITS) -> str:
+  """Registers a QA task whose examples come from `examples_fn(split)` (called lazily)."""
+
+  def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
+    del shuffle_files, seed
+    examples = list(examples_fn(split))
+    if not examples:
+      raise ValueError(f"task {name!r}: split {split!r} has no examples")
+    return tf.data.Dataset.from_generator(
+        lambda: ({"question": e.question, "answers": list(e.answers)} for e in examples),
+        output_signature={"question": tf.TensorSpec([], tf.string),
+                          "answers": tf.TensorSpec([None], tf.string)})
+
+  metric = metrics.curated_trec_regex_match if answers_are_regex else metrics.orqa_exact_match
+  seqio.TaskRegistry.remove(name)
+  seqio.TaskRegistry.add(
+      name,
+      source=seqio.FunctionDataSource(dataset_fn, splits=tuple(splits)),
+      output_features={"question_ids": seqio.Feature(vocab_lib.seqio_vocabulary(),
+                                                     add_eos=False)},
+      preprocessors=[_tokenize_question],
+      postprocess_fn=_answers_postprocess,
+      metric_fns=[metric])
+  return name
+
+
+@functools.lru_cache(maxsize=None)
+def _benchmark_splits(name: str, data_dir: str, check_sizes: bool):
+  return open_qa.load_benchmark(name, data_dir, check_sizes=check_sizes)
+
+
+def _benchmark_examples(name: str, split: str) -> Sequence[open_qa.QAExample]:
+  root = os.environ.get(QA_DATA_ENV)
+  if not root:
+    raise FileNotFoundError(
+        f"task {name!r}: set ${QA_DATA_ENV} to the directory holding {name}/ with the ORQA "
+        f"files (see realm_jax.data.open_qa.BENCHMARKS for the file names)")
+  check_sizes = os.environ.get(CHECK_SIZES_ENV, "1") != "0"
+  return _benchmark_splits(name, os.path.join(root, name), check_sizes)[split]
+
+
+def register_benchmark_tasks() -> tuple[str, ...]:
+  """nq_open, web_questions, curated_trec from $REALM_JAX_QA_DATA/<name>/ (ORQA re-split,
+  split sizes checked against the released ones unless $REALM_JAX_QA_CHECK_SIZES=0)."""
+  for name in BENCHMARK_TASKS:
+    register_qa_task(name, functools.partial(_benchmark_examples, name),
+                     answers_are_regex=open_qa.BENCHMARKS[name].answers_are_regex)
+  return BENCHMARK_TASKS

@@ -1,0 +1,54 @@
+"""Tasks over the embedded toy world (realm_jax.data.toy_world), the CPU default of every job.
+
+The world and its BlockStore are generated into the cache on first use (seconds), in the same
+formats as real data: `corpus.jsonl` -> BlockStore, `pretrain.jsonl` (REALM release schema with
+precomputed salient spans), `qa/{train,dev,test}.jsonl` (ORQA JSONL, already split).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import open_qa
+from realm_jax.data import toy_world
+from realm_jax_tasks.open_qa import register_qa_task
+from realm_jax_tasks.pretraining import MASKING_STRATEGIES, register_pretraining_tasks
+
+TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + ("ict_toy", "toy_qa")
+
+
+def toy_block_store_dir() -> str:
+  """The toy corpus as a BlockStore, built once next to the cached world."""
+  world = toy_world.toy_world_dir()
+  store = world + "-blocks"
+  try:
+    corpus_lib.BlockStore.open(store, verify="fast")
+    return store
+  except corpus_lib.BlockStoreError:
+    pass
+  source = corpus_lib.JsonlSource(os.path.join(world, toy_world.CORPUS_FILE))
+  try:
+    corpus_lib.build_block_store(source, store, overwrite=os.path.exists(store))
+  except corpus_lib.BlockStoreError:
+    # Another process published the same store first (same input, same bytes): use it.
+    corpus_lib.BlockStore.open(store, verify="fast")
+  return store
+
+
+def _toy_pretrain_records() -> str:
+  return os.path.join(toy_world.toy_world_dir(), toy_world.PRETRAIN_FILE)
+
+
+@functools.lru_cache(maxsize=None)
+def _toy_qa_split(split: str) -> tuple:
+  path = os.path.join(toy_world.toy_world_dir(), toy_world.qa_file(split))
+  return tuple(open_qa.read_orqa_jsonl(path))
+
+
+def register_toy_tasks() -> tuple[str, ...]:
+  register_pretraining_tasks("toy", block_store=toy_block_store_dir,
+                             pretrain_records=_toy_pretrain_records)
+  register_qa_task("toy_qa", _toy_qa_split)
+  return TOY_TASKS

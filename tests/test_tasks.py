@@ -1,0 +1,127 @@
+"""seqio tasks: every registered task yields batches on the toy world."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import seqio
+
+import realm_jax_tasks
+from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import open_qa
+from realm_jax.data import toy_world
+from realm_jax.data import vocab as vocab_lib
+from realm_jax_tasks import open_qa as qa_tasks
+
+README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory):
+  """A private cache: the toy world and its BlockStore are generated there on first use."""
+  root = tmp_path_factory.mktemp("cache")
+  old = os.environ.get("REALM_JAX_CACHE")
+  os.environ["REALM_JAX_CACHE"] = str(root)
+  yield root
+  if old is None:
+    del os.environ["REALM_JAX_CACHE"]
+  else:
+    os.environ["REALM_JAX_CACHE"] = old
+
+
+def _first_batch(name, split="train", batch_size=4):
+  dataset = seqio.get_mixture_or_task(name).get_dataset(split=split, shuffle=False)
+  return next(iter(dataset.padded_batch(batch_size).as_numpy_iterator()))
+
+
+@pytest.mark.parametrize("strategy", realm_jax_tasks.MASKING_STRATEGIES)
+def test_toy_pretraining_tasks_yield_masked_queries(strategy):
+  batch = _first_batch(f"realm_toy_{strategy}")
+  assert batch["query_ids"].shape == (4, 96) and batch["mlm_positions"].shape == (4, 10)
+  for row in range(4):
+    ids, positions = batch["query_ids"][row], batch["mlm_positions"][row]
+    weights, targets = batch["mlm_weights"][row], batch["mlm_targets"][row]
+    assert ids[0] == vocab_lib.CLS_ID and weights.sum() >= 1
+    real = weights > 0
+    # Every target slot points at a [MASK] inside the query; padding slots are (0, 0, 0).
+    assert np.all(ids[positions[real]] == vocab_lib.MASK_ID)
+    assert np.all(targets[real] != vocab_lib.MASK_ID)
+    assert np.all(positions[~real] == 0) and np.all(targets[~real] == 0)
+  # The toy X paraphrases the corpus, so no example has a source block to exclude.
+  assert np.all(batch["source_uid"] == 0)
+
+
+def test_toy_ict_task_yields_query_block_pairs():
+  batch = _first_batch("ict_toy")
+  assert batch["query_ids"].shape == (4, 64) and batch["block_ids"].shape == (4, 288)
+  assert np.all(batch["block_ids"][:, 0] == vocab_lib.CLS_ID)
+  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  uids = set(np.asarray(store.uids).view(np.int64).tolist())
+  assert set(batch["block_uid"].tolist()) <= uids
+
+
+def test_toy_qa_task_yields_questions_and_answers():
+  batch = _first_batch("toy_qa", split="test", batch_size=3)
+  world = toy_world.toy_world_dir()
+  with open(os.path.join(world, toy_world.qa_file("test")), encoding="utf-8") as f:
+    first = json.loads(f.readline())
+  assert batch["question"][0].decode() == first["question"]
+  assert batch["answers"][0][0].decode() == first["answer"][0]
+  ids = batch["question_ids"][0]
+  ids = ids[:np.flatnonzero(ids)[-1] + 1]
+  assert ids.tolist() == ([vocab_lib.CLS_ID] + vocab_lib.default_vocabulary().encode(
+      first["question"]) + [vocab_lib.SEP_ID])
+  task = seqio.get_mixture_or_task("toy_qa")
+  assert task.postprocess_fn(b"x", example={"answers": [b"Tessa"]}, is_target=True) == ["Tessa"]
+
+
+def test_pretraining_on_the_corpus_itself_excludes_each_examples_own_block(tmp_path):
+  """X = Z (REALM's Wikipedia setting): every example carries its source block's uid."""
+  names = realm_jax_tasks.register_pretraining_tasks(
+      "toy_blocks", block_store=realm_jax_tasks.toy_block_store_dir, annotator="union")
+  assert names == ["realm_toy_blocks_salient_span", "realm_toy_blocks_random_span",
+                   "realm_toy_blocks_random_token", "ict_toy_blocks"]
+  batch = _first_batch("realm_toy_blocks_salient_span")
+  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  uids = np.asarray(store.uids).view(np.int64)
+  assert np.all(np.isin(batch["source_uid"], uids))
+
+
+@pytest.fixture
+def qa_data(tmp_path, monkeypatch):
+  """The toy QA splits laid out as each benchmark's (already split) data directory."""
+  world = toy_world.toy_world_dir()
+  for name in realm_jax_tasks.BENCHMARK_TASKS:
+    shutil.copytree(os.path.join(world, "qa"), tmp_path / name)
+  monkeypatch.setenv(qa_tasks.QA_DATA_ENV, str(tmp_path))
+  return tmp_path
+
+
+@pytest.mark.parametrize("name", realm_jax_tasks.BENCHMARK_TASKS)
+def test_benchmark_tasks_yield_batches(qa_data, monkeypatch, name):
+  monkeypatch.setenv(qa_tasks.CHECK_SIZES_ENV, "0")
+  batch = _first_batch(name, split="dev", batch_size=2)
+  assert batch["question_ids"].shape[0] == 2 and batch["answers"].shape[0] == 2
+  metric = seqio.get_mixture_or_task(name).metric_fns[0].__name__
+  assert metric == ("curated_trec_regex_match" if name == "curated_trec" else "orqa_exact_match")
+
+
+def test_benchmark_split_sizes_are_checked(qa_data, monkeypatch):
+  monkeypatch.setenv(qa_tasks.CHECK_SIZES_ENV, "1")
+  with pytest.raises(open_qa.SplitSizeError, match="79168"):
+    _first_batch("nq_open", split="dev")
+
+
+def test_benchmark_without_data_dir_says_what_to_set(monkeypatch):
+  monkeypatch.delenv(qa_tasks.QA_DATA_ENV, raising=False)
+  with pytest.raises(FileNotFoundError, match=r"set \$REALM_JAX_QA_DATA"):
+    _first_batch("web_questions", split="test")
+
+
+def test_every_registered_task_is_documented_in_the_readme():
+  with open(README, encoding="utf-8") as f:
+    readme = f.read()
+  missing = [name for name in realm_jax_tasks.ALL_TASKS if f"`{name}`" not in readme]
+  assert not missing, f"README does not list tasks {missing}"
