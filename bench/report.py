@@ -1,0 +1,48 @@
+"""Writing benchmark figures into docs/benchmarks.md, one section per benchmark."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+
+import numpy as np  # noqa: F401  (keeps the import cost out of the timed regions of callers)
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS_MD = os.path.join(REPO_ROOT, "docs", "benchmarks.md")
+HEADER = ("# Benchmarks\n\nWritten by the scripts in `bench/`; each section says how to "
+          "reproduce it. Every figure is compared with a peer measured in the same run.\n")
+
+
+def machine() -> str:
+  """One line naming the machine: CPU model, cores, memory."""
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      names = re.findall(r"model name\s*:\s*(.+)", f.read())
+    if names:
+      model = names[0].strip()
+  except OSError:
+    pass
+  memory = ""
+  try:
+    pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    memory = f", {pages * page_size / 2**30:.0f} GiB"
+  except (ValueError, OSError):
+    pass
+  return f"{model}, {os.cpu_count()} cores{memory}"
+
+
+def write_section(title: str, body: str, path: str = BENCHMARKS_MD) -> None:
+  """Replaces (or appends) the `## title` section of docs/benchmarks.md."""
+  text = open(path, encoding="utf-8").read() if os.path.exists(path) else HEADER
+  stamp = f"_{datetime.date.today().isoformat()}, {machine()}._\n\n"
+  section = f"## {title}\n\n{stamp}{body.strip()}\n"
+  pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+  if pattern.search(text):
+    text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
+  else:
+    text = text.rstrip() + "\n\n" + section
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
