@@ -7,7 +7,6 @@ import os
 import platform
 import re
 
-import numpy as np  # noqa: F401  (keeps the import cost out of the timed regions of callers)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS_MD = os.path.join(REPO_ROOT, "docs", "benchmarks.md")
