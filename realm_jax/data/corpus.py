@@ -87,6 +87,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from realm_jax import fileio
 from realm_jax.data import sentences as sentences_lib
 from realm_jax.data import vocab as vocab_lib
 
@@ -851,22 +852,6 @@ class _UInt64Set:
       self._insert(key)
 
 
-def _fsync_dir(path: str) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def _sha256_file(path: str) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    while chunk := f.read(8 << 20):
-      digest.update(chunk)
-  return digest.hexdigest()
-
-
 _ACTIVE_STAGING: set[str] = set()  # staging dirs of builds running in this process
 
 
@@ -927,7 +912,7 @@ def _write_manifest(directory: str, manifest: dict) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, os.path.join(directory, MANIFEST))
-  _fsync_dir(directory)
+  fileio.fsync_dir(directory)
 
 
 def _publish(staging: str, dest: str, overwrite: bool) -> None:
@@ -942,11 +927,11 @@ def _publish(staging: str, dest: str, overwrite: bool) -> None:
     old = _staging_name(dest, "old")
     os.rename(dest, old)
     os.rename(staging, dest)
-    _fsync_dir(parent)
+    fileio.fsync_dir(parent)
     shutil.rmtree(old, ignore_errors=True)
   else:
     os.rename(staging, dest)
-  _fsync_dir(parent)
+  fileio.fsync_dir(parent)
 
 
 # ------------------------------------------------------------------------------ building
@@ -1224,7 +1209,7 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
     files = {}
     for name in DATA_FILES:
       path = os.path.join(staging, name)
-      files[name] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}
+      files[name] = {"bytes": os.path.getsize(path), "sha256": fileio.sha256_file(path)}
     manifest = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -1364,7 +1349,7 @@ class BlockStore:
         if size != entry.get("bytes"):
           fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
                f"modified)")
-      if verify is True and _sha256_file(file_path) != entry.get("sha256"):
+      if verify is True and fileio.sha256_file(file_path) != entry.get("sha256"):
         fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
 
     expected = {TOKENS: ((num_blocks, max_block_len), token_dtype),

@@ -62,6 +62,8 @@ import unicodedata
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from realm_jax import fileio
+
 __all__ = [
     "CORPUS_FILE",
     "DEFAULT_SEED",
@@ -1133,21 +1135,6 @@ def _write_file(path: pathlib.Path, data: bytes) -> None:
     os.fsync(f.fileno())
 
 
-def _fsync_directory(path: pathlib.Path) -> None:
-  # Makes the rename durable; not every filesystem (or OS) allows opening a directory, and a
-  # failure here loses nothing that `verify` would not catch, so it is best effort.
-  try:
-    fd = os.open(path, os.O_RDONLY)
-  except OSError:
-    return
-  try:
-    os.fsync(fd)
-  except OSError:
-    pass
-  finally:
-    os.close(fd)
-
-
 def _commit_directory(staging: pathlib.Path, destination: pathlib.Path) -> None:
   """Renames the complete `staging` directory to `destination` (replacing an old one)."""
   old = None
@@ -1157,7 +1144,7 @@ def _commit_directory(staging: pathlib.Path, destination: pathlib.Path) -> None:
     old = destination.parent / f".{destination.name}.old-{uuid.uuid4().hex}"
     os.replace(destination, old)
   os.replace(staging, destination)
-  _fsync_directory(destination.parent)
+  fileio.fsync_dir(destination.parent)
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
 
@@ -1309,14 +1296,6 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
   return manifest
 
 
-def _sha256_file(path: pathlib.Path) -> str:
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
-  return digest.hexdigest()
-
-
 def verify(directory: str | os.PathLike) -> dict[str, Any]:
   """Re-hashes every file listed in the manifest and returns the manifest.
 
@@ -1328,7 +1307,7 @@ def verify(directory: str | os.PathLike) -> dict[str, Any]:
     path = pathlib.Path(directory) / name
     if not path.is_file():
       raise ToyWorldError(f"{path}: missing (listed in {MANIFEST_FILE}).")
-    actual = _sha256_file(path)
+    actual = fileio.sha256_file(path)
     if actual != entry.get("sha256"):
       raise ToyWorldError(f"{path}: sha256 {actual} does not match the manifest's "
                           f"{entry.get('sha256')}; the file is corrupt, regenerate the world.")

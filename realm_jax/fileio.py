@@ -1,0 +1,38 @@
+"""Small file helpers shared by everything that publishes atomically (stores, indexes, worlds).
+
+The pattern: write into a staging directory next to the destination, fsync the files, write
+the manifest (with sha256 of every file) last, fsync the directory, rename into place, fsync the
+parent so the rename itself is durable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+  """Makes a directory's entries (a rename into it) durable.
+
+  Best effort: some filesystems refuse to open or fsync a directory; what that could lose, the
+  readers' checksum verification catches.
+  """
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+def sha256_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
+  """Hex sha256 of a file, read in chunks (memory stays bounded for multi-GB files)."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(chunk_bytes):
+      digest.update(chunk)
+  return digest.hexdigest()
