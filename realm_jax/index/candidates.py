@@ -1,0 +1,508 @@
+"""Candidates for REALM pretraining: selection rule, null document, embedder and reader inputs.
+
+The stale index only *chooses* the candidates; the train step re-embeds them with the live
+parameters (REALM_SPEC 15). This module turns the search's top-k block ids into everything the
+train step needs, on the host with NumPy (REALM_SPEC 11-13, 21):
+
+1. `select_candidates`: the authors' rule (`language/realm/example_generator.py`,
+   `generate_queries_and_candidates` + `postprocess_candidates`), exactly:
+
+   * look at the top `num_candidates` (8) retrieved blocks;
+   * if two of them are the same document (equal content uid), **skip the example**
+     (the release's `STATS['duplicate_candidates']`; counted here under the same name);
+   * remove the example's own source block (uid equal to the query's `source_uid`): REALM's
+     "prohibiting trivial retrievals";
+   * prepend the **null document** at slot 0 and truncate to `num_candidates`.
+
+   So the source ranked 3rd gives `[null, r1, r2, r4, r5, r6, r7, r8]` and a source not in the
+   top 8 gives `[null, r1, ..., r7]`: always `num_candidates - 1` real blocks plus null.
+
+2. `embedder_inputs`: document-embedder rows `[CLS] title [SEP] body [SEP]` (length 288) from
+   the BlockStore; the null document is the empty block `[CLS] [SEP] [SEP]`.
+
+3. `reader_inputs`: knowledge-augmented-encoder rows `[CLS] q [SEP] body [SEP]` (length
+   96 + 288 = 384), **without the title** (the release's featurizer: "we ignore the doc title
+   for this step"); the null document gives `[CLS] q [SEP] [SEP]`.
+
+4. `build_pretraining_batch`: all of the above for one batch of masked queries, with a fixed
+   batch shape (skipped examples stay in the batch with zero weights) and the index step that
+   chose the candidates.
+
+Duplicates. Two blocks are "the same document" when their content uids are equal:
+`corpus.content_uid(title, body_text)`, a hash of the block's title and body text, i.e. two
+blocks with the same title and the same body. (The release hashed "title <sep> body" with SHA-1;
+only equality matters.) The BlockStore build drops duplicate *input documents*, but identical
+blocks can still occur (e.g. a repeated paragraph within an article, or two articles that share
+a title and a block), and approximate search may also return the same block twice.
+
+Retrieval margin (not in the authors' code). `retrieved_ids` may have more columns than
+`num_candidates`. Under the default `duplicates="skip"` the extra columns are **ignored**: the
+authors retrieved exactly `num_candidates` neighbours, and looking further could neither rescue
+a skipped example nor change a kept one, so default behaviour is exactly theirs with or without a
+margin. The margin is used only by `duplicates="dedupe"` (our option): keep the first occurrence
+of every uid in rank order over *all* retrieved columns, drop the source block, and take the first
+`num_candidates - 1`; an example is skipped (`too_few_candidates`) only when even the margin does
+not provide enough distinct blocks. On an example whose top `num_candidates` has no duplicate,
+"dedupe" gives exactly the same candidates as "skip"; it differs only on the examples "skip"
+drops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Optional
+
+import numpy as np
+
+from realm_jax.data import corpus as corpus_lib
+from realm_jax.data.masking import SkipCounter
+from realm_jax.data.vocab import CLS_ID, PAD_ID, SEP_ID
+
+# Block id of the null document in candidate id arrays. Not a row of any BlockStore: its inputs
+# are synthesised (`null_embedder_input`, `reader_inputs`).
+NULL_BLOCK = -1
+DEFAULT_NUM_CANDIDATES = 8
+
+DUPLICATE_POLICIES = ("skip", "dedupe")
+# Skip reasons, always present in the counts (0 when none) so metrics have stable keys.
+SKIP_REASONS = ("duplicate_candidates", "too_few_candidates")
+
+# Keys `build_pretraining_batch` reads from its masked batch (the fields of
+# `masking.MaskedQuery.to_dict()`, batched).
+MASKED_BATCH_KEYS = ("query_ids", "query_mask", "mlm_positions", "mlm_targets", "mlm_weights",
+                     "source_uid")
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateSelection:
+  """The candidates chosen for a batch of queries.
+
+  Attributes:
+    candidate_ids: int32 [batch, num_candidates] block ids; NULL_BLOCK (-1) at slot 0 of every
+      kept example. Rows of skipped examples are NULL_BLOCK everywhere (well-formed inputs that
+      carry no information; their weights must be zero).
+    keep: bool [batch], False for skipped examples.
+    source_removed: bool [batch], True where the example's own source block was among the top
+      candidates and was removed (kept examples only).
+    skip_counts: reason -> number of skipped examples in this batch (`SKIP_REASONS`, a
+      `masking.SkipCounter`, so counts of several batches add with `+`).
+  """
+
+  candidate_ids: np.ndarray
+  keep: np.ndarray
+  source_removed: np.ndarray
+  skip_counts: SkipCounter
+
+  @property
+  def num_candidates(self) -> int:
+    return int(self.candidate_ids.shape[1])
+
+
+def _new_skip_counts() -> SkipCounter:
+  counts = SkipCounter()
+  for reason in SKIP_REASONS:
+    counts[reason] = 0
+  return counts
+
+
+def select_candidates(retrieved_ids, retrieved_uids, source_uids, *,
+                      num_candidates: int = DEFAULT_NUM_CANDIDATES,
+                      duplicates: str = "skip") -> CandidateSelection:
+  """Applies REALM's candidate rule (REALM_SPEC 12-13) to a batch of search results.
+
+  Follows the authors' code (`example_generator.py`): skip an example whose top
+  `num_candidates` contain a duplicate document, remove its source block, put the null document
+  at slot 0 and truncate to `num_candidates`. See the module docstring for the duplicate
+  definition and what a retrieval margin does.
+
+  Args:
+    retrieved_ids: int [batch, num_retrieved] block ids, best first, from the search over the
+      stale index; num_retrieved >= num_candidates (more columns are a margin).
+    retrieved_uids: uint64 [batch, num_retrieved] content uids of those blocks
+      (`store.uids[retrieved_ids]`).
+    source_uids: uint64 [batch] uid of each query's source block; 0 means "no source block"
+      (nothing is removed, even a block whose uid happened to be 0).
+    num_candidates: candidates per example including the null document (REALM: 8).
+    duplicates: "skip" (the authors' rule, default) or "dedupe" (ours: drop repeated uids and
+      refill from the margin; see the module docstring).
+
+  Returns:
+    A CandidateSelection.
+
+  Raises:
+    ValueError: on inconsistent shapes, too few retrieved columns, negative retrieved ids, or an
+      unknown `duplicates` policy.
+  """
+  if duplicates not in DUPLICATE_POLICIES:
+    raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
+  if num_candidates < 1:
+    raise ValueError(f"num_candidates must be >= 1 (the null document), got {num_candidates}")
+  retrieved_ids = np.asarray(retrieved_ids)  # [batch, num_retrieved]
+  retrieved_uids = np.asarray(retrieved_uids, np.uint64)  # [batch, num_retrieved]
+  source_uids = np.asarray(source_uids, np.uint64)  # [batch]
+  if retrieved_ids.ndim != 2 or retrieved_uids.shape != retrieved_ids.shape:
+    raise ValueError(f"retrieved_ids and retrieved_uids must both be [batch, num_retrieved]; "
+                     f"got {retrieved_ids.shape} and {retrieved_uids.shape}")
+  batch_size, num_retrieved = retrieved_ids.shape
+  if source_uids.shape != (batch_size,):
+    raise ValueError(f"source_uids must be [batch] = [{batch_size}], got {source_uids.shape}")
+  if num_retrieved < num_candidates:
+    # The authors retrieved exactly num_candidates; fewer cannot give num_candidates - 1 real
+    # blocks after removing the source.
+    raise ValueError(f"need at least num_candidates={num_candidates} retrieved blocks per "
+                     f"example, got {num_retrieved} (is the corpus smaller than that?)")
+  if retrieved_ids.size and retrieved_ids.min() < 0:
+    raise ValueError("retrieved_ids contain a negative id (search padding?); every retrieved "
+                     "column must be a real block")
+  retrieved_ids = retrieved_ids.astype(np.int32)
+
+  if duplicates == "skip":
+    return _select_skip(retrieved_ids, retrieved_uids, source_uids, num_candidates)
+  return _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_candidates)
+
+
+def _select_skip(retrieved_ids, retrieved_uids, source_uids, num_candidates):
+  """The authors' rule, vectorised over the batch (the margin, if any, is ignored)."""
+  batch_size = retrieved_ids.shape[0]
+  top_ids = retrieved_ids[:, :num_candidates]  # [batch, num_candidates]
+  top_uids = retrieved_uids[:, :num_candidates]  # [batch, num_candidates]
+  # Duplicates among the top num_candidates: equal neighbours after sorting each row.
+  sorted_uids = np.sort(top_uids, axis=1)  # [batch, num_candidates]
+  has_duplicate = (sorted_uids[:, 1:] == sorted_uids[:, :-1]).any(axis=1)  # [batch]
+  keep = ~has_duplicate  # [batch]
+  has_source = source_uids != 0  # [batch]
+  is_source = (top_uids == source_uids[:, None]) & has_source[:, None]  # [batch, num_candidates]
+  # Without duplicates a kept row holds its source at most once. A stable sort on the flag moves
+  # it behind the others and keeps the rest in rank order; the first num_candidates - 1 are then
+  # what `[null] + [c for c in cands if c.uid != source][:num_candidates - 1]` gives.
+  order = np.argsort(is_source, axis=1, kind="stable")  # [batch, num_candidates]
+  real = np.take_along_axis(top_ids, order[:, :num_candidates - 1], axis=1)  # [batch, K - 1]
+  candidate_ids = np.concatenate(
+      [np.full([batch_size, 1], NULL_BLOCK, np.int32), real], axis=1)  # [batch, num_candidates]
+  candidate_ids[~keep] = NULL_BLOCK
+  counts = _new_skip_counts()
+  counts["duplicate_candidates"] = int(has_duplicate.sum())
+  return CandidateSelection(candidate_ids=candidate_ids, keep=keep,
+                            source_removed=keep & is_source.any(axis=1), skip_counts=counts)
+
+
+def _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_candidates):
+  """Our option: first occurrence of each uid over all retrieved columns, source removed."""
+  batch_size = retrieved_ids.shape[0]
+  candidate_ids = np.full([batch_size, num_candidates], NULL_BLOCK, np.int32)
+  keep = np.zeros([batch_size], bool)
+  source_removed = np.zeros([batch_size], bool)
+  counts = _new_skip_counts()
+  for b in range(batch_size):  # a per-example loop over <= num_retrieved items: cheap
+    uids = retrieved_uids[b]  # [num_retrieved]
+    _, first = np.unique(uids, return_index=True)
+    first = np.sort(first)  # rank order of first occurrences
+    is_source = (uids[first] == source_uids[b]) & (source_uids[b] != 0)
+    chosen = first[~is_source][:num_candidates - 1]
+    if len(chosen) < num_candidates - 1:
+      counts["too_few_candidates"] += 1
+      continue
+    keep[b] = True
+    # As under "skip" on a duplicate-free row: the source was among the top num_candidates
+    # (here: distinct) blocks.
+    source_removed[b] = bool(is_source[:num_candidates].any())
+    candidate_ids[b, 1:] = retrieved_ids[b, chosen]
+  return CandidateSelection(candidate_ids=candidate_ids, keep=keep,
+                            source_removed=source_removed, skip_counts=counts)
+
+
+# ------------------------------------------------------------------------------ model inputs
+
+
+def null_embedder_input(block_len: int = corpus_lib.DEFAULT_MAX_BLOCK_LEN
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Document-embedder input of the null document (REALM_SPEC 13).
+
+  The null document is an empty block: empty title and empty body formatted like any block,
+  `[CLS] [SEP] [SEP]` (the release's `bert_format([[], []])` of `NULL_DOCUMENT`). Segments
+  follow the block layout: 0 for `[CLS]` + the (empty) title's `[SEP]`, 1 for the (empty)
+  body's `[SEP]`. Its score is computed by the live embedder like any block, so it is learned.
+
+  Args:
+    block_len: row length (REALM: 288); at least 3.
+
+  Returns:
+    (ids, type_ids, mask), each int32 [block_len]: ids [101, 102, 102, 0, ...], type ids
+    [0, 0, 1, 0, ...], mask [1, 1, 1, 0, ...].
+  """
+  if block_len < 3:
+    raise ValueError(f"block_len must be >= 3 for [CLS] [SEP] [SEP], got {block_len}")
+  ids = np.zeros([block_len], np.int32)
+  type_ids = np.zeros([block_len], np.int32)
+  mask = np.zeros([block_len], np.int32)
+  ids[:3] = (CLS_ID, SEP_ID, SEP_ID)
+  type_ids[2] = 1
+  mask[:3] = 1
+  return ids, type_ids, mask
+
+
+def _check_candidate_ids(store: corpus_lib.BlockStore, candidate_ids) -> np.ndarray:
+  """int64 [batch, num_candidates] ids, each NULL_BLOCK or a row of the store."""
+  candidate_ids = np.asarray(candidate_ids)
+  if candidate_ids.ndim != 2:
+    raise ValueError(f"candidate_ids must be [batch, num_candidates], got {candidate_ids.shape}")
+  candidate_ids = candidate_ids.astype(np.int64)
+  bad = (candidate_ids != NULL_BLOCK) & ((candidate_ids < 0)
+                                          | (candidate_ids >= store.num_blocks))
+  if bad.any():
+    raise ValueError(f"candidate_ids contain {candidate_ids[bad][:5].tolist()}: neither "
+                     f"NULL_BLOCK ({NULL_BLOCK}) nor a block of {store.path} "
+                     f"[0, {store.num_blocks})")
+  return candidate_ids
+
+
+def embedder_inputs(store: corpus_lib.BlockStore, candidate_ids, block_len: Optional[int] = None
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Document-embedder inputs of every candidate (REALM_SPEC 11, 13).
+
+  Args:
+    store: the BlockStore the candidate ids index.
+    candidate_ids: int [batch, num_candidates] block ids or NULL_BLOCK.
+    block_len: row length; default (and at least) `store.max_block_len`; longer rows are padded.
+
+  Returns:
+    (ids, type_ids, mask), each int32 [batch, num_candidates, block_len]:
+    `[CLS] title [SEP] body [SEP]` from the store (`store.embedder_inputs`), segment 0 for
+    `[CLS] title [SEP]`, 1 for `body [SEP]`; `null_embedder_input` at NULL_BLOCK slots.
+  """
+  candidate_ids = _check_candidate_ids(store, candidate_ids)  # [batch, num_candidates]
+  store_len = store.max_block_len
+  block_len = store_len if block_len is None else int(block_len)
+  if block_len < store_len:
+    # Cutting a row would cut its final [SEP]; the store's rows are the authors' length already.
+    raise ValueError(f"block_len={block_len} is shorter than the store's rows ({store_len})")
+  batch_size, num_candidates = candidate_ids.shape
+  flat = candidate_ids.reshape(-1)  # [n] with n = batch * num_candidates
+  is_real = flat != NULL_BLOCK  # [n]
+  null_ids, null_types, null_mask = null_embedder_input(block_len)  # each [block_len]
+  # Start from the null row everywhere, then overwrite the real rows.
+  ids = np.tile(null_ids, (flat.size, 1))  # [n, block_len]
+  type_ids = np.tile(null_types, (flat.size, 1))  # [n, block_len]
+  mask = np.tile(null_mask, (flat.size, 1))  # [n, block_len]
+  if is_real.any():
+    real_ids, real_types, real_mask = store.embedder_inputs(flat[is_real])  # [r, store_len]
+    for out, rows in ((ids, real_ids), (type_ids, real_types), (mask, real_mask)):
+      out[is_real] = 0  # clears the null tokens; the padding beyond store_len stays 0
+      out[is_real, :store_len] = rows
+  shape = (batch_size, num_candidates, block_len)
+  return ids.reshape(shape), type_ids.reshape(shape), mask.reshape(shape)
+
+
+def query_lengths(query_ids, query_mask) -> np.ndarray:
+  """Lengths of `[CLS] q [SEP]` (int32 [batch]), checking the query layout.
+
+  Raises:
+    ValueError: unless every row is `[CLS] ... [SEP]` followed by padding, with a mask of ones
+      on exactly those tokens.
+  """
+  query_ids = np.asarray(query_ids)  # [batch, query_len]
+  query_mask = np.asarray(query_mask)  # [batch, query_len]
+  if query_ids.ndim != 2 or query_mask.shape != query_ids.shape:
+    raise ValueError(f"query_ids and query_mask must both be [batch, query_len]; got "
+                     f"{query_ids.shape} and {query_mask.shape}")
+  batch_size, query_len = query_ids.shape
+  lengths = (query_mask != 0).sum(axis=1).astype(np.int32)  # [batch]
+  positions = np.arange(query_len)[None, :]  # [1, query_len]
+  prefix = positions < lengths[:, None]  # [batch, query_len]
+  rows = np.arange(batch_size)
+  bad = ((query_mask != prefix).any(axis=1) | (lengths < 2)
+         | (query_ids[:, 0] != CLS_ID)
+         | (query_ids[rows, np.maximum(lengths - 1, 0)] != SEP_ID))  # [batch]
+  if bad.any():
+    raise ValueError(f"queries {np.flatnonzero(bad)[:5].tolist()} are not `[CLS] q [SEP]` "
+                     f"followed by padding with query_mask 1 exactly on those tokens")
+  return lengths
+
+
+def reader_inputs(store: corpus_lib.BlockStore, query_ids, query_mask, candidate_ids, *,
+                  reader_len: Optional[int] = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Knowledge-augmented-encoder inputs `[CLS] q [SEP] body [SEP]` (REALM_SPEC 11, 13).
+
+  As the release's featurizer: the block's **title is left out**; segment 0 for `[CLS] q [SEP]`,
+  1 for `body [SEP]`; the null document gives `[CLS] q [SEP] [SEP]`. The query part is copied
+  exactly from `query_ids` (masks included) to the same positions, so `mlm_positions` index the
+  query and every reader row alike.
+
+  A body longer than the room left, `reader_len - len([CLS] q [SEP]) - 1`, is truncated at its
+  end (as the release's `bert_format`). With the default lengths this cannot happen: a body has
+  at most block_len - 3 = 285 wordpieces and the query at most 96 tokens, 382 <= 384.
+
+  Args:
+    store: the BlockStore the candidate ids index.
+    query_ids: int [batch, query_len] `[CLS] q [SEP]` then 0 padding (with [MASK]s).
+    query_mask: int [batch, query_len] 1 on `[CLS] q [SEP]`, 0 on padding.
+    candidate_ids: int [batch, num_candidates] block ids or NULL_BLOCK.
+    reader_len: row length; default query_len + store.max_block_len (96 + 288 = 384). Must be
+      more than query_len.
+
+  Returns:
+    (ids, type_ids, mask), each int32 [batch, num_candidates, reader_len].
+  """
+  query_ids = np.asarray(query_ids)  # [batch, query_len]
+  query_lens = query_lengths(query_ids, query_mask)  # [batch]
+  candidate_ids = _check_candidate_ids(store, candidate_ids)  # [batch, num_candidates]
+  batch_size, query_len = query_ids.shape
+  if candidate_ids.shape[0] != batch_size:
+    raise ValueError(f"candidate_ids has batch {candidate_ids.shape[0]}, queries {batch_size}")
+  num_candidates = candidate_ids.shape[1]
+  reader_len = query_len + store.max_block_len if reader_len is None else int(reader_len)
+  if reader_len <= query_len:
+    # Room for the final [SEP] after the longest possible query is the least we need.
+    raise ValueError(f"reader_len={reader_len} must exceed query_len={query_len}")
+
+  flat = candidate_ids.reshape(-1)  # [n], n = batch * num_candidates
+  is_real = flat != NULL_BLOCK  # [n]
+  store_len = store.max_block_len
+  block_tokens = np.zeros([flat.size, store_len], np.int32)  # [n, store_len]
+  title_lens = np.zeros([flat.size], np.int32)  # [n]
+  body_lens = np.zeros([flat.size], np.int32)  # [n] (0 for null: an empty body)
+  if is_real.any():
+    real = flat[is_real]  # [r]
+    block_tokens[is_real] = store.tokens[real]
+    title_lens[is_real] = store.title_lengths[real]
+    body_lens[is_real] = store.body_lengths[real]
+
+  row_query_lens = np.repeat(query_lens, num_candidates)  # [n]
+  body_lens = np.minimum(body_lens, reader_len - row_query_lens - 1)  # [n] truncation, if any
+  end = row_query_lens + body_lens  # [n] position of the final [SEP]
+  positions = np.arange(reader_len, dtype=np.int32)[None, :]  # [1, reader_len]
+  # Offset into the body of each reader position; the body of row i sits at
+  # block_tokens[i, title_len + 2 + offset] (after [CLS] title [SEP]).
+  body_offset = positions - row_query_lens[:, None]  # [n, reader_len]
+  in_body = (body_offset >= 0) & (body_offset < body_lens[:, None])  # [n, reader_len]
+  source = np.clip(title_lens[:, None] + 2 + body_offset, 0, store_len - 1)  # [n, reader_len]
+  body = np.take_along_axis(block_tokens, source, axis=1)  # [n, reader_len]
+  ids = np.where(in_body, body, PAD_ID)  # [n, reader_len]
+  ids = np.where(positions == end[:, None], SEP_ID, ids).astype(np.int32)
+  ids = ids.reshape(batch_size, num_candidates, reader_len)
+  # The query part, copied verbatim to positions [0, query_len) of every candidate's row.
+  in_query = (positions < query_lens[:, None])[:, None, :query_len]  # [batch, 1, query_len]
+  ids[:, :, :query_len] = np.where(in_query, query_ids[:, None, :], ids[:, :, :query_len])
+  type_ids = ((positions >= row_query_lens[:, None])
+              & (positions <= end[:, None])).astype(np.int32)  # [n, reader_len]
+  mask = (positions <= end[:, None]).astype(np.int32)  # [n, reader_len]
+  shape = (batch_size, num_candidates, reader_len)
+  return ids, type_ids.reshape(shape), mask.reshape(shape)
+
+
+# ------------------------------------------------------------------------------ the batch
+
+
+def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[str, np.ndarray],
+                            retrieved_ids, *, index_step: int,
+                            num_candidates: int = DEFAULT_NUM_CANDIDATES,
+                            duplicates: str = "skip", reader_len: Optional[int] = None,
+                            ) -> tuple[dict[str, np.ndarray], SkipCounter]:
+  """Everything one REALM pretraining train step needs for a batch of masked queries.
+
+  Skipped examples (REALM_SPEC 12: duplicate candidates) are **kept in the batch** so its shape
+  is fixed (one compiled train step): their `example_mask` and `mlm_weights` are 0 and their
+  candidates are all the null document. A loss normalised by the sum of `mlm_weights` (REALM_SPEC
+  16) then ignores them exactly. (The release dropped such examples from its example stream.)
+
+  Args:
+    store: the BlockStore the index was built over.
+    masked_batch: batched `MaskedQuery.to_dict()` fields: query_ids, query_mask [B, query_len],
+      mlm_positions, mlm_targets, mlm_weights [B, max_masks], source_uid uint64 [B]; other keys
+      are ignored.
+    retrieved_ids: int [B, num_retrieved] block ids, best first, from the index of step
+      `index_step` (num_retrieved >= num_candidates; see the module docstring on margins).
+    index_step: the checkpoint step of the index that chose the candidates (REALM_SPEC 21), so
+      the trainer can measure staleness.
+    num_candidates: candidates per example including the null document (REALM: 8).
+    duplicates: "skip" (authors) or "dedupe" (ours), see `select_candidates`.
+    reader_len: reader row length; default query_len + store.max_block_len.
+
+  Returns:
+    (batch, skip_counts). batch, with B the batch size and K = num_candidates:
+      query_ids, query_type_ids, query_mask: int32 [B, query_len] (type ids all 0).
+      candidate_input_ids, candidate_type_ids, candidate_mask: int32 [B, K, block_len]
+        (document-embedder inputs; slot 0 is the null document).
+      reader_ids, reader_type_ids, reader_mask: int32 [B, K, reader_len].
+      mlm_positions, mlm_targets: int32 [B, max_masks]; mlm_weights: float32 [B, max_masks]
+        (0 for skipped examples).
+      candidate_block_ids: int32 [B, K] BlockStore rows, NULL_BLOCK (-1) for the null document.
+      example_mask: float32 [B], 1 for kept examples, 0 for skipped ones.
+      source_removed: bool [B], the example's source block was removed from its candidates.
+      index_step: int32 scalar (0-d), the index that chose this batch's candidates.
+      example_index_step: int32 [B], the same per example (as the release's per-example
+        `export_timestamp`, so examples from different indices could share a batch).
+    skip_counts: reason -> count for this batch (a `masking.SkipCounter`).
+
+  Raises:
+    KeyError: a required key is missing from `masked_batch`.
+    ValueError: inconsistent shapes, a malformed query, or a weighted mask position outside the
+      query's wordpieces.
+  """
+  missing = [key for key in MASKED_BATCH_KEYS if key not in masked_batch]
+  if missing:
+    raise KeyError(f"masked_batch lacks {missing} (has {sorted(masked_batch)})")
+  query_ids = np.asarray(masked_batch["query_ids"], np.int32)  # [B, query_len]
+  query_mask = np.asarray(masked_batch["query_mask"], np.int32)  # [B, query_len]
+  mlm_positions = np.asarray(masked_batch["mlm_positions"], np.int32)  # [B, max_masks]
+  mlm_targets = np.asarray(masked_batch["mlm_targets"], np.int32)  # [B, max_masks]
+  mlm_weights = np.asarray(masked_batch["mlm_weights"], np.float32)  # [B, max_masks]
+  source_uids = np.asarray(masked_batch["source_uid"], np.uint64).reshape(-1)  # [B]
+  batch_size = query_ids.shape[0]
+  retrieved_ids = np.asarray(retrieved_ids)  # [B, num_retrieved]
+  if retrieved_ids.ndim != 2 or retrieved_ids.shape[0] != batch_size:
+    raise ValueError(f"retrieved_ids must be [batch={batch_size}, num_retrieved], got "
+                     f"{retrieved_ids.shape}")
+  for name, array in (("mlm_targets", mlm_targets), ("mlm_weights", mlm_weights)):
+    if array.shape != mlm_positions.shape:
+      raise ValueError(f"{name} is {array.shape}, mlm_positions {mlm_positions.shape}")
+  if mlm_positions.shape[0] != batch_size:
+    raise ValueError(f"mlm_positions has batch {mlm_positions.shape[0]}, queries {batch_size}")
+  if retrieved_ids.size and (retrieved_ids.min() < 0 or retrieved_ids.max() >= store.num_blocks):
+    raise ValueError(f"retrieved_ids out of range [0, {store.num_blocks}) of {store.path}")
+
+  query_lens = query_lengths(query_ids, query_mask)  # [B]
+  # Weighted targets must sit on query wordpieces (not [CLS], [SEP] or padding): only there do
+  # the same positions index the query and every reader row.
+  weighted = mlm_weights > 0  # [B, max_masks]
+  outside = weighted & ((mlm_positions < 1) | (mlm_positions > query_lens[:, None] - 2))
+  if outside.any():
+    raise ValueError(f"examples {np.flatnonzero(outside.any(axis=1))[:5].tolist()} have a "
+                     f"weighted mlm position outside their query's wordpieces")
+
+  retrieved_uids = np.asarray(store.uids[retrieved_ids.astype(np.int64)], np.uint64)
+  selection = select_candidates(retrieved_ids, retrieved_uids, source_uids,
+                                num_candidates=num_candidates, duplicates=duplicates)
+  cand_ids, cand_types, cand_mask = embedder_inputs(store, selection.candidate_ids)
+  read_ids, read_types, read_mask = reader_inputs(store, query_ids, query_mask,
+                                                  selection.candidate_ids, reader_len=reader_len)
+  # The invariant the reader relies on (REALM_SPEC 11): for every candidate, the reader row holds
+  # the query's token at each mask position. Cheap ([B, K, max_masks]), so always checked.
+  at_positions = np.take_along_axis(read_ids, np.broadcast_to(
+      mlm_positions[:, None, :], (batch_size, num_candidates, mlm_positions.shape[1])), axis=2)
+  expected = np.take_along_axis(query_ids, mlm_positions, axis=1)[:, None, :]
+  if not (at_positions == expected).all():
+    raise RuntimeError("reader inputs do not share the query's mask positions (a bug)")
+
+  example_mask = selection.keep.astype(np.float32)  # [B]
+  batch = {
+      "query_ids": query_ids,
+      "query_type_ids": np.zeros_like(query_ids),  # a query is one segment (REALM_SPEC 11)
+      "query_mask": query_mask,
+      "candidate_input_ids": cand_ids,
+      "candidate_type_ids": cand_types,
+      "candidate_mask": cand_mask,
+      "reader_ids": read_ids,
+      "reader_type_ids": read_types,
+      "reader_mask": read_mask,
+      "mlm_positions": mlm_positions,
+      "mlm_targets": mlm_targets,
+      "mlm_weights": mlm_weights * example_mask[:, None],
+      "candidate_block_ids": selection.candidate_ids,
+      "example_mask": example_mask,
+      "source_removed": selection.source_removed,
+      "index_step": np.asarray(index_step, np.int32),
+      "example_index_step": np.full([batch_size], index_step, np.int32),
+  }
+  return batch, selection.skip_counts
