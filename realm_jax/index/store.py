@@ -1,0 +1,830 @@
+"""The published-index format: one snapshot of the document embeddings, committed atomically.
+
+REALM_SPEC 20-21: a separate job re-embeds the whole BlockStore from one trainer checkpoint and
+commits the result atomically (write a staging directory, then rename it into place); the trainer
+swaps it in at a step boundary and records which index chose its candidates. This module is that
+format and its protocol; the builder loop (`index/builder.py`) and the trainer's watcher
+(`index/swap.py`) are written against it.
+
+On disk, under a run directory:
+
+  <run_dir>/index/<step>/            one published index; <step> = the checkpoint step, decimal
+    embeddings.npy                   [num_blocks, dim] float32, or bfloat16 stored as its uint16
+                                     bit pattern (plain .npy readers see uint16; the manifest says
+                                     "bfloat16" and `load_index` returns an ml_dtypes.bfloat16
+                                     view). Row i embeds block i of the BlockStore.
+    scann/                           optional ScaNN artifacts, written by a `scann_builder`
+    manifest.json                    written last; its presence marks a complete index
+  <run_dir>/index/.staging-<step>-<host>-<pid>-<random>/   a publish in progress (never loaded)
+  <run_dir>/index/.trash-<step>-<host>-<pid>-<random>/     a pruned index being deleted
+
+manifest.json:
+
+  format, format_version   "realm_jax.Index", 1
+  step                     checkpoint step the embeddings were computed from (= directory name)
+  checkpoint               path or description of that checkpoint
+  block_store_id           `BlockStore.store_id` of the corpus that was embedded
+  num_blocks, dim, dtype   shape and dtype ("float32" | "bfloat16") of the embedding matrix
+  sha256                   sha256 of embeddings.npy (the whole file, header included)
+  files                    {relative path: {"sha256", "bytes"}} for embeddings.npy and every
+                           file under scann/
+  scann                    dict returned by the scann_builder (only when there was one)
+  build_seconds            time the builder spent (embedding + writing), as it reports it
+  created                  UTC ISO-8601 time of publishing
+  published_unix           time.time() when published; staleness in seconds is measured from it
+  extra                    free-form JSON dict from the builder ({} by default)
+  writer                   host, pid, python and numpy versions of the publishing process
+
+Protocol (`IndexWriter` / `publish_index`): stale staging directories of dead processes on this
+host are removed; the embeddings are written into a fresh staging directory (streamed row chunks
+into an `open_memmap`, so a builder never holds two copies of a 6.8 GB matrix), flushed, fsynced
+and hashed; an optional `scann_builder` writes into `scann/`; every file and directory is
+fsynced; the manifest is written last (temp file + rename); the staging directory is re-opened
+and checked like any reader would; then it is renamed to `index/<step>` and the parent directory
+is fsynced. A publish killed at any point leaves at most a `.staging-*` directory, which is
+never listed or loaded and is removed by the next publish. Old indexes are pruned by first
+renaming them to `.trash-*` (so a half-deleted index is never listed), then deleting.
+
+Publishing a step that is already published: if the existing index has the same embeddings
+sha256 and the same block_store_id it is the same snapshot (a restarted builder re-embedding the
+checkpoint it had already published before dying), so the publish is a no-op that returns the
+existing path (any ScaNN artifacts of the existing one are kept). Anything else raises
+`IndexExistsError`: a published index is immutable, two different matrices under one step would
+make the recorded index step meaningless.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import sys
+import threading
+import time
+from typing import Callable, Optional, Union
+
+import ml_dtypes
+import numpy as np
+
+from realm_jax import fileio
+
+# The shared fsync/sha256 rules of every atomically published artifact (realm_jax.fileio). The
+# BlockStore's staging-name parsing and manifest writer are tied to its own layout
+# (`<dest>.staging-*`, its MANIFEST constant) and private to corpus.py, so this module keeps its
+# own small versions below rather than importing private names across packages.
+_fsync_dir = fileio.fsync_dir
+_sha256_file = fileio.sha256_file
+
+FORMAT_NAME = "realm_jax.Index"
+FORMAT_VERSION = 1
+
+INDEX_SUBDIR = "index"
+MANIFEST = "manifest.json"
+EMBEDDINGS = "embeddings.npy"
+SCANN_DIR = "scann"
+STAGING_PREFIX = ".staging-"
+TRASH_PREFIX = ".trash-"
+
+DTYPES = ("float32", "bfloat16")
+# How each public dtype is stored in embeddings.npy: bfloat16 is not a NumPy dtype that .npy
+# readers know, so its bit pattern is stored as uint16 and the manifest carries the real dtype.
+_STORAGE_DTYPE = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16)}
+_PUBLIC_DTYPE = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+_COPY_CHUNK_ROWS = 65536  # rows per copy when publishing an in-memory/memmapped matrix
+
+log = logging.getLogger(__name__)
+
+
+class IndexLoadError(ValueError):
+  """A directory is not a complete, intact index matching what the caller expects.
+
+  The message starts with the index path and says what is wrong.
+  """
+
+
+class IndexExistsError(FileExistsError):
+  """`index/<step>` is already published with different contents."""
+
+
+# ------------------------------------------------------------------------------ naming
+
+
+def index_root(run_dir: str) -> str:
+  """`<run_dir>/index`, the directory holding the published indexes of a run."""
+  return os.path.join(os.fspath(run_dir), INDEX_SUBDIR)
+
+
+def _check_step(step) -> int:
+  if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+    raise ValueError(f"step must be a non-negative integer, got {step!r}")
+  return int(step)
+
+
+def index_dir(run_dir: str, step: int) -> str:
+  """Path of the index published for checkpoint `step`: `<run_dir>/index/<step>`.
+
+  Args:
+    run_dir: the training run directory.
+    step: checkpoint step (non-negative int).
+
+  Returns:
+    The path (whether or not it exists).
+  """
+  return os.path.join(index_root(run_dir), str(_check_step(step)))
+
+
+def _normalize_dtype(dtype) -> str:
+  """'float32' | 'bfloat16' from a name or a NumPy/ml_dtypes dtype; ValueError otherwise."""
+  try:
+    name = np.dtype(dtype).name
+  except TypeError:
+    name = str(dtype)
+  if name not in DTYPES:
+    raise ValueError(f"index embeddings must be float32 or bfloat16, got {dtype!r}")
+  return name
+
+
+# ------------------------------------------------------------------------------ staging
+
+
+_ACTIVE_STAGING: set[str] = set()  # staging/trash dirs owned by live writers in this process
+_ACTIVE_LOCK = threading.Lock()
+
+
+def _parse_private_name(name: str) -> Optional[tuple[str, int, str, int]]:
+  """`.staging-<step>-<host>-<pid>-<rand>` -> (prefix, step, host, pid); None if not one.
+
+  The host may contain dashes, so the step is split off the front and pid/random off the back.
+  """
+  for prefix in (STAGING_PREFIX, TRASH_PREFIX):
+    if not name.startswith(prefix):
+      continue
+    step, _, rest = name[len(prefix):].partition("-")
+    parts = rest.rsplit("-", 2)
+    if not step.isdigit() or len(parts) != 3 or not parts[0] or not parts[1].isdigit():
+      return None
+    return prefix, int(step), parts[0], int(parts[1])
+  return None
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by another user
+    return True
+  return True
+
+
+def _private_name(root: str, prefix: str, step: int) -> str:
+  name = f"{prefix}{step}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+  return os.path.join(root, name)
+
+
+def clean_stale_staging(run_dir: str) -> list[str]:
+  """Removes `.staging-*` / `.trash-*` directories left in `<run_dir>/index` by dead processes.
+
+  Only directories of this host whose process is gone (or this process's own, when no writer of
+  this process is using them) are removed: those of live publishes, or of other hosts sharing
+  the filesystem (whose pids mean nothing here), are left alone.
+
+  Args:
+    run_dir: the training run directory.
+
+  Returns:
+    The removed paths.
+  """
+  root = index_root(run_dir)
+  if not os.path.isdir(root):
+    return []
+  host = socket.gethostname()
+  removed = []
+  for name in sorted(os.listdir(root)):
+    parsed = _parse_private_name(name)
+    if parsed is None:
+      continue
+    _, _, owner_host, pid = parsed
+    path = os.path.join(root, name)
+    with _ACTIVE_LOCK:
+      active = path in _ACTIVE_STAGING
+    if owner_host != host or active:
+      continue
+    if pid == os.getpid() or not _pid_alive(pid):
+      log.warning("Removing %s, left by an interrupted index publish.", path)
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed
+
+
+def _fsync_file(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def _write_manifest(directory: str, manifest: dict) -> None:
+  """Writes manifest.json last (temp file + rename): its presence marks a complete index."""
+  tmp = os.path.join(directory, MANIFEST + ".tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(manifest, f, indent=2, sort_keys=True)
+    f.write("\n")
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, os.path.join(directory, MANIFEST))
+  _fsync_dir(directory)
+
+
+def _hash_tree(staging: str, subdir: str) -> dict[str, dict]:
+  """{relative path: {"sha256", "bytes"}} of every file under `staging/subdir`, all fsynced."""
+  files = {}
+  top = os.path.join(staging, subdir)
+  for dirpath, dirnames, filenames in os.walk(top):
+    dirnames.sort()
+    for name in sorted(filenames) + [d for d in dirnames
+                                     if os.path.islink(os.path.join(dirpath, d))]:
+      path = os.path.join(dirpath, name)
+      rel = os.path.relpath(path, staging).replace(os.sep, "/")
+      if os.path.islink(path) or not os.path.isfile(path):
+        # A published index must be self-contained: a link would point outside the snapshot.
+        raise ValueError(f"{path}: the scann_builder wrote a link or special file; write "
+                         f"regular files only")
+      _fsync_file(path)
+      files[rel] = {"sha256": _sha256_file(path), "bytes": os.path.getsize(path)}
+    _fsync_dir(dirpath)
+  return files
+
+
+def _rename_into_place(staging: str, dest: str) -> None:
+  """Atomically renames the verified staging directory to `dest` (which must not exist).
+
+  On Linux, rename(2) onto an existing non-empty directory fails, so two builders racing for
+  the same step cannot overwrite each other: the loser gets an OSError and compares contents.
+  """
+  os.rename(staging, dest)
+  _fsync_dir(os.path.dirname(dest))
+
+
+# ------------------------------------------------------------------------------ listing
+
+
+_WARNED_INVALID: set[str] = set()
+
+
+def _read_manifest(path: str) -> dict:
+  """The parsed manifest of the index directory `path`; IndexLoadError naming what is wrong."""
+  manifest_path = os.path.join(path, MANIFEST)
+  if not os.path.isfile(manifest_path):
+    raise IndexLoadError(f"{path}: no {MANIFEST}: not an index, or an unfinished publish")
+  try:
+    with open(manifest_path, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except (OSError, ValueError) as e:
+    raise IndexLoadError(f"{path}: unreadable {MANIFEST} ({e})") from e
+  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+    raise IndexLoadError(f"{path}: {MANIFEST} is not a {FORMAT_NAME} manifest")
+  if manifest.get("format_version") != FORMAT_VERSION:
+    raise IndexLoadError(f"{path}: format_version {manifest.get('format_version')!r} is not "
+                         f"supported (this code reads {FORMAT_VERSION})")
+  return manifest
+
+
+def list_indexes(run_dir: str) -> list[int]:
+  """Steps of the complete published indexes of a run, ascending.
+
+  A directory is listed when its name is a decimal step and it holds a readable manifest of this
+  format for that step. Files are not re-hashed here (that is `load_index(verify=True)`), so a
+  listed index can still fail to load if it was damaged after publishing. Staging and trash
+  directories are never listed.
+
+  Args:
+    run_dir: the training run directory.
+
+  Returns:
+    Sorted list of steps ([] if `<run_dir>/index` does not exist).
+  """
+  root = index_root(run_dir)
+  try:
+    names = os.listdir(root)
+  except FileNotFoundError:
+    return []
+  steps = []
+  for name in names:
+    if not name.isdigit() or not name.isascii():
+      continue
+    path = os.path.join(root, name)
+    if not os.path.isdir(path):
+      continue
+    try:
+      manifest = _read_manifest(path)
+      if int(manifest.get("step", -1)) != int(name):
+        raise IndexLoadError(f"{path}: {MANIFEST} says step {manifest.get('step')!r}")
+    except (IndexLoadError, TypeError, ValueError) as e:
+      # Our protocol never leaves such a directory; someone copied or edited it by hand.
+      # Warn once per path rather than at every watcher poll.
+      if path not in _WARNED_INVALID:
+        _WARNED_INVALID.add(path)
+        log.warning("Ignoring %s: not a complete index (%s)", path, e)
+      continue
+    steps.append(int(name))
+  return sorted(steps)
+
+
+def latest_index_step(run_dir: str) -> Optional[int]:
+  """The step of the newest complete published index of a run, or None if there is none."""
+  steps = list_indexes(run_dir)
+  return steps[-1] if steps else None
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadedIndex:
+  """A verified, loaded index.
+
+  Attributes:
+    path: the index directory.
+    step: checkpoint step the embeddings were computed from.
+    embeddings: [num_blocks, dim] float32 or ml_dtypes.bfloat16 (a read-only memmap when loaded
+      with mmap=True).
+    manifest: the parsed manifest.json.
+    published_unix: time.time() at publishing (for staleness in seconds).
+  """
+
+  path: str
+  step: int
+  embeddings: np.ndarray
+  manifest: dict
+  published_unix: float
+
+  @property
+  def num_blocks(self) -> int:
+    return int(self.manifest["num_blocks"])
+
+  @property
+  def dim(self) -> int:
+    return int(self.manifest["dim"])
+
+  @property
+  def dtype(self) -> str:
+    return self.manifest["dtype"]
+
+  @property
+  def block_store_id(self) -> str:
+    return self.manifest["block_store_id"]
+
+  @property
+  def scann_dir(self) -> Optional[str]:
+    """`<path>/scann` if the index carries ScaNN artifacts, else None."""
+    return os.path.join(self.path, SCANN_DIR) if "scann" in self.manifest else None
+
+
+def load_index(path: str, *, block_store_id: Optional[str] = None,
+               num_blocks: Optional[int] = None, dim: Optional[int] = None,
+               dtype: Optional[str] = None, verify: Union[bool, str] = True,
+               mmap: bool = True) -> LoadedIndex:
+  """Loads a published index, refusing anything incomplete, corrupt or not what is expected.
+
+  Args:
+    path: an index directory (`index_dir(run_dir, step)`).
+    block_store_id: if given, the index must embed this BlockStore (`BlockStore.store_id`).
+    num_blocks: if given, the expected number of rows (the BlockStore's num_blocks).
+    dim: if given, the expected embedding dimension.
+    dtype: if given, the expected dtype ("float32" or "bfloat16").
+    verify: True re-hashes every file against the manifest (reads everything once); "fast"
+      checks file sizes only; False checks neither (shape and dtype are always checked).
+    mmap: map embeddings.npy read-only instead of reading it into memory.
+
+  Returns:
+    A LoadedIndex.
+
+  Raises:
+    IndexLoadError: the message starts with `path` and names the problem: a staging directory,
+      a missing manifest or file, a checksum or size mismatch, or a num_blocks/dim/dtype/
+      block_store_id different from what was asked for.
+  """
+  return _load(os.fspath(path), block_store_id=block_store_id, num_blocks=num_blocks, dim=dim,
+               dtype=dtype, verify=verify, mmap=mmap, allow_staging=False)
+
+
+def _load(path: str, *, block_store_id, num_blocks, dim, dtype, verify, mmap,
+          allow_staging: bool) -> LoadedIndex:
+  if verify not in (True, False, "fast"):
+    raise ValueError(f"verify must be True, False or 'fast', got {verify!r}")
+
+  def fail(problem: str):
+    raise IndexLoadError(f"{path}: {problem}")
+
+  base = os.path.basename(os.path.normpath(path))
+  if not allow_staging and _parse_private_name(base) is not None:
+    # Even with a manifest, a staging dir has not been renamed into place: its publish was
+    # interrupted (or is still running), so it is not an index anyone published.
+    fail("a staging/trash directory of an unfinished publish, not a published index")
+  if not os.path.isdir(path):
+    fail("no such index directory")
+  manifest = _read_manifest(path)
+  try:
+    step = int(manifest["step"])
+    n, d = int(manifest["num_blocks"]), int(manifest["dim"])
+    dtype_name = manifest["dtype"]
+    store_id = manifest["block_store_id"]
+    files = dict(manifest["files"])
+    published_unix = float(manifest["published_unix"])
+    sha = manifest["sha256"]
+  except (KeyError, TypeError, ValueError) as e:
+    fail(f"{MANIFEST} lacks or has a bad entry: {e!r}")
+  if dtype_name not in DTYPES:
+    fail(f"{MANIFEST} has dtype {dtype_name!r}, expected one of {DTYPES}")
+  if base.isdigit() and int(base) != step:
+    fail(f"directory name says step {base} but {MANIFEST} says step {step} (moved by hand?)")
+  if block_store_id is not None and store_id != block_store_id:
+    fail(f"embeds BlockStore {store_id}, expected {block_store_id} (an index of another "
+         f"corpus; rebuild it from this BlockStore)")
+  if num_blocks is not None and n != int(num_blocks):
+    fail(f"has {n} blocks, expected {num_blocks} (built from a different BlockStore?)")
+  if dim is not None and d != int(dim):
+    fail(f"has embedding dim {d}, expected {dim} (a different model's projection size?)")
+  if dtype is not None and dtype_name != _normalize_dtype(dtype):
+    fail(f"has dtype {dtype_name}, expected {_normalize_dtype(dtype)}")
+  entry = files.get(EMBEDDINGS)
+  if not isinstance(entry, dict) or entry.get("sha256") != sha:
+    fail(f"{MANIFEST} files entry for {EMBEDDINGS} disagrees with its sha256")
+
+  for rel, entry in sorted(files.items()):
+    file_path = os.path.join(path, *rel.split("/"))
+    if not os.path.isfile(file_path):
+      fail(f"missing file {rel}")
+    if not isinstance(entry, dict):
+      fail(f"{MANIFEST} has a bad files entry for {rel}")
+    try:
+      if verify:
+        size = os.path.getsize(file_path)
+        if size != entry.get("bytes"):
+          fail(f"{rel} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
+               f"modified)")
+      if verify is True and _sha256_file(file_path) != entry.get("sha256"):
+        fail(f"{rel} does not match its sha256 in the manifest (corrupt or modified)")
+    except OSError as e:  # e.g. pruned by a publisher while we were reading it
+      fail(f"cannot read {rel} ({e})")
+
+  emb_path = os.path.join(path, EMBEDDINGS)
+  try:
+    stored = np.load(emb_path, mmap_mode="r" if mmap else None, allow_pickle=False)
+  except (OSError, ValueError) as e:
+    fail(f"cannot read {EMBEDDINGS} ({e})")
+  want_dtype = _STORAGE_DTYPE[dtype_name]
+  if stored.shape != (n, d) or stored.dtype != want_dtype:
+    fail(f"{EMBEDDINGS} is {stored.dtype}{list(stored.shape)}, the manifest says "
+         f"{want_dtype}{[n, d]} (stored as {want_dtype} for {dtype_name})")
+  embeddings = stored.view(_PUBLIC_DTYPE[dtype_name])
+  return LoadedIndex(path=path, step=step, embeddings=embeddings, manifest=manifest,
+                     published_unix=published_unix)
+
+
+# ------------------------------------------------------------------------------ publishing
+
+
+def _json_dict(value, what: str) -> dict:
+  if value is None:
+    return {}
+  if not isinstance(value, dict):
+    raise TypeError(f"{what} must be a dict, got {type(value).__name__}")
+  try:
+    json.dumps(value)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{what} must be JSON-serializable ({e})") from e
+  return value
+
+
+class IndexWriter:
+  """Streams an embedding matrix into a staging directory and publishes it (`commit`).
+
+  For builders that embed the corpus in batches: rows go straight into a memory-mapped
+  embeddings.npy, so the full matrix is never held twice. Use as a context manager, or call
+  `abort()` on failure: a writer that is not committed leaves nothing published (its staging
+  directory is removed, or, if the process dies, cleaned by the next publish).
+
+    with IndexWriter(run_dir, step, store.num_blocks, 128, "bfloat16") as writer:
+      for start, rows in batches:
+        writer.write_rows(start, rows)
+      writer.commit(block_store_id=store.store_id, checkpoint=ckpt_path)
+  """
+
+  def __init__(self, run_dir: str, step: int, num_blocks: int, dim: int,
+               dtype: Union[str, np.dtype] = "float32"):
+    """Creates the staging directory and the (zero-filled, sparse) embeddings file.
+
+    Args:
+      run_dir: the training run directory; the index goes to `<run_dir>/index/<step>`.
+      step: the checkpoint step the embeddings come from.
+      num_blocks: rows (the BlockStore's num_blocks), at least 1.
+      dim: embedding dimension, at least 1.
+      dtype: "float32" or "bfloat16" (names or dtypes).
+    """
+    self.run_dir = os.path.abspath(os.fspath(run_dir))
+    self.step = _check_step(step)
+    self.num_blocks, self.dim = int(num_blocks), int(dim)
+    if self.num_blocks < 1 or self.dim < 1:
+      raise ValueError(f"an index needs num_blocks >= 1 and dim >= 1, got "
+                       f"[{num_blocks}, {dim}]")
+    self.dtype = _normalize_dtype(dtype)
+    self.dest = index_dir(self.run_dir, self.step)
+    self._start_time = time.monotonic()
+    self._done = False
+
+    root = index_root(self.run_dir)
+    os.makedirs(root, exist_ok=True)
+    clean_stale_staging(self.run_dir)
+    self.staging = _private_name(root, STAGING_PREFIX, self.step)
+    with _ACTIVE_LOCK:
+      _ACTIVE_STAGING.add(self.staging)
+    try:
+      os.mkdir(self.staging)
+      # [num_blocks, dim] in the storage dtype; bfloat16 rows are written through a view.
+      self._memmap = np.lib.format.open_memmap(
+          os.path.join(self.staging, EMBEDDINGS), mode="w+",
+          dtype=_STORAGE_DTYPE[self.dtype], shape=(self.num_blocks, self.dim))
+    except BaseException:
+      self.abort()
+      raise
+    self._rows = self._memmap.view(_PUBLIC_DTYPE[self.dtype])
+    # [num_blocks] which rows were written: a builder that skips a batch must not publish an
+    # index whose missing rows silently score 0 against every query.
+    self._written = np.zeros(self.num_blocks, bool)
+
+  def write_rows(self, start: int, rows) -> None:
+    """Writes `rows` ([n, dim], any float dtype; cast to the writer's dtype) at rows start..+n.
+
+    Raises:
+      ValueError: wrong shape, rows out of range, or non-finite values (a diverged checkpoint
+        must not become an index).
+    """
+    self._check_open()
+    rows = np.asarray(rows)
+    start = int(start)
+    if rows.ndim != 2 or rows.shape[1] != self.dim:
+      raise ValueError(f"{self.staging}: rows must be [n, {self.dim}], got {list(rows.shape)}")
+    stop = start + rows.shape[0]
+    if start < 0 or stop > self.num_blocks:
+      raise ValueError(f"{self.staging}: rows [{start}, {stop}) outside [0, {self.num_blocks})")
+    if not np.issubdtype(rows.dtype, np.floating) and rows.dtype != ml_dtypes.bfloat16:
+      raise ValueError(f"{self.staging}: rows must be floating point, got {rows.dtype}")
+    rows = rows.astype(_PUBLIC_DTYPE[self.dtype], copy=False)
+    finite = np.isfinite(rows).all(axis=1)  # [n]
+    if not finite.all():
+      bad = start + int(np.argmin(finite))
+      raise ValueError(f"{self.staging}: non-finite embedding in row {bad} (and "
+                       f"{int((~finite).sum()) - 1} more rows of this chunk); refusing to "
+                       f"publish a diverged checkpoint's embeddings")
+    self._rows[start:stop] = rows
+    self._written[start:stop] = True
+
+  def commit(self, *, block_store_id: str, checkpoint: str = "", build_seconds: Optional[float]
+             = None, scann_builder: Optional[Callable[[str, np.ndarray], dict]] = None,
+             keep: Optional[int] = 3, extra: Optional[dict] = None) -> str:
+    """Finishes and publishes the index (see the module docstring for the protocol).
+
+    Args:
+      block_store_id: `store_id` of the BlockStore that was embedded.
+      checkpoint: path or description of the checkpoint.
+      build_seconds: seconds the build took; default: since this writer was created.
+      scann_builder: `fn(scann_dir, embeddings) -> dict`, called with the (existing, empty)
+        staging `scann/` directory and the read-only [num_blocks, dim] embeddings as published;
+        it writes its artifacts there and returns a JSON dict (its settings) for the manifest.
+      keep: after publishing, keep the newest `keep` indexes (never the one just published),
+        None keeps all. Keep at least 2 when a trainer is running, so the index it may still be
+        loading is not the one pruned.
+      extra: free-form JSON dict for the manifest.
+
+    Returns:
+      The published directory `<run_dir>/index/<step>`.
+
+    Raises:
+      ValueError: rows never written, or a scann_builder that wrote links.
+      IndexExistsError: the step is already published with different embeddings/BlockStore.
+      IndexLoadError: the staged index failed its re-check (a bug or a failing disk).
+    """
+    self._check_open()
+    if keep is not None and keep < 1:
+      raise ValueError(f"keep must be >= 1 or None, got {keep}")
+    extra = _json_dict(extra, "extra")
+    try:
+      missing = np.flatnonzero(~self._written)
+      if missing.size:
+        raise ValueError(f"{self.staging}: {missing.size} of {self.num_blocks} rows were never "
+                         f"written (first: row {int(missing[0])}); not publishing a partial "
+                         f"index")
+      emb_path = os.path.join(self.staging, EMBEDDINGS)
+      self._memmap.flush()
+      del self._rows, self._memmap  # unmap before hashing: the file is final now
+      _fsync_file(emb_path)
+      files = {EMBEDDINGS: {"sha256": _sha256_file(emb_path),
+                            "bytes": os.path.getsize(emb_path)}}
+      sha = files[EMBEDDINGS]["sha256"]
+
+      # A restarted builder re-publishing the same snapshot: skip the (expensive) ScaNN build.
+      if os.path.lexists(self.dest) and self._same_as_published(sha, block_store_id):
+        return self._finish_noop(keep)
+
+      scann_info = None
+      if scann_builder is not None:
+        scann_dir = os.path.join(self.staging, SCANN_DIR)
+        os.mkdir(scann_dir)
+        staged = np.load(emb_path, mmap_mode="r").view(_PUBLIC_DTYPE[self.dtype])
+        scann_info = _json_dict(scann_builder(scann_dir, staged), "scann_builder's result")
+        del staged
+        files.update(_hash_tree(self.staging, SCANN_DIR))
+
+      now = time.time()
+      manifest = {
+          "format": FORMAT_NAME,
+          "format_version": FORMAT_VERSION,
+          "step": self.step,
+          "checkpoint": "" if checkpoint is None else str(
+              os.fspath(checkpoint) if isinstance(checkpoint, os.PathLike) else checkpoint),
+          "block_store_id": block_store_id,
+          "num_blocks": self.num_blocks,
+          "dim": self.dim,
+          "dtype": self.dtype,
+          "sha256": sha,
+          "files": files,
+          "build_seconds": float(time.monotonic() - self._start_time
+                                 if build_seconds is None else build_seconds),
+          "created": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(
+              timespec="seconds"),
+          "published_unix": now,
+          "extra": extra,
+          "writer": {"host": socket.gethostname(), "pid": os.getpid(),
+                     "python": sys.version.split()[0], "numpy": np.__version__},
+      }
+      if scann_info is not None:
+        manifest["scann"] = scann_info
+      _fsync_dir(self.staging)
+      _write_manifest(self.staging, manifest)
+      # Re-open it the way a reader will (manifest, shapes, dtype, sizes); the hashes were just
+      # computed from the files on disk, so re-hashing would only read them twice.
+      _load(self.staging, block_store_id=block_store_id, num_blocks=self.num_blocks,
+            dim=self.dim, dtype=self.dtype, verify="fast", mmap=True, allow_staging=True)
+
+      if os.path.lexists(self.dest):
+        if self._same_as_published(sha, block_store_id):
+          return self._finish_noop(keep)
+      try:
+        _rename_into_place(self.staging, self.dest)
+      except OSError:
+        # Lost a race with another publisher of this step; same snapshot -> fine.
+        if os.path.lexists(self.dest) and self._same_as_published(sha, block_store_id):
+          return self._finish_noop(keep)
+        raise
+      self._done = True
+      log.info("Published index %s (%d x %d %s, block store %s).", self.dest, self.num_blocks,
+               self.dim, self.dtype, block_store_id)
+    except BaseException:
+      self.abort()
+      raise
+    finally:
+      with _ACTIVE_LOCK:
+        _ACTIVE_STAGING.discard(self.staging)
+    prune_indexes(self.run_dir, keep, protect=self.step)
+    return self.dest
+
+  def _same_as_published(self, sha: str, block_store_id: str) -> bool:
+    """True if `dest` holds this very snapshot; IndexExistsError if it holds anything else."""
+    try:
+      manifest = _read_manifest(self.dest)
+    except IndexLoadError as e:
+      raise IndexExistsError(f"{self.dest}: already exists but is not a valid index ({e}); "
+                             f"remove it by hand to republish step {self.step}") from e
+    if manifest.get("sha256") == sha and manifest.get("block_store_id") == block_store_id:
+      return True
+    raise IndexExistsError(
+        f"{self.dest}: step {self.step} is already published with different contents "
+        f"(sha256 {str(manifest.get('sha256'))[:12]}... vs {sha[:12]}..., block store "
+        f"{manifest.get('block_store_id')} vs {block_store_id}); published indexes are "
+        f"immutable: delete it by hand if it is wrong")
+
+  def _finish_noop(self, keep: Optional[int]) -> str:
+    log.info("%s: already published with identical embeddings; nothing to do.", self.dest)
+    self.abort()
+    self._done = True
+    prune_indexes(self.run_dir, keep, protect=self.step)
+    return self.dest
+
+  def abort(self) -> None:
+    """Discards the staging directory (idempotent). Nothing is published."""
+    for attr in ("_rows", "_memmap"):
+      if hasattr(self, attr):
+        delattr(self, attr)
+    shutil.rmtree(self.staging, ignore_errors=True)
+    with _ACTIVE_LOCK:
+      _ACTIVE_STAGING.discard(self.staging)
+    self._done = True
+
+  def _check_open(self) -> None:
+    if self._done:
+      raise RuntimeError(f"{self.staging}: this IndexWriter is already committed or aborted")
+
+  def __enter__(self) -> "IndexWriter":
+    return self
+
+  def __exit__(self, exc_type, *exc) -> None:
+    if not self._done:
+      if exc_type is None:
+        log.warning("%s: IndexWriter closed without commit(); discarding.", self.staging)
+      self.abort()
+
+
+def publish_index(run_dir: str, step: int, embeddings, *, block_store_id: str,
+                  checkpoint: str = "", build_seconds: float = 0.0,
+                  scann_builder: Optional[Callable[[str, np.ndarray], dict]] = None,
+                  keep: Optional[int] = 3, extra: Optional[dict] = None) -> str:
+  """Publishes an embedding matrix as `<run_dir>/index/<step>`, atomically.
+
+  The matrix is copied in row chunks, so a memmapped `embeddings` is never read into memory
+  whole. See `IndexWriter.commit` for the arguments and errors; the module docstring for the
+  protocol and for what happens when the step is already published (identical -> no-op).
+
+  Args:
+    run_dir: the training run directory.
+    step: checkpoint step the embeddings were computed from.
+    embeddings: [num_blocks, dim] float32 or ml_dtypes.bfloat16 (np.ndarray, memmap, or
+      anything np.asarray accepts, e.g. a jax.Array); the dtype is kept.
+    block_store_id: the embedded BlockStore's store_id.
+    checkpoint: path or description of the checkpoint.
+    build_seconds: time the build took, for the manifest.
+    scann_builder: `fn(scann_dir, embeddings) -> dict` writing ScaNN artifacts.
+    keep: how many published indexes to keep (None: all).
+    extra: free-form JSON dict for the manifest.
+
+  Returns:
+    The published directory.
+  """
+  if not isinstance(embeddings, np.ndarray):
+    embeddings = np.asarray(embeddings)
+  if embeddings.ndim != 2:
+    raise ValueError(f"embeddings must be [num_blocks, dim], got shape {list(embeddings.shape)}")
+  dtype = _normalize_dtype(embeddings.dtype)
+  with IndexWriter(run_dir, step, embeddings.shape[0], embeddings.shape[1], dtype) as writer:
+    for start in range(0, embeddings.shape[0], _COPY_CHUNK_ROWS):
+      writer.write_rows(start, embeddings[start:start + _COPY_CHUNK_ROWS])
+    return writer.commit(block_store_id=block_store_id, checkpoint=checkpoint,
+                         build_seconds=build_seconds, scann_builder=scann_builder, keep=keep,
+                         extra=extra)
+
+
+def prune_indexes(run_dir: str, keep: Optional[int], *, protect: Optional[int] = None
+                  ) -> list[int]:
+  """Deletes all but the newest `keep` published indexes (never `protect`).
+
+  Each victim is first renamed to `.trash-*` (one atomic step that unlists it), then deleted,
+  so a crash mid-delete never leaves a listed, half-deleted index. A trainer that has the
+  victim's embeddings memory-mapped keeps reading them (POSIX keeps unlinked files alive).
+
+  Args:
+    run_dir: the training run directory.
+    keep: how many of the newest to keep; None keeps everything.
+    protect: a step never deleted (the one just published).
+
+  Returns:
+    The pruned steps.
+  """
+  if keep is None:
+    return []
+  steps = list_indexes(run_dir)
+  victims = [s for s in steps[:max(len(steps) - keep, 0)] if s != protect]
+  root = index_root(run_dir)
+  pruned = []
+  for step in victims:
+    trash = _private_name(root, TRASH_PREFIX, step)
+    with _ACTIVE_LOCK:
+      _ACTIVE_STAGING.add(trash)
+    try:
+      try:
+        os.rename(index_dir(run_dir, step), trash)
+      except FileNotFoundError:  # pruned concurrently by another publisher
+        continue
+      _fsync_dir(root)
+      shutil.rmtree(trash, ignore_errors=True)
+    finally:
+      with _ACTIVE_LOCK:
+        _ACTIVE_STAGING.discard(trash)
+    log.info("Pruned index %s (keeping the newest %d).", index_dir(run_dir, step), keep)
+    pruned.append(step)
+  return pruned
+
+
+__all__ = [
+    "DTYPES", "EMBEDDINGS", "FORMAT_NAME", "FORMAT_VERSION", "IndexExistsError",
+    "IndexLoadError", "IndexWriter", "LoadedIndex", "MANIFEST", "SCANN_DIR",
+    "clean_stale_staging", "index_dir", "index_root", "latest_index_step", "list_indexes",
+    "load_index", "prune_indexes", "publish_index",
+]
