@@ -1,0 +1,202 @@
+"""The models the trainer runs: ICT warm start and REALM pretraining.
+
+Each is a small frozen dataclass with the interface the trainer depends on (t5x's BaseModel
+in spirit):
+
+  init(rng) -> params                       plain (unboxed) parameter tree
+  logical_axes() -> tree of PartitionSpec   logical axis names per parameter, for sharding
+  loss_fn(params, batch, rng) -> (loss, aux)
+  eval_fn(params, batch) -> aux             the same sums, deterministic (no dropout)
+
+`aux` carries sums and their weights (`*_sum`, `weight_sum`), never means, so metrics stay
+right when a batch is split over devices or microbatches: divide once, at the end.
+
+Parameter trees: `{"retriever": RealmRetriever params}` for ICT, plus `"encoder":
+RealmKnowledgeAugEncoder params` for pretraining, so a pretraining run warm-starts its
+retriever from an ICT checkpoint by copying one subtree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from realm_jax.models import losses
+from realm_jax.models.config import RealmConfig
+from realm_jax.models.reader import RealmKnowledgeAugEncoder
+from realm_jax.models.retriever import RealmRetriever
+
+Array = jax.Array
+Params = Any
+Batch = dict[str, Array]
+
+# Shapes used only to trace `init`; parameters do not depend on them.
+_INIT_QUERY_LEN = 8
+_INIT_BLOCK_LEN = 8
+
+
+def _dropout(rng: Array | None) -> dict:
+  return {} if rng is None else {"dropout": rng}
+
+
+def _retriever_init(config: RealmConfig, rng: Array) -> Params:
+  query = jnp.zeros((1, _INIT_QUERY_LEN), jnp.int32)
+  blocks = jnp.zeros((1, 1, _INIT_BLOCK_LEN), jnp.int32)
+  return RealmRetriever(config).init(rng, query, query, query, blocks, blocks, blocks)["params"]
+
+
+def _encoder_init(config: RealmConfig, rng: Array) -> Params:
+  reader = jnp.zeros((1, 1, _INIT_QUERY_LEN + _INIT_BLOCK_LEN), jnp.int32)
+  positions = jnp.zeros((1, 1), jnp.int32)
+  return RealmKnowledgeAugEncoder(config).init(rng, reader, reader, reader, positions)["params"]
+
+
+def _unboxed_and_axes(boxed_init) -> tuple[Params, Params]:
+  return nn.unbox(boxed_init), nn.get_partition_spec(boxed_init)
+
+
+@dataclasses.dataclass(frozen=True)
+class IctModel:
+  """Inverse Cloze Task (REALM_SPEC 14): a sentence must find its own block.
+
+  Batch (from the `ict_<corpus>` tasks): query_ids, query_mask [B, 64]; block_ids,
+  block_type_ids, block_mask [B, 288]. The loss is a softmax over every block of the batch.
+  Under `jit` with the batch sharded over devices, the [B, B] score matrix is computed from the
+  global arrays, so XLA gathers the block embeddings of all devices: in-batch negatives span the
+  global batch, as the authors' 4096-example batches did.
+  """
+
+  config: RealmConfig
+
+  def _boxed_init(self, rng: Array) -> Params:
+    return {"retriever": _retriever_init(self.config, rng)}
+
+  def init(self, rng: Array) -> Params:
+    return nn.unbox(self._boxed_init(rng))
+
+  def logical_axes(self) -> Params:
+    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
+
+  def _embed(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, Array]:
+    retriever = RealmRetriever(self.config)
+    variables = {"params": params["retriever"]}
+    deterministic = rng is None
+    query_rng, block_rng = (None, None) if rng is None else jax.random.split(rng)
+    # [B, proj]
+    query_emb = retriever.apply(
+        variables, batch["query_ids"], jnp.zeros_like(batch["query_ids"]), batch["query_mask"],
+        deterministic=deterministic, rngs=_dropout(query_rng),
+        method=RealmRetriever.embed_queries)
+    # [B, proj]
+    block_emb = retriever.apply(
+        variables, batch["block_ids"], batch["block_type_ids"], batch["block_mask"],
+        deterministic=deterministic, rngs=_dropout(block_rng),
+        method=RealmRetriever.embed_documents)
+    return query_emb, block_emb
+
+  def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
+    query_emb, block_emb = self._embed(params, batch, rng)
+    loss, aux = losses.in_batch_softmax_loss(query_emb, block_emb)
+    return loss, {"loss_sum": aux["loss_sum"], "weight_sum": aux["weight_sum"],
+                  "accuracy_sum": aux["accuracy_sum"]}
+
+  def eval_fn(self, params: Params, batch: Batch) -> dict:
+    query_emb, block_emb = self._embed(params, batch, None)
+    _, aux = losses.in_batch_softmax_loss(query_emb, block_emb)
+    return {"loss_sum": aux["loss_sum"], "weight_sum": aux["weight_sum"],
+            "accuracy_sum": aux["accuracy_sum"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class RealmPretrainModel:
+  """REALM pretraining (REALM_SPEC 15-17): retrieve-then-predict masked salient spans.
+
+  Batch (realm_jax.index.candidates.build_pretraining_batch): query_ids, query_type_ids,
+  query_mask [B, 96]; candidate_input_ids, candidate_type_ids, candidate_mask [B, K, 288]
+  (null document at slot 0); reader_ids, reader_type_ids, reader_mask [B, K, 384];
+  mlm_positions, mlm_targets, mlm_weights [B, M]; example_mask [B].
+
+  The stale index only chose the K candidates; their scores come from re-embedding them with
+  the live document tower here, so gradients reach the retriever through log_softmax of the
+  scores.
+
+  Attributes:
+    config: model configuration.
+    marginalization: "per_token" (the release's and the port's loss, the default) or
+      "per_example" (the paper's formula); see losses.marginal_mlm_loss.
+    null_index: candidate slot of the null document (0).
+  """
+
+  config: RealmConfig
+  marginalization: str = "per_token"
+  null_index: int = 0
+
+  def _boxed_init(self, rng: Array) -> Params:
+    retriever_rng, encoder_rng = jax.random.split(rng)
+    return {"retriever": _retriever_init(self.config, retriever_rng),
+            "encoder": _encoder_init(self.config, encoder_rng)}
+
+  def init(self, rng: Array) -> Params:
+    return nn.unbox(self._boxed_init(rng))
+
+  def logical_axes(self) -> Params:
+    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
+
+  def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
+    deterministic = rng is None
+    retriever_rng, encoder_rng = (None, None) if rng is None else jax.random.split(rng)
+    # [B, K] relevance scores f(x, z_k) from the live towers.
+    scores, _, _ = RealmRetriever(self.config).apply(
+        {"params": params["retriever"]}, batch["query_ids"], batch["query_type_ids"],
+        batch["query_mask"], batch["candidate_input_ids"], batch["candidate_type_ids"],
+        batch["candidate_mask"], deterministic=deterministic, rngs=_dropout(retriever_rng))
+    # [B, K, M, V] MLM logits at the mask positions only.
+    logits = RealmKnowledgeAugEncoder(self.config).apply(
+        {"params": params["encoder"]}, batch["reader_ids"], batch["reader_type_ids"],
+        batch["reader_mask"], batch["mlm_positions"], deterministic=deterministic,
+        rngs=_dropout(encoder_rng))
+    # [B, K, M] log p(y_j | z_k, x)
+    token_log_probs = losses.mlm_token_log_probs(logits, batch["mlm_targets"])
+    example_mask = batch["example_mask"].astype(jnp.float32)
+    # [B, M] skipped examples (duplicate candidates) contribute nothing.
+    weights = batch["mlm_weights"].astype(jnp.float32) * example_mask[:, None]
+    loss, loss_aux = losses.marginal_mlm_loss(scores, token_log_probs, weights,
+                                              marginalization=self.marginalization)
+    _, utility_aux = losses.retrieval_utility(scores, token_log_probs, weights,
+                                              null_index=self.null_index)
+    # [B]
+    null_prob = losses.null_document_probability(scores, null_index=self.null_index)
+    return loss, {
+        "loss_sum": loss_aux["loss_sum"],
+        "weight_sum": loss_aux["weight_sum"],
+        "utility_sum": utility_aux["utility_sum"],
+        "utility_weight_sum": utility_aux["weight_sum"],
+        "null_prob_sum": jnp.sum(null_prob * example_mask),
+        "example_sum": jnp.sum(example_mask),
+    }
+
+  def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
+    return self._sums(params, batch, rng)
+
+  def eval_fn(self, params: Params, batch: Batch) -> dict:
+    return self._sums(params, batch, None)[1]
+
+
+def summarize(aux: dict) -> dict[str, Array]:
+  """Means from summed aux values (after summing over devices/microbatches)."""
+
+  def ratio(numerator: str, denominator: str) -> Array:
+    den = aux[denominator]
+    return jnp.where(den > 0, aux[numerator] / jnp.maximum(den, 1e-12), 0.0)
+
+  out = {"loss": ratio("loss_sum", "weight_sum")}
+  if "accuracy_sum" in aux:
+    out["accuracy"] = ratio("accuracy_sum", "weight_sum")
+  if "utility_sum" in aux:
+    out["retrieval/utility"] = ratio("utility_sum", "utility_weight_sum")
+    out["retrieval/null_prob"] = ratio("null_prob_sum", "example_sum")
+  return out
