@@ -1,0 +1,187 @@
+r"""The index-builder job: follows a training run and publishes fresh indexes (REALM_SPEC 20-22).
+
+  python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin \
+      --gin.RUN_DIR="'/runs/realm'" --gin.BLOCK_STORE="'/data/z/blocks'" [--once]
+
+t5x style: `--gin_file` (repeatable; relative paths are also looked up from the repository
+root), `--gin_bindings` (repeatable) and `--gin.KEY=VALUE` (the same as
+`--gin_bindings='KEY = VALUE'`). Gin binds only `build_index_main` below; `--once` overrides its
+`once`. Progress and waiting messages go to stderr (logging); one line per published index goes
+to stdout. Exit status: 0 done (training finished and its last checkpoint indexed, or `--once`
+built its index), 1 a runtime error (one line: unreadable checkpoint, bad BlockStore, ...),
+2 a configuration error (one line: unknown flag or gin binding, missing required macro),
+130 interrupted (nothing partial is ever published).
+
+Multi-host: start one builder per host (after `jax.distributed.initialize()` in the launcher);
+see `realm_jax.index.builder` for how the hosts split the blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from typing import Any, Mapping, Optional, Sequence
+
+import gin
+from absl import flags
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROG = "build_index"
+
+log = logging.getLogger(PROG)
+
+
+class ConfigError(ValueError):
+  """A configuration mistake; main() prints it as one line and exits with status 2."""
+
+
+@gin.configurable
+def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRED,
+                     checkpoint_dir: Optional[str] = None, once: bool = False,
+                     poll_seconds: float = 10.0, keep: int = 3, dtype: str = "float32",
+                     batch_size: int = 128, scann: bool = False,
+                     scann_options: Optional[Mapping[str, Any]] = None,
+                     verify_block_store: Any = "fast") -> int:
+  """Runs the index builder (the only gin-configurable function of this job).
+
+  Args:
+    run_dir: the training run directory (reads `checkpoints/`, writes `index/`).
+    block_store: the BlockStore directory to embed.
+    checkpoint_dir: a checkpoint step directory (e.g. the ICT run's `checkpoints/<step>`) for
+      the first index, published as step 0 when the run has none.
+    once: build one index (newest checkpoint, or `checkpoint_dir`) and exit.
+    poll_seconds: seconds between looks at `checkpoints/` when idle.
+    keep: published indexes to keep (at least 2 while a trainer runs).
+    dtype: "float32" or "bfloat16" embeddings.
+    batch_size: blocks per jitted call over all local devices.
+    scann: also build ScaNN artifacts into each index.
+    scann_options: `build_scann_artifacts` knobs (num_leaves, num_leaves_to_search,
+      training_sample_size, dims_per_block, anisotropic_quantization_threshold, reorder).
+    verify_block_store: BlockStore.open's `verify`: "fast" (sizes), True (sha256 of every
+      file, reads the whole store) or False.
+
+  Returns:
+    The process exit status (0).
+  """
+  _CALL_STARTED[0] = True
+  # Heavy imports here, not at module top: `--help` and config errors stay instant.
+  from realm_jax.data.corpus import BlockStore  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import builder  # pylint: disable=g-import-not-at-top
+  from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
+
+  store = BlockStore.open(block_store, verify=verify_block_store)
+
+  def announce(path: str) -> None:
+    manifest = store_lib.load_index(path, verify=False).manifest
+    print(f"{PROG}: published index step {manifest['step']} at {path} "
+          f"({manifest['num_blocks']} x {manifest['dim']} {manifest['dtype']}, "
+          f"{manifest['build_seconds']:.1f}s)", flush=True)
+
+  published = builder.follow(
+      run_dir, store=store, poll_seconds=poll_seconds, once=once, checkpoint_dir=checkpoint_dir,
+      keep=keep, dtype=dtype, batch_size=batch_size, scann=scann, scann_options=scann_options,
+      on_publish=announce)
+  print(f"{PROG}: done ({len(published)} index(es) published in this run; newest: "
+        f"{store_lib.latest_index_step(run_dir)})", flush=True)
+  return 0
+
+
+_CALL_STARTED = [False]  # set by build_index_main: errors before it are gin's (config errors)
+
+
+def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Separates `--gin.KEY=VALUE` arguments (-> "KEY = VALUE" bindings) from the others."""
+  bindings, rest = [], []
+  for arg in argv:
+    if arg.startswith("--gin."):
+      key, sep, value = arg[len("--gin."):].partition("=")
+      if not sep or not key:
+        raise ConfigError(f"{arg!r}: expected --gin.KEY=VALUE, e.g. --gin.RUN_DIR=\"'/runs/x'\"")
+      bindings.append(f"{key} = {value}")
+    else:
+      rest.append(arg)
+  return bindings, rest
+
+
+def _one_line(error: BaseException) -> str:
+  # gin appends "In call to configurable 'build_index_main' (<function ...>)" to every error
+  # raised inside the call: noise for the user, who did not call anything by hand.
+  lines = [line.strip() for line in str(error).splitlines()
+           if line.strip() and not line.strip().startswith("In call to configurable")]
+  text = " ".join(lines)
+  match = re.search(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", text)
+  if match:
+    return (f"required macro {match.group(1)} is not set; pass "
+            f"--gin.{match.group(1)}=\"'...'\" (see the header of the run gin)")
+  return text or type(error).__name__
+
+
+def _resolve_gin_file(path: str) -> str:
+  """`path` if it exists, else the same relative path under the repository root."""
+  if os.path.exists(path) or os.path.isabs(path):
+    return path
+  candidate = os.path.join(REPO_ROOT, path)
+  if os.path.exists(candidate):
+    return candidate
+  raise ConfigError(f"gin file {path!r} not found (looked in {os.getcwd()} and {REPO_ROOT})")
+
+
+def _parse_flags(argv: Sequence[str]) -> flags.FlagValues:
+  """Parses the non-gin flags with a private FlagValues (so main() can run many times)."""
+  values = flags.FlagValues()
+  flags.DEFINE_multi_string("gin_file", [], "Gin files (repeatable); relative paths are also "
+                            "looked up from the repository root.", flag_values=values)
+  flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'RUN_DIR = \"/x\"' "
+                            "(repeatable).", flag_values=values)
+  flags.DEFINE_boolean("once", False, "Build one index and exit (overrides the gin binding).",
+                       flag_values=values)
+  try:
+    values(list(argv))
+  except flags.Error as e:
+    raise ConfigError(_one_line(e)) from e
+  return values
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Entry point; returns the exit status."""
+  argv = list(sys.argv if argv is None else argv)
+  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's INFO chatter
+  _CALL_STARTED[0] = False
+  try:
+    gin_bindings, rest = split_gin_args(argv[1:])
+    values = _parse_flags([argv[0] if argv else PROG] + rest)
+    if not values.gin_file:
+      raise ConfigError("no --gin_file given (use --gin_file=gin_configs/runs/build_index.gin)")
+    gin.clear_config()
+    try:
+      gin.parse_config_files_and_bindings([_resolve_gin_file(f) for f in values.gin_file],
+                                          list(values.gin_bindings) + gin_bindings)
+    except Exception as e:  # noqa: BLE001 - gin raises ValueError, IOError, SyntaxError, ...
+      raise ConfigError(_one_line(e)) from e
+    overrides = {"once": True} if values.once else {}
+    try:
+      return build_index_main(**overrides)
+    except Exception as e:  # noqa: BLE001
+      if not _CALL_STARTED[0]:  # gin refused the call: a missing or unknown binding
+        raise ConfigError(_one_line(e)) from e
+      raise
+  except ConfigError as e:
+    print(f"{PROG}: config error: {e}", file=sys.stderr, flush=True)
+    return 2
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted; nothing partial was published", file=sys.stderr, flush=True)
+    return 130
+  except Exception as e:  # noqa: BLE001 - CheckpointError, BlockStoreError, IndexLoadError...
+    from realm_jax.data.corpus import BlockStoreError  # pylint: disable=g-import-not-at-top
+    if not isinstance(e, (ValueError, OSError, BlockStoreError)):  # not self-explaining: a bug?
+      log.error("unexpected error", exc_info=True)
+    print(f"{PROG}: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

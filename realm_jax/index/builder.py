@@ -1,0 +1,542 @@
+"""The index-refresh job: embed every block with a checkpoint's document tower and publish it.
+
+REALM_SPEC 20-22. The refresher is a separate job that follows the trainer's *latest*
+checkpoint, re-embeds the whole knowledge corpus in eval mode (no dropout) and commits the
+result atomically (`realm_jax.index.store`); it keeps the newest few indexes and exits when the
+trainer writes its training-done marker. The first index comes from the ICT warm-start
+checkpoint (`checkpoint_dir`, published as index step 0). Unlike the release's refresher, which
+waited forever and silently when no export existed yet, `follow` says so at every poll.
+
+Three layers:
+
+* `embed_blocks`: the document tower of the retriever, jitted, over fixed-shape batches (the
+  last one padded) whose batch dimension is sharded over a 1-D "data" mesh of the local devices
+  (one device is the degenerate mesh, so a laptop runs the pod's code path). Host-side input
+  preparation of batch i+1 overlaps the device computation of batch i (JAX dispatch is
+  asynchronous); each finished batch is streamed into a writer, so host memory holds one batch,
+  never the [num_blocks, proj] matrix. Progress (blocks, blocks/s, ETA) every few seconds.
+* `build_index`: restore a checkpoint, embed, publish `<run_dir>/index/<step>/` (plus ScaNN
+  artifacts when asked).
+* `follow`: the job's loop over the trainer's checkpoints.
+
+Multi-host (`jax.process_count() > 1`): each host embeds the contiguous slice
+[host_start, host_end) = [n * i // P, n * (i + 1) // P) of the n blocks on its own devices, and
+writes it to the shared filesystem as `<run_dir>/index/.parts-<step>/part-<i>-of-<P>.npy`
+(written as a temp file, then renamed, so a part that exists is complete). Host 0 waits until
+all P parts exist, streams them in order into one `IndexWriter`, commits (the usual atomic
+publish) and removes the parts directory; the other hosts return once the index is published.
+Each host runs `follow` itself and sees the same checkpoint listing; they agree on the step to
+build because the trainer's checkpoint listing only ever grows at its newest end and every host
+builds the newest. Only the single-host path is exercised by the tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+import ml_dtypes
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from realm_jax.data.corpus import BlockStore
+from realm_jax.index import store as store_lib
+from realm_jax.models.config import RealmConfig
+from realm_jax.models.retriever import RealmEmbedder
+from realm_jax.training import checkpoints as ckpt_lib
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 128
+DATA_AXIS = "data"
+# The index published from an ICT (or any other run's) checkpoint: the trainer starts at step 0
+# with it, so its staleness is simply the train step.
+FIRST_INDEX_STEP = 0
+_PARTS_PREFIX = ".parts-"
+_PARTS_POLL_SECONDS = 1.0  # multi-host: how often hosts look for the others' parts / the index
+_NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+# ------------------------------------------------------------------------------ progress
+
+
+def _format_seconds(seconds: float) -> str:
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  minutes, secs = divmod(rest, 60)
+  return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbedProgress:
+  """Progress of `embed_blocks`, passed to its `progress` callback.
+
+  Attributes:
+    blocks_done: blocks embedded and written so far (this host).
+    blocks_total: blocks this host embeds.
+    elapsed_s: seconds since embedding started (the first batch includes compilation).
+  """
+
+  blocks_done: int
+  blocks_total: int
+  elapsed_s: float
+
+  @property
+  def blocks_per_s(self) -> float:
+    return self.blocks_done / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+  @property
+  def eta_s(self) -> Optional[float]:
+    rate = self.blocks_per_s
+    return (self.blocks_total - self.blocks_done) / rate if rate > 0 else None
+
+  def line(self) -> str:
+    eta = self.eta_s
+    percent = 100.0 * self.blocks_done / self.blocks_total if self.blocks_total else 100.0
+    return (f"{self.blocks_done:,}/{self.blocks_total:,} blocks ({percent:.1f}%), "
+            f"{self.blocks_per_s:,.1f} blocks/s, ETA "
+            f"{_format_seconds(eta) if eta is not None else '?'}")
+
+
+def log_progress(progress: EmbedProgress) -> None:
+  """The default progress callback: one INFO line."""
+  log.info("embedding: %s", progress.line())
+
+
+# ------------------------------------------------------------------------------ embedding
+
+
+def local_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+  """A 1-D mesh named "data" over this host's devices (or the given ones)."""
+  devices = list(devices) if devices is not None else jax.local_devices()
+  return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def document_tower_params(params: Mapping[str, Any], config: RealmConfig) -> Any:
+  """The parameters of the document tower, from retriever params or a checkpoint's dict.
+
+  Args:
+    params: RealmRetriever params ({"embedder": ...} tied, or {"query_embedder",
+      "document_embedder"} untied), optionally wrapped as {"params": ...} and/or
+      {"retriever": ...} (the checkpoint layout of `training.checkpoints`).
+    config: the model config (tied or untied towers).
+
+  Returns:
+    The RealmEmbedder params of the document side (the shared tower when tied).
+  """
+  tree = params
+  if isinstance(tree, Mapping) and set(tree) == {"params"}:
+    tree = tree["params"]
+  if isinstance(tree, Mapping) and "retriever" in tree:
+    tree = tree["retriever"]
+  name = "embedder" if config.share_embedders else "document_embedder"
+  if not isinstance(tree, Mapping) or name not in tree:
+    keys = sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__
+    raise ValueError(f"retriever params have no {name!r} tower (got {keys}); "
+                     f"share_embedders={config.share_embedders} in the config")
+  return tree[name]
+
+
+@functools.lru_cache(maxsize=8)
+def _embed_fn(config: RealmConfig, mesh: Mesh, out_dtype: str) -> Callable:
+  """The jitted document tower for one (config, mesh, dtype); cached so that embedding every
+  new checkpoint in a long-running builder reuses one compilation (params are arguments)."""
+  module = RealmEmbedder(config)
+  batch_sharding = NamedSharding(mesh, P(DATA_AXIS, None))
+  replicated = NamedSharding(mesh, P())
+
+  def embed(tower_params, ids, type_ids, mask):
+    # ids, type_ids, mask: [batch, block_len] -> [batch, proj], eval mode (REALM_SPEC 20).
+    emb = module.apply({"params": tower_params}, ids, type_ids, mask, deterministic=True)
+    # Cast on the device: a bfloat16 index moves half the bytes to the host.
+    return emb.astype(_NUMPY_DTYPES[out_dtype])
+
+  return jax.jit(embed, in_shardings=(replicated, batch_sharding, batch_sharding,
+                                      batch_sharding),
+                 out_shardings=batch_sharding)
+
+
+def _process_count() -> int:
+  """jax.process_count(), behind a name tests can replace to simulate several hosts."""
+  return jax.process_count()
+
+
+def _process_index() -> int:
+  """jax.process_index(), behind a name tests can replace to simulate several hosts."""
+  return jax.process_index()
+
+
+def host_block_range(num_blocks: int, process_index: Optional[int] = None,
+                     process_count: Optional[int] = None) -> tuple[int, int]:
+  """This host's contiguous slice [start, end) of the blocks: [n*i//P, n*(i+1)//P)."""
+  i = _process_index() if process_index is None else process_index
+  count = _process_count() if process_count is None else process_count
+  return num_blocks * i // count, num_blocks * (i + 1) // count
+
+
+class _ArrayWriter:
+  """Collects rows of a block range into one array (when `embed_blocks` returns a matrix)."""
+
+  def __init__(self, start: int, stop: int, dim: int, dtype: np.dtype):
+    self.start = start
+    self.rows = np.zeros((stop - start, dim), dtype)  # [stop - start, dim]
+
+  def write_rows(self, start: int, rows: np.ndarray) -> None:
+    self.rows[start - self.start:start - self.start + rows.shape[0]] = rows
+
+
+def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockStore, *,
+                 batch_size: int = DEFAULT_BATCH_SIZE, mesh: Optional[Mesh] = None,
+                 dtype: str = "float32", writer: Any = None,
+                 block_range: Optional[tuple[int, int]] = None,
+                 progress: Optional[Callable[[EmbedProgress], None]] = log_progress,
+                 progress_interval_s: float = 5.0) -> Optional[np.ndarray]:
+  """Embeds blocks with the retriever's document tower, in eval mode.
+
+  Args:
+    params: retriever params (see `document_tower_params` for the accepted layouts).
+    config: the model config the params belong to.
+    store: the BlockStore; block i's input is `store.embedder_inputs([i])` (REALM_SPEC 11).
+    batch_size: blocks per jitted call (global over the mesh); rounded up to a multiple of the
+      number of devices. Every call has this shape: the last batch is padded (with copies of
+      its last block) and the padding rows are dropped, so there is one compilation.
+    mesh: a 1-D mesh with axis "data" over the devices to use; default: all local devices.
+    dtype: "float32" or "bfloat16", the dtype of the output rows.
+    writer: anything with `write_rows(start, rows)` (an `IndexWriter`); rows are written at
+      their block ids as soon as each batch is done. None: return the matrix instead.
+    block_range: (start, end) of the blocks to embed; default: this host's slice
+      (`host_block_range`), i.e. all blocks on a single host.
+    progress: called with an EmbedProgress every `progress_interval_s` seconds and at the end.
+    progress_interval_s: seconds between progress calls.
+
+  Returns:
+    [end - start, proj] embeddings of the range when `writer` is None, else None.
+  """
+  if dtype not in _NUMPY_DTYPES:
+    raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+  if store.max_block_len > config.bert.max_position_embeddings:
+    raise ValueError(f"{store.path}: blocks of {store.max_block_len} wordpieces do not fit the "
+                     f"model's {config.bert.max_position_embeddings} positions")
+  mesh = mesh if mesh is not None else local_mesh()
+  if mesh.axis_names != (DATA_AXIS,):
+    raise ValueError(f"embed_blocks needs a 1-D mesh with axis {DATA_AXIS!r}, got "
+                     f"{mesh.axis_names}")
+  num_devices = mesh.devices.size
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+  if batch_size % num_devices:
+    rounded = -(-batch_size // num_devices) * num_devices
+    log.info("batch_size %d rounded up to %d (a multiple of the %d devices).", batch_size,
+             rounded, num_devices)
+    batch_size = rounded
+  start, end = block_range if block_range is not None else host_block_range(store.num_blocks)
+  if not 0 <= start <= end <= store.num_blocks:
+    raise ValueError(f"block_range {(start, end)} outside [0, {store.num_blocks}]")
+  result = None
+  if writer is None:
+    result = writer = _ArrayWriter(start, end, config.proj_size, _NUMPY_DTYPES[dtype])
+
+  fn = _embed_fn(config, mesh, dtype)
+  tower = jax.device_put(document_tower_params(params, config), NamedSharding(mesh, P()))
+  vocab_size = config.bert.vocab_size
+  total = end - start
+  done = 0
+  start_time = time.monotonic()
+  last_report = start_time
+
+  def finish(pending) -> None:
+    nonlocal done, last_report
+    batch_start, count, out = pending
+    rows = np.asarray(out)[:count]  # [count, proj]; blocks until this batch is computed
+    writer.write_rows(batch_start, rows)
+    done += count
+    now = time.monotonic()
+    if progress is not None and (now - last_report >= progress_interval_s or done == total):
+      last_report = now
+      progress(EmbedProgress(done, total, now - start_time))
+
+  pending = None
+  for batch_start in range(start, end, batch_size):
+    count = min(batch_size, end - batch_start)
+    block_ids = np.arange(batch_start, batch_start + count)  # [count]
+    if count < batch_size:  # fixed shape: pad with the last real block, drop its rows later
+      block_ids = np.concatenate([block_ids, np.full(batch_size - count, block_ids[-1])])
+    ids, type_ids, mask = store.embedder_inputs(block_ids)  # each [batch, block_len] int32
+    if ids.size and int(ids.max()) >= vocab_size:
+      raise ValueError(f"{store.path}: token id {int(ids.max())} in blocks "
+                       f"[{batch_start}, {batch_start + count}) is outside the model's "
+                       f"vocabulary of {vocab_size} (a BlockStore of another vocabulary?)")
+    out = fn(tower, ids, type_ids, mask)  # [batch, proj], dispatched asynchronously
+    if pending is not None:
+      finish(pending)  # fetch the previous batch while this one computes
+    pending = (batch_start, count, out)
+  if pending is not None:
+    finish(pending)
+  elif progress is not None:
+    progress(EmbedProgress(0, 0, time.monotonic() - start_time))
+  return result.rows if result is not None else None
+
+
+# ------------------------------------------------------------------------------ one index
+
+
+class _PartWriter:
+  """Rows of this host's block range, into `<parts>/part-<i>-of-<P>.npy` (multi-host)."""
+
+  def __init__(self, path: str, start: int, stop: int, dim: int, dtype: str):
+    self.path, self.start = path, start
+    self.tmp = f"{path}.tmp-{os.getpid()}"
+    # bfloat16 is stored by its uint16 bit pattern, as in the published format.
+    storage = np.uint16 if dtype == "bfloat16" else np.float32
+    self._memmap = np.lib.format.open_memmap(self.tmp, mode="w+", dtype=storage,
+                                             shape=(stop - start, dim))
+    self._rows = self._memmap.view(_NUMPY_DTYPES[dtype])
+
+  def write_rows(self, start: int, rows: np.ndarray) -> None:
+    self._rows[start - self.start:start - self.start + rows.shape[0]] = rows
+
+  def close(self) -> None:
+    self._memmap.flush()
+    del self._rows, self._memmap
+    os.replace(self.tmp, self.path)  # a part that exists is complete
+
+
+def _restore(run_dir: str, step: Optional[int], checkpoint_dir: Optional[str]
+             ) -> tuple[Any, RealmConfig, dict, str]:
+  """(params, config, metadata, checkpoint path) of the checkpoint to embed."""
+  if checkpoint_dir is not None:
+    path = os.path.abspath(os.fspath(checkpoint_dir))
+  else:
+    if step is None:
+      step = ckpt_lib.latest_checkpoint_step(run_dir)
+      if step is None:
+        raise ckpt_lib.CheckpointError(f"{ckpt_lib.checkpoints_dir(run_dir)}: no finished "
+                                       f"checkpoint to build an index from")
+    path = ckpt_lib.checkpoint_path(run_dir, step)
+  params, config, metadata = ckpt_lib.restore_checkpoint_dir(path)
+  if "retriever" not in params:
+    raise ckpt_lib.CheckpointError(f"{path}: the checkpoint has no retriever params (has "
+                                   f"{sorted(params)})")
+  return params, config, metadata, path
+
+
+def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
+                checkpoint_dir: Optional[str] = None, index_step: Optional[int] = None,
+                keep: Optional[int] = 3, dtype: str = "float32",
+                batch_size: int = DEFAULT_BATCH_SIZE, scann: bool = False,
+                scann_options: Optional[Mapping[str, Any]] = None,
+                mesh: Optional[Mesh] = None,
+                progress: Optional[Callable[[EmbedProgress], None]] = log_progress,
+                embed_fn: Optional[Callable[..., Any]] = None) -> str:
+  """Builds and publishes one index: `<run_dir>/index/<index_step>/`.
+
+  Args:
+    run_dir: the training run directory (its `checkpoints/` and `index/`).
+    step: the checkpoint step of `run_dir` to embed; None: the newest.
+    store: the BlockStore to embed (its store_id goes into the manifest).
+    checkpoint_dir: embed this checkpoint step directory instead (e.g. the ICT run's
+      `checkpoints/<step>` for the first index, REALM_SPEC 22).
+    index_step: the step the index is published under; default: the checkpoint step, or
+      FIRST_INDEX_STEP (0) with `checkpoint_dir`.
+    keep: keep the newest `keep` published indexes.
+    dtype: "float32" or "bfloat16" index.
+    batch_size: blocks per jitted call (see `embed_blocks`).
+    scann: also build ScaNN artifacts into the index (`search.build_scann_artifacts`).
+    scann_options: knobs for `build_scann_artifacts` (num_leaves, reorder, ...).
+    mesh: the mesh to embed on (default: the local devices).
+    progress: progress callback for embedding.
+    embed_fn: replaces `embed_blocks` (tests inject failures through it).
+
+  Returns:
+    The published index directory (on every host).
+
+  Raises:
+    CheckpointError: the checkpoint is missing, unfinished or has no retriever.
+    IndexExistsError: `index_step` is already published with different contents.
+  """
+  start_time = time.monotonic()
+  params, config, metadata, checkpoint = _restore(run_dir, step, checkpoint_dir)
+  if index_step is None:
+    index_step = FIRST_INDEX_STEP if checkpoint_dir is not None else int(metadata["step"])
+  embed = embed_fn or embed_blocks
+  dim = config.proj_size
+  scann_builder = None
+  if scann:
+    from realm_jax.index import search  # lazily: only the ScaNN path needs it
+    scann_builder = functools.partial(search.build_scann_artifacts, **dict(scann_options or {}))
+  log.info("building index %d from %s: %d blocks of %s, %s, batch %d, %d local device(s), "
+           "%d host(s)", index_step, checkpoint, store.num_blocks, store.path, dtype,
+           batch_size, (mesh.devices.size if mesh is not None else jax.local_device_count()),
+           _process_count())
+  embed_kwargs = dict(batch_size=batch_size, mesh=mesh, dtype=dtype, progress=progress)
+
+  def extra(embed_seconds: float) -> dict:
+    return {"checkpoint_step": int(metadata["step"]), "model_kind": metadata.get("model_kind"),
+            "embed_seconds": round(embed_seconds, 3),
+            "blocks_per_s": round(store.num_blocks / embed_seconds, 3) if embed_seconds else None,
+            "batch_size": batch_size, "num_hosts": _process_count(),
+            "local_devices": (mesh.devices.size if mesh is not None
+                              else jax.local_device_count())}
+
+  if _process_count() == 1:
+    with store_lib.IndexWriter(run_dir, index_step, store.num_blocks, dim, dtype) as writer:
+      embed_start = time.monotonic()
+      embed(params["retriever"], config, store, writer=writer, **embed_kwargs)
+      embed_seconds = time.monotonic() - embed_start
+      path = writer.commit(block_store_id=store.store_id, checkpoint=checkpoint,
+                           build_seconds=time.monotonic() - start_time,
+                           scann_builder=scann_builder, keep=keep, extra=extra(embed_seconds))
+  else:
+    path = _build_multi_host(run_dir, index_step, params, config, store, checkpoint, dim, dtype,
+                             start_time, scann_builder, keep, extra, embed, embed_kwargs)
+  log.info("published index %d at %s in %.1fs", index_step, path,
+           time.monotonic() - start_time)
+  return path
+
+
+def _build_multi_host(run_dir, index_step, params, config, store, checkpoint, dim, dtype,
+                      start_time, scann_builder, keep, extra, embed, embed_kwargs) -> str:
+  """The multi-host path of `build_index` (see the module docstring)."""
+  count, me = _process_count(), _process_index()
+  parts_dir = os.path.join(store_lib.index_root(run_dir), f"{_PARTS_PREFIX}{index_step}")
+  os.makedirs(parts_dir, exist_ok=True)
+  parts = [os.path.join(parts_dir, f"part-{i}-of-{count}.npy") for i in range(count)]
+  lo, hi = host_block_range(store.num_blocks)
+  embed_start = time.monotonic()
+  if not os.path.exists(parts[me]):  # a restarted host whose part survived skips its work
+    part = _PartWriter(parts[me], lo, hi, dim, dtype)
+    embed(params["retriever"], config, store, writer=part, block_range=(lo, hi), **embed_kwargs)
+    part.close()
+  embed_seconds = time.monotonic() - embed_start
+  dest = store_lib.index_dir(run_dir, index_step)
+  if me != 0:
+    while not os.path.isdir(dest):  # host 0 publishes; wait so every host returns a real path
+      time.sleep(_PARTS_POLL_SECONDS)
+    return dest
+  while not all(os.path.exists(p) for p in parts):
+    log.info("host 0: waiting for index parts from the other hosts (%d/%d present)",
+             sum(os.path.exists(p) for p in parts), count)
+    time.sleep(_PARTS_POLL_SECONDS)
+  with store_lib.IndexWriter(run_dir, index_step, store.num_blocks, dim, dtype) as writer:
+    for i, part_path in enumerate(parts):
+      rows = np.load(part_path, mmap_mode="r").view(_NUMPY_DTYPES[dtype])
+      part_start, _ = host_block_range(store.num_blocks, i, count)
+      for offset in range(0, rows.shape[0], 65536):
+        writer.write_rows(part_start + offset, rows[offset:offset + 65536])
+      del rows
+    path = writer.commit(block_store_id=store.store_id, checkpoint=checkpoint,
+                         build_seconds=time.monotonic() - start_time, scann_builder=scann_builder,
+                         keep=keep, extra=extra(embed_seconds))
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(parts_dir, ignore_errors=True)
+  return path
+
+
+# ------------------------------------------------------------------------------ the job loop
+
+
+def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once: bool = False,
+           checkpoint_dir: Optional[str] = None, keep: Optional[int] = 3,
+           dtype: str = "float32", batch_size: int = DEFAULT_BATCH_SIZE, scann: bool = False,
+           scann_options: Optional[Mapping[str, Any]] = None, mesh: Optional[Mesh] = None,
+           stop: Optional[threading.Event] = None,
+           on_publish: Optional[Callable[[str], None]] = None,
+           embed_fn: Optional[Callable[..., Any]] = None) -> list[str]:
+  """The refresh job: publish an index of the trainer's newest checkpoint, again and again.
+
+  Each poll: if `TRAINING_DONE` exists, note it (read *before* listing checkpoints, so the final
+  checkpoint, written before the marker, is in the listing); if no checkpoint exists yet, log
+  "waiting for a first checkpoint in <run_dir>/checkpoints (none yet) ..." (first time at once,
+  then every poll); if the newest checkpoint is newer than the newest published index, embed and
+  publish it (intermediate checkpoints are skipped: REALM follows the *latest* export); else,
+  when training is done, return. A builder killed at any point publishes nothing partial
+  (atomic publish) and a restarted one simply continues from the listing.
+
+  Args:
+    run_dir: the training run directory.
+    store: the BlockStore to embed.
+    poll_seconds: seconds between polls when there is nothing to build.
+    once: build one index (from the newest checkpoint, waiting for one if there is none, or
+      from `checkpoint_dir`) and return.
+    checkpoint_dir: a checkpoint step directory for the first index (REALM_SPEC 22: the ICT
+      warm start), published as step 0 when the run has no index yet.
+    keep, dtype, batch_size, scann, scann_options, mesh: see `build_index`.
+    stop: an Event that ends the loop at the next poll (for embedding the job in a thread).
+    on_publish: called with each published path.
+    embed_fn: replaces `embed_blocks` (tests).
+
+  Returns:
+    The published paths, in order.
+
+  Raises:
+    CheckpointError: `once` with no checkpoint and training already done, or a checkpoint that
+      cannot be read for another reason than being pruned by the trainer meanwhile.
+  """
+  run_dir = os.path.abspath(os.fspath(run_dir))
+  stop = stop or threading.Event()
+  published: list[str] = []
+  build = functools.partial(build_index, run_dir, store=store, keep=keep, dtype=dtype,
+                            batch_size=batch_size, scann=scann, scann_options=scann_options,
+                            mesh=mesh, embed_fn=embed_fn)
+
+  def publish(path: str) -> None:
+    published.append(path)
+    if on_publish is not None:
+      on_publish(path)
+
+  if checkpoint_dir is not None and (once or store_lib.latest_index_step(run_dir) is None):
+    publish(build(checkpoint_dir=checkpoint_dir))
+    if once:
+      return published
+
+  waiting_logged_for: Optional[int] = -1  # the index step we last said we are idle at
+  while not stop.is_set():
+    done = ckpt_lib.training_done(run_dir)  # before listing: see the docstring
+    newest = ckpt_lib.latest_checkpoint_step(run_dir)
+    indexed = store_lib.latest_index_step(run_dir)
+    if newest is None:
+      if done:
+        message = (f"{run_dir}: training is done and it saved no checkpoint; nothing to index")
+        if once:
+          raise ckpt_lib.CheckpointError(message)
+        log.info("%s; exiting.", message)
+        return published
+      log.info("waiting for a first checkpoint in %s (none yet) ... polling every %gs; the "
+               "trainer writes them as checkpoints/<step>/", ckpt_lib.checkpoints_dir(run_dir),
+               poll_seconds)
+    elif indexed is None or newest > indexed:
+      try:
+        path = build(newest)
+      except ckpt_lib.CheckpointError as e:
+        if newest in ckpt_lib.list_checkpoint_steps(run_dir):
+          raise
+        # The trainer keeps only its newest few checkpoints: it pruned this one while we read
+        # it. A newer one exists; take that instead.
+        log.warning("checkpoint %d was removed while it was being read (%s); moving on to the "
+                    "newest", newest, e)
+        continue
+      publish(path)
+      if once:
+        return published
+      continue  # a newer checkpoint may have arrived while embedding: look again at once
+    elif once:
+      log.info("index %d of the newest checkpoint is already published at %s", indexed,
+               store_lib.index_dir(run_dir, indexed))
+      return published
+    elif done:
+      log.info("training is done and its last checkpoint (step %d) is indexed; exiting.",
+               newest)
+      return published
+    elif waiting_logged_for != indexed:
+      waiting_logged_for = indexed
+      log.info("index %d is current; waiting for a newer checkpoint in %s (or %s)", indexed,
+               ckpt_lib.checkpoints_dir(run_dir), ckpt_lib.TRAINING_DONE)
+    stop.wait(poll_seconds)
+  log.info("stopped.")
+  return published

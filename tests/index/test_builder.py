@@ -1,0 +1,331 @@
+"""The index builder (issue 4 item 1): embedding equals the model's, publishing, the follow loop,
+waiting for a first checkpoint, crash safety, and one-line config errors of the entry point."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from realm_jax import build_index as entry
+from realm_jax.data import corpus
+from realm_jax.index import builder
+from realm_jax.index import store as store_lib
+from realm_jax.models import config as config_lib
+from realm_jax.models.retriever import RealmRetriever
+from realm_jax.training import checkpoints as ckpt
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=30522))
+TIMEOUT = 60.0
+
+
+def random_params(config, seed=0):
+  """Unboxed RealmRetriever params of the right shapes, without running init (slow on CPU)."""
+  q = np.ones((1, 8), np.int32)
+  c = np.ones((1, 2, 8), np.int32)
+  shapes = jax.eval_shape(lambda: nn.unbox(
+      RealmRetriever(config).init(jax.random.PRNGKey(0), q, q, q, c, c, c)))["params"]
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: rng.normal(0, 0.05, s.shape).astype(s.dtype), shapes)
+
+
+@pytest.fixture(scope="module")
+def block_store(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("z")
+  src = tmp / "docs.jsonl"
+  topics = ["rivers", "mountains", "composers", "bridges", "planets", "deserts", "painters"]
+  with open(src, "w", encoding="utf-8") as f:
+    for i, topic in enumerate(topics):
+      text = " ".join(f"The {topic} number {j} of this article is long and well known in the "
+                      f"region of {topic}." for j in range(3 + i % 3))
+      f.write(json.dumps({"title": f"{topic.title()} {i}", "text": text}) + "\n")
+  corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp / "blocks"), max_block_len=32)
+  store = corpus.BlockStore.open(str(tmp / "blocks"))
+  assert store.num_blocks >= 12 and store.num_blocks % 8, store.num_blocks
+  return store
+
+
+@pytest.fixture(scope="module")
+def params():
+  return random_params(TINY)
+
+
+def direct_embeddings(params, config, store):
+  """Reference: RealmRetriever.embed_documents on all blocks at once."""
+  ids, types, mask = store.embedder_inputs(np.arange(store.num_blocks))
+  # Jitted only because op-by-op dispatch is slow here; one call on all blocks, unsharded.
+  apply = jax.jit(lambda p, i, t, m: RealmRetriever(config).apply(
+      {"params": p}, i, t, m, deterministic=True, method=RealmRetriever.embed_documents))
+  return np.asarray(apply(params, ids, types, mask))
+
+
+def one_device_mesh():
+  return builder.local_mesh(jax.devices()[:1])
+
+
+# ------------------------------------------------------------------------------ embedding
+
+
+def test_embed_blocks_equals_the_document_tower_on_one_device(params, block_store):
+  expected = direct_embeddings(params, TINY, block_store)  # [num_blocks, proj]
+  got = builder.embed_blocks(params, TINY, block_store, batch_size=5, mesh=one_device_mesh(),
+                             progress=None)
+  assert got.shape == (block_store.num_blocks, TINY.proj_size) and got.dtype == np.float32
+  np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+
+
+def test_embed_blocks_sharded_over_8_devices_with_a_ragged_last_batch(params, block_store):
+  assert len(jax.devices()) == 8
+  expected = direct_embeddings(params, TINY, block_store)
+  reports = []
+  # 8 does not divide num_blocks: the last batch is padded; batch 5 is rounded up to 8.
+  for batch_size in (8, 5):
+    got = builder.embed_blocks({"retriever": params}, TINY, block_store, batch_size=batch_size,
+                               progress=reports.append)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+  assert reports[-1].blocks_done == reports[-1].blocks_total == block_store.num_blocks
+  assert "blocks/s" in reports[-1].line() and "ETA" in reports[-1].line()
+  # A sub-range (what one host of several embeds), and bfloat16 rows.
+  part = builder.embed_blocks(params, TINY, block_store, batch_size=8, block_range=(3, 11),
+                              dtype="bfloat16", progress=None)
+  assert part.dtype.name == "bfloat16"
+  np.testing.assert_allclose(part.astype(np.float32), expected[3:11], atol=2e-2)
+
+
+def test_untied_towers_embed_with_the_document_tower(block_store):
+  untied = TINY.replace(share_embedders=False)
+  params = random_params(untied, seed=1)
+  got = builder.embed_blocks(params, untied, block_store, batch_size=8, progress=None)
+  np.testing.assert_allclose(got, direct_embeddings(params, untied, block_store), atol=1e-5)
+  # The query tower (different parameters) would give other embeddings.
+  swapped = dict(params, document_embedder=params["query_embedder"])
+  assert not np.allclose(got, direct_embeddings(swapped, untied, block_store), atol=1e-3)
+
+
+def test_host_block_ranges_tile_the_blocks():
+  ranges = [builder.host_block_range(10, i, 3) for i in range(3)]
+  assert ranges == [(0, 3), (3, 6), (6, 10)]
+
+
+# ------------------------------------------------------------------------------ build_index
+
+
+def test_build_index_publishes_a_loadable_index_with_its_manifest(tmp_path, params,
+                                                                  block_store):
+  ckpt.save_checkpoint(tmp_path, 40, {"retriever": params}, config=TINY)
+  path = builder.build_index(str(tmp_path), 40, store=block_store, dtype="float32",
+                             batch_size=8, keep=3, progress=None)
+  assert path == store_lib.index_dir(str(tmp_path), 40)
+  loaded = store_lib.load_index(path, block_store_id=block_store.store_id,
+                                num_blocks=block_store.num_blocks, dim=TINY.proj_size)
+  manifest = loaded.manifest
+  assert manifest["step"] == 40 and manifest["dtype"] == "float32"
+  assert manifest["checkpoint"] == ckpt.checkpoint_path(str(tmp_path), 40)
+  assert manifest["block_store_id"] == block_store.store_id
+  assert manifest["extra"]["checkpoint_step"] == 40 and manifest["build_seconds"] > 0
+  assert len(manifest["sha256"]) == 64
+  np.testing.assert_allclose(loaded.embeddings, direct_embeddings(params, TINY, block_store),
+                             atol=1e-5)
+
+
+def test_multi_host_parts_are_combined_by_host_0(tmp_path, params, block_store, monkeypatch):
+  """Two "hosts" (threads that see different process indices) embed halves; host 0 publishes."""
+  local = threading.local()
+  monkeypatch.setattr(builder, "_process_count", lambda: 2)
+  monkeypatch.setattr(builder, "_process_index", lambda: local.index)
+  monkeypatch.setattr(builder, "_PARTS_POLL_SECONDS", 0.02)
+  ckpt.save_checkpoint(tmp_path, 5, {"retriever": params}, config=TINY)
+  ranges, paths = {}, {}
+
+  def embed_and_record(*args, block_range, **kwargs):
+    ranges[local.index] = block_range
+    return builder.embed_blocks(*args, block_range=block_range, **kwargs)
+
+  def host(index):
+    local.index = index
+    paths[index] = builder.build_index(str(tmp_path), 5, store=block_store, batch_size=8,
+                                       progress=None, embed_fn=embed_and_record)
+
+  threads = [threading.Thread(target=host, args=(i,), daemon=True) for i in (1, 0)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(TIMEOUT)
+  assert not any(thread.is_alive() for thread in threads)
+  n = block_store.num_blocks
+  assert ranges == {0: (0, n // 2), 1: (n // 2, n)}
+  assert paths == {i: store_lib.index_dir(str(tmp_path), 5) for i in (0, 1)}
+  loaded = store_lib.load_index(paths[0], num_blocks=n)
+  assert loaded.manifest["extra"]["num_hosts"] == 2
+  np.testing.assert_allclose(loaded.embeddings, direct_embeddings(params, TINY, block_store),
+                             atol=1e-5)
+  assert not [name for name in os.listdir(store_lib.index_root(str(tmp_path)))
+              if name.startswith(".")], "parts or staging left behind"
+
+
+def test_build_index_with_scann_artifacts(tmp_path, params, block_store):
+  pytest.importorskip("scann")
+  from realm_jax.index import search  # pylint: disable=g-import-not-at-top
+  ckpt.save_checkpoint(tmp_path, 6, {"retriever": params}, config=TINY)
+  path = builder.build_index(str(tmp_path), 6, store=block_store, batch_size=8, progress=None,
+                             scann=True, scann_options={"num_leaves": 2, "reorder": 8})
+  loaded = store_lib.load_index(path)  # verify=True re-hashes the ScaNN files too
+  assert loaded.manifest["scann"]["num_leaves"] == 2 and loaded.manifest["scann"]["reorder"] == 8
+  assert any(name.startswith("scann/") for name in loaded.manifest["files"])
+  searcher = search.ScannSearcher.from_artifacts(loaded.scann_dir)
+  _, ids = searcher.search(np.asarray(loaded.embeddings[:2], np.float32), 1)
+  assert ids.shape == (2, 1)
+
+
+def test_follow_once_indexes_only_the_newest_checkpoint(tmp_path, params, block_store):
+  for step in (3, 7):
+    ckpt.save_checkpoint(tmp_path, step, {"retriever": params}, config=TINY)
+  published = builder.follow(str(tmp_path), store=block_store, once=True, batch_size=8,
+                             poll_seconds=0.01)
+  assert published == [store_lib.index_dir(str(tmp_path), 7)]
+  assert store_lib.list_indexes(str(tmp_path)) == [7]
+  # Already indexed: --once has nothing to do and says so.
+  assert builder.follow(str(tmp_path), store=block_store, once=True, batch_size=8) == []
+
+
+def test_first_index_from_an_ict_checkpoint_dir(tmp_path, params, block_store):
+  ict_run, run = tmp_path / "ict", tmp_path / "realm"
+  ict_dir = ckpt.save_checkpoint(ict_run, 1000, {"retriever": params}, config=TINY)
+  published = builder.follow(str(run), store=block_store, once=True, checkpoint_dir=ict_dir,
+                             batch_size=8)
+  assert published == [store_lib.index_dir(str(run), 0)]
+  manifest = store_lib.load_index(published[0]).manifest
+  assert manifest["checkpoint"] == ict_dir and manifest["extra"]["checkpoint_step"] == 1000
+
+
+def test_follow_waits_for_a_first_checkpoint_then_follows_and_exits_when_done(
+    tmp_path, params, block_store, caplog):
+  caplog.set_level(logging.INFO, logger="realm_jax.index.builder")
+  run_dir = str(tmp_path / "run")
+  result = {}
+
+  def run():
+    result["paths"] = builder.follow(run_dir, store=block_store, poll_seconds=0.05,
+                                     batch_size=8)
+
+  thread = threading.Thread(target=run, daemon=True)
+  thread.start()
+
+  def wait_for(condition, what):
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+      assert thread.is_alive() or condition(), f"follow() ended early while waiting for {what}"
+      assert time.monotonic() < deadline, f"timed out waiting for {what}"
+      time.sleep(0.02)
+
+  waiting = f"waiting for a first checkpoint in {os.path.join(run_dir, 'checkpoints')} (none yet)"
+  wait_for(lambda: sum(waiting in r.getMessage() for r in caplog.records) >= 3,
+           "three waiting messages")
+  assert store_lib.list_indexes(run_dir) == []
+  ckpt.save_checkpoint(run_dir, 2, {"retriever": params}, config=TINY)
+  wait_for(lambda: store_lib.list_indexes(run_dir) == [2], "index 2")
+  ckpt.save_checkpoint(run_dir, 4, {"retriever": params}, config=TINY)
+  ckpt.mark_training_done(run_dir)
+  thread.join(TIMEOUT)
+  assert not thread.is_alive(), "follow() did not exit after TRAINING_DONE"
+  assert result["paths"] == [store_lib.index_dir(run_dir, s) for s in (2, 4)]
+  assert any("last checkpoint (step 4) is indexed; exiting" in r.getMessage()
+             for r in caplog.records)
+
+
+def test_follow_exits_at_once_when_done_and_nothing_new(tmp_path, params, block_store):
+  ckpt.save_checkpoint(tmp_path, 5, {"retriever": params}, config=TINY)
+  builder.build_index(str(tmp_path), 5, store=block_store, batch_size=8, progress=None)
+  ckpt.mark_training_done(tmp_path)
+  start = time.monotonic()
+  assert builder.follow(str(tmp_path), store=block_store, poll_seconds=30) == []
+  assert time.monotonic() - start < 10
+
+
+# ------------------------------------------------------------------------------ crashes
+
+
+def test_a_builder_dying_midway_leaves_nothing_loadable_and_a_rerun_publishes(
+    tmp_path, params, block_store):
+  run_dir = str(tmp_path)
+  ckpt.save_checkpoint(run_dir, 9, {"retriever": params}, config=TINY)
+
+  def dies_after_one_batch(tower_params, config, store, *, writer, **kwargs):
+    rows = np.ones((4, config.proj_size), np.float32)
+    writer.write_rows(0, rows)
+    raise RuntimeError("killed mid-way")
+
+  with pytest.raises(RuntimeError, match="killed mid-way"):
+    builder.follow(run_dir, store=block_store, once=True, embed_fn=dies_after_one_batch)
+  assert store_lib.list_indexes(run_dir) == []
+  assert not os.path.exists(store_lib.index_dir(run_dir, 9))
+
+  # A real kill (no Python cleanup at all) in the middle of writing rows.
+  code = ("import os, numpy as np\nfrom realm_jax.index import store\n"
+          f"w = store.IndexWriter({run_dir!r}, 9, {block_store.num_blocks}, 128, 'float32')\n"
+          "w.write_rows(0, np.ones((3, 128), np.float32))\nos._exit(9)\n")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, timeout=TIMEOUT)
+  assert proc.returncode == 9
+  leftovers = [n for n in os.listdir(store_lib.index_root(run_dir)) if n.startswith(".staging")]
+  assert leftovers, "the killed writer should have left its staging directory"
+  assert store_lib.list_indexes(run_dir) == []
+  for name in leftovers:
+    with pytest.raises(store_lib.IndexLoadError):
+      store_lib.load_index(os.path.join(store_lib.index_root(run_dir), name))
+
+  published = builder.follow(run_dir, store=block_store, once=True, batch_size=8)
+  assert published == [store_lib.index_dir(run_dir, 9)]
+  store_lib.load_index(published[0], num_blocks=block_store.num_blocks)
+  assert not [n for n in os.listdir(store_lib.index_root(run_dir)) if n.startswith(".staging")]
+
+
+# ------------------------------------------------------------------------------ entry point
+
+
+def run_main(capsys, *args):
+  code = entry.main(["build_index", "--gin_file=gin_configs/runs/build_index.gin", *args])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((), "required macro RUN_DIR is not set"),
+    (("--gin.RUN_DIR='/tmp/x'",), "required macro BLOCK_STORE is not set"),
+    (("--gin.RUN_DIR='/tmp/x'", "--gin.BLOCK_STORE='/tmp/y'", "--gin.build_index_main.bogus=1"),
+     "doesn't have a parameter named 'bogus'"),
+    (("--gin.RUN_DIR='/tmp/x'", "--gin.BLOCK_STORE='/tmp/y'", "--gin.nothing.here=1"),
+     "No configurable matching 'nothing'"),
+    (("--gin.RUN_DIR='/tmp/x'", "--gin.BLOCK_STORE='/tmp/y'", "--onse"),
+     "Unknown command line flag 'onse'"),
+    (("--gin.RUN_DIR",), "expected --gin.KEY=VALUE"),
+])
+def test_entry_point_config_errors_are_one_line(capsys, args, expected):
+  code, out, err = run_main(capsys, *args)
+  assert code == 2
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert len(lines) == 1, err
+  assert lines[0].startswith("build_index: config error: ") and expected in lines[0], lines[0]
+
+
+def test_entry_point_once_publishes_and_prints(tmp_path, capsys, params, block_store):
+  run_dir = str(tmp_path / "run")
+  ckpt.save_checkpoint(run_dir, 12, {"retriever": params}, config=TINY)
+  code, out, err = run_main(capsys, f"--gin.RUN_DIR='{run_dir}'",
+                            f"--gin.BLOCK_STORE='{block_store.path}'",
+                            "--gin.build_index_main.batch_size=8",
+                            "--gin.build_index_main.dtype='bfloat16'", "--once")
+  assert code == 0, err
+  assert f"build_index: published index step 12 at {store_lib.index_dir(run_dir, 12)}" in out
+  assert store_lib.load_index(store_lib.index_dir(run_dir, 12)).dtype == "bfloat16"
+  # A runtime error (no such BlockStore) is one line too, status 1.
+  code, out, err = run_main(capsys, f"--gin.RUN_DIR='{run_dir}'",
+                            f"--gin.BLOCK_STORE='{tmp_path / 'missing'}'", "--once")
+  assert code == 1 and len(err.strip().splitlines()) == 1 and "no BlockStore here" in err

@@ -1,0 +1,106 @@
+"""Orbax checkpoints of a run: round trip, listing, unfinished steps, model size, done marker."""
+
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from realm_jax.models import config as config_lib
+from realm_jax.models.retriever import RealmRetriever
+from realm_jax.training import checkpoints as ckpt
+
+TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert())
+
+
+def _random_params(config, seed=0, unbox=True):
+  """RealmRetriever params of the right shapes without running init (seconds on this CPU)."""
+  q = np.ones((1, 8), np.int32)
+  c = np.ones((1, 2, 8), np.int32)
+  shapes = jax.eval_shape(lambda: RealmRetriever(config).init(jax.random.PRNGKey(0), q, q, q,
+                                                               c, c, c))["params"]
+  if unbox:
+    shapes = nn.unbox(shapes)
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(s.dtype), shapes)
+
+
+@pytest.fixture(scope="module")
+def retriever_params():
+  return _random_params(TINY)
+
+
+def _assert_trees_equal(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_round_trip_params_config_and_metadata(tmp_path, retriever_params):
+  path = ckpt.save_checkpoint(tmp_path, 7, {"retriever": retriever_params}, config=TINY,
+                              extra_state={"rng": {"key": np.arange(2, dtype=np.uint32)}})
+  assert path == os.path.join(str(tmp_path), "checkpoints", "7")
+  params, config, metadata = ckpt.restore_params(tmp_path, 7, expected_config=TINY)
+  assert config == TINY
+  assert metadata["step"] == 7 and metadata["model_kind"] == "retriever"
+  assert metadata["param_items"] == ["retriever"] and metadata["extra_items"] == ["rng"]
+  _assert_trees_equal(params["retriever"], retriever_params)
+  assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(params))  # host arrays
+  rng, _, _ = ckpt.restore_params(tmp_path, 7, item="rng")
+  np.testing.assert_array_equal(rng["key"], [0, 1])
+  # Boxed (nn.Partitioned) params are unboxed on save.
+  boxed = _random_params(TINY, unbox=False)
+  assert any(isinstance(x, nn.Partitioned)
+             for x in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)))
+  ckpt.save_checkpoint(tmp_path, 8, {"retriever": boxed}, config=TINY)
+  params8, _, _ = ckpt.restore_params(tmp_path)  # newest
+  _assert_trees_equal(params8["retriever"], retriever_params)
+
+
+def test_latest_list_and_keep(tmp_path, retriever_params):
+  assert ckpt.list_checkpoint_steps(tmp_path) == []
+  assert ckpt.latest_checkpoint_step(tmp_path) is None
+  for step in (10, 20, 30):
+    ckpt.save_checkpoint(tmp_path, step, {"retriever": retriever_params}, config=TINY, keep=2)
+  assert ckpt.list_checkpoint_steps(tmp_path) == [20, 30]
+  assert ckpt.latest_checkpoint_step(tmp_path) == 30
+  with pytest.raises(ckpt.CheckpointError, match=r"no checkpoint for step 10 \(have \[20, 30\]"):
+    ckpt.restore_params(tmp_path, 10)
+
+
+def test_unfinished_checkpoints_are_never_listed(tmp_path, retriever_params):
+  ckpt.save_checkpoint(tmp_path, 5, {"retriever": retriever_params}, config=TINY)
+  root = ckpt.checkpoints_dir(tmp_path)
+  # Orbax's temporary directory of a save in progress (or killed), and a bare step directory.
+  os.makedirs(os.path.join(root, "9.orbax-checkpoint-tmp-1795240388"), exist_ok=True)
+  os.makedirs(os.path.join(root, "11", "params"))
+  assert ckpt.list_checkpoint_steps(tmp_path) == [5]
+  assert ckpt.latest_checkpoint_step(tmp_path) == 5
+  with pytest.raises(ckpt.CheckpointError, match="not a finished Orbax checkpoint"):
+    ckpt.restore_params(tmp_path, 11)
+
+
+def test_another_model_size_is_a_one_line_error(tmp_path, retriever_params):
+  ckpt.save_checkpoint(tmp_path, 1, {"retriever": retriever_params}, config=TINY)
+  small = config_lib.RealmConfig(bert=config_lib.small_bert())
+  with pytest.raises(ckpt.CheckpointError) as info:
+    ckpt.restore_params(tmp_path, 1, expected_config=small)
+  message = str(info.value)
+  assert "\n" not in message
+  assert "another model size" in message and "hidden_size 32 vs 256" in message
+  # Compute dtype and dropout are not sizes: the checkpoint still loads.
+  ckpt.restore_params(tmp_path, 1, expected_config=TINY.replace(**{"bert.dtype": "bfloat16"}))
+
+
+def test_training_done_marker(tmp_path, retriever_params):
+  assert not ckpt.training_done(tmp_path)
+  ckpt.save_checkpoint(tmp_path, 3, {"retriever": retriever_params}, config=TINY)
+  path = ckpt.mark_training_done(tmp_path)
+  assert ckpt.training_done(tmp_path) and os.path.basename(path) == ckpt.TRAINING_DONE
+  assert ckpt.list_checkpoint_steps(tmp_path) == [3]  # the marker is not a checkpoint
+
+
+def test_params_without_retriever_are_refused(tmp_path, retriever_params):
+  with pytest.raises(ckpt.CheckpointError, match="'retriever' entry"):
+    ckpt.save_checkpoint(tmp_path, 1, {"encoder": retriever_params}, config=TINY)
