@@ -174,11 +174,11 @@ def spans_by_sentence(record: Mapping[str, Any]) -> list[tuple[tuple[int, int], 
 class SalientSpanMasker:
   """REALM's salient-span masking (REALM_SPEC 9-10).
 
-  A wordpiece is inside the span iff its byte range *overlaps* the span, so a span covering
-  part of a word masks the whole wordpiece(s) under it (the span "ller" of "Müller" masks
-  "muller"). The release instead masked only wordpieces lying entirely within the span, which
-  leaves a partly covered wordpiece visible; with word-aligned spans (as annotators produce)
-  the two agree. `coverage="contained"` selects the release's rule.
+  A wordpiece is masked iff it lies entirely inside the span (`coverage="contained"`, the
+  release's rule and the default). A span covering only part of a wordpiece leaves that
+  wordpiece visible; `coverage="overlap"` masks every wordpiece the span touches instead (the
+  span "ller" of "Müller" then masks "muller"). With word-aligned spans, as annotators
+  produce, the two agree.
 
   Skips (counted): "no_span_in_sentence" (no span lies inside a sentence),
   "span_covers_no_token", "span_truncated" (a masked wordpiece lies beyond query_len - 2).
@@ -186,7 +186,7 @@ class SalientSpanMasker:
 
   name = "salient_span"
 
-  def __init__(self, coverage: str = "overlap"):
+  def __init__(self, coverage: str = "contained"):
     if coverage not in ("overlap", "contained"):
       raise ValueError(f"coverage must be 'overlap' or 'contained', got {coverage!r}.")
     self.coverage = coverage

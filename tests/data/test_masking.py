@@ -73,18 +73,21 @@ def test_span_of_several_multibyte_wordpieces(vocab):
   assert query.sentence_index == 1
 
 
-def test_partial_word_span_masks_the_overlapped_wordpiece(vocab):
+def test_partial_word_span_coverage_rules(vocab):
   rng = np.random.default_rng(0)
+  overlap = masking.SalientSpanMasker(coverage="overlap")
   # "ller" (bytes 8..12) lies inside the wordpiece "muller": overlap masks all of it.
-  query = masking.make_masked_query(record([(8, 12)]), rng=rng, vocab=vocab)
+  query = masking.make_masked_query(record([(8, 12)]), strategy=overlap, rng=rng, vocab=vocab)
   assert query.mlm_positions.tolist() == slots([2])
-  # "ø" (51..53) is exactly the wordpiece ##ø.
-  query = masking.make_masked_query(record([(51, 53)]), rng=rng, vocab=vocab)
-  assert query.mlm_positions.tolist() == slots([6])
-  # The release's rule (wordpieces entirely inside the span) masks nothing for "ller".
+  # "ø" (51..53) is exactly the wordpiece ##ø: both rules mask it.
+  for strategy in (overlap, "salient_span"):
+    query = masking.make_masked_query(record([(51, 53)]), strategy=strategy, rng=rng,
+                                      vocab=vocab)
+    assert query.mlm_positions.tolist() == slots([6])
+  # The release's rule, the default (wordpieces entirely inside the span), masks nothing for
+  # "ller".
   skips = masking.SkipCounter()
-  contained = masking.SalientSpanMasker(coverage="contained")
-  assert masking.make_masked_query(record([(8, 12)]), strategy=contained, rng=rng, vocab=vocab,
+  assert masking.make_masked_query(record([(8, 12)]), rng=rng, vocab=vocab,
                                    skips=skips) is None
   assert skips == {"span_covers_no_token": 1}
 
