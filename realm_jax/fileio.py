@@ -36,3 +36,14 @@ def sha256_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> str:
     while chunk := f.read(chunk_bytes):
       digest.update(chunk)
   return digest.hexdigest()
+
+
+def pid_alive(pid: int) -> bool:
+  """Whether a process of this host is running (a staging directory's writer, say)."""
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # exists, owned by another user
+    return True
+  return True

@@ -855,16 +855,6 @@ class _UInt64Set:
 _ACTIVE_STAGING: set[str] = set()  # staging dirs of builds running in this process
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # exists, owned by someone else
-    return True
-  return True
-
-
 def clean_stale_staging(dest: str) -> list[str]:
   """Removes staging/old directories left next to `dest` by builds that died.
 
@@ -892,7 +882,7 @@ def clean_stale_staging(dest: str) -> list[str]:
       owner_host, pid = parts[0], int(parts[1])
       if owner_host != host or path in _ACTIVE_STAGING:
         continue
-      if pid == os.getpid() or not _pid_alive(pid):
+      if pid == os.getpid() or not fileio.pid_alive(pid):
         log.warning("Removing leftover %s of an interrupted build.", path)
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)

@@ -173,16 +173,6 @@ def _parse_private_name(name: str) -> Optional[tuple[str, int, str, int]]:
   return None
 
 
-def _pid_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # exists, owned by another user
-    return True
-  return True
-
-
 def _private_name(root: str, prefix: str, step: int) -> str:
   name = f"{prefix}{step}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
   return os.path.join(root, name)
@@ -216,7 +206,7 @@ def clean_stale_staging(run_dir: str) -> list[str]:
       active = path in _ACTIVE_STAGING
     if owner_host != host or active:
       continue
-    if pid == os.getpid() or not _pid_alive(pid):
+    if pid == os.getpid() or not fileio.pid_alive(pid):
       log.warning("Removing %s, left by an interrupted index publish.", path)
       shutil.rmtree(path, ignore_errors=True)
       removed.append(path)
