@@ -39,17 +39,20 @@ _INIT_QUERY_LEN = 8
 _INIT_BLOCK_LEN = 8
 
 
-def _dropout(rng: Array | None) -> dict:
+def dropout_rngs(rng: Array | None) -> dict:
+  """The `rngs` argument of `apply`: dropout on with a key, off (eval) without."""
   return {} if rng is None else {"dropout": rng}
 
 
-def _retriever_init(config: RealmConfig, rng: Array) -> Params:
+def init_retriever_params(config: RealmConfig, rng: Array) -> Params:
+  """Boxed (logically partitioned) RealmRetriever parameters."""
   query = jnp.zeros((1, _INIT_QUERY_LEN), jnp.int32)
   blocks = jnp.zeros((1, 1, _INIT_BLOCK_LEN), jnp.int32)
   return RealmRetriever(config).init(rng, query, query, query, blocks, blocks, blocks)["params"]
 
 
-def _encoder_init(config: RealmConfig, rng: Array) -> Params:
+def init_encoder_params(config: RealmConfig, rng: Array) -> Params:
+  """Boxed (logically partitioned) RealmKnowledgeAugEncoder parameters."""
   reader = jnp.zeros((1, 1, _INIT_QUERY_LEN + _INIT_BLOCK_LEN), jnp.int32)
   positions = jnp.zeros((1, 1), jnp.int32)
   return RealmKnowledgeAugEncoder(config).init(rng, reader, reader, reader, positions)["params"]
@@ -73,7 +76,7 @@ class IctModel:
   config: RealmConfig
 
   def _boxed_init(self, rng: Array) -> Params:
-    return {"retriever": _retriever_init(self.config, rng)}
+    return {"retriever": init_retriever_params(self.config, rng)}
 
   def init(self, rng: Array) -> Params:
     return nn.unbox(self._boxed_init(rng))
@@ -89,12 +92,12 @@ class IctModel:
     # [B, proj]
     query_emb = retriever.apply(
         variables, batch["query_ids"], jnp.zeros_like(batch["query_ids"]), batch["query_mask"],
-        deterministic=deterministic, rngs=_dropout(query_rng),
+        deterministic=deterministic, rngs=dropout_rngs(query_rng),
         method=RealmRetriever.embed_queries)
     # [B, proj]
     block_emb = retriever.apply(
         variables, batch["block_ids"], batch["block_type_ids"], batch["block_mask"],
-        deterministic=deterministic, rngs=_dropout(block_rng),
+        deterministic=deterministic, rngs=dropout_rngs(block_rng),
         method=RealmRetriever.embed_documents)
     return query_emb, block_emb
 
@@ -137,8 +140,8 @@ class RealmPretrainModel:
 
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, encoder_rng = jax.random.split(rng)
-    return {"retriever": _retriever_init(self.config, retriever_rng),
-            "encoder": _encoder_init(self.config, encoder_rng)}
+    return {"retriever": init_retriever_params(self.config, retriever_rng),
+            "encoder": init_encoder_params(self.config, encoder_rng)}
 
   def init(self, rng: Array) -> Params:
     return nn.unbox(self._boxed_init(rng))
@@ -153,12 +156,12 @@ class RealmPretrainModel:
     scores, _, _ = RealmRetriever(self.config).apply(
         {"params": params["retriever"]}, batch["query_ids"], batch["query_type_ids"],
         batch["query_mask"], batch["candidate_input_ids"], batch["candidate_type_ids"],
-        batch["candidate_mask"], deterministic=deterministic, rngs=_dropout(retriever_rng))
+        batch["candidate_mask"], deterministic=deterministic, rngs=dropout_rngs(retriever_rng))
     # [B, K, M, V] MLM logits at the mask positions only.
     logits = RealmKnowledgeAugEncoder(self.config).apply(
         {"params": params["encoder"]}, batch["reader_ids"], batch["reader_type_ids"],
         batch["reader_mask"], batch["mlm_positions"], deterministic=deterministic,
-        rngs=_dropout(encoder_rng))
+        rngs=dropout_rngs(encoder_rng))
     # [B, K, M] log p(y_j | z_k, x)
     token_log_probs = losses.mlm_token_log_probs(logits, batch["mlm_targets"])
     example_mask = batch["example_mask"].astype(jnp.float32)

@@ -1,0 +1,368 @@
+"""Run an open-QA model over a QA split: EM / regex match, top-k recall, predictions JSONL.
+
+The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each batch of questions:
+
+1. embed the questions (the model's question tower, or a caller's `embed_fn`);
+2. retrieve the top `max(k_values)` blocks with a searcher (`realm_jax.index.search`; exact
+   search over the index embeddings matrix, or ScaNN);
+3. build the reader features of the top `model.reader_beam` blocks
+   (`realm_jax.models.open_qa.build_open_qa_batch`) and take the global argmax (block, span)
+   (`OpenQAModel.predict_batch`), mapped back to the block's original text;
+4. score: ORQA's exact match (`metrics.exact_match`), or for CuratedTrec the regex match
+   (`metrics.regex_match`, REALM_SPEC 32); retrieval recall@k = an answer occurs in one of the
+   first k blocks (`metrics.has_answer` on the block body, DPR's variant; "string" or "regex"
+   mode, REALM_SPEC 33), or with `recall_match="substring"` ORQA's own `top_k_match` (the
+   case-sensitive raw substring label the retriever trains on).
+
+The reader's retrieval scores are recomputed as `question_emb . block_emb` from the index
+embeddings of the retrieved blocks, as ORQA does (an approximate searcher's own scores are
+only used to rank). The question embeddings used for the search are the ones the reader uses.
+
+Metrics are fractions in [0, 1] over all examples; `num_questions` counts them. A question
+too long for the reader (questions are never truncated, REALM_SPEC 26) or for a fixed
+`question_len` does not stop the run: it is counted in `skipped_questions`, predicted as "" with
+a `skipped` reason, and scored as a miss (so skipping never inflates a metric).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from absl import logging
+import jax
+import numpy as np
+
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.data.open_qa import QAExample
+from realm_jax.evaluation import metrics
+from realm_jax.models import open_qa
+
+__all__ = ["Predictor", "answer_question", "evaluate", "write_predictions_jsonl"]
+
+RECALL_MATCHES = ("has_answer", "substring")
+EmbedFn = Callable[[Sequence[str]], Any]
+
+
+@functools.lru_cache(maxsize=32)
+def _jitted(model: open_qa.OpenQAModel, method: str) -> Callable:
+  """One jitted function per (model, method): models are frozen dataclasses, so hashable, and
+  repeated calls reuse the compiled executables."""
+  return jax.jit(getattr(model, method))
+
+
+def _check_searcher(searcher: Any, store) -> None:
+  num_docs = getattr(searcher, "num_docs", None)
+  if num_docs is not None and int(num_docs) != store.num_blocks:
+    raise ValueError(f"the searcher indexes {num_docs} blocks but the BlockStore {store.path} "
+                     f"has {store.num_blocks}: the index was built from another corpus")
+
+
+class Predictor:
+  """Question texts -> retrieved blocks -> answers, for one model, index and corpus.
+
+  Attributes:
+    model: an `OpenQAModel`.
+    params: its parameters.
+    searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`.
+    store: the BlockStore the index was built from.
+    vocab: the WordPiece vocabulary.
+    block_emb: the index embeddings [num_blocks, proj] (NumPy or JAX), for the reader's
+      retrieval scores; default: the searcher's `embeddings` (ExactSearcher).
+    embed_fn: optional `questions -> [n, proj]` replacing the model's question tower for the
+      search and the reader's retrieval scores.
+    reader_len: reader sequence length (320).
+    question_len: fixed question length, or None (the batch's longest; see
+      `open_qa.question_arrays`).
+  """
+
+  def __init__(self, model: open_qa.OpenQAModel, params: Any, *, searcher: Any, store,
+               vocab: vocab_lib.WordPieceVocabulary | None = None, block_emb: Any = None,
+               embed_fn: EmbedFn | None = None, reader_len: int = 320,
+               question_len: int | None = None):
+    if model.train_document_tower:
+      # Prediction reads the published index; a live document tower is a training device.
+      model = type(model)(model.config, reader_beam=model.reader_beam)
+    _check_searcher(searcher, store)
+    if block_emb is None:
+      block_emb = getattr(searcher, "embeddings", None)
+      if block_emb is None:
+        raise ValueError(f"{type(searcher).__name__} does not expose its embeddings: pass "
+                         f"block_emb (the index embeddings matrix)")
+    self.model = model
+    self.params = params
+    self.searcher = searcher
+    self.store = store
+    self.vocab = vocab or vocab_lib.default_vocabulary()
+    self.block_emb = block_emb
+    self.embed_fn = embed_fn
+    self.reader_len = reader_len
+    self.question_len = question_len
+
+  def skip_reason(self, question: str) -> str | None:
+    """Why a question cannot be read (too long, and never truncated), or None."""
+    length = len(self.vocab.encode(question)) + 2  # [CLS] question [SEP]
+    if self.question_len is not None and length > self.question_len:
+      return (f"question has {length} wordpieces with [CLS]/[SEP] > "
+              f"question_len={self.question_len}")
+    if length + 2 > self.reader_len:  # at least one block token and the final [SEP]
+      return (f"question has {length} wordpieces with [CLS]/[SEP]: no room for a block in "
+              f"reader_len={self.reader_len}")
+    return None
+
+  def embed(self, questions: Sequence[str]) -> np.ndarray:
+    """[n] question texts -> [n, proj] float32 embeddings."""
+    if self.embed_fn is not None:
+      return np.asarray(self.embed_fn(list(questions)), np.float32)
+    ids, mask, _ = open_qa.question_arrays(questions, self.vocab, question_len=self.question_len)
+    batch = {"question_ids": ids, "question_type_ids": np.zeros_like(ids), "question_mask": mask}
+    return np.asarray(_jitted(self.model, "embed_questions")(self.params, batch), np.float32)
+
+  def run(self, examples: Sequence[Any], *, depth: int, batch_size: int | None = None,
+          answers_are_regex: bool = False) -> tuple[dict, dict, list[str]]:
+    """Retrieves, reads and decodes one batch.
+
+    Args:
+      examples: the questions (QAExample-like; a padded batch repeats the last one).
+      depth: blocks retrieved per question (>= model.reader_beam).
+      batch_size: pad to this many questions (fixed shapes, one compilation); None: no padding.
+      answers_are_regex: label mode (affects only the labels in the returned batch).
+
+    Returns:
+      (batch, predictions as NumPy, answer texts), each for the real examples and the padding.
+    """
+    examples = list(examples)
+    num_real = len(examples)
+    if batch_size is not None and num_real < batch_size:
+      examples = examples + [examples[-1]] * (batch_size - num_real)
+    example_mask = np.arange(len(examples)) < num_real  # [batch]
+    question_emb = self.embed([e.question for e in examples])  # [batch, proj]
+    scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
+    batch = open_qa.build_open_qa_batch(
+        self.store, examples, ids, scores, vocab=self.vocab, reader_beam=self.model.reader_beam,
+        reader_len=self.reader_len, answers_are_regex=answers_are_regex,
+        block_emb=self.block_emb, question_len=self.question_len,
+        max_span_width=self.model.config.max_span_width, example_mask=example_mask)
+    device_batch = open_qa.model_inputs(batch)
+    # The reader scores blocks with the very embeddings the searcher was queried with.
+    device_batch["question_emb"] = question_emb
+    predictions = jax.tree.map(np.asarray,
+                               _jitted(self.model, "predict_batch")(self.params, device_batch))
+    texts = open_qa.answer_texts(self.store, batch, predictions, self.vocab)
+    return batch, predictions, texts
+
+  def answer(self, question: str, *, num_evidence: int | None = None,
+             snippet_chars: int = 240) -> dict:
+    """Answers one free-text question and shows the evidence.
+
+    Args:
+      question: the question.
+      num_evidence: blocks shown (default: the reader's beam, the blocks it read).
+      snippet_chars: characters of block text per evidence entry (around the answer in the
+        answer's block, from the start elsewhere).
+
+    Returns:
+      {"question", "answer", "block_id" (the answer's block), "score" (its joint logit),
+       "evidence": [{"rank", "block_id", "title", "snippet", "score" (retrieval score),
+                     "has_prediction"}]}.
+    """
+    example = QAExample(question=question, answers=(), source="answer_question")
+    num_evidence = num_evidence or self.model.reader_beam
+    depth = min(max(num_evidence, self.model.reader_beam), self.store.num_blocks)
+    batch, predictions, texts = self.run([example], depth=depth)
+    answer = texts[0]
+    answer_block = int(predictions["block_id"][0])
+    evidence = []
+    for rank in range(min(num_evidence, depth)):
+      block_id = int(batch["retrieved_block_ids"][0, rank])
+      body = self.store.body(block_id)
+      is_answer_block = rank == int(predictions["block_index"][0])
+      evidence.append({
+          "rank": rank,
+          "block_id": block_id,
+          "title": self.store.title(block_id),
+          "snippet": _snippet(body, answer if is_answer_block else "", snippet_chars),
+          "score": float(predictions["retrieval_scores"][0, rank]),
+          "has_prediction": is_answer_block,
+      })
+    return {"question": question, "answer": answer, "block_id": answer_block,
+            "score": float(predictions["logit"][0]), "evidence": evidence}
+
+
+def _snippet(text: str, answer: str, chars: int) -> str:
+  """`chars` characters of `text`, centred on `answer` when it occurs."""
+  if len(text) <= chars:
+    return text
+  at = text.find(answer) if answer else -1
+  if at < 0:
+    return text[:chars].rstrip() + " ..."
+  begin = max(0, min(at - (chars - len(answer)) // 2, len(text) - chars))
+  snippet = text[begin:begin + chars].strip()
+  return ("... " if begin > 0 else "") + snippet + (" ..." if begin + chars < len(text) else "")
+
+
+def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *, searcher: Any,
+             store, vocab: vocab_lib.WordPieceVocabulary | None = None, batch_size: int = 16,
+             k_values: Sequence[int] = metrics.DEFAULT_RECALL_KS,
+             answers_are_regex: bool | None = None, embed_fn: EmbedFn | None = None,
+             block_emb: Any = None, reader_len: int = 320, question_len: int | None = None,
+             recall_match: str = "has_answer", num_evidence: int | None = None,
+             progress: Callable[[str], None] | None = None) -> tuple[dict, list[dict]]:
+  """Open-QA metrics and predictions of a model over a QA split.
+
+  Args:
+    model: an `OpenQAModel` (a document-tower-training one predicts from the index).
+    params: its parameters.
+    examples: `QAExample`s.
+    searcher: the index searcher (`search(queries, k) -> (scores, ids)`), e.g. `ExactSearcher`.
+    store: the BlockStore the index was built from.
+    vocab: the WordPiece vocabulary (bundled BERT uncased by default).
+    batch_size: questions per step (the last batch is padded: one compiled shape).
+    k_values: recall cut-offs; retrieval depth is `max(k_values)` (at least the reader beam,
+      at most the number of blocks; a k above the depth counts every retrieved block).
+    answers_are_regex: CuratedTrec mode (regex match, regex recall). None: from the examples.
+    embed_fn: optional `questions -> [n, proj]` replacing the model's question tower.
+    block_emb: index embeddings for the reader's retrieval scores (default: the searcher's).
+    reader_len: reader sequence length (320).
+    question_len: fixed question length or None (the batch's longest, rounded up).
+    recall_match: "has_answer" (DPR's tokenised match on the block body, regex `search` for
+      CuratedTrec) or "substring" (ORQA's top_k_match: the retriever's training label).
+    num_evidence: retrieved blocks kept per prediction (default: the reader's beam).
+    progress: called with a one-line status after each batch (e.g. `print`).
+
+  Returns:
+    (metrics, predictions). metrics: {"exact_match" or "regex_match", "recall@k" for each k
+    (fractions in [0, 1]), "num_questions", "skipped_questions"}. predictions, one per
+    example, in order: {"question", "prediction", "answers", "block_ids", "block_scores",
+    "predicted_block_id", "correct"} (plus "skipped" for a skipped question); block ids and
+    scores are the first `num_evidence` retrieved blocks.
+
+  Raises:
+    ValueError: no examples, an unknown recall_match, examples mixing regex and plain answers,
+      or a searcher over a different number of blocks than the store.
+  """
+  examples = list(examples)
+  if not examples:
+    raise ValueError("evaluate: no examples")
+  if recall_match not in RECALL_MATCHES:
+    raise ValueError(f"recall_match must be one of {RECALL_MATCHES}, got {recall_match!r}")
+  if answers_are_regex is None:
+    flags = {bool(getattr(e, "answers_are_regex", False)) for e in examples}
+    if len(flags) > 1:
+      raise ValueError("examples mix regex and plain answers; pass answers_are_regex")
+    answers_are_regex = flags.pop()
+  predictor = Predictor(model, params, searcher=searcher, store=store, vocab=vocab,
+                        block_emb=block_emb, embed_fn=embed_fn, reader_len=reader_len,
+                        question_len=question_len)
+  depth = min(max(max(k_values), model.reader_beam), store.num_blocks)
+  if depth < model.reader_beam:
+    raise ValueError(f"the store has {store.num_blocks} blocks, fewer than the reader beam "
+                     f"({model.reader_beam})")
+  num_evidence = min(num_evidence or model.reader_beam, depth)
+  score_fn = metrics.regex_match if answers_are_regex else metrics.exact_match
+  match_mode = "regex" if answers_are_regex else "string"
+
+  predictions: list[dict | None] = [None] * len(examples)
+  hits = np.zeros((len(examples), depth), bool)  # [questions, depth]
+  readable = []  # indices of the questions the reader can take
+  for index, example in enumerate(examples):
+    reason = predictor.skip_reason(example.question)
+    if reason is None:
+      readable.append(index)
+      continue
+    logging.warning("evaluate: skipping %s: %s", example.source or f"example {index}", reason)
+    predictions[index] = {"question": example.question, "prediction": "",
+                          "answers": list(example.answers), "block_ids": [],
+                          "block_scores": [], "predicted_block_id": -1, "correct": False,
+                          "skipped": reason}
+  start_time = time.monotonic()
+  for begin in range(0, len(readable), batch_size):
+    indices = readable[begin:begin + batch_size]
+    chunk = [examples[i] for i in indices]
+    batch, preds, texts = predictor.run(chunk, depth=depth, batch_size=batch_size,
+                                        answers_are_regex=answers_are_regex)
+    for i, (index, example) in enumerate(zip(indices, chunk)):
+      if recall_match == "substring":
+        hits[index] = batch["retriever_correct"][i]
+      else:
+        hits[index] = [
+            metrics.has_answer(store.body(int(block_id)), example.answers, match=match_mode)
+            for block_id in batch["retrieved_block_ids"][i]]
+      predictions[index] = {
+          "question": example.question,
+          "prediction": texts[i],
+          "answers": list(example.answers),
+          "block_ids": [int(b) for b in batch["retrieved_block_ids"][i, :num_evidence]],
+          "block_scores": [float(s) for s in batch["retrieved_scores"][i, :num_evidence]],
+          "predicted_block_id": int(preds["block_id"][i]),
+          "correct": bool(score_fn(texts[i], example.answers)),
+      }
+    if progress is not None:
+      done = begin + len(indices)
+      rate = done / max(time.monotonic() - start_time, 1e-9)
+      eta = (len(readable) - done) / max(rate, 1e-9)
+      correct = sum(predictions[i]["correct"] for i in readable[:done])
+      progress(f"evaluate: {done}/{len(readable)} questions, "
+               f"{'regex_match' if answers_are_regex else 'exact_match'} so far "
+               f"{correct / done:.4f}, {rate:.1f} q/s, ETA {eta:.0f}s")
+
+  results = {("regex_match" if answers_are_regex else "exact_match"):
+             float(np.mean([p["correct"] for p in predictions]))}
+  results.update(metrics.top_k_recall(hits, k_values))
+  results["num_questions"] = len(examples)
+  results["skipped_questions"] = len(examples) - len(readable)
+  return results, predictions
+
+
+def answer_question(model: open_qa.OpenQAModel, params: Any, question: str, *, searcher: Any,
+                    store, vocab: vocab_lib.WordPieceVocabulary | None = None,
+                    embed_fn: EmbedFn | None = None, block_emb: Any = None,
+                    reader_len: int = 320, num_evidence: int | None = None,
+                    snippet_chars: int = 240) -> dict:
+  """Answers a free-text question with its evidence (see `Predictor.answer`).
+
+  For many questions, build one `Predictor` and call `answer` on it (same compiled functions
+  either way; the Predictor saves re-checking its arguments).
+  """
+  predictor = Predictor(model, params, searcher=searcher, store=store, vocab=vocab,
+                        block_emb=block_emb, embed_fn=embed_fn, reader_len=reader_len)
+  return predictor.answer(question, num_evidence=num_evidence, snippet_chars=snippet_chars)
+
+
+def write_predictions_jsonl(path: str, predictions: Sequence[dict]) -> None:
+  """Writes predictions as JSON lines, `{"question", "prediction"}` first (the authors' format,
+  read by ORQA's `evaluate_predictions.py`), then the evidence fields.
+
+  Written to a temporary file next to `path` and renamed into place, so a crash never leaves a
+  half-written file under the final name.
+
+  Args:
+    path: output file (local path).
+    predictions: dicts with at least "question" and "prediction".
+
+  Raises:
+    ValueError: a prediction lacks "question" or "prediction" (names its index).
+  """
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      for i, prediction in enumerate(predictions):
+        missing = [k for k in ("question", "prediction") if k not in prediction]
+        if missing:
+          raise ValueError(f"prediction {i} lacks {missing}; got keys {sorted(prediction)}")
+        record = {"question": prediction["question"], "prediction": prediction["prediction"]}
+        record.update({k: v for k, v in prediction.items() if k not in record})
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise

@@ -1,0 +1,730 @@
+"""Open-domain QA fine-tuning (ORQA's recipe, used for REALM's numbers; REALM_SPEC 25-29).
+
+Two halves:
+
+* `build_open_qa_batch` (host side, NumPy): questions, the blocks a searcher retrieved for
+  them, and the correctness labels of the retriever and of the span reader.
+* `OpenQAModel`: the model interface of `realm_jax.models.realm` (init / logical_axes /
+  loss_fn / eval_fn, plus predict_batch); `summarize` turns summed aux values into means.
+
+What the authors' code does, and what is followed here (`language/orqa/models/orqa_model.py`,
+`language/orqa/ops/orqa_ops.cc`):
+
+* **Retriever labels** (`retriever_correct [Q, beam]`): ORQA's `HasAnswer` op is a
+  case-sensitive raw substring search (`std::string::find`) of every answer in the retrieved
+  block's text. ORQA's block records (`blocks.tfr`, written by `wiki_preprocessor.py`) hold the
+  *body* only (" ".join of the block's sentences); titles live in a separate file and never reach
+  this op. So the default searches the whole (untruncated) body; `retriever_label_text=
+  "title_and_body"` also accepts a match inside the title (title and body searched separately,
+  never across the boundary).
+* **Reader inputs** (`orqa_ops.ReaderInputs`): `[CLS] question [SEP] body [SEP]`, length
+  `reader_len` (320); segment 0 for `[CLS] question [SEP]`, 1 for the body and its `[SEP]`; when
+  the body overflows, it is cut and the last position is forced to `[SEP]`. The question is
+  never truncated (an error if it leaves no room for a single block token). No title, as ORQA
+  and REALM_SPEC 11.
+* **Reader labels**: every occurrence (overlapping ones too) of every answer's wordpiece ids
+  inside the block part of the reader input is a gold span (`reader_gold_starts/ends
+  [Q, reader_beam, occurrences]`, -1 padded); the model turns them into `reader_correct
+  [Q, reader_beam, spans]` with `reader.span_correctness`. ORQA records answers longer than
+  `max_span_width` too, but no candidate span can equal them; they are left out here (same
+  labels, smaller arrays).
+* **CuratedTrec (regex answers)**. The release could not fine-tune on CT (its labels need
+  answer strings). Here: the retriever label is `re.search(pattern, text)`; a reader span (of at
+  most `max_span_width` wordpieces, inside the block) is gold iff its ORIGINAL text, the body
+  bytes from its first wordpiece's start to its last wordpiece's end, is matched as a whole
+  (`re.fullmatch`) by some pattern. Patterns are compiled with the CT metric's flags
+  (IGNORECASE | UNICODE | MULTILINE); one that does not compile matches nothing, as in the metric.
+  `fullmatch` rather than the metric's prefix `match`: `match` would also mark "Paris, France and
+  the" for the pattern "Paris", pushing the reader to over-long spans; every fullmatch span also
+  passes the metric.
+* **Losses** (REALM_SPEC 28): `marginal_log_loss` of the retrieval scores over the whole beam
+  against `retriever_correct`, and of the reader's joint (block, span) logits flattened over
+  `reader_beam x spans` (the reader already adds each block's retrieval score) against
+  `reader_correct`; each zeroed when nothing is correct; total = retriever + reader. The release
+  trains one question per step; here a batch of questions, the loss averaged per question.
+* **Frozen document side** (REALM_SPEC 25, the default): the index embeddings of the retrieved
+  blocks are a batch input (`retrieved_block_emb [Q, beam, proj]`, gathered from the frozen index)
+  and `score = question_emb . block_emb`, recomputed with the live question tower (as ORQA does,
+  so both losses train the question tower even though the searcher's own scores are discarded).
+* **Training the document tower** (`train_document_tower=True`; users asked for it, no
+  implementation offers it): the first `document_beam` retrieved blocks (default: the reader's
+  top `reader_beam`) are re-embedded with the live document tower from their
+  `[CLS] title [SEP] body [SEP]` inputs (`document_ids/type_ids/mask`), as REALM pretraining does,
+  and their scores replace the index scores; the rest of the beam keeps the stale index scores
+  (re-embedding 5000 blocks per question is out of reach). The index then drifts from the
+  document tower: run the index builder alongside (as in pretraining) so the searcher that
+  *chooses* the beam is refreshed; only the top `document_beam` scores are exact.
+
+Host-only batch entries (`retrieved_scores`, `reader_token_starts/limits`,
+`reader_offsets_valid`) ride along so predictions can be mapped back to the original text
+(`span_text`, `answer_texts`); `model_inputs(batch)` drops them before a device transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.models import losses
+from realm_jax.models.config import RealmConfig
+from realm_jax.models.reader import RealmReader, predict_span, span_correctness
+from realm_jax.models.realm import dropout_rngs, init_retriever_params
+from realm_jax.models.retriever import RealmRetriever, relevance_scores
+
+Array = jax.Array
+Params = Any
+Batch = dict[str, Any]
+
+__all__ = [
+    "HOST_ONLY_KEYS",
+    "LABEL_TEXTS",
+    "OpenQAModel",
+    "answer_texts",
+    "build_open_qa_batch",
+    "compile_answer_patterns",
+    "gather_block_emb",
+    "model_inputs",
+    "params_from_hf_open_qa",
+    "question_arrays",
+    "span_text",
+    "summarize",
+]
+
+# The CuratedTrec metric's flags (realm_jax.evaluation.metrics, REALM_SPEC 32).
+_REGEX_FLAGS = re.IGNORECASE | re.UNICODE | re.MULTILINE
+_PATTERN_ERRORS = (re.error, OverflowError, RecursionError, ValueError, TypeError)
+LABEL_TEXTS = ("body", "title_and_body")
+# Batch entries only the host uses (text mapping, evidence); the model never reads them.
+HOST_ONLY_KEYS = ("retrieved_scores", "reader_token_starts", "reader_token_limits",
+                  "reader_offsets_valid")
+# Shapes used only to trace `init`; parameters do not depend on them.
+_INIT_READER_LEN = 16
+
+
+# ------------------------------------------------------------------------------ features
+
+
+def compile_answer_patterns(patterns: Sequence[str]) -> list[re.Pattern[str]]:
+  """CuratedTrec answer patterns compiled with the metric's flags; invalid ones are dropped.
+
+  Args:
+    patterns: regular expressions.
+
+  Returns:
+    The compiled patterns that compile (an invalid pattern matches nothing, as in the metric).
+  """
+  compiled = []
+  for pattern in patterns:
+    try:
+      compiled.append(re.compile(pattern, _REGEX_FLAGS))
+    except _PATTERN_ERRORS:
+      pass
+  return compiled
+
+
+def question_arrays(questions: Sequence[str], vocab: vocab_lib.WordPieceVocabulary, *,
+                    question_len: int | None = None, question_len_multiple: int = 8,
+                    sources: Sequence[str] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+  """`[CLS] question [SEP]` rows, never truncated.
+
+  Args:
+    questions: Q question texts.
+    vocab: the WordPiece vocabulary.
+    question_len: a fixed row length; a question that does not fit is an error (never
+      truncated, REALM_SPEC 26). None: the longest question of the batch, rounded up to a
+      multiple of `question_len_multiple` (few distinct shapes, so few recompilations).
+    question_len_multiple: rounding for the automatic length.
+    sources: per question, where it came from (for error messages).
+
+  Returns:
+    (ids [Q, question_len] int32, mask [Q, question_len] int32, the wordpieces of each
+    question without specials).
+
+  Raises:
+    ValueError: a question longer than a fixed `question_len`.
+  """
+  tokens = [vocab.encode(q) for q in questions]
+  longest = max((len(t) for t in tokens), default=0) + 2
+  if question_len is None:
+    multiple = max(1, int(question_len_multiple))
+    length = -(-longest // multiple) * multiple
+  else:
+    length = int(question_len)
+    for i, t in enumerate(tokens):
+      if len(t) + 2 > length:
+        where = f" ({sources[i]})" if sources and sources[i] else ""
+        raise ValueError(
+            f"question {i}{where} has {len(t)} wordpieces + [CLS]/[SEP] > question_len="
+            f"{length}; questions are never truncated (REALM_SPEC 26): raise question_len or "
+            f"pass None to pad to the longest question of the batch. Question: "
+            f"{questions[i][:80]!r}")
+  ids = np.zeros((len(tokens), length), np.int32)  # [Q, question_len]
+  mask = np.zeros((len(tokens), length), np.int32)  # [Q, question_len]
+  for i, t in enumerate(tokens):
+    row = [vocab_lib.CLS_ID, *t, vocab_lib.SEP_ID]
+    ids[i, :len(row)] = row
+    mask[i, :len(row)] = 1
+  return ids, mask, tokens
+
+
+def _find_all(haystack: Sequence[int], needle: Sequence[int]) -> list[int]:
+  """Start indices of every (possibly overlapping) occurrence of `needle` in `haystack`."""
+  width = len(needle)
+  if width == 0 or width > len(haystack):
+    return []
+  first = needle[0]
+  return [i for i in range(len(haystack) - width + 1)
+          if haystack[i] == first and list(haystack[i:i + width]) == list(needle)]
+
+
+def _retriever_label(texts: Sequence[str], answers: Sequence[str],
+                     patterns: list[re.Pattern[str]] | None) -> bool:
+  """ORQA's HasAnswer (raw, case-sensitive substring) or, for regex answers, re.search."""
+  if patterns is not None:
+    return any(p.search(text) is not None for p in patterns for text in texts)
+  return any(answer and answer in text for answer in answers for text in texts)
+
+
+def _block_offsets(store, block_id: int, vocab: vocab_lib.WordPieceVocabulary
+                   ) -> tuple[np.ndarray, bytes, np.ndarray | None, np.ndarray | None]:
+  """A block's body wordpieces with the byte span of each in its original body text.
+
+  The BlockStore keeps the body's wordpieces and its original text but not the offsets, so
+  the text is re-tokenised. For whole-record blocks this gives exactly the stored ids; for
+  sentence-packed blocks too, unless a sentence boundary fell inside a word. If the ids differ,
+  the stored ids are used (they are what the index embedded) and offsets are None: the
+  prediction text then falls back to joined wordpieces.
+
+  Returns:
+    (ids [body_len] int32, body UTF-8 bytes, starts [body_len] or None, limits or None).
+  """
+  stored = store.body_tokens(block_id)
+  body = store.body(block_id)
+  ids, starts, limits = vocab.tokenize_with_offsets(body)
+  body_bytes = body.encode("utf-8")
+  if len(ids) != len(stored) or not np.array_equal(np.asarray(ids, np.int32), stored):
+    return stored, body_bytes, None, None
+  return stored, body_bytes, np.asarray(starts, np.int64), np.asarray(limits, np.int64)
+
+
+def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
+                        retrieved_scores: Any = None, *,
+                        vocab: vocab_lib.WordPieceVocabulary | None = None,
+                        reader_beam: int = 5, reader_len: int = 320,
+                        answers_are_regex: bool | None = None,
+                        block_emb: Any = None,
+                        question_len: int | None = None, question_len_multiple: int = 8,
+                        max_occurrences: int | None = None, max_span_width: int = 10,
+                        retriever_label_text: str = "body", document_beam: int = 0,
+                        example_mask: Any = None) -> Batch:
+  """Features of a batch of questions and their retrieved blocks (see the module docstring).
+
+  Args:
+    store: the BlockStore the index was built from (block ids are its rows).
+    examples: Q `QAExample`s (anything with `question`, `answers`, `answers_are_regex`, and
+      optionally `source`).
+    retrieved_ids: [Q, beam] block ids, best first (beam >= reader_beam; 5000 in the paper).
+    retrieved_scores: optional [Q, beam] searcher scores, kept for the predictions' evidence.
+    vocab: the WordPiece vocabulary (the bundled BERT uncased by default).
+    reader_beam: blocks read by the reader (5).
+    reader_len: reader sequence length (320).
+    answers_are_regex: treat answers as regular expressions (CuratedTrec). None: from the
+      examples, which must agree.
+    block_emb: the frozen index embeddings [num_blocks, proj] (NumPy or a JAX array, e.g. an
+      `ExactSearcher.embeddings`); when given, `retrieved_block_emb` is gathered from it. Rows
+      past `num_blocks` (a sharded searcher's padding) are allowed and never gathered.
+    question_len: fixed question row length, or None for the batch's longest (see
+      `question_arrays`).
+    question_len_multiple: rounding of the automatic question length.
+    max_occurrences: width of the gold-span arrays. None: the batch's largest count (rounded
+      up to a multiple of 8), so no occurrence is ever dropped. A fixed value gives fixed shapes;
+      occurrences beyond it are dropped (in reading order).
+    max_span_width: longest correct answer span in wordpieces (the model config's, 10).
+    retriever_label_text: "body" (ORQA) or "title_and_body".
+    document_beam: also emit document-tower inputs (`document_ids/type_ids/mask
+      [Q, document_beam, max_block_len]`) for the first `document_beam` blocks, for
+      `OpenQAModel(train_document_tower=True)`.
+    example_mask: optional [Q] bool; False marks padding questions (no loss, no metrics).
+
+  Returns:
+    A dict of NumPy arrays, every one with leading dimension Q:
+      question_ids, question_type_ids, question_mask   [Q, question_len] int32
+      retrieved_block_ids                             [Q, beam] int32
+      retrieved_scores                                [Q, beam] float32 (if given)
+      retrieved_block_emb                             [Q, beam, proj] float32 (if block_emb)
+      retriever_correct                               [Q, beam] bool
+      reader_ids, reader_type_ids, reader_mask        [Q, reader_beam, reader_len] int32
+      reader_block_mask                               [Q, reader_beam, reader_len] bool
+      reader_gold_starts, reader_gold_ends            [Q, reader_beam, occurrences] int32, -1 pad
+      reader_token_starts, reader_token_limits        [Q, reader_beam, reader_len] int32: byte
+                                                      span of each block token in the block's
+                                                      body text, -1 elsewhere
+      reader_offsets_valid                            [Q, reader_beam] bool
+      document_ids, document_type_ids, document_mask  [Q, document_beam, max_block_len] int32
+                                                      (if document_beam)
+      example_mask                                    [Q] bool
+
+  Raises:
+    ValueError: mismatched shapes, a beam smaller than reader_beam, block ids out of range,
+      examples that disagree on regex answers, or a question too long for reader_len.
+  """
+  vocab = vocab or vocab_lib.default_vocabulary()
+  if retriever_label_text not in LABEL_TEXTS:
+    raise ValueError(f"retriever_label_text must be one of {LABEL_TEXTS}, got "
+                     f"{retriever_label_text!r}")
+  examples = list(examples)
+  num_questions = len(examples)
+  if num_questions == 0:
+    raise ValueError("build_open_qa_batch: no examples")
+  retrieved_ids = np.asarray(retrieved_ids)
+  if retrieved_ids.ndim != 2 or retrieved_ids.shape[0] != num_questions:
+    raise ValueError(f"retrieved_ids must be [num_questions={num_questions}, beam]; got shape "
+                     f"{retrieved_ids.shape}")
+  if not np.issubdtype(retrieved_ids.dtype, np.integer):
+    raise ValueError(f"retrieved_ids must be integers; got {retrieved_ids.dtype}")
+  beam = retrieved_ids.shape[1]
+  if beam < reader_beam:
+    raise ValueError(f"the retrieved beam ({beam}) is smaller than reader_beam ({reader_beam})")
+  if not 0 <= document_beam <= beam:
+    raise ValueError(f"document_beam={document_beam} must lie in [0, beam={beam}]")
+  if retrieved_ids.min() < 0 or retrieved_ids.max() >= store.num_blocks:
+    raise ValueError(f"retrieved_ids out of range [0, {store.num_blocks}) of the BlockStore "
+                     f"{store.path}: was the index built from another store?")
+  if retrieved_scores is not None:
+    retrieved_scores = np.asarray(retrieved_scores, np.float32)
+    if retrieved_scores.shape != retrieved_ids.shape:
+      raise ValueError(f"retrieved_scores has shape {retrieved_scores.shape}, retrieved_ids "
+                       f"{retrieved_ids.shape}")
+  regex_flags = {bool(getattr(e, "answers_are_regex", False)) for e in examples}
+  if answers_are_regex is None:
+    if len(regex_flags) > 1:
+      raise ValueError("examples mix regex and plain answers; pass answers_are_regex")
+    answers_are_regex = regex_flags.pop()
+  if example_mask is None:
+    example_mask = np.ones((num_questions,), bool)
+  example_mask = np.asarray(example_mask, bool)
+  if example_mask.shape != (num_questions,):
+    raise ValueError(f"example_mask must be [{num_questions}], got {example_mask.shape}")
+  sources = [getattr(e, "source", "") for e in examples]
+
+  question_ids, question_mask, question_tokens = question_arrays(
+      [e.question for e in examples], vocab, question_len=question_len,
+      question_len_multiple=question_len_multiple, sources=sources)
+
+  batch: Batch = {
+      "question_ids": question_ids,
+      "question_type_ids": np.zeros_like(question_ids),
+      "question_mask": question_mask,
+      "retrieved_block_ids": retrieved_ids.astype(np.int32),
+  }
+  if retrieved_scores is not None:
+    batch["retrieved_scores"] = retrieved_scores
+  if block_emb is not None:
+    if block_emb.shape[0] < store.num_blocks:
+      raise ValueError(f"block_emb has {block_emb.shape[0]} rows but the BlockStore "
+                       f"{store.path} has {store.num_blocks} blocks: was the index built "
+                       f"from another store?")
+    batch["retrieved_block_emb"] = gather_block_emb(block_emb, retrieved_ids)
+
+  # [Q, beam]: the whole (untruncated) block text, ORQA's HasAnswer.
+  retriever_correct = np.zeros((num_questions, beam), bool)
+  shape = (num_questions, reader_beam, reader_len)
+  reader_ids = np.zeros(shape, np.int32)
+  reader_type_ids = np.zeros(shape, np.int32)
+  reader_mask = np.zeros(shape, np.int32)
+  reader_block_mask = np.zeros(shape, bool)
+  token_starts = np.full(shape, -1, np.int32)
+  token_limits = np.full(shape, -1, np.int32)
+  offsets_valid = np.zeros((num_questions, reader_beam), bool)
+  gold: list[list[list[tuple[int, int]]]] = []
+
+  for q, example in enumerate(examples):
+    patterns = compile_answer_patterns(example.answers) if answers_are_regex else None
+    answer_ids = ([] if answers_are_regex else
+                  [a for a in (vocab.encode(ans) for ans in example.answers)
+                   if 0 < len(a) <= max_span_width])
+    for k in range(beam):
+      block_id = int(retrieved_ids[q, k])
+      texts = [store.body(block_id)]
+      if retriever_label_text == "title_and_body":
+        texts.append(store.title(block_id))
+      retriever_correct[q, k] = _retriever_label(texts, example.answers, patterns)
+
+    block_start = len(question_tokens[q]) + 2  # [CLS] question [SEP]
+    room = reader_len - block_start - 1  # the final [SEP] always fits
+    if room < 1:
+      where = f" ({sources[q]})" if sources[q] else ""
+      raise ValueError(
+          f"question {q}{where} has {len(question_tokens[q])} wordpieces: with [CLS]/[SEP] it "
+          f"leaves no room for the block in reader_len={reader_len}; questions are never "
+          f"truncated (REALM_SPEC 26), raise reader_len.")
+    gold.append([])
+    for r in range(reader_beam):
+      block_id = int(retrieved_ids[q, r])
+      body_ids, body_bytes, starts, limits = _block_offsets(store, block_id, vocab)
+      num_block = min(len(body_ids), room)  # overflow: cut, the last position becomes [SEP]
+      block_tokens = body_ids[:num_block]
+      end = block_start + num_block
+      row = [vocab_lib.CLS_ID, *question_tokens[q], vocab_lib.SEP_ID, *block_tokens,
+             vocab_lib.SEP_ID]
+      reader_ids[q, r, :len(row)] = row
+      reader_mask[q, r, :len(row)] = 1
+      reader_type_ids[q, r, block_start:end + 1] = 1
+      reader_block_mask[q, r, block_start:end] = True
+      if starts is not None:
+        offsets_valid[q, r] = True
+        token_starts[q, r, block_start:end] = starts[:num_block]
+        token_limits[q, r, block_start:end] = limits[:num_block]
+
+      spans: set[tuple[int, int]] = set()
+      if answers_are_regex:
+        if patterns:
+          for s in range(num_block):
+            for e in range(s, min(num_block, s + max_span_width)):
+              text = _token_span_text(body_bytes, starts, limits, block_tokens, s, e, vocab)
+              if any(p.fullmatch(text) for p in patterns):
+                spans.add((block_start + s, block_start + e))
+      else:
+        for ids in answer_ids:
+          for s in _find_all(block_tokens, ids):
+            spans.add((block_start + s, block_start + s + len(ids) - 1))
+      gold[q].append(sorted(spans))
+
+  most = max((len(spans) for row in gold for spans in row), default=0)
+  if max_occurrences is None:
+    width = max(1, -(-most // 8) * 8)
+  else:
+    width = max(1, int(max_occurrences))
+  gold_starts = np.full((num_questions, reader_beam, width), -1, np.int32)
+  gold_ends = np.full((num_questions, reader_beam, width), -1, np.int32)
+  for q, row in enumerate(gold):
+    for r, spans in enumerate(row):
+      spans = spans[:width]
+      if spans:
+        gold_starts[q, r, :len(spans)] = [s for s, _ in spans]
+        gold_ends[q, r, :len(spans)] = [e for _, e in spans]
+
+  batch.update({
+      "retriever_correct": retriever_correct,
+      "reader_ids": reader_ids,
+      "reader_type_ids": reader_type_ids,
+      "reader_mask": reader_mask,
+      "reader_block_mask": reader_block_mask,
+      "reader_gold_starts": gold_starts,
+      "reader_gold_ends": gold_ends,
+      "reader_token_starts": token_starts,
+      "reader_token_limits": token_limits,
+      "reader_offsets_valid": offsets_valid,
+      "example_mask": example_mask,
+  })
+  if document_beam:
+    ids, type_ids, mask = store.embedder_inputs(retrieved_ids[:, :document_beam].reshape(-1))
+    block_len = ids.shape[-1]
+    batch["document_ids"] = ids.reshape(num_questions, document_beam, block_len)
+    batch["document_type_ids"] = type_ids.reshape(num_questions, document_beam, block_len)
+    batch["document_mask"] = mask.reshape(num_questions, document_beam, block_len)
+  return batch
+
+
+def gather_block_emb(block_emb: Any, ids: Any) -> np.ndarray:
+  """Rows of the index embedding matrix as float32 NumPy.
+
+  Args:
+    block_emb: [num_blocks(+padding), proj] NumPy array or (possibly sharded) JAX array; a JAX
+      array is gathered on its devices, so the full matrix never comes to the host.
+    ids: int [...] block ids.
+
+  Returns:
+    [..., proj] float32.
+  """
+  ids = np.asarray(ids)
+  if isinstance(block_emb, jax.Array):
+    rows = jnp.take(block_emb, jnp.asarray(ids.reshape(-1), jnp.int32), axis=0)
+    return np.asarray(rows, np.float32).reshape(*ids.shape, -1)
+  return np.asarray(np.asarray(block_emb)[ids], np.float32)
+
+
+def model_inputs(batch: Batch) -> Batch:
+  """The batch without its host-only entries (text offsets, evidence ids and scores)."""
+  return {k: v for k, v in batch.items() if k not in HOST_ONLY_KEYS}
+
+
+def _token_span_text(body_bytes: bytes, starts, limits, tokens, s: int, e: int,
+                     vocab: vocab_lib.WordPieceVocabulary) -> str:
+  """Original text of body wordpieces s..e (inclusive); joined wordpieces without offsets."""
+  if starts is not None:
+    return body_bytes[int(starts[s]):int(limits[e])].decode("utf-8", errors="replace")
+  return vocab.decode([int(t) for t in tokens[s:e + 1]])
+
+
+def span_text(store, batch: Batch, question: int, block_index: int, start: int, end: int,
+              vocab: vocab_lib.WordPieceVocabulary | None = None) -> str:
+  """The original text (original casing, REALM_SPEC 29) of a reader span.
+
+  Args:
+    store: the BlockStore of the batch.
+    batch: from `build_open_qa_batch` (needs the host-only entries).
+    question: row in the batch.
+    block_index: position among the reader's blocks (0..reader_beam-1).
+    start, end: reader-input token positions, `end` inclusive.
+    vocab: used only when a block has no offsets (joined wordpieces, lower-cased).
+
+  Returns:
+    The body bytes from the start of wordpiece `start` to the end of wordpiece `end`, decoded;
+    "" when the span does not lie inside the block.
+  """
+  q, r, start, end = int(question), int(block_index), int(start), int(end)
+  block_mask = np.asarray(batch["reader_block_mask"][q, r])
+  if not (0 <= start <= end < block_mask.shape[0]) or not (block_mask[start] and block_mask[end]):
+    return ""
+  if bool(batch["reader_offsets_valid"][q, r]):
+    byte_start = int(batch["reader_token_starts"][q, r, start])
+    byte_limit = int(batch["reader_token_limits"][q, r, end])
+    block_id = int(batch["retrieved_block_ids"][q, r])
+    body = store.body(block_id).encode("utf-8")
+    return body[byte_start:byte_limit].decode("utf-8", errors="replace")
+  vocab = vocab or vocab_lib.default_vocabulary()
+  return vocab.decode([int(t) for t in np.asarray(batch["reader_ids"][q, r, start:end + 1])])
+
+
+def answer_texts(store, batch: Batch, predictions: dict,
+                 vocab: vocab_lib.WordPieceVocabulary | None = None) -> list[str]:
+  """`span_text` of every question's predicted span (`OpenQAModel.predict_batch` output)."""
+  block = np.asarray(predictions["block_index"])
+  start = np.asarray(predictions["start"])
+  end = np.asarray(predictions["end"])
+  return [span_text(store, batch, q, block[q], start[q], end[q], vocab)
+          for q in range(block.shape[0])]
+
+
+# ------------------------------------------------------------------------------ the model
+
+
+def _reader_init(config: RealmConfig, rng: Array) -> Params:
+  length = max(_INIT_READER_LEN, config.max_span_width)
+  ids = jnp.zeros((1, 1, length), jnp.int32)
+  return RealmReader(config).init(rng, ids, ids, ids, ids.astype(bool),
+                                  jnp.zeros((1, 1), jnp.float32))["params"]
+
+
+def params_from_hf_open_qa(params: Params) -> Params:
+  """Our tree from `convert.hf.load_checkpoint(kind="open_qa")`'s {query_embedder, reader}.
+
+  The port's RealmForOpenQA holds only the question embedder (its block embeddings are the
+  frozen index, `extras["block_emb"]`), so it becomes a tied retriever: use a config with
+  `share_embedders=True` (what the converter returns) and keep `train_document_tower=False`.
+  """
+  return {"retriever": {"embedder": params["query_embedder"]}, "reader": params["reader"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenQAModel:
+  """ORQA/REALM open-QA fine-tuning: question tower + span reader over a frozen index.
+
+  Batch: `build_open_qa_batch`'s arrays (see there). Parameters: `{"retriever":
+  RealmRetriever params, "reader": RealmReader params}`. With tied towers (the default config,
+  as the release) the retriever has one `embedder`, which serves as the question tower; the
+  frozen index is what stays fixed. With untied towers and a frozen document side, the
+  document tower gets no gradient (mask it out of weight decay if it must stay unchanged).
+
+  Attributes:
+    config: model configuration.
+    reader_beam: blocks the reader reads (5).
+    train_document_tower: re-embed the first `document_beam` blocks with the live document
+      tower (see the module docstring); needs the batch's `document_*` inputs and an index
+      builder refreshing the searcher.
+    document_beam: blocks re-embedded when training the document tower (None: reader_beam).
+  """
+
+  config: RealmConfig
+  reader_beam: int = 5
+  train_document_tower: bool = False
+  document_beam: int | None = None
+
+  def __post_init__(self):
+    if self.reader_beam < 1:
+      raise ValueError(f"reader_beam must be positive, got {self.reader_beam}")
+    if self.document_beam is not None and self.document_beam < 1:
+      raise ValueError(f"document_beam must be positive, got {self.document_beam}")
+
+  @property
+  def num_reembedded(self) -> int:
+    """Blocks per question re-embedded by the live document tower (0 when frozen)."""
+    if not self.train_document_tower:
+      return 0
+    return self.reader_beam if self.document_beam is None else self.document_beam
+
+  def _boxed_init(self, rng: Array) -> Params:
+    retriever_rng, reader_rng = jax.random.split(rng)
+    return {"retriever": init_retriever_params(self.config, retriever_rng),
+            "reader": _reader_init(self.config, reader_rng)}
+
+  def init(self, rng: Array) -> Params:
+    return nn.unbox(self._boxed_init(rng))
+
+  def logical_axes(self) -> Params:
+    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
+
+  # -- pieces
+
+  def embed_questions(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
+    """[Q, question_len] question ids -> [Q, proj] question embeddings."""
+    return RealmRetriever(self.config).apply(
+        {"params": params["retriever"]}, batch["question_ids"], batch.get("question_type_ids"),
+        batch["question_mask"], deterministic=rng is None, rngs=dropout_rngs(rng),
+        method=RealmRetriever.embed_queries)
+
+  def retrieval_scores(self, params: Params, batch: Batch, question_emb: Array,
+                       rng: Array | None = None) -> Array:
+    """f(x, z) for the whole retrieved beam.
+
+    Args:
+      params: model parameters.
+      batch: needs `retrieved_block_emb [Q, beam, proj]` (unless the live document tower
+        covers the whole beam) and, when training the document tower, `document_*`.
+      question_emb: [Q, proj].
+      rng: dropout rng or None.
+
+    Returns:
+      [Q, beam] float32.
+    """
+    num_live = self.num_reembedded
+    stale = None
+    if "retrieved_block_emb" in batch:
+      # [Q, beam] the frozen index's embeddings with the live question tower (ORQA).
+      stale = relevance_scores(question_emb, batch["retrieved_block_emb"])
+    if not num_live:
+      if stale is None:
+        raise ValueError("the batch has no retrieved_block_emb: pass block_emb (the frozen "
+                         "index embeddings) to build_open_qa_batch")
+      return stale
+    if "document_ids" not in batch:
+      raise ValueError("train_document_tower=True needs document_ids/document_type_ids/"
+                       "document_mask: pass document_beam to build_open_qa_batch")
+    if batch["document_ids"].shape[1] != num_live:
+      raise ValueError(f"the batch re-embeds {batch['document_ids'].shape[1]} blocks per "
+                       f"question, the model expects document_beam={num_live}")
+    # [Q, document_beam, proj] re-embedded with the live (trainable) document tower.
+    live_emb = RealmRetriever(self.config).apply(
+        {"params": params["retriever"]}, batch["document_ids"], batch["document_type_ids"],
+        batch["document_mask"], deterministic=rng is None, rngs=dropout_rngs(rng),
+        method=RealmRetriever.embed_documents)
+    live = relevance_scores(question_emb, live_emb)  # [Q, document_beam]
+    if stale is None:
+      beam = batch["retrieved_block_ids"].shape[1] if "retrieved_block_ids" in batch else (
+          batch["retriever_correct"].shape[1] if "retriever_correct" in batch else num_live)
+      if beam != num_live:
+        raise ValueError(f"the live document tower scores {num_live} of {beam} retrieved "
+                         f"blocks; the rest need retrieved_block_emb (pass block_emb to "
+                         f"build_open_qa_batch)")
+      return live
+    if stale.shape[1] == num_live:
+      return live
+    return jnp.concatenate([live, stale[:, num_live:]], axis=1)  # [Q, beam]
+
+  def forward(self, params: Params, batch: Batch, rng: Array | None = None,
+              question_emb: Array | None = None) -> tuple[Array, Array, Array, Array]:
+    """(retrieval scores [Q, beam], reader logits [Q, reader_beam, spans], starts, ends)."""
+    question_rng, document_rng, reader_rng = (
+        (None, None, None) if rng is None else jax.random.split(rng, 3))
+    if question_emb is None:
+      question_emb = self.embed_questions(params, batch, question_rng)  # [Q, proj]
+    scores = self.retrieval_scores(params, batch, question_emb, document_rng)  # [Q, beam]
+    if batch["reader_ids"].shape[1] != self.reader_beam:
+      raise ValueError(f"the batch has {batch['reader_ids'].shape[1]} reader blocks per "
+                       f"question, the model reader_beam={self.reader_beam}")
+    # [Q, reader_beam, spans]: span logits + the block's retrieval score (joint scoring).
+    logits, starts, ends = RealmReader(self.config).apply(
+        {"params": params["reader"]}, batch["reader_ids"], batch["reader_type_ids"],
+        batch["reader_mask"], batch["reader_block_mask"], scores[:, :self.reader_beam],
+        deterministic=rng is None, rngs=dropout_rngs(reader_rng))
+    return scores, logits, starts, ends
+
+  def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
+    scores, logits, starts, ends = self.forward(params, batch, rng)
+    num_questions = logits.shape[0]
+    example_mask = batch["example_mask"].astype(jnp.float32)  # [Q]
+    retriever_correct = batch["retriever_correct"].astype(bool)  # [Q, beam]
+    # [Q, reader_beam, spans]
+    reader_correct = span_correctness(starts, ends, batch["reader_gold_starts"],
+                                      batch["reader_gold_ends"])
+    # [Q] each 0 when nothing is correct (REALM_SPEC 28).
+    retriever_loss = losses.marginal_log_loss(scores, retriever_correct)
+    reader_loss = losses.marginal_log_loss(logits.reshape(num_questions, -1),
+                                           reader_correct.reshape(num_questions, -1))
+    retriever_loss_sum = jnp.sum(retriever_loss * example_mask)
+    reader_loss_sum = jnp.sum(reader_loss * example_mask)
+    loss_sum = retriever_loss_sum + reader_loss_sum
+    weight_sum = jnp.sum(example_mask)
+    # Per-question mean; 0 (not NaN) for a batch of padding only.
+    loss = jnp.where(weight_sum > 0, loss_sum / jnp.maximum(weight_sum, 1.0), 0.0)
+    reader_any = jnp.any(reader_correct.reshape(num_questions, -1), axis=-1)  # [Q]
+    # Whether the predicted (block, span), the global argmax, is a gold span: ORQA's in-graph
+    # `exact_match` metric (token level; the official EM is computed on text by evaluate).
+    best = jnp.argmax(logits.reshape(num_questions, -1), axis=-1)  # [Q]
+    span_match = jnp.take_along_axis(reader_correct.reshape(num_questions, -1), best[:, None],
+                                     axis=-1)[:, 0]  # [Q]
+    return loss, {
+        "loss_sum": loss_sum,
+        "weight_sum": weight_sum,
+        "retriever_loss_sum": retriever_loss_sum,
+        "reader_loss_sum": reader_loss_sum,
+        "retriever_any_correct_sum": jnp.sum(jnp.any(retriever_correct, -1) * example_mask),
+        "reader_any_correct_sum": jnp.sum(reader_any * example_mask),
+        "span_match_sum": jnp.sum(span_match * example_mask),
+    }
+
+  def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
+    """(mean per-question retriever + reader loss, summed aux) with dropout."""
+    return self._sums(params, batch, rng)
+
+  def eval_fn(self, params: Params, batch: Batch) -> dict:
+    """Summed aux values, deterministic."""
+    return self._sums(params, batch, None)[1]
+
+  def predict_batch(self, params: Params, batch: Batch) -> dict[str, Array]:
+    """The best (block, span) per question by a global argmax (REALM_SPEC 29).
+
+    If the batch holds `question_emb [Q, proj]` (e.g. the embeddings the searcher was queried
+    with), it is used instead of running the question tower again.
+
+    Returns:
+      block_index [Q] (among the reader's blocks), start, end [Q] (reader-input positions,
+      end inclusive), logit [Q] (the joint logit of the answer), block_id [Q] (the store row
+      of the answer's block), retrieval_scores [Q, beam] and retrieved_block_ids [Q, beam].
+      `answer_texts` maps the spans back to the original text.
+    """
+    scores, logits, starts, ends = self.forward(params, batch, None, batch.get("question_emb"))
+    num_questions = logits.shape[0]
+    block, start, end = predict_span(logits, starts, ends)  # [Q] each
+    best_logit = jnp.max(logits.reshape(num_questions, -1), axis=-1)  # [Q]
+    retrieved = jnp.asarray(batch["retrieved_block_ids"])  # [Q, beam]
+    block_id = jnp.take_along_axis(retrieved, block[:, None], axis=1)[:, 0]
+    return {"block_index": block, "start": start, "end": end, "logit": best_logit,
+            "block_id": block_id, "retrieval_scores": scores, "retrieved_block_ids": retrieved}
+
+
+def summarize(aux: dict) -> dict[str, Array]:
+  """Means from summed aux values (after summing over devices/microbatches)."""
+  den = aux["weight_sum"]
+
+  def per_question(name: str) -> Array:
+    return jnp.where(den > 0, aux[name] / jnp.maximum(den, 1e-12), 0.0)
+
+  out = {"loss": per_question("loss_sum"),
+         "retriever_loss": per_question("retriever_loss_sum"),
+         "reader_loss": per_question("reader_loss_sum"),
+         "retriever_any_correct": per_question("retriever_any_correct_sum"),
+         "reader_any_correct": per_question("reader_any_correct_sum")}
+  if "span_match_sum" in aux:
+    out["span_exact_match"] = per_question("span_match_sum")
+  return out
