@@ -58,10 +58,6 @@ def init_encoder_params(config: RealmConfig, rng: Array) -> Params:
   return RealmKnowledgeAugEncoder(config).init(rng, reader, reader, reader, positions)["params"]
 
 
-def _unboxed_and_axes(boxed_init) -> tuple[Params, Params]:
-  return nn.unbox(boxed_init), nn.get_partition_spec(boxed_init)
-
-
 @dataclasses.dataclass(frozen=True)
 class IctModel:
   """Inverse Cloze Task (REALM_SPEC 14): a sentence must find its own block.
