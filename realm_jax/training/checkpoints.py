@@ -5,9 +5,15 @@ Run directory layout (shared by the trainer, the index builder and evaluation):
   <run_dir>/checkpoints/<step>/   one Orbax checkpoint per saved step (CheckpointManager)
       params/                     StandardSave of the parameter dict ({"retriever": ..., ...})
       metadata/                   JsonSave: {"format", "format_version", "step", "model_kind",
-                                  "param_items", "config": config_to_dict(config), "extra_items"}
+                                  "param_items", "config": config_to_dict(config), "extra_items",
+                                  "json_items", optional "extra" (the trainer's settings)}
       <name>/                     one StandardSave item per entry of `extra_state`
+                                  (the trainer: "opt_state", "train_state" = {step, rng})
+      <name>/                     one JsonSave item per entry of `json_state`
+                                  (the trainer: "data_state", every host's input position)
   <run_dir>/index/<step>/         published indexes (realm_jax.index.store)
+  <run_dir>/best.json             {"metric", "mode", "step", "value"}: the best checkpoint so far
+                                  by an eval metric (CheckpointWriter; kept through pruning)
   <run_dir>/TRAINING_DONE         written by the trainer after its last checkpoint
 
 Atomicity: Orbax writes a step into `<step>.orbax-checkpoint-tmp-<ts>` and renames it to `<step>`
@@ -15,6 +21,10 @@ when every item is written (then `_CHECKPOINT_METADATA` exists inside). `list_ch
 lists only directories whose whole name is a step number *and* that hold `_CHECKPOINT_METADATA`
 and the metadata item, so a half-written checkpoint (a temporary directory, or a bare `<step>`
 left by something else) is never listed and so never restored by the index builder.
+
+Two writers share the layout: `save_checkpoint` (one synchronous save, for tools, tests and the
+stand-in trainer) and `CheckpointWriter` (the trainer's: one CheckpointManager kept open,
+asynchronous saves, the newest `keep` checkpoints plus the best one preserved).
 
 The index builder is another process: it never holds a CheckpointManager (whose step list is a
 snapshot taken at construction); it re-lists the directory on every poll and restores one step
@@ -27,7 +37,8 @@ import json
 import logging
 import os
 import time
-from typing import Any, Mapping, Optional
+import threading
+from typing import Any, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
@@ -42,6 +53,7 @@ CHECKPOINTS_DIR = "checkpoints"
 TRAINING_DONE = "TRAINING_DONE"
 PARAMS_ITEM = "params"
 METADATA_ITEM = "metadata"
+BEST_FILE = "best.json"
 FORMAT_NAME = "realm_jax.checkpoint"
 FORMAT_VERSION = 1
 # Written by Orbax into a step directory when the step is finalized.
@@ -99,9 +111,50 @@ def _model_kind(params: Mapping[str, Any]) -> str:
   return "+".join(sorted(params))
 
 
+def _checkpoint_args(step: int, params: Mapping[str, Any], *, config: RealmConfig,
+                     extra_state: Optional[Mapping[str, Any]],
+                     json_state: Optional[Mapping[str, Any]], model_kind: Optional[str],
+                     extra_metadata: Optional[Mapping[str, Any]]) -> ocp.args.Composite:
+  """The Orbax items of one checkpoint (shared by save_checkpoint and CheckpointWriter)."""
+  if "retriever" not in params:
+    raise CheckpointError(f"save_checkpoint: params must have a 'retriever' entry (got "
+                          f"{sorted(params)})")
+  extra_state = dict(extra_state or {})
+  json_state = dict(json_state or {})
+  reserved = {PARAMS_ITEM, METADATA_ITEM}
+  clash = (reserved & set(extra_state)) | (reserved & set(json_state))
+  clash |= set(extra_state) & set(json_state)
+  if clash:
+    raise CheckpointError(f"save_checkpoint: item names {sorted(clash)} are reserved or used "
+                          f"twice")
+  params = nn.unbox(dict(params))
+  metadata = {
+      "format": FORMAT_NAME,
+      "format_version": FORMAT_VERSION,
+      "step": int(step),
+      "model_kind": model_kind or _model_kind(params),
+      "param_items": sorted(params),
+      "extra_items": sorted(extra_state),
+      "json_items": sorted(json_state),
+      "config": config_to_dict(config),
+      "saved_unix": time.time(),
+  }
+  if extra_metadata:
+    metadata["extra"] = dict(extra_metadata)
+  items = {PARAMS_ITEM: ocp.args.StandardSave(params),
+           METADATA_ITEM: ocp.args.JsonSave(metadata)}
+  for name, tree in extra_state.items():
+    items[name] = ocp.args.StandardSave(nn.unbox(tree))
+  for name, value in json_state.items():
+    items[name] = ocp.args.JsonSave(value)
+  return ocp.args.Composite(**items)
+
+
 def save_checkpoint(run_dir: str, step: int, params: Mapping[str, Any], *, config: RealmConfig,
                     extra_state: Optional[Mapping[str, Any]] = None, keep: Optional[int] = 3,
-                    model_kind: Optional[str] = None) -> str:
+                    model_kind: Optional[str] = None,
+                    json_state: Optional[Mapping[str, Any]] = None,
+                    extra_metadata: Optional[Mapping[str, Any]] = None) -> str:
   """Saves one checkpoint with Orbax and waits until it is finalized on disk.
 
   Args:
@@ -110,46 +163,200 @@ def save_checkpoint(run_dir: str, step: int, params: Mapping[str, Any], *, confi
     config: the model config; written as JSON so a reader rebuilds the same model and can
       refuse a checkpoint of another model size.
     extra_state: optional {item name: pytree of arrays} saved as further Orbax items
-      (optimizer state, RNG, data position); restore one with `restore_params(..., item=name)`.
+      (optimizer state, RNG, step); restore one with `restore_params(..., item=name)`.
     keep: keep the newest `keep` checkpoints (None keeps all).
     model_kind: recorded in the metadata; default: the sorted `params` keys joined by "+"
       (e.g. "encoder+retriever").
+    json_state: optional {item name: JSON-able value} saved as JSON items (the input
+      pipeline's position); restore one with `restore_params(..., item=name)`.
+    extra_metadata: optional JSON-able dict stored as the metadata's "extra" entry (the
+      trainer records its settings there).
 
   Returns:
     The step directory `<run_dir>/checkpoints/<step>`.
 
   The save is finished (renamed into place) when this returns: the index builder in another
-  process may pick the step up at once, and a test's stand-in trainer is deterministic. (The
-  trainer may later want Orbax's asynchronous save; it would keep its own manager open.)
+  process may pick the step up at once, and a test's stand-in trainer is deterministic. The
+  trainer uses `CheckpointWriter` instead, which saves asynchronously.
   """
-  if "retriever" not in params:
-    raise CheckpointError(f"save_checkpoint: params must have a 'retriever' entry (got "
-                          f"{sorted(params)})")
-  extra_state = dict(extra_state or {})
-  clash = {PARAMS_ITEM, METADATA_ITEM} & set(extra_state)
-  if clash:
-    raise CheckpointError(f"save_checkpoint: extra_state names {sorted(clash)} are reserved")
   step = int(step)
-  params = nn.unbox(dict(params))
-  metadata = {
-      "format": FORMAT_NAME,
-      "format_version": FORMAT_VERSION,
-      "step": step,
-      "model_kind": model_kind or _model_kind(params),
-      "param_items": sorted(params),
-      "extra_items": sorted(extra_state),
-      "config": config_to_dict(config),
-      "saved_unix": time.time(),
-  }
-  items = {PARAMS_ITEM: ocp.args.StandardSave(params),
-           METADATA_ITEM: ocp.args.JsonSave(metadata)}
-  for name, tree in extra_state.items():
-    items[name] = ocp.args.StandardSave(nn.unbox(tree))
+  args = _checkpoint_args(step, params, config=config, extra_state=extra_state,
+                          json_state=json_state, model_kind=model_kind,
+                          extra_metadata=extra_metadata)
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
   with ocp.CheckpointManager(checkpoints_dir(run_dir), options=options) as manager:
-    manager.save(step, args=ocp.args.Composite(**items), force=True)
+    manager.save(step, args=args, force=True)
     manager.wait_until_finished()
   return checkpoint_path(run_dir, step)
+
+
+class _PreserveSteps:
+  """An Orbax preservation policy keeping the steps in a set the writer updates (the best)."""
+
+  def __init__(self, steps: set[int]):
+    self.steps = steps
+
+  def should_preserve(self, checkpoints, *, context) -> Sequence[bool]:
+    del context
+    return [info.step in self.steps for info in checkpoints]
+
+
+def read_best(run_dir: str) -> Optional[dict]:
+  """`<run_dir>/best.json` ({"metric", "mode", "step", "value"}), or None if there is none."""
+  path = os.path.join(os.path.abspath(os.fspath(run_dir)), BEST_FILE)
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return None
+
+
+def _write_json_atomically(path: str, value: Any) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def _is_better(value: float, best: float, mode: str) -> bool:
+  return value > best if mode == "max" else value < best
+
+
+class CheckpointWriter:
+  """The trainer's checkpoint writer: one CheckpointManager for the whole run.
+
+  * Asynchronous (`async_save=True`): `save` returns once the arrays are copied off the devices
+    (Orbax's blocking part); files are written and the step directory is renamed into place
+    on a background thread. A step is listed by `list_checkpoint_steps` only after that rename,
+    so a reader never sees a half-written checkpoint. Orbax waits for the previous save before
+    it starts the next one, so at most one save is in flight.
+  * Keeps the newest `keep` checkpoints *and* the best one by `best_metric` (recorded in
+    `<run_dir>/best.json`): pruning by recency alone would delete the checkpoint a run is
+    selected by.
+  * `best.json` only ever names a finished checkpoint: a new best is recorded when its save has
+    completed (at the next `save`, or `wait`/`close`).
+
+  Multi-host: every process calls `save` with the same step (Orbax synchronises them; process 0
+  writes the JSON items); `best.json` is written by process 0 only.
+  """
+
+  def __init__(self, run_dir: str, *, keep: Optional[int] = 3, async_save: bool = True,
+               best_metric: Optional[str] = None, best_mode: str = "max"):
+    """Opens (creates) `<run_dir>/checkpoints`.
+
+    Args:
+      run_dir: the run directory.
+      keep: newest checkpoints to keep (None keeps all); the best one is kept in addition.
+      async_save: write in the background (see the class docstring).
+      best_metric: name of the metric (passed to `save`) that ranks checkpoints, e.g.
+        "eval/retrieval/utility"; None disables best tracking.
+      best_mode: "max" (higher is better) or "min".
+    """
+    if best_mode not in ("max", "min"):
+      raise ValueError(f"CheckpointWriter: best_mode={best_mode!r}; expected 'max' or 'min'")
+    if keep is not None and keep < 1:
+      raise ValueError(f"CheckpointWriter: keep={keep}; expected >= 1 or None")
+    self.run_dir = os.path.abspath(os.fspath(run_dir))
+    self.best_metric = best_metric
+    self.best_mode = best_mode
+    self._lock = threading.Lock()
+    # The recorded best stays preserved even when this invocation does not evaluate (a resumed
+    # run without eval_fn must not prune the checkpoint the run is selected by).
+    self._best = read_best(self.run_dir)
+    if (best_metric and self._best is not None
+        and (self._best.get("metric") != best_metric or self._best.get("mode") != best_mode)):
+      log.warning("%s: records %s (%s); this run ranks by %s (%s): starting afresh",
+                  os.path.join(self.run_dir, BEST_FILE), self._best.get("metric"),
+                  self._best.get("mode"), best_metric, best_mode)
+      self._best = None
+    self._pending_best: Optional[dict] = None
+    self._warned_missing = False
+    self._preserved: set[int] = {int(self._best["step"])} if self._best else set()
+    policy = None
+    if keep is not None:
+      from orbax.checkpoint import checkpoint_managers as managers  # noqa: PLC0415
+      policy = managers.AnyPreservationPolicy(
+          [managers.LatestN(n=keep), _PreserveSteps(self._preserved)])
+    options = ocp.CheckpointManagerOptions(
+        create=True, enable_async_checkpointing=async_save, preservation_policy=policy)
+    self._manager = ocp.CheckpointManager(checkpoints_dir(self.run_dir), options=options)
+
+  @property
+  def best(self) -> Optional[dict]:
+    """The recorded best ({"metric", "mode", "step", "value"}) or None."""
+    return self._best
+
+  def save(self, step: int, params: Mapping[str, Any], *, config: RealmConfig,
+           extra_state: Optional[Mapping[str, Any]] = None,
+           json_state: Optional[Mapping[str, Any]] = None,
+           metrics: Optional[Mapping[str, float]] = None,
+           extra_metadata: Optional[Mapping[str, Any]] = None) -> None:
+    """Starts saving step `step` (same items as `save_checkpoint`).
+
+    Args:
+      step: the step (number of updates applied).
+      params, config, extra_state, json_state, extra_metadata: as `save_checkpoint`.
+      metrics: eval metrics of this step; if they contain `best_metric` and it beats the
+        recorded best, this step becomes the best once its save has finished.
+    """
+    step = int(step)
+    args = _checkpoint_args(step, params, config=config, extra_state=extra_state,
+                            json_state=json_state, model_kind=None,
+                            extra_metadata=extra_metadata)
+    # Finish (and record) the previous save first; Orbax would wait for it anyway.
+    self.wait()
+    candidate = None
+    if (self.best_metric and metrics is not None and self.best_metric not in metrics
+        and not self._warned_missing):
+      self._warned_missing = True
+      log.warning("eval metrics %s have no %r: no best checkpoint is recorded",
+                  sorted(metrics), self.best_metric)
+    if self.best_metric and metrics is not None and self.best_metric in metrics:
+      value = float(metrics[self.best_metric])
+      if value == value and (self._best is None
+                             or _is_better(value, float(self._best["value"]), self.best_mode)):
+        candidate = {"metric": self.best_metric, "mode": self.best_mode, "step": step,
+                     "value": value}
+        # Preserved from now on, so the pruning that follows this very save cannot take it.
+        self._preserved.add(step)
+    self._manager.save(step, args=args, force=True)
+    self._pending_best = candidate
+
+  def wait(self) -> None:
+    """Blocks until the in-flight save (if any) is on disk, then records a pending best."""
+    self._manager.wait_until_finished()
+    with self._lock:
+      pending, self._pending_best = self._pending_best, None
+      if pending is None:
+        return
+      if pending["step"] not in list_checkpoint_steps(self.run_dir):
+        log.warning("checkpoint %d did not finish; not recording it as the best", pending["step"])
+        self._preserved.discard(pending["step"])
+        return
+      previous = self._best
+      self._best = pending
+      self._preserved.clear()
+      self._preserved.add(pending["step"])
+      if jax.process_index() == 0:
+        _write_json_atomically(os.path.join(self.run_dir, BEST_FILE), pending)
+      log.info("new best checkpoint: step %d with %s=%.6g (was %s)", pending["step"],
+               pending["metric"], pending["value"],
+               "none" if previous is None else f"step {previous['step']}")
+
+  def close(self) -> None:
+    """Waits for the last save and closes the manager."""
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
+
+  def __enter__(self) -> "CheckpointWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
 
 def read_metadata(step_dir: str) -> dict:
@@ -208,6 +415,72 @@ def check_model_size(config: RealmConfig, expected: RealmConfig, where: str) -> 
         f"same model size or change the model gin.")
 
 
+def _checkpoint_config(step_dir: str, metadata: dict,
+                       expected_config: Optional[RealmConfig]) -> RealmConfig:
+  try:
+    config = realm_config_from_dict(metadata["config"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise CheckpointError(f"{step_dir}: the metadata's model config is unreadable ({e})") from e
+  if expected_config is not None:
+    check_model_size(config, expected_config, step_dir)
+  return config
+
+
+def restore_items(step_dir: str, targets: Mapping[str, Any], *,
+                  expected_config: Optional[RealmConfig] = None
+                  ) -> tuple[dict[str, Any], RealmConfig, dict]:
+  """Restores several items of one checkpoint step directory in one read.
+
+  Args:
+    step_dir: `<run>/checkpoints/<step>`.
+    targets: {item name: target}. For array items ("params" and `extra_state` names) the
+      target is an abstract tree (`jax.ShapeDtypeStruct` leaves with shardings: the arrays
+      come back sharded like that) or None (host NumPy arrays, the structure Orbax recorded).
+      For JSON items (`json_state` names) the target must be None.
+    expected_config: if given, a checkpoint of another model size is a one-line
+      CheckpointError (checked from the JSON metadata before any array is read).
+
+  Returns:
+    ({item name: value}, config, metadata).
+
+  Raises:
+    CheckpointError: unfinished, unreadable, another model size, or an item it does not have.
+  """
+  step_dir = os.path.abspath(os.fspath(step_dir))
+  metadata = read_metadata(step_dir)
+  config = _checkpoint_config(step_dir, metadata, expected_config)
+  array_items = [PARAMS_ITEM] + list(metadata.get("extra_items", []))
+  json_items = list(metadata.get("json_items", []))
+  missing = [name for name in targets if name not in array_items + json_items]
+  if missing:
+    raise CheckpointError(f"{step_dir}: no item {missing[0]!r} (has {array_items + json_items})")
+  # A handler for every item of the step (Orbax warns about items it has no handler for).
+  handlers = {name: ocp.StandardCheckpointHandler() for name in array_items}
+  handlers.update({name: ocp.JsonCheckpointHandler() for name in json_items})
+  handlers[METADATA_ITEM] = ocp.JsonCheckpointHandler()
+  checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(**handlers))
+  try:
+    restore_args = {}
+    for name, target in targets.items():
+      if name in json_items:
+        restore_args[name] = ocp.args.JsonRestore()
+        continue
+      if target is None:
+        tree_metadata = checkpointer.metadata(step_dir).item_metadata[name]
+        tree_metadata = getattr(tree_metadata, "tree", tree_metadata)
+        # NumPy targets make Orbax restore host arrays, whatever devices wrote them.
+        target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), dict(tree_metadata))
+      restore_args[name] = ocp.args.StandardRestore(target)
+    restored = checkpointer.restore(step_dir, args=ocp.args.Composite(**restore_args))
+  except Exception as e:  # noqa: BLE001 - vanished (pruned) or corrupt: one line
+    first = str(e).splitlines()[0] if str(e) else ""
+    what = (f"item {next(iter(targets))!r}" if len(targets) == 1
+            else f"items {sorted(targets)}")
+    raise CheckpointError(f"{step_dir}: cannot restore {what} "
+                          f"({type(e).__name__}: {first})") from e
+  return {name: restored[name] for name in targets}, config, metadata
+
+
 def restore_checkpoint_dir(step_dir: str, *, item: str = PARAMS_ITEM,
                            expected_config: Optional[RealmConfig] = None,
                            target: Any = None) -> tuple[Any, RealmConfig, dict]:
@@ -215,43 +488,18 @@ def restore_checkpoint_dir(step_dir: str, *, item: str = PARAMS_ITEM,
 
   Args:
     step_dir: `<some run>/checkpoints/<step>`.
-    item: "params" or a name from the checkpoint's `extra_state`.
+    item: "params", a name from the checkpoint's `extra_state`, or one from its `json_state`.
     expected_config: if given, a checkpoint of another model size is a one-line
       CheckpointError (checked from the JSON metadata before any array is read).
     target: optional abstract tree (jax.ShapeDtypeStruct leaves with shardings) to restore
       into; default: host NumPy arrays, so any process (any device count) can read it and
-      place the arrays itself.
+      place the arrays itself. Must be None for a JSON item.
 
   Returns:
     (tree, config, metadata).
   """
-  step_dir = os.path.abspath(os.fspath(step_dir))
-  metadata = read_metadata(step_dir)
-  try:
-    config = realm_config_from_dict(metadata["config"])
-  except (KeyError, TypeError, ValueError) as e:
-    raise CheckpointError(f"{step_dir}: the metadata's model config is unreadable ({e})") from e
-  if expected_config is not None:
-    check_model_size(config, expected_config, step_dir)
-  available = [PARAMS_ITEM] + list(metadata.get("extra_items", []))
-  if item not in available:
-    raise CheckpointError(f"{step_dir}: no item {item!r} (has {available})")
-  # A handler for every item of the step (Orbax warns about items it has no handler for).
-  handlers = {name: ocp.StandardCheckpointHandler() for name in available}
-  checkpointer = ocp.Checkpointer(ocp.CompositeCheckpointHandler(
-      **handlers, **{METADATA_ITEM: ocp.JsonCheckpointHandler()}))
-  try:
-    if target is None:
-      tree_metadata = checkpointer.metadata(step_dir).item_metadata[item]
-      tree_metadata = getattr(tree_metadata, "tree", tree_metadata)
-      # NumPy targets make Orbax restore host arrays, whatever devices wrote them.
-      target = jax.tree.map(lambda m: np.empty(m.shape, m.dtype), dict(tree_metadata))
-    restored = checkpointer.restore(
-        step_dir, args=ocp.args.Composite(**{item: ocp.args.StandardRestore(target)}))
-  except Exception as e:  # noqa: BLE001 - vanished (pruned) or corrupt: one line
-    first = str(e).splitlines()[0] if str(e) else ""
-    raise CheckpointError(f"{step_dir}: cannot restore item {item!r} "
-                          f"({type(e).__name__}: {first})") from e
+  restored, config, metadata = restore_items(step_dir, {item: target},
+                                             expected_config=expected_config)
   return restored[item], config, metadata
 
 
@@ -263,7 +511,7 @@ def restore_params(run_dir: str, step: Optional[int] = None, *, item: str = PARA
   Args:
     run_dir: the run directory.
     step: the step; None for the newest.
-    item: "params" (the parameter dict) or an `extra_state` item name.
+    item: "params" (the parameter dict), an `extra_state` or a `json_state` item name.
     expected_config: the caller's model config; a checkpoint of another model size is a
       one-line CheckpointError.
     target: see `restore_checkpoint_dir`.
@@ -299,6 +547,17 @@ def mark_training_done(run_dir: str) -> str:
     os.fsync(f.fileno())
   os.replace(tmp, path)
   return path
+
+
+def clear_training_done(run_dir: str) -> bool:
+  """Removes `<run_dir>/TRAINING_DONE` (a finished run asked to train further); True if it was
+  there. Followers such as the index builder would otherwise exit while training goes on."""
+  path = os.path.join(os.path.abspath(os.fspath(run_dir)), TRAINING_DONE)
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    return False
+  return True
 
 
 def training_done(run_dir: str) -> bool:
