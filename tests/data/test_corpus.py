@@ -215,11 +215,12 @@ def store_arrays(path):
 
 @pytest.fixture(scope="module")
 def tf():
-  return pytest.importorskip("tensorflow")
+  import tensorflow as tf  # noqa: PLC0415
+  return tf
 
 
 def test_jsonl_tfds_realm_and_orqa_sources_build_the_same_store(tmp_path, tf):
-  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow_datasets as tfds  # noqa: PLC0415
   # JSONL.
   jsonl = write_jsonl(tmp_path / "docs.jsonl", SAME_DOCS)
   corpus.build_block_store(corpus.JsonlSource(jsonl), str(tmp_path / "jsonl"))

@@ -172,7 +172,7 @@ def test_multi_host_parts_are_combined_by_host_0(tmp_path, params, block_store, 
 
 
 def test_build_index_with_scann_artifacts(tmp_path, params, block_store):
-  pytest.importorskip("scann")
+  import scann  # noqa: F401,PLC0415  (a pinned dependency: must import)
   from realm_jax.index import search  # pylint: disable=g-import-not-at-top
   ckpt.save_checkpoint(tmp_path, 6, {"retriever": params}, config=TINY)
   path = builder.build_index(str(tmp_path), 6, store=block_store, batch_size=8, progress=None,

@@ -288,8 +288,8 @@ def test_losses_equal_numpy_marginal_log_loss(store, vocab, block_emb, model, pa
 
 def test_parity_with_transformers_realm_reader_losses(store, vocab, block_emb, model, params,
                                                       tmp_path):
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  import torch  # noqa: PLC0415  (test extra)
+  import transformers  # noqa: PLC0415  (test extra)
   reader_beam = 2
   hf_config = transformers.RealmConfig(
       vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
