@@ -20,21 +20,16 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
 import gin
-from absl import flags
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from realm_jax import gin_utils
+from realm_jax.gin_utils import ConfigError, REPO_ROOT, split_gin_args  # noqa: F401 (re-exported)
 PROG = "build_index"
 
 log = logging.getLogger(PROG)
-
-
-class ConfigError(ValueError):
-  """A configuration mistake; main() prints it as one line and exits with status 2."""
 
 
 @gin.configurable
@@ -91,57 +86,10 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
 _CALL_STARTED = [False]  # set by build_index_main: errors before it are gin's (config errors)
 
 
-def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-  """Separates `--gin.KEY=VALUE` arguments (-> "KEY = VALUE" bindings) from the others."""
-  bindings, rest = [], []
-  for arg in argv:
-    if arg.startswith("--gin."):
-      key, sep, value = arg[len("--gin."):].partition("=")
-      if not sep or not key:
-        raise ConfigError(f"{arg!r}: expected --gin.KEY=VALUE, e.g. --gin.RUN_DIR=\"'/runs/x'\"")
-      bindings.append(f"{key} = {value}")
-    else:
-      rest.append(arg)
-  return bindings, rest
-
-
-def _one_line(error: BaseException) -> str:
-  # gin appends "In call to configurable 'build_index_main' (<function ...>)" to every error
-  # raised inside the call: noise for the user, who did not call anything by hand.
-  lines = [line.strip() for line in str(error).splitlines()
-           if line.strip() and not line.strip().startswith("In call to configurable")]
-  text = " ".join(lines)
-  match = re.search(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", text)
-  if match:
-    return (f"required macro {match.group(1)} is not set; pass "
-            f"--gin.{match.group(1)}=\"'...'\" (see the header of the run gin)")
-  return text or type(error).__name__
-
-
-def _resolve_gin_file(path: str) -> str:
-  """`path` if it exists, else the same relative path under the repository root."""
-  if os.path.exists(path) or os.path.isabs(path):
-    return path
-  candidate = os.path.join(REPO_ROOT, path)
-  if os.path.exists(candidate):
-    return candidate
-  raise ConfigError(f"gin file {path!r} not found (looked in {os.getcwd()} and {REPO_ROOT})")
-
-
-def _parse_flags(argv: Sequence[str]) -> flags.FlagValues:
+def _parse_flags(argv: Sequence[str]):
   """Parses the non-gin flags with a private FlagValues (so main() can run many times)."""
-  values = flags.FlagValues()
-  flags.DEFINE_multi_string("gin_file", [], "Gin files (repeatable); relative paths are also "
-                            "looked up from the repository root.", flag_values=values)
-  flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'RUN_DIR = \"/x\"' "
-                            "(repeatable).", flag_values=values)
-  flags.DEFINE_boolean("once", False, "Build one index and exit (overrides the gin binding).",
-                       flag_values=values)
-  try:
-    values(list(argv))
-  except flags.Error as e:
-    raise ConfigError(_one_line(e)) from e
-  return values
+  return gin_utils.parse_flags(
+      argv, {"once": "Build one index and exit (overrides the gin binding)."})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -156,18 +104,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     values = _parse_flags([argv[0] if argv else PROG] + rest)
     if not values.gin_file:
       raise ConfigError("no --gin_file given (use --gin_file=gin_configs/runs/build_index.gin)")
-    gin.clear_config()
-    try:
-      gin.parse_config_files_and_bindings([_resolve_gin_file(f) for f in values.gin_file],
-                                          list(values.gin_bindings) + gin_bindings)
-    except Exception as e:  # noqa: BLE001 - gin raises ValueError, IOError, SyntaxError, ...
-      raise ConfigError(_one_line(e)) from e
+    gin_utils.parse_gin(values.gin_file, list(values.gin_bindings) + gin_bindings)
     overrides = {"once": True} if values.once else {}
     try:
       return build_index_main(**overrides)
     except Exception as e:  # noqa: BLE001
       if not _CALL_STARTED[0]:  # gin refused the call: a missing or unknown binding
-        raise ConfigError(_one_line(e)) from e
+        raise ConfigError(gin_utils.one_line(e)) from e
       raise
   except ConfigError as e:
     print(f"{PROG}: config error: {e}", file=sys.stderr, flush=True)
@@ -179,7 +122,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from realm_jax.data.corpus import BlockStoreError  # pylint: disable=g-import-not-at-top
     if not isinstance(e, (ValueError, OSError, BlockStoreError)):  # not self-explaining: a bug?
       log.error("unexpected error", exc_info=True)
-    print(f"{PROG}: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr, flush=True)
+    print(f"{PROG}: error: {type(e).__name__}: {gin_utils.one_line(e)}", file=sys.stderr,
+          flush=True)
     return 1
 
 

@@ -1,0 +1,102 @@
+r"""Shared t5x-style command-line handling of the gin-configured entry points.
+
+Used by `realm_jax.build_index` and `realm_jax.train`:
+
+* `--gin_file` (repeatable; a relative path is also looked up from the repository root),
+  `--gin_bindings` (repeatable) and `--gin.KEY=VALUE` (the same as
+  `--gin_bindings='KEY = VALUE'`);
+* configuration mistakes become a `ConfigError` whose message is one line (gin's multi-line
+  errors are folded; a missing `%gin.REQUIRED` macro is named with the flag that sets it); the
+  entry points print it as `<prog>: config error: ...` and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping, Optional, Sequence
+
+import gin
+from absl import flags
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+__all__ = ["ConfigError", "REPO_ROOT", "one_line", "parse_flags", "parse_gin",
+           "resolve_gin_file", "split_gin_args"]
+
+
+class ConfigError(ValueError):
+  """A configuration mistake; entry points print it as one line and exit with status 2."""
+
+
+def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+  """Separates `--gin.KEY=VALUE` arguments (-> "KEY = VALUE" bindings) from the others."""
+  bindings, rest = [], []
+  for arg in argv:
+    if arg.startswith("--gin."):
+      key, sep, value = arg[len("--gin."):].partition("=")
+      if not sep or not key:
+        raise ConfigError(f"{arg!r}: expected --gin.KEY=VALUE, e.g. --gin.RUN_DIR=\"'/runs/x'\"")
+      bindings.append(f"{key} = {value}")
+    else:
+      rest.append(arg)
+  return bindings, rest
+
+
+def one_line(error: BaseException) -> str:
+  """`error` as one line, without gin's "In call to configurable ..." noise."""
+  lines = [line.strip() for line in str(error).splitlines()
+           if line.strip() and not line.strip().startswith("In call to configurable")]
+  text = " ".join(lines)
+  match = re.search(r"(\w+)/macro\.value set to `%gin\.REQUIRED`", text)
+  if match:
+    return (f"required macro {match.group(1)} is not set; pass "
+            f"--gin.{match.group(1)}=\"'...'\" (see the header of the run gin)")
+  return text or type(error).__name__
+
+
+def resolve_gin_file(path: str) -> str:
+  """`path` if it exists, else the same relative path under the repository root."""
+  if os.path.exists(path) or os.path.isabs(path):
+    return path
+  candidate = os.path.join(REPO_ROOT, path)
+  if os.path.exists(candidate):
+    return candidate
+  raise ConfigError(f"gin file {path!r} not found (looked in {os.getcwd()} and {REPO_ROOT})")
+
+
+def parse_flags(argv: Sequence[str], booleans: Optional[Mapping[str, str]] = None
+                ) -> flags.FlagValues:
+  """Parses --gin_file, --gin_bindings and the given boolean flags ({name: help}).
+
+  Uses a private FlagValues, so an entry point's main() can run many times in one process.
+  `argv[0]` is the program name. Raises ConfigError (one line) on an unknown or bad flag.
+  """
+  values = flags.FlagValues()
+  flags.DEFINE_multi_string("gin_file", [], "Gin files (repeatable); relative paths are also "
+                            "looked up from the repository root.", flag_values=values)
+  flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'RUN_DIR = \"/x\"' "
+                            "(repeatable).", flag_values=values)
+  for name, help_text in (booleans or {}).items():
+    flags.DEFINE_boolean(name, False, help_text, flag_values=values)
+  try:
+    values(list(argv))
+  except flags.Error as e:
+    raise ConfigError(one_line(e)) from e
+  return values
+
+
+def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
+  """Clears gin's config, then parses the files (resolved) and bindings; ConfigError on error."""
+  if not gin_files:
+    raise ConfigError("no --gin_file given")
+  gin.clear_config()
+  # `include 'gin_configs/...'` inside a gin file also resolves from the repository root.
+  if REPO_ROOT not in gin.config._LOCATION_PREFIXES:  # pylint: disable=protected-access
+    gin.add_config_file_search_path(REPO_ROOT)
+  try:
+    gin.parse_config_files_and_bindings([resolve_gin_file(f) for f in gin_files], list(bindings))
+  except ConfigError:
+    raise
+  except Exception as e:  # noqa: BLE001 - gin raises ValueError, IOError, SyntaxError, ...
+    raise ConfigError(one_line(e)) from e
