@@ -91,7 +91,7 @@ def _masked_query_examples(*, block_store: PathOrFn, pretrain_records: PathOrFn 
     yield {"query_ids": query.query_ids, "query_mask": query.query_mask,
            "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,
            "mlm_weights": query.mlm_weights, "source_uid": uid_to_int64(query.source_uid)}
-  log.info("%s masking: %d examples, skipped %s", strategy, produced, skips.summary())
+  log.info("%s masking: %d examples, %s", strategy, produced, skips.summary())
 
 
 def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,
@@ -109,7 +109,7 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
     yield {name: example[name] for name in
            ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")} | {
                "block_uid": uid_to_int64(example["block_uid"])}
-  log.info("ICT: skipped %s", skips.summary())
+  log.info("ICT examples: %s", skips.summary())
 
 
 def _generator_source(generator_fn: Callable[[], Iterator[dict]],
