@@ -19,17 +19,16 @@ see `realm_jax.index.builder` for how the hosts split the blocks.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
 from realm_jax import gin_utils
-from realm_jax.gin_utils import ConfigError, REPO_ROOT, split_gin_args  # noqa: F401 (re-exported)
+from realm_jax.gin_utils import ConfigError, split_gin_args
+
 PROG = "build_index"
 
-log = logging.getLogger(PROG)
 
 
 @gin.configurable
@@ -120,11 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 130
   except Exception as e:  # noqa: BLE001 - CheckpointError, BlockStoreError, IndexLoadError...
     from realm_jax.data.corpus import BlockStoreError  # pylint: disable=g-import-not-at-top
-    if not isinstance(e, (ValueError, OSError, BlockStoreError)):  # not self-explaining: a bug?
-      log.error("unexpected error", exc_info=True)
-    print(f"{PROG}: error: {type(e).__name__}: {gin_utils.one_line(e)}", file=sys.stderr,
-          flush=True)
-    return 1
+    return gin_utils.report_error(PROG, e, (ValueError, OSError, BlockStoreError))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ Used by `realm_jax.build_index` and `realm_jax.train`:
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import sys
 from typing import Mapping, Optional, Sequence
 
 import gin
@@ -100,3 +102,16 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     raise
   except Exception as e:  # noqa: BLE001 - gin raises ValueError, IOError, SyntaxError, ...
     raise ConfigError(one_line(e)) from e
+
+
+def report_error(prog: str, error: BaseException, expected: tuple[type, ...]) -> int:
+  """Prints a job's runtime error as one line and returns exit status 1.
+
+  Errors of the `expected` types explain themselves (bad data, a refused checkpoint); anything
+  else is probably a bug, so its traceback is logged too.
+  """
+  if not isinstance(error, expected):
+    logging.getLogger(prog).error("unexpected error", exc_info=error)
+  print(f"{prog}: error: {type(error).__name__}: {one_line(error)}", file=sys.stderr,
+        flush=True)
+  return 1

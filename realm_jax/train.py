@@ -294,11 +294,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           flush=True)
     return 130
   except Exception as e:  # noqa: BLE001 - NonFiniteLossError, CheckpointError, NoIndexError...
-    if not isinstance(e, (ValueError, OSError, RuntimeError)):
-      log.error("unexpected error", exc_info=True)
-    print(f"{PROG}: error: {type(e).__name__}: {gin_utils.one_line(e)}", file=sys.stderr,
-          flush=True)
-    return 1
+    return gin_utils.report_error(PROG, e, (ValueError, OSError, RuntimeError))
 
 
 if __name__ == "__main__":

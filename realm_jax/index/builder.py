@@ -49,6 +49,7 @@ from realm_jax.data.corpus import BlockStore
 from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmEmbedder
+from realm_jax.models import retriever as retriever_lib
 from realm_jax.training import checkpoints as ckpt_lib
 
 log = logging.getLogger(__name__)
@@ -130,17 +131,7 @@ def document_tower_params(params: Mapping[str, Any], config: RealmConfig) -> Any
   Returns:
     The RealmEmbedder params of the document side (the shared tower when tied).
   """
-  tree = params
-  if isinstance(tree, Mapping) and set(tree) == {"params"}:
-    tree = tree["params"]
-  if isinstance(tree, Mapping) and "retriever" in tree:
-    tree = tree["retriever"]
-  name = "embedder" if config.share_embedders else "document_embedder"
-  if not isinstance(tree, Mapping) or name not in tree:
-    keys = sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__
-    raise ValueError(f"retriever params have no {name!r} tower (got {keys}); "
-                     f"share_embedders={config.share_embedders} in the config")
-  return tree[name]
+  return retriever_lib.tower_params(params, config, "document")[1]
 
 
 @functools.lru_cache(maxsize=8)

@@ -9,6 +9,8 @@ In pretraining the query and document towers are the same parameters (REALM_SPEC
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -119,3 +121,32 @@ class RealmRetriever(nn.Module):
                                          deterministic=deterministic)
     candidate_emb = nn.with_logical_constraint(candidate_emb, ("batch", "candidates", "proj"))
     return relevance_scores(query_emb, candidate_emb), query_emb, candidate_emb
+
+
+def tower_params(params, config: RealmConfig, side: str):
+  """One tower's RealmEmbedder params, from retriever params or a checkpoint's dict.
+
+  Args:
+    params: RealmRetriever params ({"embedder"} tied, or {"query_embedder",
+      "document_embedder"} untied), optionally wrapped as {"params": ...} and/or
+      {"retriever": ...} (the checkpoint layout of `training.checkpoints`).
+    config: the model config (tied or untied towers).
+    side: "query" or "document".
+
+  Returns:
+    (name, params): the tower's name in a RealmRetriever tree ("embedder" when tied) and its
+    RealmEmbedder params.
+  """
+  if side not in ("query", "document"):
+    raise ValueError(f"side must be 'query' or 'document', got {side!r}")
+  tree = params
+  if isinstance(tree, Mapping) and set(tree) == {"params"}:
+    tree = tree["params"]
+  if isinstance(tree, Mapping) and "retriever" in tree:
+    tree = tree["retriever"]
+  name = "embedder" if config.share_embedders else f"{side}_embedder"
+  if not isinstance(tree, Mapping) or name not in tree:
+    keys = sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__
+    raise ValueError(f"retriever params have no {name!r} tower (got {keys}); "
+                     f"share_embedders={config.share_embedders} in the config")
+  return name, tree[name]

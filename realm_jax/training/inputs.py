@@ -84,6 +84,7 @@ from realm_jax.index import search as search_lib
 from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmRetriever
+from realm_jax.models import retriever as retriever_lib
 from realm_jax.training import checkpoints as ckpt_lib
 
 log = logging.getLogger(__name__)
@@ -423,17 +424,8 @@ def query_tower_params(params: Mapping[str, Any], config: RealmConfig) -> dict:
     that `RealmRetriever.embed_queries` can apply. The untied document tower is left out, so an
     index holds one tower on the devices, not two.
   """
-  tree = params
-  if isinstance(tree, Mapping) and set(tree) == {"params"}:
-    tree = tree["params"]
-  if isinstance(tree, Mapping) and "retriever" in tree:
-    tree = tree["retriever"]
-  name = "embedder" if config.share_embedders else "query_embedder"
-  if not isinstance(tree, Mapping) or name not in tree:
-    keys = sorted(tree) if isinstance(tree, Mapping) else type(tree).__name__
-    raise ValueError(f"retriever params have no {name!r} tower (got {keys}); "
-                     f"share_embedders={config.share_embedders} in the config")
-  return {name: tree[name]}
+  name, tower = retriever_lib.tower_params(params, config, "query")
+  return {name: tower}
 
 
 def local_query_mesh() -> Mesh:
