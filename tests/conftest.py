@@ -9,3 +9,20 @@ import os
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+
+import pytest  # noqa: E402  (after XLA_FLAGS is set)
+
+
+@pytest.fixture(scope="module")
+def private_cache(tmp_path_factory):
+  """A private REALM_JAX_CACHE: the toy world and its BlockStore are generated there on first
+  use, so tests never write to the user's cache."""
+  root = tmp_path_factory.mktemp("cache")
+  old = os.environ.get("REALM_JAX_CACHE")
+  os.environ["REALM_JAX_CACHE"] = str(root)
+  yield root
+  if old is None:
+    del os.environ["REALM_JAX_CACHE"]
+  else:
+    os.environ["REALM_JAX_CACHE"] = old

@@ -30,16 +30,8 @@ NUM_COUNTING = 37
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-  """A private cache: the toy world and its BlockStore are generated there on first use."""
-  root = tmp_path_factory.mktemp("cache")
-  old = os.environ.get("REALM_JAX_CACHE")
-  os.environ["REALM_JAX_CACHE"] = str(root)
-  yield root
-  if old is None:
-    del os.environ["REALM_JAX_CACHE"]
-  else:
-    os.environ["REALM_JAX_CACHE"] = old
+def cache(private_cache):
+  return private_cache
 
 
 @pytest.fixture(scope="module", autouse=True)
