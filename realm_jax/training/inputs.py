@@ -500,8 +500,7 @@ class IndexRetriever:
     if len(self.mesh.axis_names) != 1:
       raise ValueError(f"IndexRetriever needs a 1-D mesh, got axes {self.mesh.axis_names}")
     self._axis = self.mesh.axis_names[0]
-    tower = query_tower_params(query_params, config)
-    self._params = jax.device_put(tower, NamedSharding(self.mesh, P()))
+    self.set_query_params(query_params)
     if searcher is None:
       if backend == "exact":
         searcher_kwargs = {"mesh": self.mesh, "docs_axis": self._axis, **searcher_kwargs}
@@ -511,6 +510,19 @@ class IndexRetriever:
           **searcher_kwargs)
     self.searcher = searcher
     self._embed = _embed_queries_fn(config, self.mesh, self._axis)
+
+  @property
+  def block_emb(self) -> Any:
+    """The index embeddings [num_blocks(+padding), proj]: the searcher's device copy when it
+    has one (exact search), else the loaded matrix."""
+    emb = getattr(self.searcher, "embeddings", None)
+    return self.index.embeddings if emb is None else emb
+
+  def set_query_params(self, query_params: Mapping[str, Any]) -> None:
+    """Searches with another query tower from now on (open-QA fine-tuning retrieves with the
+    live question tower; any layout `query_tower_params` accepts)."""
+    tower = query_tower_params(query_params, self.config)
+    self._params = jax.device_put(tower, NamedSharding(self.mesh, P()))
 
   def embed_queries(self, query_ids, query_mask) -> np.ndarray:
     """Query embeddings of this snapshot's query tower.

@@ -46,7 +46,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
 import flax
 import jax
@@ -489,7 +489,8 @@ def make_grad_fn(model: Any, *, mesh: Mesh,
   return ShardedFn(jitted, mesh, rules, constrain_activations)
 
 
-def make_eval_fn(model: Any, batches: Sequence[Batch], *, mesh: Mesh,
+def make_eval_fn(model: Any, batches: Union[Sequence[Batch], Callable[[], Iterable[Batch]]], *,
+                 mesh: Mesh,
                  rules: partitioning.Rules = partitioning.DEFAULT_RULES,
                  summarize_fn: Optional[Callable[[dict], dict]] = None, prefix: str = "eval/",
                  compiler_options: Optional[dict[str, Any]] = None
@@ -498,7 +499,8 @@ def make_eval_fn(model: Any, batches: Sequence[Batch], *, mesh: Mesh,
 
   Args:
     model: has `eval_fn(params, batch) -> aux` (sums).
-    batches: host-local batches (the same on every call; all of one shape, so one compile).
+    batches: host-local batches (the same on every call; all of one shape, so one compile),
+      or a function giving them anew at every call (e.g. drawn with the current index).
     mesh, rules: as the train step.
     summarize_fn: aux sums -> means (default as `make_train_step`).
     prefix: prepended to every metric name ("eval/loss", "eval/retrieval/utility").
@@ -512,12 +514,12 @@ def make_eval_fn(model: Any, batches: Sequence[Batch], *, mesh: Mesh,
       jax.jit(model.eval_fn, in_shardings=(params_sharding, partitioning.batch_sharding(mesh)),
               out_shardings=partitioning.replicated(mesh), compiler_options=compiler_options),
       mesh, rules, False)
-  batches = list(batches)
+  fixed = None if callable(batches) else list(batches)
 
   def eval_fn(step: int, state: TrainState) -> dict[str, float]:
     del step
     total = None
-    for batch in batches:
+    for batch in (fixed if fixed is not None else batches()):
       aux = jitted(state.params, partitioning.shard_batch(batch, mesh))
       total = aux if total is None else jax.tree.map(jnp.add, total, aux)
     means = jax.device_get(summarize(total))
