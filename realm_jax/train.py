@@ -1,4 +1,5 @@
-r"""The trainer job: ICT warm start and REALM pretraining as gin configurations of one trainer.
+r"""The trainer job: ICT warm start, REALM pretraining and open-QA fine-tuning as gin
+configurations of one trainer.
 
   python -m realm_jax.train --gin_file=gin_configs/experiments/toy_ict.gin \
       --gin.RUN_DIR="'/tmp/realm_toy/ict'" [--dry_run]
@@ -18,7 +19,19 @@ Exit status: 0 done (or dry run), 1 a runtime error (one line), 2 a configuratio
 line: unknown flag or gin binding, missing required macro, unregistered task, an
 `init_checkpoint` of another model size), 130 interrupted.
 
-Open-QA fine-tuning and evaluation are not jobs of this entry point yet.
+Jobs (`train_main.job`):
+  ict       IctModel on an `ict_<corpus>` task (REALM_SPEC 14).
+  pretrain  RealmPretrainModel on a `realm_<corpus>_<strategy>` task; candidates from the run's
+            current index (built by `realm_jax.build_index` alongside); the retriever warm-starts
+            from `init_checkpoint` (an ICT checkpoint); at every checkpoint, retrieval utility on
+            `eval_batches` batches picks the best checkpoint (REALM_SPEC 15-17, 21).
+  finetune  OpenQAModel on a QA task (toy_qa, nq_open, web_questions, curated_trec): batches of
+            questions retrieved with the live question tower from the run's index (frozen: built
+            once with `build_index --once` from `init_checkpoint`; refreshed by a builder running
+            alongside when `train_document_tower=True`); retriever and reader warm-start from
+            `init_checkpoint` (a pretraining checkpoint: the reader's BERT is its encoder's); at
+            every checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best
+            checkpoint (REALM_SPEC 25-29).
 """
 
 from __future__ import annotations
@@ -33,7 +46,7 @@ from realm_jax import gin_utils
 from realm_jax.gin_utils import ConfigError, split_gin_args
 
 PROG = "train"
-JOBS = ("ict", "pretrain")
+JOBS = ("ict", "pretrain", "finetune")
 # Feature lengths of the pretraining tasks (realm_jax_tasks.pretraining) for the abstract
 # batch of a dry run: ICT queries 64, masked queries 96, blocks 288, 10 mask slots.
 ICT_QUERY_LEN = 64
@@ -46,7 +59,8 @@ log = logging.getLogger(PROG)
 _CALL_STARTED = [False]  # set by train_main: errors before it are gin's (config errors)
 
 
-def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len: int) -> dict:
+def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len: int,
+                    qa: Optional[dict] = None) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
@@ -57,6 +71,24 @@ def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len:
     return {"query_ids": spec(ICT_QUERY_LEN), "query_mask": spec(ICT_QUERY_LEN),
             "block_ids": spec(BLOCK_LEN), "block_type_ids": spec(BLOCK_LEN),
             "block_mask": spec(BLOCK_LEN)}
+  if job == "finetune":
+    q_len, beam, reader_beam, reader_len = (qa["question_len"], qa["beam"], qa["reader_beam"],
+                                            qa["reader_len"])
+    batch = {"question_ids": spec(q_len), "question_type_ids": spec(q_len),
+             "question_mask": spec(q_len), "retrieved_block_ids": spec(beam),
+             "retrieved_block_emb": spec(beam, qa["proj_size"], dtype=np.float32),
+             "retriever_correct": spec(beam, dtype=bool),
+             "reader_ids": spec(reader_beam, reader_len),
+             "reader_type_ids": spec(reader_beam, reader_len),
+             "reader_mask": spec(reader_beam, reader_len),
+             "reader_block_mask": spec(reader_beam, reader_len, dtype=bool),
+             "reader_gold_starts": spec(reader_beam, qa["max_occurrences"]),
+             "reader_gold_ends": spec(reader_beam, qa["max_occurrences"]),
+             "example_mask": spec(dtype=bool)}
+    if qa["document_beam"]:
+      for key in ("document_ids", "document_type_ids", "document_mask"):
+        batch[key] = spec(qa["document_beam"], block_len)
+    return batch
   k, reader_len = num_candidates, QUERY_LEN + block_len
   return {"query_ids": spec(QUERY_LEN), "query_type_ids": spec(QUERY_LEN),
           "query_mask": spec(QUERY_LEN), "candidate_input_ids": spec(k, block_len),
@@ -83,6 +115,70 @@ def _check_init_checkpoint(step_dir: str, config: Any) -> None:
     raise ConfigError(f"init_checkpoint: {gin_utils.one_line(e)}") from e
 
 
+def _warm_start(job: str, checkpoint: dict, fresh: dict, source: str) -> tuple[dict, str]:
+  """The parameters a run starts from: `fresh` with the subtrees `checkpoint` provides.
+
+  pretrain: the retriever (an ICT checkpoint, or any checkpoint with one). finetune: the
+  retriever, and the reader (a fine-tuning checkpoint's reader, or a pretraining checkpoint's
+  encoder BERT under a fresh span head: REALM initialises the reader from the
+  knowledge-augmented encoder). Returns (params, what was warm-started, for the log).
+  """
+  if "retriever" not in checkpoint:
+    raise ConfigError(f"init_checkpoint {source}: no retriever params (has {sorted(checkpoint)})")
+  params = dict(fresh)
+  params["retriever"] = checkpoint["retriever"]
+  taken = ["retriever"]
+  if job == "finetune":
+    if "reader" in checkpoint:
+      params["reader"] = checkpoint["reader"]
+      taken.append("reader")
+    elif "encoder" in checkpoint:
+      params["reader"] = {**fresh["reader"], "bert": checkpoint["encoder"]["bert"]}
+      taken.append("reader BERT (from the encoder)")
+  return params, ", ".join(taken)
+
+
+def _register_corpus_tasks(job: str, task_name: str, block_store: Optional[str],
+                           pretrain_records: Optional[str]) -> None:
+  """Registers `ict_<corpus>` and `realm_<corpus>_<strategy>` over `block_store` (X =
+  `pretrain_records`, or the corpus itself) when `task_name` names a corpus that is not
+  registered yet: how the paper-scale gins reach a BlockStore built by build_corpus."""
+  if job == "finetune" or block_store is None:
+    return
+  import seqio  # pylint: disable=g-import-not-at-top
+  import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+  if task_name in seqio.TaskRegistry.names():
+    return
+  corpus = None
+  if job == "ict" and task_name.startswith("ict_"):
+    corpus = task_name[len("ict_"):]
+  elif job == "pretrain" and task_name.startswith("realm_"):
+    for strategy in realm_jax_tasks.MASKING_STRATEGIES:
+      if task_name.endswith(f"_{strategy}"):
+        corpus = task_name[len("realm_"):-len(strategy) - 1]
+  if corpus:
+    realm_jax_tasks.register_pretraining_tasks(corpus, block_store=block_store,
+                                               pretrain_records=pretrain_records)
+
+
+def _check_task(job: str, task_name: str) -> None:
+  """ConfigError unless `task_name` is registered and fits `job` (read nothing)."""
+  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  try:
+    task = inputs.get_task(task_name)
+  except inputs.UnknownTaskError as e:
+    raise ConfigError(f"train_main.task: {gin_utils.one_line(e)}") from e
+  if job == "finetune":
+    if "question_ids" not in task.output_features:
+      raise ConfigError(f"train_main.task={task_name!r} is not a QA task (job 'finetune' needs "
+                        f"one of toy_qa, nq_open, web_questions, curated_trec)")
+    return
+  prefix = "ict_" if job == "ict" else "realm_"
+  if not task_name.startswith(prefix):
+    raise ConfigError(f"train_main.task={task_name!r} does not fit job {job!r} (expected a "
+                      f"{prefix}* task)")
+
+
 @gin.configurable
 def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                job: str = gin.REQUIRED, task: str = gin.REQUIRED, batch_size: int = gin.REQUIRED,
@@ -91,36 +187,57 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                mesh_shape: Sequence[int] = (-1, 1), rules: Optional[Sequence] = None,
                seed: int = 0, init_checkpoint: Optional[str] = None,
                index_check_every: int = 100, first_index_checkpoint_dir: Optional[str] = None,
-               block_store: Optional[str] = None, num_candidates: int = 8,
+               block_store: Optional[str] = None, pretrain_records: Optional[str] = None,
+               num_candidates: int = 8,
+               eval_batches: int = 4, retriever_beam: int = 5000, reader_beam: int = 5,
+               reader_len: int = 320, question_len: int = 64, max_occurrences: int = 32,
+               train_document_tower: bool = False, document_beam: Optional[int] = None,
+               eval_split: str = "dev", eval_examples: Optional[int] = None,
                log_every: int = 100, keep: int = 3, dry_run: bool = False) -> int:
-  """Runs (or, with `dry_run`, only builds) an ICT or REALM pretraining job.
+  """Runs (or, with `dry_run`, only builds) an ICT, REALM pretraining or fine-tuning job.
 
   Args:
-    run_dir: the run directory (checkpoints/, tensorboard/, TRAINING_DONE; for pretraining
-      also index/, written by `realm_jax.build_index` running alongside).
+    run_dir: the run directory (checkpoints/, tensorboard/, best.json, TRAINING_DONE; for
+      pretraining and fine-tuning also index/, written by `realm_jax.build_index`).
     model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin).
-    job: "ict" (IctModel on an `ict_<corpus>` task) or "pretrain" (RealmPretrainModel on a
-      `realm_<corpus>_<strategy>` task, candidates from the run's current index).
+    job: "ict", "pretrain" or "finetune" (see the module docstring).
     task: the seqio task name.
-    batch_size: examples per step on this host (global batch = hosts x this; it must be a
+    batch_size: examples (questions) per step on this host (global batch = hosts x this; a
       multiple of the mesh's data axis).
     num_steps: total updates of the run (a resumed run continues to it).
     learning_rate: peak learning rate of `optim.bert_optimizer`.
     warmup_steps: linear warmup steps (None: the optimizer's default).
-    checkpoint_every: checkpoint every this many steps (and at the end).
+    checkpoint_every: checkpoint (and evaluate) every this many steps, and at the end.
     mesh_shape: (data, model) sizes of the device mesh; -1 takes the rest.
     rules: logical axis rules (None: partitioning.DEFAULT_RULES).
     seed: parameter init, dropout and data seed.
-    init_checkpoint: pretraining only: an ICT checkpoint step directory whose retriever
-      subtree warm-starts the retriever (model size checked; ignored when resuming).
-    index_check_every: pretraining: look for a newer published index every this many steps.
-    first_index_checkpoint_dir: pretraining: the checkpoint the step-0 index was built from
-      (default: `init_checkpoint`), for its query tower.
-    block_store: pretraining: the BlockStore the index embeds (None: the toy store for
-      `realm_toy_*` tasks).
-    num_candidates: pretraining: candidates per query including the null document.
+    init_checkpoint: pretrain/finetune: a checkpoint step directory to warm-start from (model
+      size checked; ignored when resuming); see `_warm_start`.
+    index_check_every: pretrain/finetune: look for a newer published index every this many
+      steps.
+    first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
+      `init_checkpoint`), for its query tower.
+    block_store: the BlockStore the index embeds (None: the toy store for the toy tasks). For
+      ict/pretrain, `ict_<corpus>` / `realm_<corpus>_<strategy>` tasks that are not registered
+      yet are registered over it.
+    pretrain_records: pretrain: the pretraining text X in the REALM release schema (e.g.
+      CC-News with precomputed salient spans); None: X is the corpus itself.
+    num_candidates: pretrain: candidates per query including the null document.
+    eval_batches: pretrain: batches (drawn with the current index) whose retrieval utility is
+      computed at every checkpoint to pick the best one; 0 disables.
+    retriever_beam: finetune: blocks per question for the retriever loss (5000).
+    reader_beam: finetune: blocks the reader reads (5).
+    reader_len: finetune: reader row length (320).
+    question_len: finetune: fixed question length (longer questions are left out, counted).
+    max_occurrences: finetune: gold-span slots per (question, block).
+    train_document_tower: finetune: also train the document tower (run the index builder
+      alongside so the index follows it).
+    document_beam: finetune with the document tower: blocks re-embedded per question (None:
+      the reader beam).
+    eval_split: finetune: the split evaluated at every checkpoint ("" disables).
+    eval_examples: finetune: evaluate only the first this many questions of it (None: all).
     log_every: write metrics every this many steps.
-    keep: newest checkpoints to keep.
+    keep: newest checkpoints to keep (the best one is kept too).
     dry_run: build everything and lower the step on abstract shapes, print one line, no
       training.
 
@@ -130,26 +247,27 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   _CALL_STARTED[0] = True
   # Heavy imports here: `--help` and config errors stay instant.
   import jax  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
   from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
   from realm_jax.models.config import RealmConfig  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import optim  # pylint: disable=g-import-not-at-top
   from realm_jax.training import partitioning  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
 
   if job not in JOBS:
-    raise ConfigError(f"train_main.job={job!r}; expected one of {', '.join(JOBS)} (open-QA "
-                      f"fine-tuning is not a job of this entry point yet)")
+    raise ConfigError(f"train_main.job={job!r}; expected one of {', '.join(JOBS)}")
   if not isinstance(model_config, RealmConfig):
     raise ConfigError(f"train_main.model_config is a {type(model_config).__name__}, not a "
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
-  prefix = "ict_" if job == "ict" else "realm_"
-  if not str(task).startswith(prefix):
-    raise ConfigError(f"train_main.task={task!r} does not fit job {job!r} (expected a "
-                      f"{prefix}* task)")
-  if init_checkpoint is not None and job != "pretrain":
-    raise ConfigError("train_main.init_checkpoint is only for job 'pretrain' (ICT warm start)")
+  _register_corpus_tasks(job, str(task), block_store, pretrain_records)
+  _check_task(job, str(task))
+  if init_checkpoint is not None and job == "ict":
+    raise ConfigError("train_main.init_checkpoint is for jobs 'pretrain' and 'finetune'")
+  if train_document_tower and job != "finetune":
+    raise ConfigError("train_main.train_document_tower is a 'finetune' option")
   rules = partitioning.DEFAULT_RULES if rules is None else tuple(tuple(r) for r in rules)
   try:
     mesh = partitioning.make_mesh(*mesh_shape)
@@ -164,31 +282,42 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   if init_checkpoint is not None:
     _check_init_checkpoint(init_checkpoint, model_config)
 
-  # Inputs (nothing is read until the first batch).
-  try:
-    if job == "ict":
-      model = realm.IctModel(model_config)
-      batches = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
-                                    feature_keys=inputs.ICT_BATCH_KEYS)
-    else:
-      model = realm.RealmPretrainModel(model_config)
-      masked = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
-                                   feature_keys=inputs.MASKED_QUERY_KEYS)
-  except inputs.UnknownTaskError as e:
-    raise ConfigError(f"train_main.task: {gin_utils.one_line(e)}") from e
   store = None
-  if job == "pretrain":
+  if job != "ict":
     from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
     if block_store is None:
-      if not task.startswith("realm_toy_"):
+      if not (task.startswith("realm_toy_") or task == "toy_qa"):
         raise ConfigError(f"train_main.block_store is required for task {task!r} (the "
                           f"BlockStore its index embeds)")
       import realm_jax_tasks  # pylint: disable=g-import-not-at-top
       block_store = realm_jax_tasks.toy_block_store_dir()
     store = corpus_lib.BlockStore.open(block_store, verify="fast")
+
+  # Model and inputs (nothing is read until the first batch; fine-tuning reads the questions).
+  qa_shapes = None
+  if job == "ict":
+    model = realm.IctModel(model_config)
+    batches = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
+                                  feature_keys=inputs.ICT_BATCH_KEYS)
+  elif job == "pretrain":
+    model = realm.RealmPretrainModel(model_config)
+    masked = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
+                                 feature_keys=inputs.MASKED_QUERY_KEYS)
     # The retriever is set below (the IndexWatcher) in a real run; none in a dry run.
     batches = inputs.PretrainingBatches(masked, store, retriever=None,
                                         num_candidates=num_candidates)
+  else:
+    try:
+      model = open_qa.OpenQAModel(model_config, reader_beam=reader_beam,
+                                  train_document_tower=train_document_tower,
+                                  document_beam=document_beam)
+    except ValueError as e:
+      raise ConfigError(f"train_main: {e}") from e
+    qa_shapes = {"question_len": question_len, "beam": min(retriever_beam, store.num_blocks),
+                 "reader_beam": reader_beam, "reader_len": reader_len,
+                 "proj_size": model_config.proj_size, "max_occurrences": max_occurrences,
+                 "document_beam": model.num_reembedded}
+    batches = None  # reads the split: built after the dry-run exit
 
   schedule = optim.bert_learning_rate_schedule(learning_rate, num_steps, warmup_steps)
   optimizer = optim.bert_optimizer(learning_rate, num_steps, warmup_steps=warmup_steps)
@@ -200,37 +329,43 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                  f"{num_params:,} params, mesh {mesh_text}, global batch {global_batch}, "
                  f"{num_steps} steps, lr {learning_rate:g}, run_dir {run_dir}")
   if init_checkpoint is not None:
-    description += f", retriever from {init_checkpoint}"
+    description += f", warm start from {init_checkpoint}"
 
   if dry_run:
     block_len = store.max_block_len if store is not None else BLOCK_LEN
-    abstract = _abstract_batch(job, global_batch, num_candidates, block_len)
+    abstract = _abstract_batch(job, global_batch, num_candidates, block_len, qa_shapes)
     train_step.lower(train_step.abstract_state, abstract)
     print(f"{PROG}: dry run ok ({description}; step lowered on abstract shapes, not "
           f"compiled)", flush=True)
     return 0
 
+  if job == "finetune":
+    try:
+      batches = qa_inputs.OpenQABatches(
+          task, batch_size=batch_size, store=store, model=model, seed=seed,
+          retriever_beam=retriever_beam, reader_len=reader_len, question_len=question_len,
+          max_occurrences=max_occurrences)
+    except inputs.UnknownTaskError as e:
+      raise ConfigError(f"train_main.task: {gin_utils.one_line(e)}") from e
+
   if init_checkpoint is not None:
-    params, _, _ = ckpt_lib.restore_checkpoint_dir(init_checkpoint, expected_config=model_config)
-    if "retriever" not in params:
-      raise ConfigError(f"init_checkpoint {init_checkpoint}: no retriever params (has "
-                        f"{sorted(params)})")
-    retriever_sharding = train_step.state_sharding.params["retriever"]
-    warm = jax.device_put(params["retriever"], retriever_sharding)
+    checkpoint, _, _ = ckpt_lib.restore_checkpoint_dir(init_checkpoint,
+                                                       expected_config=model_config)
     fresh_init = train_step.init_state
 
     def warm_init(rng):
       state = fresh_init(rng)
-      new_params = dict(state.params)
-      new_params["retriever"] = warm
-      log.info("retriever warm-started from %s", init_checkpoint)
-      return state.replace(params=new_params)
+      params, taken = _warm_start(job, checkpoint, jax.device_get(state.params), init_checkpoint)
+      log.info("warm start from %s: %s", init_checkpoint, taken)
+      return state.replace(params=jax.device_put(params, train_step.state_sharding.params))
 
     train_step.init_state = warm_init
 
   hooks = []
   watcher = None
-  if job == "pretrain":
+  eval_fn = None
+  best_metric = None
+  if job != "ict":
     from realm_jax.index.swap import IndexWatcher  # pylint: disable=g-import-not-at-top
     loader = inputs.make_index_loader(
         run_dir, model_config,
@@ -241,22 +376,74 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     batches.set_retriever(watcher)
 
     def index_hook(step, state):
-      del state
       watcher.maybe_swap(step)
+      if job == "finetune":  # retrieve the next questions with the live question tower
+        batches.set_query_params(state.params["retriever"])
       return watcher.metrics(step)
 
     hooks.append(index_hook)
+  if job == "pretrain" and eval_batches:
+    eval_fn = _pretrain_eval_fn(model, task, store, watcher, mesh, rules, seed=seed,
+                                batch_size=batch_size, num_batches=eval_batches,
+                                num_candidates=num_candidates)
+    best_metric = "eval/retrieval/utility"
+  elif job == "finetune" and eval_split:
+    eval_fn, best_metric = _finetune_eval_fn(model, task, eval_split, eval_examples, store,
+                                             watcher, batch_size=batch_size,
+                                             reader_len=reader_len)
   log.info("%s: %s", PROG, description)
   try:
     trainer.train(model, optimizer, batches, run_dir=run_dir, num_steps=num_steps, mesh=mesh,
                   config=model_config, rules=rules, checkpoint_every=checkpoint_every,
                   keep=keep, log_every=log_every, hooks=hooks, seed=seed,
-                  learning_rate_fn=schedule, best_metric=None, train_step=train_step)
+                  learning_rate_fn=schedule, eval_fn=eval_fn, best_metric=best_metric,
+                  train_step=train_step)
   finally:
     if watcher is not None:
       watcher.close()
   print(f"{PROG}: done ({description})", flush=True)
   return 0
+
+
+def _pretrain_eval_fn(model, task, store, watcher, mesh, rules, *, seed, batch_size,
+                      num_batches, num_candidates):
+  """Retrieval utility (and the loss) on the task's first `num_batches` batches in order,
+  candidates retrieved from the index in use at each evaluation (REALM_SPEC 17: the authors
+  pick their best checkpoint on it). The queries are training queries: the pretraining tasks
+  have one split."""
+  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
+
+  def draw():
+    masked = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed, shuffle=False,
+                                 num_epochs=1, feature_keys=inputs.MASKED_QUERY_KEYS)
+    batches = inputs.PretrainingBatches(masked, store, retriever=watcher,
+                                        num_candidates=num_candidates)
+    return [next(batches) for _ in range(num_batches)]
+
+  return trainer.make_eval_fn(model, draw, mesh=mesh, rules=rules)
+
+
+def _finetune_eval_fn(model, task, split, max_examples, store, watcher, *, batch_size,
+                      reader_len):
+  """EM (regex match for CuratedTrec) and recall@k on `split` with the live parameters and the
+  index in use, through `evaluation.evaluate` (what `python -m realm_jax.evaluate` reports)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
+  answer_metric = "regex_match" if examples and examples[0].answers_are_regex else "exact_match"
+
+  def eval_fn(step, state):
+    del step
+    params = jax.device_get(qa_inputs.host_local_params(state.params))
+    retriever = watcher.current
+    results, _ = evaluate_lib.evaluate(
+        model, params, examples, searcher=retriever.searcher, store=store,
+        block_emb=retriever.block_emb, batch_size=batch_size, reader_len=reader_len)
+    return {f"eval/{name}": float(value) for name, value in results.items()}
+
+  return eval_fn, f"eval/{answer_metric}"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

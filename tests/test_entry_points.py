@@ -45,19 +45,54 @@ DRY_RUNS = {
                       "--gin.TASK='realm_toy_salient_span'", "--gin.BATCH_SIZE=8",
                       "--gin.NUM_STEPS=10", "--gin.INIT_CHECKPOINT=None",
                       "--gin.train_main.mesh_shape=(4, 2)"],
+    "toy_finetune": ["--gin_file=gin_configs/experiments/toy_finetune.gin",
+                     "--gin.INIT_CHECKPOINT=None"],
+    "toy_model": ["--gin_file=gin_configs/experiments/toy_model.gin",
+                  "--gin_file=gin_configs/runs/ict.gin", "--gin.TASK='ict_toy'",
+                  "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10"],
+    "runs_finetune": ["--gin_file=gin_configs/models/tiny.gin",
+                      "--gin_file=gin_configs/runs/finetune.gin", "--gin.TASK='toy_qa'",
+                      "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10", "--gin.INIT_CHECKPOINT=None",
+                      "--gin.train_main.train_document_tower=True",
+                      "--gin.train_main.mesh_shape=(4, 2)"],
+    # Paper scale (BERT-base, traced only): the toy BlockStore stands in for Wikipedia.
+    "wiki_ict": ["--gin_file=gin_configs/experiments/wiki_ict.gin", "--gin.BLOCK_STORE=@toy()"],
+    "wiki_pretrain": ["--gin_file=gin_configs/experiments/wiki_pretrain.gin",
+                      "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
+    "ccnews_pretrain": ["--gin_file=gin_configs/experiments/ccnews_pretrain.gin",
+                        "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None",
+                        "--gin.CCNEWS_RECORDS=@toy_records()"],
+    "nq_finetune": ["--gin_file=gin_configs/experiments/nq_finetune.gin",
+                    "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
+    "wq_finetune": ["--gin_file=gin_configs/experiments/wq_finetune.gin",
+                    "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
+    "ct_finetune": ["--gin_file=gin_configs/experiments/ct_finetune.gin",
+                    "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
 }
+JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict"}
+
+
+def _resolved(args):
+  """`@toy()`/`@toy_records()` -> the toy BlockStore / pretraining records paths."""
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import toy_world  # pylint: disable=import-outside-toplevel
+  records = os.path.join(toy_world.toy_world_dir(), toy_world.PRETRAIN_FILE)
+  return [a.replace("@toy()", repr(realm_jax_tasks.toy_block_store_dir()))
+          .replace("@toy_records()", repr(records)) for a in args]
 
 
 @pytest.mark.parametrize("name", sorted(DRY_RUNS))
 def test_run_gin_dry_run_builds_the_job(name, tmp_path, capsys):
   run_dir = tmp_path / "run"
-  code = _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{run_dir}'", "--dry_run")
+  code = _train(*_resolved(DRY_RUNS[name]), f"--gin.RUN_DIR='{run_dir}'", "--dry_run")
   out, err = _stderr_lines(capsys)
   assert code == 0, err
   lines = out.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("train: dry run ok (job "), out
-  job = "pretrain" if "pretrain" in name else "ict"
+  job = JOBS.get(name, "pretrain" if "pretrain" in name else "finetune")
   assert f"job {job}," in lines[0] and "params" in lines[0]
+  if name.startswith(("wiki", "ccnews", "nq", "wq", "ct")):
+    assert "hidden 768, 12 layers" in lines[0], lines[0]
   assert not run_dir.exists()  # a dry run writes nothing
 
 
@@ -67,6 +102,8 @@ def test_every_run_and_experiment_gin_is_covered():
             for f in os.listdir(os.path.join(REPO, "gin_configs", "experiments"))}
   covered = {arg.split("gin_configs/")[1] for args in DRY_RUNS.values() for arg in args
              if arg.startswith("--gin_file=")} | {"runs/build_index.gin"}
+  # The evaluate entry point's gins: dry runs in tests/test_evaluate_main.py.
+  covered |= {"runs/eval.gin", "experiments/toy_eval.gin"}
   assert names <= covered, names - covered
 
 
@@ -123,3 +160,25 @@ def test_build_index_config_error_is_one_line(capsys):
   out, err = _stderr_lines(capsys)
   assert code == 2 and len(err) == 1, err
   assert "required macro" in err[0]
+
+
+@pytest.mark.parametrize("name,task,expected", [
+    ("toy_pretrain", "toy_qa", "does not fit job 'pretrain'"),
+    ("toy_finetune", "ict_toy", "is not a QA task"),
+    ("toy_finetune", "toy_qaa", "unknown seqio task or mixture 'toy_qaa'"),
+])
+def test_task_that_does_not_fit_the_job(name, task, expected, tmp_path, capsys):
+  line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
+                                          f"--gin.TASK='{task}'", "--dry_run"))
+  assert expected in line, line
+
+
+def test_finetune_init_checkpoint_of_another_model_size(tmp_path, capsys):
+  small = config_lib.RealmConfig(bert=config_lib.small_bert())
+  step_dir = checkpoints.save_checkpoint(
+      str(tmp_path / "pretrain"), 7, {"retriever": {"w": np.zeros([2], np.float32)}},
+      config=small)
+  line = _one_config_error(capsys, _train(
+      *DRY_RUNS["toy_finetune"][:1], f"--gin.RUN_DIR='{tmp_path / 'finetune'}'",
+      f"--gin.INIT_CHECKPOINT='{step_dir}'", "--dry_run"))
+  assert "init_checkpoint" in line and "another model size" in line
