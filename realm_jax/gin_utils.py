@@ -67,9 +67,10 @@ def resolve_gin_file(path: str) -> str:
   raise ConfigError(f"gin file {path!r} not found (looked in {os.getcwd()} and {REPO_ROOT})")
 
 
-def parse_flags(argv: Sequence[str], booleans: Optional[Mapping[str, str]] = None
-                ) -> flags.FlagValues:
-  """Parses --gin_file, --gin_bindings and the given boolean flags ({name: help}).
+def parse_flags(argv: Sequence[str], booleans: Optional[Mapping[str, str]] = None, *,
+                multi_strings: Optional[Mapping[str, str]] = None) -> flags.FlagValues:
+  """Parses --gin_file, --gin_bindings, the given boolean flags ({name: help}) and the given
+  repeatable string flags ({name: help}, e.g. evaluate's --question).
 
   Uses a private FlagValues, so an entry point's main() can run many times in one process.
   `argv[0]` is the program name. Raises ConfigError (one line) on an unknown or bad flag.
@@ -81,6 +82,8 @@ def parse_flags(argv: Sequence[str], booleans: Optional[Mapping[str, str]] = Non
                             "(repeatable).", flag_values=values)
   for name, help_text in (booleans or {}).items():
     flags.DEFINE_boolean(name, False, help_text, flag_values=values)
+  for name, help_text in (multi_strings or {}).items():
+    flags.DEFINE_multi_string(name, [], help_text, flag_values=values)
   try:
     values(list(argv))
   except flags.Error as e:

@@ -67,7 +67,8 @@ def qa_task_examples(task_name: str, split: str, *,
 
   Raises:
     UnknownTaskError: the task is not registered.
-    ValueError: the task is not a QA task (no `question`/`answers` features).
+    ValueError: the task is not a QA task (no `question`/`answers` features), or the split is
+      empty.
   """
   task = inputs.get_task(task_name)
   regex = answers_are_regex(task)
@@ -78,10 +79,13 @@ def qa_task_examples(task_name: str, split: str, *,
                      f"{sorted(dataset.element_spec)})")
   if max_examples is not None:
     dataset = dataset.take(int(max_examples))
-  return [QAExample(question=_text(ex["question"]),
-                    answers=tuple(_text(a) for a in ex["answers"]),
-                    answers_are_regex=regex, source=f"{task_name}/{split}:{i}")
-          for i, ex in enumerate(dataset.as_numpy_iterator())]
+  examples = [QAExample(question=_text(ex["question"]),
+                        answers=tuple(_text(a) for a in ex["answers"]),
+                        answers_are_regex=regex, source=f"{task_name}/{split}:{i}")
+              for i, ex in enumerate(dataset.as_numpy_iterator())]
+  if not examples:
+    raise ValueError(f"task {task_name!r} split {split!r} has no examples")
+  return examples
 
 
 def host_local_params(params: Any) -> Any:

@@ -1,0 +1,705 @@
+r"""The evaluation job: open-QA exact match, free-text answers, and retrieval recall of a run.
+
+  python -m realm_jax.evaluate --gin_file=gin_configs/experiments/toy_eval.gin \
+      --gin.RUN_DIR="'/tmp/realm_toy/finetune'" [--dry_run] [--question="Who ...?" ...]
+
+t5x style (shared with `realm_jax.train` and `realm_jax.build_index`, see `realm_jax.gin_utils`):
+`--gin_file` (repeatable; relative paths are also looked up from the repository root),
+`--gin_bindings` (repeatable) and `--gin.KEY=VALUE`. Gin binds only `evaluate_main` below (plus
+the model gins' %MODEL_CONFIG); `--dry_run` overrides its `dry_run`, `--question` (repeatable)
+its `questions`.
+
+Three things it does with a run directory (`<run>/checkpoints/<step>`, `<run>/index/<step>`):
+
+* mode "qa" (default): the fine-tuned `OpenQAModel` of one checkpoint (the best one recorded
+  in `<run>/best.json`, else the newest, or `checkpoint_step`) answers every question of a QA
+  task split, retrieving from the run's published index (`realm_jax.evaluation.evaluate`).
+  Writes the predictions JSONL (`{"question", "prediction"}` first, ORQA's format) and the
+  metrics JSON next to it, and prints one summary line (exact match or CuratedTrec's regex
+  match, recall@k, questions, skipped) to stdout. Progress (rate, ETA) goes to stderr.
+* mode "retrieval": no reader. The query tower of the checkpoint the index was built from
+  searches the index (`training.inputs.make_index_loader`), as the trainer would retrieve.
+  For a QA task recall@k = an answer occurs in one of the first k blocks (`metrics.has_answer`,
+  regex mode for CuratedTrec); for an `ict_<corpus>` task recall@k = the query's source block
+  is among the first k, reported with chance@k = k / blocks. This is how "ICT recall@5 above
+  chance" and "recall before/after pretraining" (`index_step=0` vs the newest) are measured; it
+  works on an ICT run (params {"retriever"} only), a pretraining run (even before its first
+  checkpoint: index 0 comes from the ICT checkpoint) and a fine-tuning run.
+* `--question` (predict): answers free-text questions with the "qa" model and prints each
+  answer with its evidence blocks (rank, block id, title, retrieval score, snippet). No task.
+
+`--dry_run` checks the configuration (mode, task registered and of the right kind, split, block
+store needed, k values) and, if the run directory has checkpoints, that the one to evaluate is
+of this model size (and has a reader for "qa"); it reads no data, writes nothing, and prints one
+line `evaluate: dry run ok (...)`. It works without any run.
+
+Exit status: 0 done (or dry run), 1 a runtime error (one line: no checkpoint, no published
+index, unreadable data), 2 a configuration error (one line: unknown flag or gin binding,
+missing required macro, unknown task or mode, a checkpoint of another model size), 130
+interrupted (nothing partial is written: the output files are renamed into place).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import gin
+
+from realm_jax import gin_utils
+from realm_jax.gin_utils import ConfigError, split_gin_args
+
+PROG = "evaluate"
+MODES = ("qa", "retrieval")
+BACKENDS = ("exact", "scann")
+PREDICTIONS_DIR = "predictions"
+PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines on stderr
+BUILD_INDEX_HINT = ("python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin "
+                    "--once --gin.RUN_DIR=... --gin.BLOCK_STORE=...")
+
+log = logging.getLogger(PROG)
+
+_CALL_STARTED = [False]  # set by evaluate_main: errors before it are gin's (config errors)
+
+
+# ------------------------------------------------------------------------------ tasks
+
+
+def task_kind(task: Any) -> Optional[str]:
+  """"qa" (question/answers, EM or regex metric), "ict" (queries with their source block's
+  uid) or None (a task this job cannot evaluate, e.g. masked-query pretraining)."""
+  from realm_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
+  metric_fns = list(task.metric_fns)
+  if metrics.orqa_exact_match in metric_fns or metrics.curated_trec_regex_match in metric_fns:
+    return "qa"
+  if {"query_ids", "query_mask", "block_uid"} <= set(task.output_features):
+    return "ict"
+  return None
+
+
+def registered_tasks(kind: str) -> list[str]:
+  """Names of the registered seqio tasks of one `task_kind` ("qa" or "ict"), sorted."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
+  del realm_jax_tasks
+  return sorted(name for name in seqio.TaskRegistry.names()
+                if task_kind(seqio.get_mixture_or_task(name)) == kind)
+
+
+def _split_dataset(task: Any, split: str, max_examples: Optional[int]):
+  """One unshuffled pass over a task split (as the task emits it: no padding, no trimming)."""
+  dataset = task.get_dataset(split=split, shuffle=False, sequence_length=None, num_epochs=1)
+  return dataset.take(max_examples) if max_examples is not None else dataset
+
+
+def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = None) -> dict:
+  """The queries of an ICT task split and their source blocks.
+
+  Returns:
+    {"query_ids", "query_mask": int32 [n, query_len], "block_uid": int64 [n] (the source
+    block's uint64 uid as the int64 with the same bits, as the task carries it)}.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  task = inputs.get_task(task_name)
+  rows = {"query_ids": [], "query_mask": [], "block_uid": []}
+  for example in _split_dataset(task, split, max_examples).as_numpy_iterator():
+    for name, values in rows.items():
+      values.append(example[name])
+  if not rows["block_uid"]:
+    raise ValueError(f"task {task_name!r} split {split!r} has no examples")
+  return {"query_ids": np.stack(rows["query_ids"]).astype(np.int32),  # [n, query_len]
+          "query_mask": np.stack(rows["query_mask"]).astype(np.int32),  # [n, query_len]
+          "block_uid": np.asarray(rows["block_uid"], np.int64)}  # [n]
+
+
+# ------------------------------------------------------------------------------ small pieces
+
+
+def clip_k_values(k_values: Sequence[int], num_blocks: int) -> tuple[int, ...]:
+  """Recall cut-offs, each at most the number of blocks, ascending and without repeats.
+
+  A k above the corpus size would only repeat recall@num_blocks (1.0 for ICT), so it becomes
+  num_blocks.
+  """
+  return tuple(sorted({min(int(k), int(num_blocks)) for k in k_values}))
+
+
+def _check_k_values(k_values: Any) -> tuple[int, ...]:
+  if isinstance(k_values, int) or not k_values:
+    raise ConfigError(f"evaluate_main.k_values={k_values!r}: expected a non-empty sequence of "
+                      f"positive integers, e.g. (1, 5, 20, 100)")
+  for k in k_values:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+      raise ConfigError(f"evaluate_main.k_values={tuple(k_values)!r}: {k!r} is not a positive "
+                        f"integer")
+  return tuple(int(k) for k in k_values)
+
+
+def choose_checkpoint(run_dir: str, checkpoint_step: Optional[int]) -> tuple[Optional[int], str]:
+  """The checkpoint step to evaluate and why it was chosen.
+
+  `checkpoint_step` if given; else the best one recorded by the trainer in `<run>/best.json`
+  (its metric, e.g. eval exact match) when that checkpoint still exists; else the newest.
+
+  Returns:
+    (step or None when the run has no finished checkpoint, a description such as
+    "best by eval/exact_match=0.41 in best.json", "latest" or "as asked").
+  """
+  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  steps = ckpt_lib.list_checkpoint_steps(run_dir)
+  if checkpoint_step is not None:
+    return int(checkpoint_step), "as asked"
+  best = ckpt_lib.read_best(run_dir)
+  if best is not None and int(best.get("step", -1)) in steps:
+    return int(best["step"]), (f"best by {best.get('metric')}={float(best.get('value')):.4g} "
+                               f"in {ckpt_lib.BEST_FILE}")
+  if not steps:
+    return None, "none"
+  why = "latest"
+  if best is not None:
+    why += f" ({ckpt_lib.BEST_FILE} names step {best.get('step')}, which no longer exists)"
+  return steps[-1], why
+
+
+def _checkpoint_metadata(step_dir: str, config: Any, where: str) -> dict:
+  """The metadata of a checkpoint step directory; ConfigError (naming both sizes) when it is
+  of another model size than `config`."""
+  from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  metadata = ckpt_lib.read_metadata(step_dir)
+  try:
+    try:
+      their_config = realm_config_from_dict(metadata["config"])
+    except (KeyError, TypeError, ValueError) as e:
+      raise ckpt_lib.CheckpointError(f"{step_dir}: the metadata's model config is unreadable "
+                                     f"({e})") from e
+    ckpt_lib.check_model_size(their_config, config, step_dir)
+  except ckpt_lib.CheckpointError as e:
+    raise ConfigError(f"{where}: {gin_utils.one_line(e)}") from e
+  return metadata
+
+
+def _require_reader(metadata: dict, step_dir: str) -> None:
+  items = list(metadata.get("param_items", []))
+  if "reader" not in items:
+    raise ConfigError(f"{step_dir} holds params {items}, no fine-tuned reader (an ICT or "
+                      f"pretraining run?): mode 'qa' needs an open-QA checkpoint; measure its "
+                      f"retrieval with --gin.evaluate_main.mode=\"'retrieval'\"")
+
+
+def output_paths(output: Optional[str], run_dir: str, stem: str) -> tuple[str, str]:
+  """(predictions JSONL, metrics JSON): `output` or `<run_dir>/predictions/<stem>.jsonl`, and
+  the same path with `.metrics.json` in place of `.jsonl`."""
+  predictions = output or os.path.join(run_dir, PREDICTIONS_DIR, f"{stem}.jsonl")
+  base = predictions[:-len(".jsonl")] if predictions.endswith(".jsonl") else predictions
+  return predictions, base + ".metrics.json"
+
+
+def write_json(path: str, value: Any) -> None:
+  """Writes JSON atomically (temporary file, then rename), creating the directory."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=1, sort_keys=True)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def format_metrics(metrics: dict) -> str:
+  """'exact_match 0.1250, recall@5 0.5000, ..., num_questions 8, skipped 0' (fractions with 4
+  decimals, counts as integers; chance@k shown next to its recall@k)."""
+  parts = []
+  for name, value in metrics.items():
+    if name.startswith("chance@"):
+      continue
+    if name == "skipped_questions":
+      parts.append(f"skipped {int(value)}")
+    elif isinstance(value, int):
+      parts.append(f"{name} {value}")
+    else:
+      chance = metrics.get(name.replace("recall@", "chance@")) if "recall@" in name else None
+      parts.append(f"{name} {value:.4f}"
+                   + (f" (chance {chance:.4f})" if chance is not None else ""))
+  return ", ".join(parts)
+
+
+class _Progress:
+  """Prints progress lines to stderr at most every PROGRESS_INTERVAL_S seconds; `finish`
+  prints the last one if it was held back, so the final count always shows."""
+
+  def __init__(self, interval_s: float = PROGRESS_INTERVAL_S):
+    self.interval_s = interval_s
+    self._last_print = time.monotonic()
+    self._pending: Optional[str] = None
+
+  def __call__(self, line: str) -> None:
+    now = time.monotonic()
+    if now - self._last_print >= self.interval_s:
+      print(line, file=sys.stderr, flush=True)
+      self._last_print, self._pending = now, None
+    else:
+      self._pending = line
+
+  def finish(self) -> None:
+    if self._pending is not None:
+      print(self._pending, file=sys.stderr, flush=True)
+      self._pending = None
+
+
+def _rate_line(what: str, done: int, total: int, start: float) -> str:
+  rate = done / max(time.monotonic() - start, 1e-9)
+  eta = (total - done) / max(rate, 1e-9)
+  return f"{PROG}: {done}/{total} {what}, {rate:.1f}/s, ETA {eta:.0f}s"
+
+
+# ------------------------------------------------------------------------------ retrieval
+
+
+def ict_hits(retrieved_ids: Any, block_uid: Any, store_uids: Any) -> Any:
+  """Whether each retrieved block is the query's source block.
+
+  Args:
+    retrieved_ids: int [n, k] block rows (-1: no result, a miss).
+    block_uid: int64 [n] the source block's uid bits (ICT task feature).
+    store_uids: uint64 [num_blocks] `BlockStore.uids`.
+
+  Returns:
+    bool [n, k]. Compared by uid, not row: a block whose text occurs twice in the corpus is
+    found either way.
+  """
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  ids = np.asarray(retrieved_ids)  # [n, k]
+  uids = np.asarray(store_uids).view(np.int64)[np.maximum(ids, 0)]  # [n, k]
+  return (uids == np.asarray(block_uid, np.int64)[:, None]) & (ids >= 0)
+
+
+def answer_hits(retrieved_ids: Any, examples: Sequence[Any], store: Any) -> Any:
+  """Whether each retrieved block contains an answer (DPR's has_answer on the block body;
+  regex search for regex examples). bool [n, k]."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
+  ids = np.asarray(retrieved_ids)  # [n, k]
+  hits = np.zeros(ids.shape, bool)
+  for row, example in enumerate(examples):
+    match = "regex" if example.answers_are_regex else "string"
+    for col, block_id in enumerate(ids[row]):
+      hits[row, col] = block_id >= 0 and metrics.has_answer(store.body(int(block_id)),
+                                                            example.answers, match=match)
+  return hits
+
+
+def _retrieve_all(retriever: Any, query_ids: Any, query_mask: Any, *, k: int,
+                  batch_size: int, progress: Callable[[str], None]) -> Any:
+  """Top-k block ids of every query, in batches. int32 [n, k]."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  total = int(query_ids.shape[0])
+  ids = []
+  start = time.monotonic()
+  for begin in range(0, total, batch_size):
+    _, batch_ids = retriever.retrieve(query_ids[begin:begin + batch_size],
+                                      query_mask[begin:begin + batch_size], k=k)
+    ids.append(np.asarray(batch_ids))  # [batch, k]
+    progress(_rate_line("queries", min(begin + batch_size, total), total, start))
+  return np.concatenate(ids)
+
+
+def _question_arrays_batches(examples: Sequence[Any], batch_size: int):
+  """[CLS] question [SEP] ids and masks of the examples, batch by batch (each batch padded to
+  its own longest question, as evaluation does)."""
+  from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
+  vocab = vocab_lib.default_vocabulary()
+  for begin in range(0, len(examples), batch_size):
+    chunk = examples[begin:begin + batch_size]
+    ids, mask, _ = open_qa.question_arrays([e.question for e in chunk], vocab,
+                                           sources=[e.source for e in chunk])
+    yield ids, mask
+
+
+# ------------------------------------------------------------------------------ the job
+
+
+def _load_published_index(run_dir: str, index_step: Optional[int], store: Any, config: Any):
+  """The index of `run_dir` (newest, or `index_step`), checked against the store and model."""
+  from realm_jax.index import store as index_lib  # pylint: disable=g-import-not-at-top
+  steps = index_lib.list_indexes(run_dir)
+  root = index_lib.index_root(os.path.abspath(run_dir))
+  if not steps:
+    raise FileNotFoundError(f"{root}: no published index; build one from the run's checkpoint "
+                            f"with `{BUILD_INDEX_HINT}`")
+  step = steps[-1] if index_step is None else int(index_step)
+  if step not in steps:
+    raise FileNotFoundError(f"{root}: no published index of step {step} (published: "
+                            f"{steps})")
+  return index_lib.load_index(index_lib.index_dir(run_dir, step), block_store_id=store.store_id,
+                              num_blocks=store.num_blocks, dim=config.proj_size, verify="fast")
+
+
+def _searcher(loaded: Any, backend: str) -> Any:
+  from realm_jax.index import search  # pylint: disable=g-import-not-at-top
+  if backend == "scann" and loaded.scann_dir is None:
+    raise ValueError(f"{loaded.path}: the index has no ScaNN artifacts (build it with "
+                     f"--gin.build_index_main.scann=True) or use backend 'exact'")
+  return search.make_searcher(backend, loaded.embeddings,
+                              artifacts_dir=loaded.scann_dir if backend == "scann" else None)
+
+
+def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
+  """(OpenQAModel, params on the default device) of one checkpoint of the run."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.open_qa import OpenQAModel  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  params, _, _ = ckpt_lib.restore_params(run_dir, step, expected_config=config)
+  # Only the two towers the model reads; placed once rather than copied at every call.
+  params = jax.device_put({"retriever": params["retriever"], "reader": params["reader"]})
+  return OpenQAModel(config, reader_beam=reader_beam), params
+
+
+def _run_qa(*, run_dir, config, task, split, step, why, index_run, index_step, store,
+            batch_size, k_values, reader_beam, reader_len, backend, max_examples,
+            output) -> int:
+  from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  loaded = _load_published_index(index_run, index_step, store, config)
+  searcher = _searcher(loaded, backend)
+  model, params = _open_qa_model(run_dir, config, step, reader_beam)
+  examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
+  print(f"{PROG}: {len(examples)} questions of {task}/{split}, checkpoint step {step} ({why}), "
+        f"index step {loaded.step} ({store.num_blocks:,} blocks, {backend} search)",
+        file=sys.stderr, flush=True)
+  progress = _Progress()
+  metrics, predictions = evaluate_lib.evaluate(
+      model, params, examples, searcher=searcher, store=store, batch_size=batch_size,
+      k_values=clip_k_values(k_values, store.num_blocks), block_emb=loaded.embeddings,
+      reader_len=reader_len, progress=progress)
+  progress.finish()
+  predictions_path, metrics_path = output_paths(output, run_dir, f"{task}_{split}_step{step}")
+  evaluate_lib.write_predictions_jsonl(predictions_path, predictions)
+  write_json(metrics_path, {"mode": "qa", "run_dir": os.path.abspath(run_dir), "task": task,
+                            "split": split, "checkpoint_step": step, "checkpoint_choice": why,
+                            "index_step": loaded.step, "backend": backend,
+                            "predictions": os.path.abspath(predictions_path),
+                            "metrics": metrics})
+  print(f"{PROG}: {task}/{split}, checkpoint step {step} ({why}), index step {loaded.step}: "
+        f"{format_metrics(metrics)}; predictions {predictions_path}, metrics {metrics_path}",
+        flush=True)
+  return 0
+
+
+def _run_retrieval(*, run_dir, config, task, kind, split, index_run, index_step, store,
+                   batch_size, k_values, backend, max_examples, output,
+                   first_index_checkpoint_dir) -> int:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  loaded = _load_published_index(index_run, index_step, store, config)
+  step_dir = inputs.index_checkpoint_dir(index_run, loaded,
+                                         first_checkpoint_dir=first_index_checkpoint_dir)
+  # Size mismatch as a config error before restoring anything (the loader would refuse it too).
+  _checkpoint_metadata(step_dir, config, f"the checkpoint of index {loaded.step}")
+  retriever = inputs.make_index_loader(index_run, config,
+                                       first_checkpoint_dir=first_index_checkpoint_dir,
+                                       backend=backend)(loaded)
+  ks = clip_k_values(k_values, store.num_blocks)
+  progress = _Progress()
+  if kind == "ict":
+    queries = ict_task_queries(task, split, max_examples)
+    ids = _retrieve_all(retriever, queries["query_ids"], queries["query_mask"], k=ks[-1],
+                        batch_size=batch_size, progress=progress)  # [n, k]
+    hits = ict_hits(ids, queries["block_uid"], store.uids)  # [n, k]
+  else:
+    examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
+    ids, start = [], time.monotonic()
+    for query_ids, query_mask in _question_arrays_batches(examples, batch_size):
+      ids.append(retriever.retrieve(query_ids, query_mask, k=ks[-1])[1])
+      done = sum(len(i) for i in ids)
+      progress(_rate_line("questions", done, len(examples), start))
+    hits = answer_hits(np.concatenate(ids), examples, store)  # [n, k]
+  progress.finish()
+  metrics = {}
+  for name, value in metrics_lib.top_k_recall(hits, ks).items():
+    metrics[name] = value
+    if kind == "ict":  # a uniformly random ranking finds the one source block with p = k / N
+      metrics["chance@" + name[len("recall@"):]] = int(name[len("recall@"):]) / store.num_blocks
+  count_name = "num_queries" if kind == "ict" else "num_questions"
+  metrics[count_name] = int(hits.shape[0])
+  metrics["num_blocks"] = int(store.num_blocks)
+  _, metrics_path = output_paths(output, run_dir, f"{task}_{split}_retrieval_index{loaded.step}")
+  write_json(metrics_path, {"mode": "retrieval", "run_dir": os.path.abspath(run_dir),
+                            "task": task, "split": split, "index_step": loaded.step,
+                            "query_tower_checkpoint": step_dir, "backend": backend,
+                            "metrics": metrics})
+  print(f"{PROG}: retrieval {task}/{split}, index step {loaded.step} (query tower from "
+        f"{step_dir}): {format_metrics(metrics)}; metrics {metrics_path}", flush=True)
+  return 0
+
+
+def _run_questions(*, run_dir, config, questions, step, why, index_run, index_step, store,
+                   reader_beam, reader_len, backend) -> int:
+  from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  loaded = _load_published_index(index_run, index_step, store, config)
+  searcher = _searcher(loaded, backend)
+  model, params = _open_qa_model(run_dir, config, step, reader_beam)
+  predictor = evaluate_lib.Predictor(model, params, searcher=searcher, store=store,
+                                     block_emb=loaded.embeddings, reader_len=reader_len)
+  print(f"{PROG}: checkpoint step {step} ({why}), index step {loaded.step}", flush=True)
+  for question in questions:
+    reason = predictor.skip_reason(question)
+    if reason is not None:
+      print(f"question: {question}\n  cannot answer: {reason}", flush=True)
+      continue
+    result = predictor.answer(question)
+    print("\n".join(format_answer(result)), flush=True)
+  return 0
+
+
+def format_answer(result: dict) -> list[str]:
+  """The lines printed for one `Predictor.answer` result: the answer, then one line per
+  evidence block (rank, block id, title, retrieval score, snippet; `*` marks the block the
+  answer was read from)."""
+  lines = [f"question: {result['question']}",
+           f"answer: {result['answer']!r} (block {result['block_id']}, joint logit "
+           f"{result['score']:.3f})"]
+  for evidence in result["evidence"]:
+    mark = "*" if evidence["has_prediction"] else " "
+    snippet = " ".join(evidence["snippet"].split())
+    lines.append(f" {mark}{evidence['rank'] + 1}. block {evidence['block_id']} "
+                 f"[{evidence['title']}] score {evidence['score']:.3f}: {snippet}")
+  return lines
+
+
+def _resolve_task(task: str, mode: str, split: str) -> tuple[Any, str]:
+  """(seqio task, kind) after checking it is registered, fits the mode and has the split."""
+  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  try:
+    seqio_task = inputs.get_task(task)
+  except inputs.UnknownTaskError as e:
+    raise ConfigError(f"evaluate_main.task: unknown task {task!r}; registered QA tasks: "
+                      f"{', '.join(registered_tasks('qa'))} (mode 'retrieval' also takes ICT "
+                      f"tasks: {', '.join(registered_tasks('ict'))})") from e
+  kind = task_kind(seqio_task)
+  allowed = ("qa",) if mode == "qa" else ("qa", "ict")
+  if kind not in allowed:
+    raise ConfigError(f"evaluate_main.task={task!r} is not a "
+                      f"{'QA' if mode == 'qa' else 'QA or ICT'} task, which mode {mode!r} needs "
+                      f"(QA tasks: {', '.join(registered_tasks('qa'))}"
+                      + ("" if mode == "qa" else
+                         f"; ICT tasks: {', '.join(registered_tasks('ict'))}") + ")")
+  splits = tuple(seqio_task.splits)
+  if split not in splits:
+    raise ConfigError(f"evaluate_main.split={split!r}: task {task!r} has splits "
+                      f"{', '.join(splits)} (e.g. --gin.evaluate_main.split=\"'{splits[-1]}'\")")
+  return seqio_task, kind
+
+
+@gin.configurable
+def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
+                  task: Optional[str] = gin.REQUIRED, split: str = "test", mode: str = "qa",
+                  checkpoint_step: Optional[int] = None, index_step: Optional[int] = None,
+                  index_run_dir: Optional[str] = None, block_store: Optional[str] = None,
+                  first_index_checkpoint_dir: Optional[str] = None, batch_size: int = 16,
+                  k_values: Sequence[int] = (1, 5, 20, 100), reader_beam: int = 5,
+                  reader_len: int = 320, backend: str = "exact",
+                  max_examples: Optional[int] = None, output: Optional[str] = None,
+                  questions: Sequence[str] = (), dry_run: bool = False) -> int:
+  """Evaluates a run (the only gin-configurable function of this job).
+
+  Args:
+    run_dir: the run directory: its checkpoints/ (and best.json) and its published index/.
+    model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin); checkpoints of
+      another model size are refused.
+    task: a seqio QA task (`toy_qa`, `nq_open`, ...) or, for mode "retrieval", an ICT task
+      (`ict_toy`). Not needed with `questions`.
+    split: the task split ("test"; the ICT tasks have only "train").
+    mode: "qa" (reader predictions, EM, recall) or "retrieval" (recall of the index's own
+      query tower, no reader).
+    checkpoint_step: "qa": the checkpoint to evaluate; None: the best in best.json, else the
+      newest. (Mode "retrieval" uses the checkpoint the index was built from.)
+    index_step: the published index to retrieve from; None: the newest.
+    index_run_dir: the run whose published index/ is searched; None: `run_dir` (set it when a
+      fine-tuning run searches its pretraining run's frozen index instead of its own copy).
+    block_store: the BlockStore the index embeds; None: the toy store for toy tasks (and for
+      `questions`), required otherwise.
+    first_index_checkpoint_dir: "retrieval": the checkpoint index step 0 was built from, when
+      its manifest's path no longer exists (e.g. moved run directories).
+    batch_size: questions (queries) per step.
+    k_values: recall cut-offs (clipped to the number of blocks).
+    reader_beam: blocks the reader reads per question.
+    reader_len: reader sequence length.
+    backend: "exact" or "scann" (the index's ScaNN artifacts).
+    max_examples: evaluate only the first this many examples.
+    output: predictions JSONL path (metrics go to the same path with .metrics.json); None:
+      `<run_dir>/predictions/<task>_<split>_step<N>.jsonl` ("retrieval":
+      `<task>_<split>_retrieval_index<N>.metrics.json`).
+    questions: free-text questions to answer and show evidence for (overrides the task).
+    dry_run: check the configuration (and the run's checkpoint size, if any), print one line.
+
+  Returns:
+    The exit status (0).
+  """
+  _CALL_STARTED[0] = True
+  from realm_jax.models.config import RealmConfig  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+
+  questions = [str(q) for q in (questions or ())]
+  if mode not in MODES:
+    raise ConfigError(f"evaluate_main.mode={mode!r}; expected one of {', '.join(MODES)}")
+  if questions and mode != "qa":
+    raise ConfigError("--question answers with the reader: it needs mode 'qa'")
+  if not isinstance(model_config, RealmConfig):
+    raise ConfigError(f"evaluate_main.model_config is a {type(model_config).__name__}, not a "
+                      f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
+  if not isinstance(run_dir, str) or not run_dir:
+    raise ConfigError(f"evaluate_main.run_dir={run_dir!r}: expected a directory path "
+                      f"(--gin.RUN_DIR=\"'/runs/x'\")")
+  if backend not in BACKENDS:
+    raise ConfigError(f"evaluate_main.backend={backend!r}; expected one of {', '.join(BACKENDS)}")
+  k_values = _check_k_values(k_values)
+  for name, value in (("batch_size", batch_size), ("reader_beam", reader_beam),
+                      ("reader_len", reader_len)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ConfigError(f"evaluate_main.{name}={value!r}: expected a positive integer")
+  if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
+    raise ConfigError(f"evaluate_main.max_examples={max_examples!r}: expected None or a "
+                      f"positive integer")
+  if checkpoint_step is not None and mode == "retrieval":
+    raise ConfigError("evaluate_main.checkpoint_step is for mode 'qa'; mode 'retrieval' uses "
+                      "the checkpoint its index was built from: pick the index with "
+                      "evaluate_main.index_step")
+
+  kind = None
+  if not questions:
+    if not isinstance(task, str) or not task:
+      raise ConfigError(f"evaluate_main.task={task!r}: name a seqio task "
+                        f"(--gin.TASK=\"'toy_qa'\"), or pass --question")
+    _, kind = _resolve_task(task, mode, split)
+  toy_store = False
+  if block_store is None:
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    if questions or task in realm_jax_tasks.TOY_TASKS:
+      toy_store = True
+    else:
+      raise ConfigError(f"evaluate_main.block_store is required for task {task!r} (the "
+                        f"BlockStore the run's index embeds)")
+
+  what = ("predict" if questions else mode) + ("" if questions else f", task {task}/{split}")
+  what += f", model ({ckpt_lib.describe_size(model_config)}), run_dir {run_dir}"
+  # Only what is already on disk is checked here, so a dry run works before the run exists.
+  steps = ckpt_lib.list_checkpoint_steps(run_dir)
+  if checkpoint_step is not None and steps and int(checkpoint_step) not in steps:
+    raise ConfigError(f"evaluate_main.checkpoint_step={checkpoint_step}: "
+                      f"{ckpt_lib.checkpoints_dir(run_dir)} has steps {steps}")
+  step, why = None, "none"
+  if mode == "qa" and steps:
+    step, why = choose_checkpoint(run_dir, checkpoint_step)
+    step_dir = ckpt_lib.checkpoint_path(run_dir, step)
+    _require_reader(_checkpoint_metadata(step_dir, model_config, "checkpoint"), step_dir)
+    what += f"; checkpoint step {step} ({why})"
+  elif mode == "retrieval" and steps and dry_run:
+    # Retrieval uses the checkpoint its index was built from (checked when it is loaded); the
+    # run's newest one tells the model size without reading an index.
+    _checkpoint_metadata(ckpt_lib.checkpoint_path(run_dir, steps[-1]), model_config,
+                         "checkpoint")
+
+  index_run = index_run_dir or run_dir
+  if index_run_dir:
+    what += f", index of {index_run_dir}"
+  if dry_run:
+    from realm_jax.index import store as index_lib  # pylint: disable=g-import-not-at-top
+    if not steps:
+      what += f"; no checkpoints in {ckpt_lib.checkpoints_dir(run_dir)} yet"
+    indexes = index_lib.list_indexes(index_run)
+    what += (f"; index steps {indexes}" if indexes
+             else f"; no published index in {index_lib.index_root(index_run)} yet")
+    if toy_store:
+      what += "; block store: the toy store"
+    print(f"{PROG}: dry run ok ({what}; no data read, nothing written)", flush=True)
+    return 0
+
+  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  for directory in ([run_dir] if mode == "qa" else []) + [index_run]:
+    if not os.path.isdir(directory):
+      raise FileNotFoundError(f"{os.path.abspath(directory)}: no such run directory")
+  if mode == "qa" and step is None:
+    raise ckpt_lib.CheckpointError(f"{ckpt_lib.checkpoints_dir(run_dir)}: no finished "
+                                   f"checkpoint to evaluate")
+  if toy_store:
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    block_store = realm_jax_tasks.toy_block_store_dir()
+  store = corpus_lib.BlockStore.open(block_store, verify="fast")
+  log.info("%s", what)
+  if questions:
+    return _run_questions(run_dir=run_dir, config=model_config, questions=questions, step=step,
+                          why=why, index_run=index_run, index_step=index_step, store=store,
+                          reader_beam=reader_beam, reader_len=reader_len, backend=backend)
+  if mode == "qa":
+    return _run_qa(run_dir=run_dir, config=model_config, task=task, split=split, step=step,
+                   why=why, index_run=index_run, index_step=index_step, store=store,
+                   batch_size=batch_size, k_values=k_values, reader_beam=reader_beam,
+                   reader_len=reader_len, backend=backend, max_examples=max_examples,
+                   output=output)
+  return _run_retrieval(run_dir=run_dir, config=model_config, task=task, kind=kind, split=split,
+                        index_run=index_run, index_step=index_step, store=store,
+                        batch_size=batch_size,
+                        k_values=k_values, backend=backend, max_examples=max_examples,
+                        output=output, first_index_checkpoint_dir=first_index_checkpoint_dir)
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Entry point; returns the exit status."""
+  argv = list(sys.argv if argv is None else argv)
+  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's INFO chatter
+  _CALL_STARTED[0] = False
+  try:
+    gin_bindings, rest = split_gin_args(argv[1:])
+    values = gin_utils.parse_flags(
+        [argv[0] if argv else PROG] + rest,
+        {"dry_run": "Check the configuration (and the run's checkpoint size), print one line "
+                    "and exit without reading data."},
+        multi_strings={"question": "A free-text question to answer with its evidence "
+                                   "(repeatable); no task needed."})
+    if not values.gin_file:
+      raise ConfigError("no --gin_file given (e.g. --gin_file=gin_configs/experiments/"
+                        "toy_eval.gin)")
+    bindings = list(values.gin_bindings) + gin_bindings
+    if values.question:
+      # Free-text questions need no task; gin refuses a config whose TASK macro is left at
+      # %gin.REQUIRED (at parse time, whether or not the call uses it), so set it here.
+      bindings.append("TASK = None")
+    gin_utils.parse_gin(values.gin_file, bindings)
+    overrides: dict[str, Any] = {"dry_run": True} if values.dry_run else {}
+    if values.question:
+      overrides["questions"] = list(values.question)
+    try:
+      return evaluate_main(**overrides)
+    except ConfigError:
+      raise
+    except Exception as e:  # noqa: BLE001
+      if not _CALL_STARTED[0]:  # gin refused the call, or a bad macro value: a config error
+        raise ConfigError(gin_utils.one_line(e)) from e
+      raise
+  except ConfigError as e:
+    # gin appends "In call to configurable ..." to errors raised inside evaluate_main.
+    print(f"{PROG}: config error: {gin_utils.one_line(e)}", file=sys.stderr, flush=True)
+    return 2
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted; nothing partial was written", file=sys.stderr, flush=True)
+    return 130
+  except Exception as e:  # noqa: BLE001 - CheckpointError, IndexLoadError, FileNotFoundError...
+    return gin_utils.report_error(PROG, e, (ValueError, OSError, RuntimeError))
+
+
+if __name__ == "__main__":
+  sys.exit(main())

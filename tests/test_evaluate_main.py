@@ -1,0 +1,384 @@
+"""`python -m realm_jax.evaluate`, in-process: qa mode against the evaluation library, retrieval
+recall against a NumPy brute force, free-text answers, dry runs, and one-line errors.
+
+The run directory is built like a fine-tuning run's: an OpenQAModel checkpoint and an index of
+its document tower published beside it. The corpus is the first NUM_DOCS documents of the toy
+world (its blocks are the toy store's first blocks, with the same uids), because embedding all
+2,511 toy blocks takes ~20 s on this suite's 8 simulated devices.
+"""
+
+import json
+import os
+import types
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from realm_jax import evaluate as entry
+from realm_jax import gin_utils
+from realm_jax.data import corpus
+from realm_jax.data import open_qa as open_qa_data
+from realm_jax.data import toy_world
+from realm_jax.evaluation import evaluate as evaluate_lib
+from realm_jax.index import builder
+from realm_jax.index import store as store_lib
+from realm_jax.index.search import ExactSearcher
+from realm_jax.models import config as config_lib
+from realm_jax.models.open_qa import OpenQAModel
+from realm_jax.models.retriever import RealmRetriever
+from realm_jax.training import checkpoints
+
+REPO = gin_utils.REPO_ROOT
+TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert())  # = gin_configs/models/tiny.gin
+STEP = 40
+NUM_DOCS = 400
+KS = (1, 5, 20, 100)
+QUESTION = "Where was Traebousk Asle born?"
+
+
+def rigged_params(seed=0):
+  """OpenQAModel params whose retriever tells texts apart.
+
+  At its initial scale a tiny BERT embeds every text almost identically (scores agree to
+  ~1e-5), so rankings would be decided by rounding. Zero query kernels (uniform attention),
+  large value kernels and no position embeddings make the [CLS] state a bag of the input's
+  words: embeddings differ and rankings are stable. Built from shapes (no init: seconds).
+  """
+  shapes = jax.eval_shape(OpenQAModel(TINY).init, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['scale']"):
+      return np.ones(shape.shape, shape.dtype)
+    if name.endswith("['bias']"):
+      return np.zeros(shape.shape, shape.dtype)
+    return rng.normal(0.0, 0.02, shape.shape).astype(shape.dtype)
+
+  params = jax.tree_util.tree_map_with_path(leaf, shapes)
+  bert = params["retriever"]["embedder"]["bert"]
+  bert["embeddings"]["position_embeddings"]["embedding"][:] = 0.0
+  for i in range(TINY.bert.num_layers):
+    attention = bert[f"layer_{i}"]["attention"]
+    attention["query"]["kernel"][:] = 0.0
+    attention["value"]["kernel"] *= 300.0
+  return params
+
+
+@pytest.fixture(scope="module")
+def world(private_cache, tmp_path_factory):
+  """A fine-tuning-like run: checkpoint STEP and the index built from it, over a toy prefix."""
+  del private_cache  # the toy world is generated into it
+  root = tmp_path_factory.mktemp("evaluate_main")
+  store_dir = str(root / "blocks")
+  source = corpus.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
+  corpus.build_block_store(source, store_dir, limit=NUM_DOCS, max_block_len=128)
+  store = corpus.BlockStore.open(store_dir)
+  params = rigged_params()
+  run_dir = str(root / "finetune")
+  step_dir = checkpoints.save_checkpoint(run_dir, STEP, params, config=TINY)
+  embeddings = builder.embed_blocks(params["retriever"], TINY, store, batch_size=128,
+                                    progress=None)  # [num_blocks, proj]
+  store_lib.publish_index(run_dir, STEP, embeddings, block_store_id=store.store_id,
+                          checkpoint=step_dir, extra={"checkpoint_step": STEP})
+  return types.SimpleNamespace(root=root, store=store, store_dir=store_dir, params=params,
+                               run_dir=run_dir, step_dir=step_dir, embeddings=embeddings)
+
+
+@pytest.fixture(autouse=True)
+def clean_gin(monkeypatch):
+  monkeypatch.chdir(REPO)  # gin finds includes without logging failed look-ups
+  gin.clear_config()
+  yield
+  gin.clear_config()
+
+
+def _main(*args):
+  return entry.main(["evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin", *args])
+
+
+def _world_args(world, *args):
+  return (f"--gin.RUN_DIR='{world.run_dir}'",
+          f"--gin.evaluate_main.block_store='{world.store_dir}'", *args)
+
+
+def _output(capsys):
+  captured = capsys.readouterr()
+  return ([line for line in captured.out.splitlines() if line.strip()],
+          [line for line in captured.err.splitlines() if line.strip()])
+
+
+def _toy_questions(count):
+  path = os.path.join(toy_world.toy_world_dir(), toy_world.qa_file("test"))
+  return list(open_qa_data.read_orqa_jsonl(path))[:count]
+
+
+# ------------------------------------------------------------------------------ qa mode
+
+
+@pytest.fixture(scope="module")
+def library_qa(world):
+  """Independently of the entry point: the first 8 test questions read from the toy world's
+  file, answered by the evaluation library with the run's params and index."""
+  examples = _toy_questions(8)
+  loaded = store_lib.load_index(store_lib.index_dir(world.run_dir, STEP))
+  metrics, predictions = evaluate_lib.evaluate(
+      OpenQAModel(TINY, reader_beam=5), world.params, examples,
+      searcher=ExactSearcher(loaded.embeddings), store=world.store, k_values=KS)
+  return types.SimpleNamespace(examples=examples, metrics=metrics, predictions=predictions)
+
+
+def test_qa_mode_equals_the_evaluation_library_and_writes_both_files(world, library_qa,
+                                                                      capsys):
+  code = _main(*_world_args(world, "--gin.evaluate_main.max_examples=8"))
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert len(out) == 1, out
+  predictions_path = os.path.join(world.run_dir, "predictions", f"toy_qa_test_step{STEP}.jsonl")
+  metrics_path = predictions_path[:-len(".jsonl")] + ".metrics.json"
+  assert f"checkpoint step {STEP} (latest), index step {STEP}" in out[0]
+  assert predictions_path in out[0] and metrics_path in out[0]
+  assert any("8/8 questions" in line and "ETA" in line for line in err), err
+
+  examples, expected = library_qa.examples, library_qa.metrics
+  expected_predictions = library_qa.predictions
+  saved = json.load(open(metrics_path, encoding="utf-8"))
+  assert saved["metrics"] == pytest.approx(expected)
+  assert saved["checkpoint_step"] == STEP and saved["index_step"] == STEP
+  assert set(expected) == {"exact_match", "recall@1", "recall@5", "recall@20", "recall@100",
+                           "num_questions", "skipped_questions"}
+  assert 0 < expected["recall@100"]  # the rigged retriever finds some answers
+  for name in ("exact_match", "recall@5", "recall@100"):
+    assert f"{name} {expected[name]:.4f}" in out[0]
+  assert "num_questions 8, skipped 0" in out[0]
+
+  with open(predictions_path, encoding="utf-8") as f:
+    lines = [json.loads(line) for line in f]
+  assert [list(line)[:2] for line in lines] == [["question", "prediction"]] * 8
+  assert [line["question"] for line in lines] == [e.question for e in examples]
+  assert [line["prediction"] for line in lines] == [p["prediction"] for p in expected_predictions]
+  assert [line["block_ids"] for line in lines] == [p["block_ids"] for p in expected_predictions]
+
+
+def test_question_prints_the_answer_and_its_evidence(world, capsys):
+  code = entry.main(["evaluate", "--gin_file=gin_configs/models/tiny.gin",
+                     "--gin_file=gin_configs/runs/eval.gin",  # TASK left unset: not needed
+                     *_world_args(world, f"--question={QUESTION}")])
+  out, err = _output(capsys)
+  assert code == 0, err
+  model = OpenQAModel(TINY, reader_beam=5)
+  expected = evaluate_lib.answer_question(model, world.params, QUESTION,
+                                          searcher=ExactSearcher(world.embeddings),
+                                          store=world.store)
+  assert out[0] == f"evaluate: checkpoint step {STEP} (latest), index step {STEP}"
+  assert out[1] == f"question: {QUESTION}"
+  assert out[2].startswith(f"answer: {expected['answer']!r} (block {expected['block_id']},")
+  evidence = out[3:]
+  assert len(evidence) == 5, out
+  for rank, (line, item) in enumerate(zip(evidence, expected["evidence"])):
+    assert line.startswith(f" {'*' if item['has_prediction'] else ' '}{rank + 1}. block "
+                           f"{item['block_id']} [{item['title']}] score {item['score']:.3f}: ")
+  assert sum(line.startswith(" *") for line in evidence) == 1
+
+
+# ------------------------------------------------------------------------------ retrieval mode
+
+
+def _ict_queries(count):
+  from realm_jax.training import inputs  # TensorFlow: imported where it is used
+  dataset = inputs.get_task("ict_toy").get_dataset(split="train", shuffle=False,
+                                                   sequence_length=None).take(count)
+  rows = list(dataset.as_numpy_iterator())
+  return (np.stack([r["query_ids"] for r in rows]), np.stack([r["query_mask"] for r in rows]),
+          np.array([r["block_uid"] for r in rows], np.int64))
+
+
+def _recall_bounds(scores, source, ks, tol=1e-3):
+  """NumPy recall@k of the source block, as (certain, possible) fractions.
+
+  scores: [n, num_blocks]; source: [n] the source block's row. A block within `tol` of the
+  source's score may rank either side of it after rounding, so such ties count as possible.
+  """
+  own = scores[np.arange(len(source)), source][:, None]  # [n, 1]
+  surely_ahead = (scores > own + tol).sum(axis=1)  # [n]
+  maybe_ahead = (scores > own - tol).sum(axis=1) - 1  # [n], not counting the source itself
+  return {k: (np.mean(maybe_ahead < k), np.mean(surely_ahead < k)) for k in ks}
+
+
+def test_retrieval_mode_ict_recall_equals_a_numpy_brute_force(world, capsys):
+  code = _main(*_world_args(world, "--gin.TASK='ict_toy'", "--gin.evaluate_main.mode='retrieval'",
+                            "--gin.evaluate_main.split='train'",
+                            "--gin.evaluate_main.max_examples=64"))
+  out, err = _output(capsys)
+  assert code == 0, err
+  path = os.path.join(world.run_dir, "predictions", f"ict_toy_train_retrieval_index{STEP}"
+                      ".metrics.json")
+  assert len(out) == 1 and out[0].startswith("evaluate: retrieval ict_toy/train") and path in out[0]
+  metrics = json.load(open(path, encoding="utf-8"))["metrics"]
+
+  query_ids, query_mask, block_uid = _ict_queries(64)
+  embed = jax.jit(lambda p, i, m: RealmRetriever(TINY).apply(
+      {"params": p}, i, jax.numpy.zeros_like(i), m, method=RealmRetriever.embed_queries))
+  query_emb = np.asarray(embed(world.params["retriever"], query_ids, query_mask))  # [64, proj]
+  scores = query_emb @ world.embeddings.T  # [64, num_blocks]
+  uids = world.store.uids.view(np.int64)  # [num_blocks]
+  source = np.array([np.flatnonzero(uids == uid)[0] for uid in block_uid])  # all in the prefix
+  num_blocks = world.store.num_blocks
+  assert metrics["num_queries"] == 64 and metrics["num_blocks"] == num_blocks
+  for k, (certain, possible) in _recall_bounds(scores, source, KS).items():
+    assert certain <= metrics[f"recall@{k}"] <= possible, (k, metrics)
+    assert possible - certain <= 2 / 64  # near-ties are rare: the check stays sharp
+    assert metrics[f"chance@{k}"] == pytest.approx(k / num_blocks)
+    assert f"recall@{k} {metrics[f'recall@{k}']:.4f} (chance {k / num_blocks:.4f})" in out[0]
+
+
+def test_retrieval_before_a_run_has_checkpoints_uses_the_index_checkpoint(world, library_qa,
+                                                                           capsys, tmp_path):
+  """A pretraining run before its first checkpoint: index 0 was built from another run's
+  (the ICT) checkpoint, named in its manifest. Its QA recall equals the qa mode's, whose
+  question tower here is the same checkpoint."""
+  run_dir = str(tmp_path / "pretrain")
+  store_lib.publish_index(run_dir, 0, world.embeddings, block_store_id=world.store.store_id,
+                          checkpoint=world.step_dir, extra={"checkpoint_step": STEP})
+  code = _main(f"--gin.RUN_DIR='{run_dir}'", f"--gin.evaluate_main.block_store='{world.store_dir}'",
+               "--gin.evaluate_main.mode='retrieval'", "--gin.evaluate_main.max_examples=8")
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert f"index step 0 (query tower from {world.step_dir})" in out[0]
+  metrics = json.load(open(os.path.join(run_dir, "predictions",
+                                        "toy_qa_test_retrieval_index0.metrics.json")))["metrics"]
+  assert metrics["num_questions"] == 8 and "chance@5" not in metrics
+  for k in KS:
+    assert metrics[f"recall@{k}"] == library_qa.metrics[f"recall@{k}"]
+
+
+# ------------------------------------------------------------------------------ dry runs
+
+
+def test_dry_run_without_a_run(tmp_path, capsys):
+  run_dir = tmp_path / "not_yet"
+  code = _main(f"--gin.RUN_DIR='{run_dir}'", "--dry_run")
+  out, err = _output(capsys)
+  assert code == 0 and not err, err
+  assert len(out) == 1 and out[0].startswith("evaluate: dry run ok (qa, task toy_qa/test, "), out
+  assert f"no checkpoints in {run_dir}/checkpoints yet" in out[0]
+  assert not run_dir.exists()
+
+
+def test_dry_run_checks_the_checkpoint_of_a_run(world, capsys):
+  code = _main(*_world_args(world, "--dry_run"))
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert f"checkpoint step {STEP} (latest)" in out[0] and f"index steps [{STEP}]" in out[0]
+
+
+def test_choose_checkpoint_prefers_best_json(tmp_path):
+  run_dir = str(tmp_path)
+  assert entry.choose_checkpoint(run_dir, None) == (None, "none")
+  for step in (5, 10):
+    checkpoints.save_checkpoint(run_dir, step, {"retriever": {"w": np.zeros([2], np.float32)}},
+                                config=TINY)
+  assert entry.choose_checkpoint(run_dir, None) == (10, "latest")
+  assert entry.choose_checkpoint(run_dir, 5) == (5, "as asked")
+  best = os.path.join(run_dir, checkpoints.BEST_FILE)
+  with open(best, "w", encoding="utf-8") as f:
+    json.dump({"metric": "eval/exact_match", "mode": "max", "step": 5, "value": 0.5}, f)
+  assert entry.choose_checkpoint(run_dir, None) == (5, "best by eval/exact_match=0.5 in best.json")
+  with open(best, "w", encoding="utf-8") as f:
+    json.dump({"metric": "eval/exact_match", "mode": "max", "step": 1, "value": 0.5}, f)
+  step, why = entry.choose_checkpoint(run_dir, None)
+  assert step == 10 and why.startswith("latest (best.json names step 1")
+
+
+def test_k_values_are_clipped_to_the_corpus():
+  assert entry.clip_k_values((1, 5, 20, 100), 12) == (1, 5, 12)
+  assert entry.clip_k_values((100, 5, 5), 1000) == (5, 100)
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def _one_line(capsys, code, status, prefix):
+  out, err = _output(capsys)
+  assert code == status, (out, err)
+  assert len(err) == 1, err
+  assert err[0].startswith(f"evaluate: {prefix}: "), err
+  return err[0]
+
+
+@pytest.fixture(scope="module")
+def other_runs(tmp_path_factory):
+  """Runs whose checkpoints the qa mode must refuse: another model size; retriever only."""
+  root = tmp_path_factory.mktemp("other_runs")
+  bigger = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64))
+  params = {"retriever": {"w": np.zeros([2], np.float32)}}
+  checkpoints.save_checkpoint(str(root / "bigger"), 3, params, config=bigger)
+  checkpoints.save_checkpoint(str(root / "ict"), 3, params, config=TINY)
+  return root
+
+
+CONFIG_ERRORS = {  # name: (arguments besides --gin.RUN_DIR, expected text)
+    "unknown_binding": (["--gin.evaluate_main.nope=1"], "nope"),
+    "unregistered_task": (["--gin.TASK='toy_qaa'"], "unknown task 'toy_qaa'; registered QA "
+                          "tasks: curated_trec, nq_open, toy_qa, web_questions"),
+    "bad_mode": (["--gin.evaluate_main.mode='exact'"], "mode='exact'; expected one of qa, "
+                 "retrieval"),
+    "ict_task_in_qa_mode": (["--gin.TASK='ict_toy'"], "'ict_toy' is not a QA task"),
+    "split_the_task_lacks": (["--gin.TASK='ict_toy'", "--gin.evaluate_main.mode='retrieval'"],
+                             "task 'ict_toy' has splits train"),
+    "store_needed": (["--gin.TASK='nq_open'"], "block_store is required for task 'nq_open'"),
+    "unknown_flag": (["--no_such_flag"], "no_such_flag"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIG_ERRORS))
+def test_config_errors_are_one_line(name, tmp_path, capsys):
+  args, expected = CONFIG_ERRORS[name]
+  line = _one_line(capsys, _main(*args, f"--gin.RUN_DIR='{tmp_path}'", "--dry_run"), 2,
+                   "config error")
+  assert expected in line, line
+
+
+def test_missing_run_dir_macro_is_a_config_error(capsys):
+  line = _one_line(capsys, _main("--dry_run"), 2, "config error")
+  assert "required macro RUN_DIR is not set" in line
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_checkpoint_of_another_model_size_is_a_config_error(other_runs, dry_run, capsys):
+  args = [f"--gin.RUN_DIR='{other_runs / 'bigger'}'"] + (["--dry_run"] if dry_run else [])
+  line = _one_line(capsys, _main(*args), 2, "config error")
+  assert "another model size (hidden 64," in line and "this run's model is (hidden 32," in line
+
+
+def test_an_ict_checkpoint_has_no_reader_for_qa_mode(other_runs, capsys):
+  line = _one_line(capsys, _main(f"--gin.RUN_DIR='{other_runs / 'ict'}'", "--dry_run"), 2,
+                   "config error")
+  assert "no fine-tuned reader" in line and "mode=\"'retrieval'\"" in line
+
+
+def test_no_published_index_is_a_one_line_runtime_error(world, library_qa, capsys, tmp_path):
+  run_dir = str(tmp_path / "no_index")
+  checkpoints.save_checkpoint(run_dir, 7, world.params, config=TINY)
+  args = (f"--gin.RUN_DIR='{run_dir}'", f"--gin.evaluate_main.block_store='{world.store_dir}'",
+          "--gin.evaluate_main.max_examples=8")
+  line = _one_line(capsys, _main(*args), 1, "error")
+  assert f"{run_dir}/index: no published index" in line
+  # The same run searching another run's index (a fine-tuning run over a frozen index).
+  code = _main(*args, f"--gin.evaluate_main.index_run_dir='{world.run_dir}'")
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert f"checkpoint step 7 (latest), index step {STEP}" in out[0]
+  saved = json.load(open(os.path.join(run_dir, "predictions", "toy_qa_test_step7.metrics.json"),
+                         encoding="utf-8"))
+  assert saved["metrics"] == pytest.approx(library_qa.metrics)
+
+
+@pytest.mark.parametrize("mode", ["qa", "retrieval"])
+def test_a_missing_run_dir_is_a_one_line_runtime_error(tmp_path, mode, capsys):
+  run_dir = tmp_path / "missing"
+  line = _one_line(capsys, _main(f"--gin.RUN_DIR='{run_dir}'",
+                                 f"--gin.evaluate_main.mode='{mode}'"), 1, "error")
+  assert f"{run_dir}: no such run directory" in line
