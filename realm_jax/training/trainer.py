@@ -275,6 +275,12 @@ def compute_gradients(model: Any, params: Any, batch: Batch, rng: Array, *,
   return aux, grads
 
 
+def device_batch(host_batch: Mapping[str, Any]) -> dict[str, Any]:
+  """The per-example arrays of a host batch: 0-d entries are host metadata (e.g. a pretraining
+  batch's `index_step`), read on the host and never sent to the devices."""
+  return {name: value for name, value in host_batch.items() if np.ndim(value)}
+
+
 def _namespaced(means: Mapping[str, Any]) -> dict[str, Any]:
   """"loss" -> "train/loss"; names that already have a namespace ("retrieval/...") stay."""
   return {(name if "/" in name else f"train/{name}"): value for name, value in means.items()}
@@ -520,7 +526,7 @@ def make_eval_fn(model: Any, batches: Union[Sequence[Batch], Callable[[], Iterab
     del step
     total = None
     for batch in (fixed if fixed is not None else batches()):
-      aux = jitted(state.params, partitioning.shard_batch(batch, mesh))
+      aux = jitted(state.params, partitioning.shard_batch(device_batch(batch), mesh))
       total = aux if total is None else jax.tree.map(jnp.add, total, aux)
     means = jax.device_get(summarize(total))
     return {f"{prefix}{name}": float(value) for name, value in means.items()}
@@ -812,7 +818,7 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
       except StopIteration:
         raise ValueError(f"train: the input ran out before step {step} of {num_steps} "
                          f"(input position {batches.state()})") from None
-      batch = partitioning.shard_batch(host_batch, mesh)
+      batch = partitioning.shard_batch(device_batch(host_batch), mesh)
       if global_batch is None:
         global_batch = int(next(iter(batch.values())).shape[0])
         if peak is not None and flops_per_example is None:

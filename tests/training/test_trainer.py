@@ -219,3 +219,18 @@ def test_input_protocol_and_running_out(setup, tmp_path):
     _train(setup, trainer.ListBatches(_batches(2)), tmp_path / "run", writer=Recorder())
   with pytest.raises(TypeError, match=r"state\(\) and restore\(state\)"):
     _train(setup, iter(_batches(6)), tmp_path / "other", writer=Recorder())
+
+
+def test_host_metadata_stays_on_the_host(setup, tmp_path):
+  """0-d batch entries (a pretraining batch's `index_step`) are host metadata: training and
+  evaluation run on the per-example arrays only, and give what they give without them."""
+  plain = _batches(2)
+  tagged = [{**batch, "index_step": np.asarray(7)} for batch in plain]
+  assert trainer.device_batch(tagged[0]).keys() == plain[0].keys()
+  with_meta = _train(setup, trainer.ListBatches(tagged), tmp_path / "a", num_steps=2,
+                     writer=Recorder(), eval_fn=trainer.make_eval_fn(setup["model"], tagged[:1],
+                                                                    mesh=setup["mesh"]))
+  without = _train(setup, trainer.ListBatches(plain), tmp_path / "b", num_steps=2,
+                   writer=Recorder())
+  for a, b in zip(jax.tree.leaves(with_meta.params), jax.tree.leaves(without.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
