@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -60,6 +61,7 @@ DATA_AXIS = "data"
 # with it, so its staleness is simply the train step.
 FIRST_INDEX_STEP = 0
 _PARTS_PREFIX = ".parts-"
+WAITING_LOG_SECONDS = 60.0  # "waiting for a first checkpoint" at most this often
 _PARTS_POLL_SECONDS = 1.0  # multi-host: how often hosts look for the others' parts / the index
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
@@ -444,7 +446,7 @@ def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once:
   Each poll: if `TRAINING_DONE` exists, note it (read *before* listing checkpoints, so the final
   checkpoint, written before the marker, is in the listing); if no checkpoint exists yet, log
   "waiting for a first checkpoint in <run_dir>/checkpoints (none yet) ..." (first time at once,
-  then every poll); if the newest checkpoint is newer than the newest published index, embed and
+  then at most every WAITING_LOG_SECONDS); if the newest checkpoint is newer than the newest published index, embed and
   publish it (intermediate checkpoints are skipped: REALM follows the *latest* export); else,
   when training is done, return. A builder killed at any point publishes nothing partial
   (atomic publish) and a restarted one simply continues from the listing.
@@ -487,6 +489,7 @@ def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once:
       return published
 
   waiting_logged_for: Optional[int] = -1  # the index step we last said we are idle at
+  last_waiting_log = -math.inf  # when we last said we wait for a first checkpoint
   while not stop.is_set():
     done = ckpt_lib.training_done(run_dir)  # before listing: see the docstring
     newest = ckpt_lib.latest_checkpoint_step(run_dir)
@@ -498,9 +501,11 @@ def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once:
           raise ckpt_lib.CheckpointError(message)
         log.info("%s; exiting.", message)
         return published
-      log.info("waiting for a first checkpoint in %s (none yet) ... polling every %gs; the "
-               "trainer writes them as checkpoints/<step>/", ckpt_lib.checkpoints_dir(run_dir),
-               poll_seconds)
+      if time.monotonic() - last_waiting_log >= WAITING_LOG_SECONDS:
+        log.info("waiting for a first checkpoint in %s (none yet) ... polling every %gs; the "
+                 "trainer writes them as checkpoints/<step>/", ckpt_lib.checkpoints_dir(run_dir),
+                 poll_seconds)
+        last_waiting_log = time.monotonic()
     elif indexed is None or newest > indexed:
       try:
         path = build(newest)

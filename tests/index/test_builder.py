@@ -207,10 +207,13 @@ def test_first_index_from_an_ict_checkpoint_dir(tmp_path, params, block_store):
 
 
 def test_follow_waits_for_a_first_checkpoint_then_follows_and_exits_when_done(
-    tmp_path, params, block_store, caplog):
+    tmp_path, params, block_store, caplog, monkeypatch):
   caplog.set_level(logging.INFO, logger="realm_jax.index.builder")
+  # Polls every 0.05 s; says it is waiting at most every 0.3 s (a minute by default).
+  monkeypatch.setattr(builder, "WAITING_LOG_SECONDS", 0.3)
   run_dir = str(tmp_path / "run")
   result = {}
+  started = time.monotonic()
 
   def run():
     result["paths"] = builder.follow(run_dir, store=block_store, poll_seconds=0.05,
@@ -229,6 +232,8 @@ def test_follow_waits_for_a_first_checkpoint_then_follows_and_exits_when_done(
   waiting = f"waiting for a first checkpoint in {os.path.join(run_dir, 'checkpoints')} (none yet)"
   wait_for(lambda: sum(waiting in r.getMessage() for r in caplog.records) >= 3,
            "three waiting messages")
+  # Three messages took at least two intervals, though ~12 polls happened meanwhile.
+  assert time.monotonic() - started >= 0.6
   assert store_lib.list_indexes(run_dir) == []
   ckpt.save_checkpoint(run_dir, 2, {"retriever": params}, config=TINY)
   wait_for(lambda: store_lib.list_indexes(run_dir) == [2], "index 2")
