@@ -169,7 +169,10 @@ class RealmPretrainModel:
                                               null_index=self.null_index)
     # [B]
     null_prob = losses.null_document_probability(scores, null_index=self.null_index)
+    accuracy_aux = losses.mlm_accuracy_sums(scores, logits, batch["mlm_targets"], weights,
+                                            null_index=self.null_index)
     return loss, {
+        **accuracy_aux,
         "loss_sum": loss_aux["loss_sum"],
         "weight_sum": loss_aux["weight_sum"],
         "utility_sum": utility_aux["utility_sum"],
@@ -195,6 +198,10 @@ def summarize(aux: dict) -> dict[str, Array]:
   out = {"loss": ratio("loss_sum", "weight_sum")}
   if "accuracy_sum" in aux:
     out["accuracy"] = ratio("accuracy_sum", "weight_sum")
+  if "mlm_correct_sum" in aux:
+    # Masked tokens predicted exactly: REALM's marginal, and the null document alone.
+    out["mlm/accuracy"] = ratio("mlm_correct_sum", "weight_sum")
+    out["mlm/null_accuracy"] = ratio("null_mlm_correct_sum", "weight_sum")
   if "utility_sum" in aux:
     out["retrieval/utility"] = ratio("utility_sum", "utility_weight_sum")
     out["retrieval/null_prob"] = ratio("null_prob_sum", "example_sum")

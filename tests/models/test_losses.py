@@ -502,3 +502,23 @@ def test_in_batch_softmax_loss_rejects_out_of_range_labels():
     losses.in_batch_softmax_loss(jnp.zeros((9, 5)), block_emb)
   with pytest.raises(ValueError, match="widths"):
     losses.in_batch_softmax_loss(query_emb, jnp.zeros((8, 6)))
+
+
+def test_mlm_accuracy_sums_hand_worked():
+  # One query, 2 candidates (null at slot 0) with p(z|x) = (0.25, 0.75), vocabulary of 3.
+  # Mask 0, target 1: p(.|null) = (0.6, 0.3, 0.1), p(.|doc) = (0.1, 0.8, 0.1)
+  #   marginal = 0.25*(0.6,0.3,0.1) + 0.75*(0.1,0.8,0.1) = (0.225, 0.675, 0.1) -> 1: right;
+  #   null alone -> 0: wrong.
+  # Mask 1, target 0: p(.|null) = (0.7, 0.2, 0.1), p(.|doc) = (0.2, 0.5, 0.3)
+  #   marginal = (0.325, 0.425, 0.25) -> 1: wrong; null alone -> 0: right.
+  # Mask 2: padding (weight 0), would be right both ways.
+  scores = jnp.log(jnp.array([[0.25, 0.75]]))
+  probs = np.array([[[[0.6, 0.3, 0.1], [0.7, 0.2, 0.1], [1.0, 0.0, 0.0]],
+                     [[0.1, 0.8, 0.1], [0.2, 0.5, 0.3], [1.0, 0.0, 0.0]]]])
+  with np.errstate(divide="ignore"):
+    logits = jnp.asarray(np.log(probs) + 3.0)  # any per-row shift: softmax is invariant
+  targets = jnp.array([[1, 0, 0]])
+  weights = jnp.array([[1.0, 2.0, 0.0]])
+  sums = losses.mlm_accuracy_sums(scores, logits, targets, weights)
+  assert float(sums["mlm_correct_sum"]) == 1.0
+  assert float(sums["null_mlm_correct_sum"]) == 2.0

@@ -108,9 +108,14 @@ def _reference_pretrain_sums(params, batch):
   weights = batch["mlm_weights"] * batch["example_mask"][:, None]
   joint = log_prior[:, :, None] + token
   marg = np.log(np.exp(joint).sum(axis=1))                                 # [B, M]
+  # Predicted tokens: the argmax of the marginal over the vocabulary, and of the null alone.
+  vocab_marg = np.log(np.exp(log_prior[:, :, None, None] + _log_softmax(logits)).sum(axis=1))
+  targets = batch["mlm_targets"]
   return {"loss_sum": -(marg * weights).sum(), "weight_sum": weights.sum(),
           "utility_sum": ((marg - token[:, 0]) * weights).sum(),
-          "null_prob_sum": (np.exp(log_prior[:, 0]) * batch["example_mask"]).sum()}
+          "null_prob_sum": (np.exp(log_prior[:, 0]) * batch["example_mask"]).sum(),
+          "mlm_correct_sum": ((vocab_marg.argmax(-1) == targets) * weights).sum(),
+          "null_mlm_correct_sum": ((logits[:, 0].argmax(-1) == targets) * weights).sum()}
 
 
 def test_pretraining_sums_match_a_numpy_reference():
@@ -122,7 +127,8 @@ def test_pretraining_sums_match_a_numpy_reference():
   for key, value in expected.items():
     np.testing.assert_allclose(aux[key], value, rtol=1e-4, atol=1e-5, err_msg=key)
   means = realm.summarize(aux)
-  assert set(means) == {"loss", "retrieval/utility", "retrieval/null_prob"}
+  assert set(means) == {"loss", "retrieval/utility", "retrieval/null_prob", "mlm/accuracy",
+                        "mlm/null_accuracy"}
   np.testing.assert_allclose(means["loss"], expected["loss_sum"] / expected["weight_sum"],
                              rtol=1e-4)
 
