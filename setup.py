@@ -45,9 +45,11 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.11",
-    # tasks/ (seqio registrations) installs as `realm_jax_tasks`.
-    packages=setuptools.find_packages(include=["realm_jax", "realm_jax.*"]) + ["realm_jax_tasks"],
-    package_dir={"realm_jax_tasks": "tasks"},
+    # tasks/ (seqio registrations) installs as `realm_jax_tasks`, launch/ (the local two-process
+    # launcher and the TPU pod scripts) as `realm_jax_launch`.
+    packages=(setuptools.find_packages(include=["realm_jax", "realm_jax.*"])
+              + ["realm_jax_tasks", "realm_jax_launch"]),
+    package_dir={"realm_jax_tasks": "tasks", "realm_jax_launch": "launch"},
     package_data={"realm_jax": ["data/assets/*"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES},

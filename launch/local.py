@@ -1,0 +1,469 @@
+r"""Runs the REALM trainer and its index builder side by side on one machine.
+
+  python -m launch.local --run_dir=/tmp/realm_toy/pretrain \
+      --trainer "python -m realm_jax.train --gin_file=gin_configs/experiments/toy_pretrain.gin \
+                 --gin.RUN_DIR=\"'/tmp/realm_toy/pretrain'\" --gin.INIT_CHECKPOINT=None" \
+      --builder "python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin \
+                 --gin.RUN_DIR=\"'/tmp/realm_toy/pretrain'\" --gin.BLOCK_STORE=\"'/path/blocks'\"" \
+      [--trainer_env CUDA_VISIBLE_DEVICES=0,1,2] [--builder_env JAX_PLATFORMS=cpu] [--dry-run]
+
+or from Python: `run_local(trainer_cmd, builder_cmd, log_dir=...)`.
+
+Each command runs as a child process in its own process group; every line it writes (stdout and
+stderr merged) goes to the console as `[trainer] ...` / `[builder] ...` and, unprefixed, to
+`<log_dir>/trainer.log` / `builder.log` (appended, one header line per launch). The launcher's
+own messages go to stderr as `launch: ...`.
+
+Lifecycle:
+  * trainer exits 0: the builder is left to finish by itself (it exits once it has indexed the
+    checkpoint written before `<run_dir>/TRAINING_DONE`); after `builder_timeout` seconds it is
+    stopped.
+  * trainer fails (non-zero): the builder is stopped; the status is the trainer's.
+  * builder fails first: reported loudly; the trainer goes on (it keeps swapping in nothing newer,
+    so its index only grows stale) unless `stop_on_builder_failure`, which stops the trainer too.
+  * SIGINT (Ctrl-C), SIGTERM or SIGHUP to the launcher: SIGINT to both process groups (the
+    entry points turn it into a clean exit 130: nothing partial is ever published), SIGKILL
+    after `grace_seconds` (at once on a second Ctrl-C); exit 130.
+"Stopped" always means that sequence. Whatever happens, no child is left running: the stop runs
+in a `finally`, and when a child's main process ends, anything left in its process group is
+killed.
+
+Exit status: 0 both finished cleanly (or no builder); the trainer's status when it failed
+(128 + N when killed by signal N); 130 interrupted; 3 the trainer finished but the builder failed,
+timed out, or (with `stop_on_builder_failure`) failed and stopped the run; 127 a command could
+not be started; 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Mapping, Optional, Sequence
+
+PROG = "launch"
+EXIT_USAGE = 2
+EXIT_BUILDER_FAILED = 3
+EXIT_CANNOT_START = 127
+EXIT_INTERRUPTED = 130
+DEFAULT_GRACE_SECONDS = 30.0
+# A paper-scale re-embedding of the final checkpoint takes hours; the toy world's, seconds.
+DEFAULT_BUILDER_TIMEOUT = 1800.0
+_POLL_SECONDS = 0.05
+_PUMP_JOIN_SECONDS = 5.0  # how long to wait for a child's last output once it has exited
+
+
+def format_seconds(seconds: float) -> str:
+  """`4.2s`, `3m07s` or `1h02m03s`."""
+  if seconds < 60:
+    return f"{seconds:.1f}s"
+  minutes, secs = divmod(int(round(seconds)), 60)
+  hours, minutes = divmod(minutes, 60)
+  return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def exit_status(returncode: int) -> int:
+  """A Popen return code as a shell exit status (killed by signal N -> 128 + N)."""
+  return 128 - returncode if returncode < 0 else returncode
+
+
+def shell_line(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None) -> str:
+  """`cmd` (with `env` assignments in front) as one shell-quoted line."""
+  assignments = [f"{key}={shlex.quote(str(value))}" for key, value in (env or {}).items()]
+  return " ".join(assignments + [shlex.join(cmd)])
+
+
+class _Child:
+  """One child process: started in its own process group, output teed to console and log."""
+
+  def __init__(self, name: str, cmd: Sequence[str], env: Optional[Mapping[str, str]],
+               log_path: str, console: IO[str], lock: threading.Lock):
+    self.name = name
+    self.cmd = list(cmd)
+    self.env_overrides = dict(env or {})
+    self.log_path = log_path
+    self.console = console
+    self.lock = lock
+    self.proc: Optional[subprocess.Popen] = None
+    self.started = self.ended = 0.0
+    self.stopped = False  # the launcher stopped it (SIGINT, then maybe SIGKILL)
+    self.console_ok = True
+    self._log: Optional[IO[bytes]] = None
+    self._pump: Optional[threading.Thread] = None
+
+  def start(self) -> None:
+    """Starts the process and the thread that copies its output."""
+    env = dict(os.environ)
+    # Children write to a pipe: without this, Python block-buffers their stdout and lines
+    # would reach the console minutes late.
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update({key: str(value) for key, value in self.env_overrides.items()})
+    self._log = open(self.log_path, "ab")  # appended: a resumed run keeps its history
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    self._log.write(f"=== {PROG} {stamp}: {shell_line(self.cmd, self.env_overrides)}\n"
+                    .encode())
+    self._log.flush()
+    # process_group=0: the child leads a new group, so the launcher can signal the child and
+    # everything it spawns at once, and a terminal's Ctrl-C reaches only the launcher (which
+    # forwards exactly one SIGINT) instead of every process twice.
+    self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, env=env, process_group=0)
+    self.started = time.monotonic()
+    self._pump = threading.Thread(target=self._copy_output, name=f"{self.name}-output",
+                                  daemon=True)
+    self._pump.start()
+
+  def _copy_output(self) -> None:
+    prefix = f"[{self.name}] "
+    for raw in iter(self.proc.stdout.readline, b""):
+      line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+      if self.console_ok:
+        with self.lock:
+          try:
+            self.console.write(prefix + line + "\n")
+            self.console.flush()
+          except (OSError, ValueError):
+            # The terminal went away: keep draining the pipe (a full pipe would block the
+            # child) and keep logging.
+            self.console_ok = False
+      self._log.write(raw if raw.endswith(b"\n") else raw + b"\n")
+      self._log.flush()
+
+  @property
+  def pid(self) -> int:
+    return self.proc.pid
+
+  def poll(self) -> Optional[int]:
+    """The return code once the process has exited (its group's leftovers then killed)."""
+    returncode = self.proc.poll()
+    if returncode is not None and not self.ended:
+      self.ended = time.monotonic()
+      # Leftover grandchildren would outlive the launcher holding devices: kill them now, while
+      # the group id cannot have been reused (it is still in use if any member is alive).
+      self.signal_group(signal.SIGKILL)
+    return returncode
+
+  def running(self) -> bool:
+    return self.poll() is None
+
+  def signal_group(self, sig: int) -> None:
+    """Sends `sig` to the child's whole process group (nothing if it is gone)."""
+    try:
+      os.killpg(self.proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+      pass
+
+  def close(self) -> None:
+    """Waits briefly for the last output lines, then closes the pipe and the log."""
+    if self._pump is not None:
+      self._pump.join(_PUMP_JOIN_SECONDS)
+      if self._pump.is_alive():
+        return  # something still holds the pipe open; the daemon thread ends with it
+    if self.proc is not None and self.proc.stdout is not None:
+      self.proc.stdout.close()
+    if self._log is not None:
+      self._log.close()
+
+  def describe(self) -> str:
+    """`trainer exit 0 in 12.3s`, `builder stopped: killed by SIGKILL in 40.1s`, ..."""
+    returncode = self.proc.returncode
+    if returncode is None:
+      what = "still running"
+    elif returncode < 0:
+      what = f"killed by {signal.Signals(-returncode).name}"
+    else:
+      what = f"exit {returncode}"
+    if self.stopped:
+      what = f"stopped: {what}"
+    wall = (self.ended or time.monotonic()) - self.started
+    return f"{self.name} {what} in {format_seconds(wall)}"
+
+
+class _SignalFlag:
+  """Records SIGINT/SIGTERM/SIGHUP to the launcher (SIGHUP: a closed terminal must not orphan
+  the children either). The handler only counts; the supervisor loop runs the stop sequence, so
+  it never runs inside a signal handler. Installed only in the main thread (Python's rule);
+  elsewhere Ctrl-C arrives as KeyboardInterrupt and the `finally` of `run_local` still stops
+  the children."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+  def __init__(self):
+    self.count = 0
+    self.last: Optional[int] = None
+    self._previous: dict = {}
+
+  def _handle(self, signum, frame) -> None:
+    del frame
+    self.count += 1
+    self.last = signum
+
+  def __enter__(self) -> "_SignalFlag":
+    if threading.current_thread() is threading.main_thread():
+      for sig in self.SIGNALS:
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+class _Launcher:
+  """The supervisor loop of `run_local` (see the module docstring for the rules)."""
+
+  def __init__(self, trainer: _Child, builder: Optional[_Child], *, grace_seconds: float,
+               builder_timeout: Optional[float], stop_on_builder_failure: bool,
+               flag: _SignalFlag, lock: threading.Lock, err: IO[str]):
+    self.trainer = trainer
+    self.builder = builder
+    self.children = [c for c in (trainer, builder) if c is not None]
+    self.grace_seconds = grace_seconds
+    self.builder_timeout = builder_timeout
+    self.stop_on_builder_failure = stop_on_builder_failure
+    self.flag = flag
+    self.lock = lock
+    self.err = err
+    self.builder_failed = False
+    self._builder_seen = False
+
+  def say(self, *lines: str) -> None:
+    """The launcher's own message, each line prefixed `launch: `."""
+    with self.lock:
+      try:
+        for line in lines:
+          self.err.write(f"{PROG}: {line}\n")
+        self.err.flush()
+      except (OSError, ValueError):
+        pass  # no terminal any more; stopping the children matters more than saying so
+
+  def stop(self, children: Sequence[_Child]) -> None:
+    """SIGINT to each running child's group; SIGKILL after the grace period, or at once when
+    another SIGINT/SIGTERM reaches the launcher meanwhile."""
+    live = [c for c in children if c.running()]
+    for child in live:
+      child.stopped = True
+      child.signal_group(signal.SIGINT)
+    deadline = time.monotonic() + self.grace_seconds
+    signals_before = self.flag.count
+    while (any(c.running() for c in live) and time.monotonic() < deadline
+           and self.flag.count == signals_before):
+      time.sleep(_POLL_SECONDS)
+    for child in live:
+      if child.running():
+        self.say(f"{child.name} still running after SIGINT; sending SIGKILL")
+        child.signal_group(signal.SIGKILL)
+        child.proc.wait()
+        child.poll()
+
+  def _check_builder(self) -> Optional[int]:
+    """Reacts once to the builder's exit; returns a status to end the run with, or None."""
+    if self.builder is None or self._builder_seen or self.builder.running():
+      return None
+    self._builder_seen = True
+    returncode = self.builder.proc.returncode
+    if returncode == 0:
+      if self.trainer.running():  # after the trainer, exiting is the builder's job
+        self.say("the builder exited (status 0) before the trainer finished; the index will "
+                 "not be refreshed any more")
+      return None
+    self.builder_failed = True
+    banner = "!" * 72
+    failed = f"INDEX BUILDER FAILED (status {exit_status(returncode)}); see {self.builder.log_path}"
+    if not self.trainer.running():
+      self.say(banner, failed, "the trainer had finished; its last checkpoint may not be indexed",
+               banner)
+      return None
+    if self.stop_on_builder_failure:
+      self.say(banner, failed, "stopping the trainer (--stop_on_builder_failure)", banner)
+      self.stop([self.trainer])
+      return EXIT_BUILDER_FAILED
+    self.say(banner, failed, "the trainer goes on with its current index, which will only grow "
+             "stale; restart the builder by hand to refresh it", banner)
+    return None
+
+  def supervise(self) -> int:
+    """Runs until the outcome is decided; returns the launcher's exit status."""
+    builder_deadline = None
+    while True:
+      if self.flag.count:
+        name = signal.Signals(self.flag.last).name
+        self.say(f"got {name}; stopping (SIGINT to both, SIGKILL after "
+                 f"{format_seconds(self.grace_seconds)}; Ctrl-C again to kill at once)")
+        self.stop(self.children)
+        return EXIT_INTERRUPTED
+      status = self._check_builder()
+      if status is not None:
+        return status
+      trainer_code = self.trainer.poll()
+      if trainer_code is not None and trainer_code != 0:
+        self.say(f"the trainer failed (status {exit_status(trainer_code)}); stopping the builder")
+        if self.builder is not None:
+          self.stop([self.builder])
+        return exit_status(trainer_code)
+      if trainer_code == 0:
+        if self.builder is None or not self.builder.running():
+          return EXIT_BUILDER_FAILED if self.builder_failed else 0
+        if builder_deadline is None:
+          timeout = self.builder_timeout
+          builder_deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+          limit = "no time limit" if timeout is None else f"up to {format_seconds(timeout)}"
+          self.say(f"the trainer is done; waiting ({limit}) for the builder to index the last "
+                   f"checkpoint and exit")
+        elif time.monotonic() >= builder_deadline:
+          self.say(f"the builder did not finish within {format_seconds(self.builder_timeout)} "
+                   f"of the trainer; stopping it (the last checkpoint may not be indexed)")
+          self.stop([self.builder])
+          self._builder_seen = True
+          return EXIT_BUILDER_FAILED
+      time.sleep(_POLL_SECONDS)
+
+
+def run_local(trainer_cmd: Sequence[str], builder_cmd: Optional[Sequence[str]] = None, *,
+              log_dir: str, env_trainer: Optional[Mapping[str, str]] = None,
+              env_builder: Optional[Mapping[str, str]] = None,
+              grace_seconds: float = DEFAULT_GRACE_SECONDS,
+              builder_timeout: Optional[float] = DEFAULT_BUILDER_TIMEOUT,
+              stop_on_builder_failure: bool = False, console: Optional[IO[str]] = None,
+              err: Optional[IO[str]] = None) -> int:
+  """Runs the trainer and (optionally) the index builder side by side until both are done.
+
+  Args:
+    trainer_cmd: the trainer's argv, e.g. `["python", "-m", "realm_jax.train", ...]`.
+    builder_cmd: the index builder's argv, or None to run the trainer alone (still teed, still
+      stopped cleanly on Ctrl-C).
+    log_dir: where `trainer.log` and `builder.log` are appended (created if needed).
+    env_trainer, env_builder: environment variables set for that child only, on top of the
+      launcher's: the device split (`CUDA_VISIBLE_DEVICES`, `TPU_VISIBLE_CHIPS`, ...,
+      `JAX_PLATFORMS=cpu` for a builder on the host CPU).
+    grace_seconds: how long a stopped child has between SIGINT and SIGKILL.
+    builder_timeout: seconds the builder may run on after the trainer exits 0 (None: no limit).
+    stop_on_builder_failure: a builder failure stops the trainer too (default: it goes on).
+    console: where the prefixed child output goes (default sys.stdout).
+    err: where the launcher's own messages and the summary go (default sys.stderr).
+
+  Returns:
+    The exit status (see the module docstring).
+  """
+  console = console or sys.stdout
+  err = err or sys.stderr
+  os.makedirs(log_dir, exist_ok=True)
+  lock = threading.Lock()
+  trainer = _Child("trainer", trainer_cmd, env_trainer, os.path.join(log_dir, "trainer.log"),
+                   console, lock)
+  builder = None
+  if builder_cmd is not None:
+    builder = _Child("builder", builder_cmd, env_builder, os.path.join(log_dir, "builder.log"),
+                     console, lock)
+  started = [c for c in (trainer, builder) if c is not None]
+  status = EXIT_INTERRUPTED
+  with _SignalFlag() as flag:
+    launcher = _Launcher(trainer, builder, grace_seconds=grace_seconds,
+                         builder_timeout=builder_timeout,
+                         stop_on_builder_failure=stop_on_builder_failure, flag=flag, lock=lock,
+                         err=err)
+    running = []
+    try:
+      for child in started:
+        try:
+          child.start()
+        except OSError as e:  # e.g. the program does not exist
+          launcher.say(f"cannot start the {child.name} ({shlex.join(child.cmd)}): {e}")
+          child.close()
+          status = EXIT_CANNOT_START
+          return status  # the finally below stops what already started
+        running.append(child)
+      launcher.say(f"started {', '.join(f'{c.name} (pid {c.pid})' for c in running)}; logs in "
+                   f"{log_dir}")
+      status = launcher.supervise()
+    finally:
+      # Reached on every path, including an exception or a KeyboardInterrupt outside the main
+      # thread: nothing is left running.
+      launcher.stop(running)
+      for child in running:
+        child.close()
+      if running:
+        summary = "; ".join(c.describe() for c in running)
+        launcher.say(f"{summary} -> status {status}")
+  return status
+
+
+def _parse_env(assignments: Sequence[str], parser: argparse.ArgumentParser,
+               flag: str) -> dict:
+  env = {}
+  for item in assignments:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+      parser.error(f"{flag} {item!r}: expected KEY=VALUE")
+    env[key] = value
+  return env
+
+
+def build_parser() -> argparse.ArgumentParser:
+  """The command-line interface."""
+  parser = argparse.ArgumentParser(
+      prog="python -m launch.local",
+      description="Run the REALM trainer and its index builder side by side, output prefixed "
+                  "and logged; Ctrl-C stops both.",
+      epilog="Exit status: 0 done; the trainer's status if it failed; 130 interrupted; 3 the "
+             "builder failed or timed out; 2 usage error.")
+  parser.add_argument("--trainer", required=True,
+                      help="the trainer command line, one shell-quoted string")
+  parser.add_argument("--builder", default=None,
+                      help="the index builder command line, one shell-quoted string")
+  parser.add_argument("--run_dir", default=None,
+                      help="the run directory: logs go to <run_dir>/logs unless --log_dir")
+  parser.add_argument("--log_dir", default=None, help="where trainer.log and builder.log go")
+  parser.add_argument("--trainer_env", action="append", default=[], metavar="KEY=VALUE",
+                      help="environment for the trainer only (repeatable), e.g. "
+                           "CUDA_VISIBLE_DEVICES=0,1,2")
+  parser.add_argument("--builder_env", action="append", default=[], metavar="KEY=VALUE",
+                      help="environment for the builder only (repeatable), e.g. "
+                           "CUDA_VISIBLE_DEVICES=3 or JAX_PLATFORMS=cpu")
+  parser.add_argument("--grace_seconds", type=float, default=DEFAULT_GRACE_SECONDS,
+                      help="seconds between SIGINT and SIGKILL when stopping a child "
+                           "(default %(default)s)")
+  parser.add_argument("--builder_timeout", type=float, default=DEFAULT_BUILDER_TIMEOUT,
+                      help="seconds the builder may run on after the trainer finished; "
+                           "negative: no limit (default %(default)s)")
+  parser.add_argument("--stop_on_builder_failure", action="store_true",
+                      help="stop the trainer too when the builder fails (default: report it "
+                           "and let training go on with a stale index)")
+  parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                      help="print the commands, shell-quoted, and exit")
+  return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """Entry point; returns the exit status."""
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  trainer_cmd = shlex.split(args.trainer)
+  builder_cmd = shlex.split(args.builder) if args.builder is not None else None
+  if not trainer_cmd:
+    parser.error("--trainer is empty")
+  if builder_cmd is not None and not builder_cmd:
+    parser.error("--builder is empty")
+  env_trainer = _parse_env(args.trainer_env, parser, "--trainer_env")
+  env_builder = _parse_env(args.builder_env, parser, "--builder_env")
+  if args.dry_run:
+    print(shell_line(trainer_cmd, env_trainer))
+    if builder_cmd is not None:
+      print(shell_line(builder_cmd, env_builder))
+    return 0
+  log_dir = args.log_dir or (os.path.join(args.run_dir, "logs") if args.run_dir else None)
+  if log_dir is None:
+    parser.error("give --run_dir (logs in <run_dir>/logs) or --log_dir")
+  timeout = None if args.builder_timeout < 0 else args.builder_timeout
+  return run_local(trainer_cmd, builder_cmd, log_dir=log_dir, env_trainer=env_trainer,
+                   env_builder=env_builder, grace_seconds=args.grace_seconds,
+                   builder_timeout=timeout, stop_on_builder_failure=args.stop_on_builder_failure)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
