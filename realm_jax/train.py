@@ -48,10 +48,10 @@ from realm_jax.gin_utils import ConfigError, split_gin_args
 PROG = "train"
 JOBS = ("ict", "pretrain", "finetune")
 # Feature lengths of the pretraining tasks (realm_jax_tasks.pretraining) for the abstract
-# batch of a dry run: ICT queries 64, masked queries 96, blocks 288, 10 mask slots.
+# batch of a dry run: ICT queries 64, masked queries 96, 10 mask slots (block lengths come from
+# the task or the BlockStore).
 ICT_QUERY_LEN = 64
 QUERY_LEN = 96
-BLOCK_LEN = 288
 MAX_MASKS = 10
 
 log = logging.getLogger(PROG)
@@ -69,8 +69,8 @@ def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len:
 
   if job == "ict":
     return {"query_ids": spec(ICT_QUERY_LEN), "query_mask": spec(ICT_QUERY_LEN),
-            "block_ids": spec(BLOCK_LEN), "block_type_ids": spec(BLOCK_LEN),
-            "block_mask": spec(BLOCK_LEN)}
+            "block_ids": spec(block_len), "block_type_ids": spec(block_len),
+            "block_mask": spec(block_len)}
   if job == "finetune":
     q_len, beam, reader_beam, reader_len = (qa["question_len"], qa["beam"], qa["reader_beam"],
                                             qa["reader_len"])
@@ -97,6 +97,14 @@ def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len:
           "reader_mask": spec(k, reader_len), "mlm_positions": spec(MAX_MASKS),
           "mlm_targets": spec(MAX_MASKS), "mlm_weights": spec(MAX_MASKS, dtype=np.float32),
           "example_mask": spec(dtype=np.float32)}
+
+
+def _ict_block_len(task_name: str) -> int:
+  """The block length of an ICT task, from its (lazily built, unread) dataset's spec."""
+  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  dataset = inputs.get_task(task_name).get_dataset(split="train", shuffle=False,
+                                                    sequence_length=None)
+  return int(dataset.element_spec["block_ids"].shape[0])
 
 
 def _check_init_checkpoint(step_dir: str, config: Any) -> None:
@@ -332,7 +340,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     description += f", warm start from {init_checkpoint}"
 
   if dry_run:
-    block_len = store.max_block_len if store is not None else BLOCK_LEN
+    block_len = store.max_block_len if store is not None else _ict_block_len(task)
     abstract = _abstract_batch(job, global_batch, num_candidates, block_len, qa_shapes)
     train_step.lower(train_step.abstract_state, abstract)
     print(f"{PROG}: dry run ok ({description}; step lowered on abstract shapes, not "

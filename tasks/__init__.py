@@ -16,7 +16,8 @@ Other corpora are registered with `register_pretraining_tasks` (e.g. Wikipedia b
 from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV, register_qa_task,
                                      register_benchmark_tasks)
 from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretraining_tasks)
-from realm_jax_tasks.toy import TOY_TASKS, register_toy_tasks, toy_block_store_dir
+from realm_jax_tasks.toy import (TOY_BLOCK_LEN, TOY_TASKS, register_toy_tasks,
+                                 toy_block_store_dir)
 
 register_toy_tasks()
 register_benchmark_tasks()

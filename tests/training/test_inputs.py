@@ -23,6 +23,7 @@ from realm_jax.models.realm import IctModel, RealmPretrainModel
 from realm_jax.models.retriever import RealmRetriever
 from realm_jax.training import checkpoints as ckpt
 from realm_jax.training import inputs
+from realm_jax_tasks import TOY_BLOCK_LEN
 
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=16)
 COUNTING_TASK = "test_inputs_counting"
@@ -188,7 +189,7 @@ def test_ict_batches_have_exactly_the_ict_model_keys():
   assert sorted(batch) == sorted(inputs.ICT_BATCH_KEYS)
   assert batch["query_ids"].shape == batch["query_mask"].shape == (4, 64)
   for key in ("block_ids", "block_type_ids", "block_mask"):
-    assert batch[key].shape == (4, 288) and batch[key].dtype == np.int32
+    assert batch[key].shape == (4, TOY_BLOCK_LEN) and batch[key].dtype == np.int32
   assert np.all(batch["block_ids"][:, 0] == vocab_lib.CLS_ID)
   model = IctModel(TINY)
   aux = jax.jit(model.eval_fn)(random_params(model.init, 0), batch)
