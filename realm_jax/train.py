@@ -196,7 +196,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                seed: int = 0, init_checkpoint: Optional[str] = None,
                index_check_every: int = 100, first_index_checkpoint_dir: Optional[str] = None,
                block_store: Optional[str] = None, pretrain_records: Optional[str] = None,
-               num_candidates: int = 8,
+               num_candidates: int = 8, null_document: bool = True,
                eval_batches: int = 4, retriever_beam: int = 5000, reader_beam: int = 5,
                reader_len: int = 320, question_len: int = 64, max_occurrences: int = 32,
                train_document_tower: bool = False, document_beam: Optional[int] = None,
@@ -231,6 +231,9 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     pretrain_records: pretrain: the pretraining text X in the REALM release schema (e.g.
       CC-News with precomputed salient spans); None: X is the corpus itself.
     num_candidates: pretrain: candidates per query including the null document.
+    null_document: pretrain: False for the ablation without the null document (K retrieved
+      blocks; retrieval utility is then undefined and the best checkpoint is picked by
+      eval/mlm/accuracy).
     eval_batches: pretrain: batches (drawn with the current index) whose retrieval utility is
       computed at every checkpoint to pick the best one; 0 disables.
     retriever_beam: finetune: blocks per question for the retriever loss (5000).
@@ -308,12 +311,13 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     batches = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
                                   feature_keys=inputs.ICT_BATCH_KEYS)
   elif job == "pretrain":
-    model = realm.RealmPretrainModel(model_config)
+    model = realm.RealmPretrainModel(model_config, null_index=0 if null_document else None)
     masked = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
                                  feature_keys=inputs.MASKED_QUERY_KEYS)
     # The retriever is set below (the IndexWatcher) in a real run; none in a dry run.
     batches = inputs.PretrainingBatches(masked, store, retriever=None,
-                                        num_candidates=num_candidates)
+                                        num_candidates=num_candidates,
+                                        null_document=null_document)
   else:
     try:
       model = open_qa.OpenQAModel(model_config, reader_beam=reader_beam,
@@ -393,8 +397,8 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   if job == "pretrain" and eval_batches:
     eval_fn = _pretrain_eval_fn(model, task, store, watcher, mesh, rules, seed=seed,
                                 batch_size=batch_size, num_batches=eval_batches,
-                                num_candidates=num_candidates)
-    best_metric = "eval/retrieval/utility"
+                                num_candidates=num_candidates, null_document=null_document)
+    best_metric = "eval/retrieval/utility" if null_document else "eval/mlm/accuracy"
   elif job == "finetune" and eval_split:
     eval_fn, best_metric = _finetune_eval_fn(model, task, eval_split, eval_examples, store,
                                              watcher, batch_size=batch_size,
@@ -414,7 +418,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 
 
 def _pretrain_eval_fn(model, task, store, watcher, mesh, rules, *, seed, batch_size,
-                      num_batches, num_candidates):
+                      num_batches, num_candidates, null_document):
   """Retrieval utility (and the loss) on the task's first `num_batches` batches in order,
   candidates retrieved from the index in use at each evaluation (REALM_SPEC 17: the authors
   pick their best checkpoint on it). The queries are training queries: the pretraining tasks
@@ -426,7 +430,8 @@ def _pretrain_eval_fn(model, task, store, watcher, mesh, rules, *, seed, batch_s
     masked = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed, shuffle=False,
                                  num_epochs=1, feature_keys=inputs.MASKED_QUERY_KEYS)
     batches = inputs.PretrainingBatches(masked, store, retriever=watcher,
-                                        num_candidates=num_candidates)
+                                        num_candidates=num_candidates,
+                                        null_document=null_document)
     return [next(batches) for _ in range(num_batches)]
 
   return trainer.make_eval_fn(model, draw, mesh=mesh, rules=rules)

@@ -107,7 +107,8 @@ def _new_skip_counts() -> SkipCounter:
 
 def select_candidates(retrieved_ids, retrieved_uids, source_uids, *,
                       num_candidates: int = DEFAULT_NUM_CANDIDATES,
-                      duplicates: str = "skip") -> CandidateSelection:
+                      duplicates: str = "skip", null_document: bool = True
+                      ) -> CandidateSelection:
   """Applies REALM's candidate rule (REALM_SPEC 12-13) to a batch of search results.
 
   Follows the authors' code (`example_generator.py`): skip an example whose top
@@ -125,6 +126,9 @@ def select_candidates(retrieved_ids, retrieved_uids, source_uids, *,
     num_candidates: candidates per example including the null document (REALM: 8).
     duplicates: "skip" (the authors' rule, default) or "dedupe" (ours: drop repeated uids and
       refill from the margin; see the module docstring).
+    null_document: True (REALM): slot 0 is the null document and num_candidates - 1 blocks
+      follow. False (the ablation "without the null document"): num_candidates retrieved
+      blocks, which needs num_candidates + 1 retrieved columns (the source may be among them).
 
   Returns:
     A CandidateSelection.
@@ -146,23 +150,32 @@ def select_candidates(retrieved_ids, retrieved_uids, source_uids, *,
   batch_size, num_retrieved = retrieved_ids.shape
   if source_uids.shape != (batch_size,):
     raise ValueError(f"source_uids must be [batch] = [{batch_size}], got {source_uids.shape}")
-  if num_retrieved < num_candidates:
+  # Without the null document one more real block is needed (the source may take a slot).
+  num_real = num_candidates - 1 if null_document else num_candidates
+  if num_retrieved < num_real + 1:
     # The authors retrieved exactly num_candidates; fewer cannot give num_candidates - 1 real
     # blocks after removing the source.
-    raise ValueError(f"need at least num_candidates={num_candidates} retrieved blocks per "
-                     f"example, got {num_retrieved} (is the corpus smaller than that?)")
+    raise ValueError(f"need at least {num_real + 1} retrieved blocks per example for "
+                     f"num_candidates={num_candidates} (null document: {null_document}), got "
+                     f"{num_retrieved} (is the corpus smaller than that?)")
   if retrieved_ids.size and retrieved_ids.min() < 0:
     raise ValueError("retrieved_ids contain a negative id (search padding?); every retrieved "
                      "column must be a real block")
   retrieved_ids = retrieved_ids.astype(np.int32)
 
   if duplicates == "skip":
-    return _select_skip(retrieved_ids, retrieved_uids, source_uids, num_candidates)
-  return _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_candidates)
+    selection = _select_skip(retrieved_ids, retrieved_uids, source_uids, num_real)
+  else:
+    selection = _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_real)
+  if null_document:
+    return selection
+  return dataclasses.replace(selection, candidate_ids=selection.candidate_ids[:, 1:])
 
 
-def _select_skip(retrieved_ids, retrieved_uids, source_uids, num_candidates):
-  """The authors' rule, vectorised over the batch (the margin, if any, is ignored)."""
+def _select_skip(retrieved_ids, retrieved_uids, source_uids, num_real):
+  """The authors' rule, vectorised over the batch: [null] + the first `num_real` non-source
+  blocks of the top `num_real + 1` (the margin beyond, if any, is ignored)."""
+  num_candidates = num_real + 1
   batch_size = retrieved_ids.shape[0]
   top_ids = retrieved_ids[:, :num_candidates]  # [batch, num_candidates]
   top_uids = retrieved_uids[:, :num_candidates]  # [batch, num_candidates]
@@ -186,8 +199,10 @@ def _select_skip(retrieved_ids, retrieved_uids, source_uids, num_candidates):
                             source_removed=keep & is_source.any(axis=1), skip_counts=counts)
 
 
-def _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_candidates):
-  """Our option: first occurrence of each uid over all retrieved columns, source removed."""
+def _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_real):
+  """Our option: [null] + the first `num_real` distinct non-source blocks over all retrieved
+  columns."""
+  num_candidates = num_real + 1
   batch_size = retrieved_ids.shape[0]
   candidate_ids = np.full([batch_size, num_candidates], NULL_BLOCK, np.int32)
   keep = np.zeros([batch_size], bool)
@@ -398,6 +413,7 @@ def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[
                             retrieved_ids, *, index_step: int,
                             num_candidates: int = DEFAULT_NUM_CANDIDATES,
                             duplicates: str = "skip", reader_len: Optional[int] = None,
+                            null_document: bool = True
                             ) -> tuple[dict[str, np.ndarray], SkipCounter]:
   """Everything one REALM pretraining train step needs for a batch of masked queries.
 
@@ -418,6 +434,8 @@ def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[
     num_candidates: candidates per example including the null document (REALM: 8).
     duplicates: "skip" (authors) or "dedupe" (ours), see `select_candidates`.
     reader_len: reader row length; default query_len + store.max_block_len.
+    null_document: see `select_candidates` (False: the ablation without the null document;
+      K retrieved blocks, no null slot).
 
   Returns:
     (batch, skip_counts). batch, with B the batch size and K = num_candidates:
@@ -473,7 +491,8 @@ def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[
 
   retrieved_uids = np.asarray(store.uids[retrieved_ids.astype(np.int64)], np.uint64)
   selection = select_candidates(retrieved_ids, retrieved_uids, source_uids,
-                                num_candidates=num_candidates, duplicates=duplicates)
+                                num_candidates=num_candidates, duplicates=duplicates,
+                                null_document=null_document)
   cand_ids, cand_types, cand_mask = embedder_inputs(store, selection.candidate_ids)
   read_ids, read_types, read_mask = reader_inputs(store, query_ids, query_mask,
                                                   selection.candidate_ids, reader_len=reader_len)

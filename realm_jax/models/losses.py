@@ -30,7 +30,7 @@ MARGINALIZATIONS = ("per_token", "per_example")
 
 
 def mlm_accuracy_sums(scores: Array, mlm_logits: Array, mlm_targets: Array, weights: Array, *,
-                      null_index: int = 0) -> dict[str, Array]:
+                      null_index: int | None = 0) -> dict[str, Array]:
   """Weighted counts of masked tokens predicted exactly, with and without retrieval.
 
   With retrieval: the argmax of the marginal `p(y_j | x) = sum_k p(z_k | x) p(y_j | z_k, x)`
@@ -43,15 +43,18 @@ def mlm_accuracy_sums(scores: Array, mlm_logits: Array, mlm_targets: Array, weig
     mlm_logits: [batch, candidates, masks, vocab].
     mlm_targets: [batch, masks] target ids.
     weights: [batch, masks] float mask weights (0 for padding and skipped examples).
-    null_index: candidate slot of the null document.
+    null_index: candidate slot of the null document (None: there is none).
 
   Returns:
-    {"mlm_correct_sum", "null_mlm_correct_sum"}: float32 scalars (divide by sum(weights)).
+    {"mlm_correct_sum", "null_mlm_correct_sum"}: float32 scalars (divide by sum(weights));
+    without a null document only the first.
   """
   log_probs = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)  # [B, K, M, V]
   log_prior = jax.nn.log_softmax(scores.astype(jnp.float32), axis=-1)  # [B, K]
   marginal = jax.nn.logsumexp(log_probs + log_prior[:, :, None, None], axis=1)  # [B, M, V]
   correct = (jnp.argmax(marginal, axis=-1) == mlm_targets).astype(jnp.float32)  # [B, M]
+  if null_index is None:
+    return {"mlm_correct_sum": jnp.sum(correct * weights)}
   null_correct = (jnp.argmax(log_probs[:, null_index], axis=-1) == mlm_targets).astype(
       jnp.float32)  # [B, M]
   return {"mlm_correct_sum": jnp.sum(correct * weights),

@@ -127,12 +127,14 @@ class RealmPretrainModel:
     config: model configuration.
     marginalization: "per_token" (the release's and the port's loss, the default) or
       "per_example" (the paper's formula); see losses.marginal_mlm_loss.
-    null_index: candidate slot of the null document (0).
+    null_index: candidate slot of the null document (0); None for batches without one (the
+      ablation without the null document: no retrieval utility, null probability or
+      null-only accuracy then).
   """
 
   config: RealmConfig
   marginalization: str = "per_token"
-  null_index: int = 0
+  null_index: int | None = 0
 
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, encoder_rng = jax.random.split(rng)
@@ -165,21 +167,22 @@ class RealmPretrainModel:
     weights = batch["mlm_weights"].astype(jnp.float32) * example_mask[:, None]
     loss, loss_aux = losses.marginal_mlm_loss(scores, token_log_probs, weights,
                                               marginalization=self.marginalization)
-    _, utility_aux = losses.retrieval_utility(scores, token_log_probs, weights,
-                                              null_index=self.null_index)
-    # [B]
-    null_prob = losses.null_document_probability(scores, null_index=self.null_index)
-    accuracy_aux = losses.mlm_accuracy_sums(scores, logits, batch["mlm_targets"], weights,
-                                            null_index=self.null_index)
-    return loss, {
-        **accuracy_aux,
+    aux = {
+        **losses.mlm_accuracy_sums(scores, logits, batch["mlm_targets"], weights,
+                                   null_index=self.null_index),
         "loss_sum": loss_aux["loss_sum"],
         "weight_sum": loss_aux["weight_sum"],
-        "utility_sum": utility_aux["utility_sum"],
-        "utility_weight_sum": utility_aux["weight_sum"],
-        "null_prob_sum": jnp.sum(null_prob * example_mask),
-        "example_sum": jnp.sum(example_mask),
     }
+    if self.null_index is not None:
+      _, utility_aux = losses.retrieval_utility(scores, token_log_probs, weights,
+                                                null_index=self.null_index)
+      # [B]
+      null_prob = losses.null_document_probability(scores, null_index=self.null_index)
+      aux.update({"utility_sum": utility_aux["utility_sum"],
+                  "utility_weight_sum": utility_aux["weight_sum"],
+                  "null_prob_sum": jnp.sum(null_prob * example_mask),
+                  "example_sum": jnp.sum(example_mask)})
+    return loss, aux
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
     return self._sums(params, batch, rng)
@@ -201,7 +204,8 @@ def summarize(aux: dict) -> dict[str, Array]:
   if "mlm_correct_sum" in aux:
     # Masked tokens predicted exactly: REALM's marginal, and the null document alone.
     out["mlm/accuracy"] = ratio("mlm_correct_sum", "weight_sum")
-    out["mlm/null_accuracy"] = ratio("null_mlm_correct_sum", "weight_sum")
+    if "null_mlm_correct_sum" in aux:
+      out["mlm/null_accuracy"] = ratio("null_mlm_correct_sum", "weight_sum")
   if "utility_sum" in aux:
     out["retrieval/utility"] = ratio("utility_sum", "utility_weight_sum")
     out["retrieval/null_prob"] = ratio("null_prob_sum", "example_sum")

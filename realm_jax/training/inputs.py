@@ -661,7 +661,7 @@ class PretrainingBatches:
                retriever: RetrieverOrProvider, *,
                num_candidates: int = candidates_lib.DEFAULT_NUM_CANDIDATES,
                retrieval_margin: int = 0, duplicates: str = "skip",
-               reader_len: Optional[int] = None):
+               reader_len: Optional[int] = None, null_document: bool = True):
     """Wraps a masked-query iterator.
 
     Args:
@@ -678,11 +678,14 @@ class PretrainingBatches:
         duplicates="dedupe"; see `candidates`).
       duplicates: "skip" (authors) or "dedupe" (ours), see `candidates.select_candidates`.
       reader_len: reader row length; default query_len + store.max_block_len.
+      null_document: False for the ablation without the null document (K retrieved blocks;
+        one more block is retrieved, since the source block may take a slot).
     """
     if num_candidates < 1 or retrieval_margin < 0:
       raise ValueError(f"need num_candidates >= 1 and retrieval_margin >= 0, got "
                        f"{num_candidates} and {retrieval_margin}")
-    self.k = int(num_candidates) + int(retrieval_margin)
+    self.k = int(num_candidates) + int(retrieval_margin) + (0 if null_document else 1)
+    self.null_document = bool(null_document)
     if self.k > store.num_blocks:
       raise ValueError(f"retrieving {self.k} blocks per query from {store.path}, which has only "
                        f"{store.num_blocks}")
@@ -730,7 +733,7 @@ class PretrainingBatches:
     batch, skips = candidates_lib.build_pretraining_batch(
         self.store, masked, retrieved_ids, index_step=retriever.step,
         num_candidates=self.num_candidates, duplicates=self.duplicates,
-        reader_len=self.reader_len)
+        reader_len=self.reader_len, null_document=self.null_document)
     for reason, count in skips.items():
       self._skips[reason] += count
     self._examples += retrieved_ids.shape[0]

@@ -50,6 +50,19 @@ def test_source_absent_keeps_top_seven(source_uid):
   assert sel.keep.tolist() == [True] and sel.source_removed.tolist() == [False]
 
 
+@pytest.mark.parametrize("duplicates", ["skip", "dedupe"])
+def test_without_the_null_document_eight_real_blocks(duplicates):
+  # The ablation: no null slot; 9 retrieved so that 8 remain when the source is among them.
+  ids, uids = ranked(9)
+  third = select_one(ids, uids, source_uid=1003, null_document=False, duplicates=duplicates)
+  assert third.candidate_ids.tolist() == [r(1, 2, 4, 5, 6, 7, 8, 9)]
+  assert third.source_removed.tolist() == [True] and third.keep.tolist() == [True]
+  absent = select_one(ids, uids, source_uid=4242, null_document=False, duplicates=duplicates)
+  assert absent.candidate_ids.tolist() == [r(1, 2, 3, 4, 5, 6, 7, 8)]
+  with pytest.raises(ValueError, match="need at least 9 retrieved blocks"):
+    select_one(*ranked(8), source_uid=0, null_document=False)
+
+
 def test_source_ranked_first_and_last():
   ids, uids = ranked()
   first = select_one(ids, uids, source_uid=1001)

@@ -180,3 +180,16 @@ def test_per_example_marginalization_is_an_option():
       params, batch)
   assert float(per_example["weight_sum"]) == 3  # examples, not tokens
   assert abs(float(per_example["loss_sum"]) / 3 - float(per_token["loss_sum"]) / 6) > 1e-4
+
+
+def test_without_a_null_document_only_loss_and_accuracy():
+  """The no-null-document ablation: the same loss; no utility, null probability or null-only
+  accuracy (they compare against a null slot that is not there)."""
+  params = realm.RealmPretrainModel(CONFIG).init(jax.random.PRNGKey(0))
+  batch = _pretrain_batch()
+  with_null = jax.jit(realm.RealmPretrainModel(CONFIG).eval_fn)(params, batch)
+  without = jax.jit(realm.RealmPretrainModel(CONFIG, null_index=None).eval_fn)(params, batch)
+  assert set(without) == {"loss_sum", "weight_sum", "mlm_correct_sum"}
+  for key in without:
+    np.testing.assert_allclose(without[key], with_null[key], rtol=1e-6, err_msg=key)
+  assert set(realm.summarize(without)) == {"loss", "mlm/accuracy"}

@@ -1,0 +1,306 @@
+r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job.
+
+  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh]
+
+Stages, each one of the project's own entry points run as a child process (so the index
+builder really is a second process next to the trainer, as on a pod):
+
+  1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin
+  2. first index                python -m realm_jax.build_index --once (from the ICT checkpoint)
+  3. REALM pretraining          python -m realm_jax.train   experiments/toy_pretrain.gin
+     + the index builder        python -m realm_jax.build_index (follows the checkpoints), both
+                                started by `realm_jax_launch.local.run_local`
+  4. frozen fine-tuning index   python -m realm_jax.build_index --once (final pretraining
+                                checkpoint)
+  5. open-QA fine-tuning        python -m realm_jax.train   experiments/toy_finetune.gin
+  6. evaluation                 python -m realm_jax.evaluate (retrieval recall before and after
+                                pretraining, EM on the toy QA test split)
+
+and ends with a table (also written to `<out>/summary.md` and `summary.json`):
+
+  * masked salient-span accuracy of the pretrained model, with REALM's retrieval and with the
+    null document only (what the encoder knows without evidence: retrieval's contribution);
+  * toy QA test EM with REALM; without retrieval (the null document only) an extractive reader
+    has no text to take an answer from, so that EM is 0 by construction;
+  * retrieval recall@5 of the toy QA test questions (an answer in the top 5 blocks) with the
+    ICT index (before pretraining) and the final pretraining index (after);
+  * index refreshes picked up during pretraining and their mean staleness (steps);
+  * wall time per stage and in all.
+
+A stage whose result exists is not run again (delete `<out>` or pass `--fresh` to start over);
+a killed recipe resumes where it stopped (the trainer resumes from its last checkpoint).
+Every child's full log is in `<out>/logs/`; the console shows progress lines only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+PROG = "recipe"
+DEFAULT_OUT = "/tmp/realm_toy"
+# What the console shows of a child's output (the rest is in <out>/logs/).
+_PROGRESS = re.compile(r"step \d+/\d+|published index|: done|error|Error|dry run|evaluate: "
+                       r"(toy_qa|ict_toy)|embedding: [\d,]+/[\d,]+ blocks \(100")
+
+
+class _Progress:
+  """A file-like console for `run_local` that passes progress lines only."""
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._partial = ""
+
+  def write(self, text: str) -> int:
+    self._partial += text
+    *lines, self._partial = self._partial.split("\n")
+    for line in lines:
+      if _PROGRESS.search(line):
+        self._stream.write(_short(line) + "\n")
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+
+def _short(line: str) -> str:
+  """A log line without its timestamp/level/logger prefix."""
+  match = re.match(r"^(\[\w+\] )?\S+ \S+ (INFO|WARNING|ERROR) \S+: (.*)$", line)
+  return f"{match.group(1) or ''}{match.group(3)}" if match else line
+
+
+def _python(module: str, *args: str) -> list[str]:
+  return [sys.executable, "-m", module, *args]
+
+
+def _run(cmd: Sequence[str], log_path: str) -> None:
+  """Runs one child to completion: full output to `log_path`, progress lines to the console."""
+  console = _Progress(sys.stdout)
+  with open(log_path, "a", encoding="utf-8") as log, subprocess.Popen(
+      list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+    for line in child.stdout:
+      log.write(line)
+      console.write(line)
+    code = child.wait()
+  if code:
+    raise RuntimeError(f"{' '.join(cmd[2:4])} ... exited with status {code}; see {log_path}")
+
+
+def _latest_step(run_dir: str) -> Optional[int]:
+  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  return checkpoints.latest_checkpoint_step(run_dir)
+
+
+def read_scalars(logdir: str) -> dict[str, dict[int, float]]:
+  """{tag: {step: value}} of the TensorBoard event files under `logdir` (clu writes scalars as
+  tensor summaries)."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.util import tensor_util  # pylint: disable=g-import-not-at-top
+  accumulator = event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+  accumulator.Reload()
+  return {tag: {event.step: float(tensor_util.make_ndarray(event.tensor_proto))
+                for event in accumulator.Tensors(tag)}
+          for tag in accumulator.Tags()["tensors"]}
+
+
+def _metrics_json(path: str) -> dict:
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _gin(*args: str) -> list[str]:
+  return [f"--gin.{a}" for a in args]
+
+
+class Recipe:
+  """The stages (see the module docstring) over one output directory."""
+
+  def __init__(self, out: str, store: str):
+    self.out = os.path.abspath(out)
+    self.store = store
+    self.logs = os.path.join(self.out, "logs")
+    self.ict = os.path.join(self.out, "ict")
+    self.pretrain = os.path.join(self.out, "pretrain")
+    self.finetune = os.path.join(self.out, "finetune")
+    self.evals = os.path.join(self.out, "eval")
+    self.times: dict[str, float] = {}
+    os.makedirs(self.logs, exist_ok=True)
+    os.makedirs(self.evals, exist_ok=True)
+
+  def _stage(self, name: str, done: bool, fn) -> None:
+    if done:
+      print(f"{PROG}: {name}: already done, skipped", flush=True)
+      return
+    print(f"{PROG}: {name} ...", flush=True)
+    start = time.monotonic()
+    fn()
+    self.times[name] = time.monotonic() - start
+    print(f"{PROG}: {name}: done in {self.times[name]:.0f}s", flush=True)
+
+  def _trained(self, run_dir: str) -> bool:
+    from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+    return checkpoints.training_done(run_dir)
+
+  def _build_once(self, run_dir: str, checkpoint_dir: str, log: str) -> None:
+    _run(_python("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
+                 "--once", *_gin(f"RUN_DIR='{run_dir}'", f"BLOCK_STORE='{self.store}'",
+                                 f"build_index_main.checkpoint_dir='{checkpoint_dir}'")),
+         os.path.join(self.logs, log))
+
+  def _recall(self, name: str, index_step: int) -> str:
+    """Retrieval recall of the toy QA test questions against one pretraining index."""
+    output = os.path.join(self.evals, f"recall_{name}.jsonl")
+    _run(_python("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
+                 *_gin(f"RUN_DIR='{self.pretrain}'", "evaluate_main.mode='retrieval'",
+                       f"evaluate_main.index_step={index_step}",
+                       f"evaluate_main.first_index_checkpoint_dir='{self._ict_checkpoint()}'",
+                       f"evaluate_main.output='{output}'")),
+         os.path.join(self.logs, f"recall_{name}.log"))
+    return output
+
+  def _ict_checkpoint(self) -> str:
+    return os.path.join(self.ict, "checkpoints", str(_latest_step(self.ict)))
+
+  def _pretrain_checkpoint(self) -> str:
+    return os.path.join(self.pretrain, "checkpoints", str(_latest_step(self.pretrain)))
+
+  def run(self) -> dict:
+    from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
+    import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
+
+    self._stage("1 ICT warm start", self._trained(self.ict), lambda: _run(
+        _python("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
+                *_gin(f"RUN_DIR='{self.ict}'")), os.path.join(self.logs, "ict.log")))
+    self._stage("2 first index (from the ICT checkpoint)",
+                store_lib.latest_index_step(self.pretrain) is not None,
+                lambda: self._build_once(self.pretrain, self._ict_checkpoint(), "index_0.log"))
+    before = os.path.join(self.evals, "recall_before.metrics.json")
+    self._stage("  recall before pretraining", os.path.exists(before),
+                lambda: self._recall("before", 0))
+
+    def pretrain():
+      trainer = _python("realm_jax.train", "--gin_file=gin_configs/experiments/toy_pretrain.gin",
+                        *_gin(f"RUN_DIR='{self.pretrain}'",
+                              f"INIT_CHECKPOINT='{self._ict_checkpoint()}'"))
+      builder = _python("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
+                        *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
+                              "build_index_main.poll_seconds=2.0"))
+      code = launcher.run_local(trainer, builder, log_dir=self.logs,
+                                console=_Progress(sys.stdout))
+      if code:
+        raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
+
+    self._stage("3 REALM pretraining + index builder (two processes)",
+                self._trained(self.pretrain), pretrain)
+    after = os.path.join(self.evals, "recall_after.metrics.json")
+    self._stage("  recall after pretraining", os.path.exists(after),
+                lambda: self._recall("after", store_lib.latest_index_step(self.pretrain)))
+    self._stage("4 frozen index for fine-tuning",
+                store_lib.latest_index_step(self.finetune) is not None,
+                lambda: self._build_once(self.finetune, self._pretrain_checkpoint(),
+                                         "index_finetune.log"))
+    self._stage("5 open-QA fine-tuning", self._trained(self.finetune), lambda: _run(
+        _python("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
+                *_gin(f"RUN_DIR='{self.finetune}'",
+                      f"INIT_CHECKPOINT='{self._pretrain_checkpoint()}'")),
+        os.path.join(self.logs, "finetune.log")))
+    predictions = os.path.join(self.evals, "toy_qa_test.jsonl")
+    self._stage("6 evaluation on the toy QA test split",
+                os.path.exists(predictions.replace(".jsonl", ".metrics.json")), lambda: _run(
+                    _python("realm_jax.evaluate",
+                            "--gin_file=gin_configs/experiments/toy_eval.gin",
+                            *_gin(f"RUN_DIR='{self.finetune}'",
+                                  f"evaluate_main.output='{predictions}'")),
+                    os.path.join(self.logs, "evaluate.log")))
+    return self.summary(before, after, predictions.replace(".jsonl", ".metrics.json"))
+
+  def summary(self, before: str, after: str, qa: str) -> dict:
+    scalars = read_scalars(os.path.join(self.pretrain, "tensorboard"))
+    last = lambda tag: scalars[tag][max(scalars[tag])] if tag in scalars else float("nan")
+    staleness = list(scalars.get("retrieval/staleness_steps", {}).values())
+    qa_metrics = _metrics_json(qa)
+    return {
+        "mlm_accuracy_null_only": last("eval/mlm/null_accuracy"),
+        "mlm_accuracy_realm": last("eval/mlm/accuracy"),
+        "retrieval_utility_first": (scalars["eval/retrieval/utility"][
+            min(scalars["eval/retrieval/utility"])] if "eval/retrieval/utility" in scalars
+                                    else float("nan")),
+        "retrieval_utility_last": last("eval/retrieval/utility"),
+        "qa_em_null_only": 0.0,
+        "qa_em_realm": qa_metrics["exact_match"],
+        "recall@5_before": _metrics_json(before)["recall@5"],
+        "recall@5_after": _metrics_json(after)["recall@5"],
+        "refreshes": last("retrieval/refreshes"),
+        "mean_staleness_steps": sum(staleness) / len(staleness) if staleness else float("nan"),
+        "stage_seconds": self.times,
+    }
+
+
+def format_table(summary: dict, wall_seconds: float) -> str:
+  """The recipe's result table (Markdown)."""
+  rows = [
+      ("masked salient-span accuracy, null document only (no retrieval)",
+       f"{summary['mlm_accuracy_null_only']:.3f}"),
+      ("masked salient-span accuracy, REALM (marginal over retrieved blocks)",
+       f"{summary['mlm_accuracy_realm']:.3f}"),
+      ("retrieval utility, first -> last checkpoint",
+       f"{summary['retrieval_utility_first']:.3f} -> {summary['retrieval_utility_last']:.3f}"),
+      ("toy QA test EM, null document only (extractive reader: 0 by construction)",
+       f"{summary['qa_em_null_only']:.3f}"),
+      ("toy QA test EM, REALM", f"{summary['qa_em_realm']:.3f}"),
+      ("retrieval recall@5 (toy QA test), before pretraining (ICT index)",
+       f"{summary['recall@5_before']:.3f}"),
+      ("retrieval recall@5 (toy QA test), after pretraining", f"{summary['recall@5_after']:.3f}"),
+      ("index refreshes picked up during pretraining", f"{summary['refreshes']:.0f}"),
+      ("mean index staleness (steps)", f"{summary['mean_staleness_steps']:.1f}"),
+      ("wall time", f"{wall_seconds / 60:.1f} min"),
+  ]
+  width = max(len(r[0]) for r in rows)
+  lines = [f"| {'':<{width}} | value |", f"|{'-' * (width + 2)}|-------|"]
+  lines += [f"| {name:<{width}} | {value} |" for name, value in rows]
+  return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = argparse.ArgumentParser(prog=f"python -m realm_jax.{PROG}", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
+  parser.add_argument("--fresh", action="store_true", help="delete --out first")
+  args = parser.parse_args(argv)
+  if args.fresh and os.path.exists(args.out):
+    shutil.rmtree(args.out)
+  # The gin files are addressed from the repository root, where the children run.
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  os.chdir(gin_utils.REPO_ROOT)
+  import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+  start = time.monotonic()
+  print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
+  recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir())
+  try:
+    summary = recipe.run()
+  except KeyboardInterrupt:
+    print(f"{PROG}: interrupted; run the same command to resume", file=sys.stderr)
+    return 130
+  except RuntimeError as e:
+    print(f"{PROG}: error: {e}", file=sys.stderr)
+    return 1
+  wall = time.monotonic() - start
+  table = format_table(summary, wall)
+  summary["wall_seconds"] = wall
+  with open(os.path.join(recipe.out, "summary.json"), "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=2)
+  with open(os.path.join(recipe.out, "summary.md"), "w", encoding="utf-8") as f:
+    f.write(table + "\n")
+  print(f"\n{table}\n\n{PROG}: done; logs, checkpoints, indexes and predictions in {recipe.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

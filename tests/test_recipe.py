@@ -1,0 +1,38 @@
+"""The main job's driver (`python -m realm_jax.recipe`): its console filter and its result table.
+The recipe itself runs for minutes (README command one); its stages are the entry points, each
+tested on its own (tests/test_entry_points.py, tests/test_evaluate_main.py, tests/index)."""
+
+import io
+
+from realm_jax import recipe
+
+
+def test_progress_filter_keeps_progress_lines_only_and_strips_log_prefixes():
+  out = io.StringIO()
+  console = recipe._Progress(out)  # pylint: disable=protected-access
+  console.write("2026-11-21 08:20:01,123 INFO realm_jax.training.trainer: step 20/600 (3.3%) | "
+                "5.27 steps/s\nsome chatter\n[builder] 2026-11-21 08:20:02,000 INFO "
+                "realm_jax.index.builder: published index 20 at /x/index/20 in 8.4s\npartial ")
+  console.write("line: done\n")
+  assert out.getvalue().splitlines() == [
+      "step 20/600 (3.3%) | 5.27 steps/s",
+      "[builder] published index 20 at /x/index/20 in 8.4s",
+      "partial line: done"]
+
+
+def test_table_lists_every_figure_the_main_job_promises():
+  summary = {"mlm_accuracy_null_only": 0.05, "mlm_accuracy_realm": 0.61,
+             "retrieval_utility_first": 0.01, "retrieval_utility_last": 1.5,
+             "qa_em_null_only": 0.0, "qa_em_realm": 0.42, "recall@5_before": 0.3,
+             "recall@5_after": 0.5, "refreshes": 7.0, "mean_staleness_steps": 11.25,
+             "stage_seconds": {}}
+  table = recipe.format_table(summary, wall_seconds=600)
+  lines = table.splitlines()
+  assert len(lines) == 12 and all(line.startswith("|") and line.endswith("|") for line in lines)
+  for label, value in [("null document only (no retrieval)", "0.050"),
+                       ("REALM (marginal over retrieved blocks)", "0.610"),
+                       ("first -> last checkpoint", "0.010 -> 1.500"),
+                       ("toy QA test EM, REALM", "0.420"), ("before pretraining", "0.300"),
+                       ("after pretraining", "0.500"), ("refreshes picked up", "7"),
+                       ("staleness (steps)", "11.2"), ("wall time", "10.0 min")]:
+    assert any(label in line and f"| {value} |" in line for line in lines), (label, table)
