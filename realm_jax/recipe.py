@@ -76,11 +76,11 @@ def _short(line: str) -> str:
   return f"{match.group(1) or ''}{match.group(3)}" if match else line
 
 
-def _python(module: str, *args: str) -> list[str]:
+def python_module(module: str, *args: str) -> list[str]:
   return [sys.executable, "-m", module, *args]
 
 
-def _run(cmd: Sequence[str], log_path: str) -> None:
+def run_child(cmd: Sequence[str], log_path: str) -> None:
   """Runs one child to completion: full output to `log_path`, progress lines to the console."""
   console = _Progress(sys.stdout)
   with open(log_path, "a", encoding="utf-8") as log, subprocess.Popen(
@@ -122,11 +122,22 @@ def _gin(*args: str) -> list[str]:
 class Recipe:
   """The stages (see the module docstring) over one output directory."""
 
-  def __init__(self, out: str, store: str):
+  def __init__(self, out: str, store: str, *, ict_dir: Optional[str] = None,
+               pretrain_bindings: Sequence[str] = (), finetune_bindings: Sequence[str] = (),
+               with_builder: bool = True, eval_split: str = "test"):
+    """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
+    run to start from (None: train one in `<out>/ict`); pretrain_bindings, finetune_bindings:
+    extra `KEY=VALUE` gin bindings of those stages (the ablations); with_builder: refresh the
+    index during pretraining (False: the index stays the ICT one); eval_split: the toy QA
+    split of the recall and EM evaluations."""
     self.out = os.path.abspath(out)
     self.store = store
+    self.pretrain_bindings = list(pretrain_bindings)
+    self.finetune_bindings = list(finetune_bindings)
+    self.with_builder = with_builder
+    self.eval_split = eval_split
     self.logs = os.path.join(self.out, "logs")
-    self.ict = os.path.join(self.out, "ict")
+    self.ict = os.path.abspath(ict_dir) if ict_dir else os.path.join(self.out, "ict")
     self.pretrain = os.path.join(self.out, "pretrain")
     self.finetune = os.path.join(self.out, "finetune")
     self.evals = os.path.join(self.out, "eval")
@@ -134,7 +145,7 @@ class Recipe:
     os.makedirs(self.logs, exist_ok=True)
     os.makedirs(self.evals, exist_ok=True)
 
-  def _stage(self, name: str, done: bool, fn) -> None:
+  def stage(self, name: str, done: bool, fn) -> None:
     if done:
       print(f"{PROG}: {name}: already done, skipped", flush=True)
       return
@@ -144,12 +155,12 @@ class Recipe:
     self.times[name] = time.monotonic() - start
     print(f"{PROG}: {name}: done in {self.times[name]:.0f}s", flush=True)
 
-  def _trained(self, run_dir: str) -> bool:
+  def trained(self, run_dir: str) -> bool:
     from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.training_done(run_dir)
 
   def _build_once(self, run_dir: str, checkpoint_dir: str, log: str) -> None:
-    _run(_python("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
+    run_child(python_module("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
                  "--once", *_gin(f"RUN_DIR='{run_dir}'", f"BLOCK_STORE='{self.store}'",
                                  f"build_index_main.checkpoint_dir='{checkpoint_dir}'")),
          os.path.join(self.logs, log))
@@ -157,10 +168,11 @@ class Recipe:
   def _recall(self, name: str, index_step: int) -> str:
     """Retrieval recall of the toy QA test questions against one pretraining index."""
     output = os.path.join(self.evals, f"recall_{name}.jsonl")
-    _run(_python("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
+    run_child(python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
                  *_gin(f"RUN_DIR='{self.pretrain}'", "evaluate_main.mode='retrieval'",
                        f"evaluate_main.index_step={index_step}",
                        f"evaluate_main.first_index_checkpoint_dir='{self._ict_checkpoint()}'",
+                       f"evaluate_main.split='{self.eval_split}'",
                        f"evaluate_main.output='{output}'")),
          os.path.join(self.logs, f"recall_{name}.log"))
     return output
@@ -175,55 +187,64 @@ class Recipe:
     from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
     import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
 
-    self._stage("1 ICT warm start", self._trained(self.ict), lambda: _run(
-        _python("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
+    self.stage("1 ICT warm start", self.trained(self.ict), lambda: run_child(
+        python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
                 *_gin(f"RUN_DIR='{self.ict}'")), os.path.join(self.logs, "ict.log")))
-    self._stage("2 first index (from the ICT checkpoint)",
+    self.stage("2 first index (from the ICT checkpoint)",
                 store_lib.latest_index_step(self.pretrain) is not None,
                 lambda: self._build_once(self.pretrain, self._ict_checkpoint(), "index_0.log"))
     before = os.path.join(self.evals, "recall_before.metrics.json")
-    self._stage("  recall before pretraining", os.path.exists(before),
+    self.stage("  recall before pretraining", os.path.exists(before),
                 lambda: self._recall("before", 0))
 
     def pretrain():
-      trainer = _python("realm_jax.train", "--gin_file=gin_configs/experiments/toy_pretrain.gin",
+      trainer = python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_pretrain.gin",
                         *_gin(f"RUN_DIR='{self.pretrain}'",
-                              f"INIT_CHECKPOINT='{self._ict_checkpoint()}'"))
-      builder = _python("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
-                        *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
-                              "build_index_main.poll_seconds=2.0"))
+                              f"INIT_CHECKPOINT='{self._ict_checkpoint()}'",
+                              *self.pretrain_bindings))
+      builder = None
+      if self.with_builder:
+        builder = python_module("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
+                          *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
+                                "build_index_main.poll_seconds=2.0"))
       code = launcher.run_local(trainer, builder, log_dir=self.logs,
                                 console=_Progress(sys.stdout))
       if code:
         raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
 
-    self._stage("3 REALM pretraining + index builder (two processes)",
-                self._trained(self.pretrain), pretrain)
+    self.stage("3 REALM pretraining" + (" + index builder (two processes)"
+                                          if self.with_builder else " (index never refreshed)"),
+                self.trained(self.pretrain), pretrain)
     after = os.path.join(self.evals, "recall_after.metrics.json")
-    self._stage("  recall after pretraining", os.path.exists(after),
+    self.stage("  recall after pretraining", os.path.exists(after),
                 lambda: self._recall("after", store_lib.latest_index_step(self.pretrain)))
-    self._stage("4 frozen index for fine-tuning",
+    self.stage("4 frozen index for fine-tuning",
                 store_lib.latest_index_step(self.finetune) is not None,
                 lambda: self._build_once(self.finetune, self._pretrain_checkpoint(),
                                          "index_finetune.log"))
-    self._stage("5 open-QA fine-tuning", self._trained(self.finetune), lambda: _run(
-        _python("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
+    self.stage("5 open-QA fine-tuning", self.trained(self.finetune), lambda: run_child(
+        python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
                 *_gin(f"RUN_DIR='{self.finetune}'",
-                      f"INIT_CHECKPOINT='{self._pretrain_checkpoint()}'")),
+                      f"INIT_CHECKPOINT='{self._pretrain_checkpoint()}'",
+                      *self.finetune_bindings)),
         os.path.join(self.logs, "finetune.log")))
-    predictions = os.path.join(self.evals, "toy_qa_test.jsonl")
-    self._stage("6 evaluation on the toy QA test split",
-                os.path.exists(predictions.replace(".jsonl", ".metrics.json")), lambda: _run(
-                    _python("realm_jax.evaluate",
+    predictions = os.path.join(self.evals, f"toy_qa_{self.eval_split}.jsonl")
+    self.stage(f"6 evaluation on the toy QA {self.eval_split} split",
+                os.path.exists(predictions.replace(".jsonl", ".metrics.json")), lambda: run_child(
+                    python_module("realm_jax.evaluate",
                             "--gin_file=gin_configs/experiments/toy_eval.gin",
                             *_gin(f"RUN_DIR='{self.finetune}'",
+                                  f"evaluate_main.split='{self.eval_split}'",
                                   f"evaluate_main.output='{predictions}'")),
                     os.path.join(self.logs, "evaluate.log")))
     return self.summary(before, after, predictions.replace(".jsonl", ".metrics.json"))
 
   def summary(self, before: str, after: str, qa: str) -> dict:
     scalars = read_scalars(os.path.join(self.pretrain, "tensorboard"))
-    last = lambda tag: scalars[tag][max(scalars[tag])] if tag in scalars else float("nan")
+
+    def last(tag):
+      return scalars[tag][max(scalars[tag])] if tag in scalars else float("nan")
+
     staleness = list(scalars.get("retrieval/staleness_steps", {}).values())
     qa_metrics = _metrics_json(qa)
     return {
