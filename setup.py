@@ -28,6 +28,10 @@ TEST_REQUIRES = [
     "pytest==9.0.3",
     "transformers==4.46.3",
     "torch==2.13.0",
+    # Executes notebooks/realm_toy_demo.ipynb in the tests.
+    "nbclient==0.11.0",
+    "nbformat==5.11.1",
+    "ipykernel==7.4.0",
 ]
 
 # Salient-span entity annotation with spaCy (REALM's own tagger was never released);

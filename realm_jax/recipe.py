@@ -246,7 +246,7 @@ class Recipe:
       return scalars[tag][max(scalars[tag])] if tag in scalars else float("nan")
 
     staleness = list(scalars.get("retrieval/staleness_steps", {}).values())
-    qa_metrics = _metrics_json(qa)
+    qa_metrics = _metrics_json(qa)  # evaluate's {"metrics": {...}, "task", "split", ...}
     return {
         "mlm_accuracy_null_only": last("eval/mlm/null_accuracy"),
         "mlm_accuracy_realm": last("eval/mlm/accuracy"),
@@ -255,9 +255,9 @@ class Recipe:
                                     else float("nan")),
         "retrieval_utility_last": last("eval/retrieval/utility"),
         "qa_em_null_only": 0.0,
-        "qa_em_realm": qa_metrics["exact_match"],
-        "recall@5_before": _metrics_json(before)["recall@5"],
-        "recall@5_after": _metrics_json(after)["recall@5"],
+        "qa_em_realm": qa_metrics["metrics"]["exact_match"],
+        "recall@5_before": _metrics_json(before)["metrics"]["recall@5"],
+        "recall@5_after": _metrics_json(after)["metrics"]["recall@5"],
         "refreshes": last("retrieval/refreshes"),
         "mean_staleness_steps": sum(staleness) / len(staleness) if staleness else float("nan"),
         "stage_seconds": self.times,
