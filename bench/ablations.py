@@ -1,11 +1,13 @@
 r"""Ablations like the paper's Table 2, on the toy world, every row in one run.
 
   python bench/ablations.py [--out /tmp/realm_ablations] [--write] [--only NAME ...]
+      [--pretrain_steps 100] [--finetune_steps 150] [--ict_dir /tmp/realm_toy/ict]
 
 Each row is the whole toy recipe (`realm_jax.recipe.Recipe`: pretraining with the index builder
-alongside, a frozen index of the final checkpoint, open-QA fine-tuning, evaluation) with one
+alongside, a frozen index of the final checkpoint, open-QA fine-tuning, evaluation; shorter
+than the recipe by default) with one
 gin override of the pretraining stage, all from the same ICT warm start (trained once, in
-`<out>/ict`) unless the row removes it:
+`<out>/shared/ict`, or `--ict_dir`) unless the row removes it:
 
   REALM                      salient-span masking, null document, index refreshed, ICT start
   random-span masking        --gin.TASK='realm_toy_random_span'
@@ -69,11 +71,12 @@ def _cell(value: float, digits: int = 3) -> str:
       f"{value:.{digits}f}")
 
 
-def run(out: str, only: tuple[str, ...]) -> list[tuple[str, dict, float]]:
+def run(out: str, only: tuple[str, ...], *, pretrain_steps: int, finetune_steps: int,
+        ict_dir: str | None = None) -> list[tuple[str, dict, float]]:
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   store = realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
-  shared = recipe_lib.Recipe(os.path.join(out, "shared"), store)
+  shared = recipe_lib.Recipe(os.path.join(out, "shared"), store, ict_dir=ict_dir)
   print("ablations: the shared ICT warm start ...", flush=True)
   shared.stage("ICT warm start", shared.trained(shared.ict), lambda: recipe_lib.run_child(
       recipe_lib.python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
@@ -88,6 +91,9 @@ def run(out: str, only: tuple[str, ...]) -> list[tuple[str, dict, float]]:
     ict_dir = _random_ict(out) if ict == "random" else shared.ict
     print(f"\nablations: {description} ...", flush=True)
     start = time.monotonic()
+    kwargs["pretrain_bindings"] = [f"NUM_STEPS={pretrain_steps}",
+                                   *kwargs.get("pretrain_bindings", [])]
+    kwargs["finetune_bindings"] = [f"NUM_STEPS={finetune_steps}"]
     summary = recipe_lib.Recipe(os.path.join(out, name), store, ict_dir=ict_dir,
                                 eval_split="dev", **kwargs).run()
     rows.append((description, summary, time.monotonic() - start))
@@ -112,19 +118,29 @@ def main() -> int:
   parser.add_argument("--out", default="/tmp/realm_ablations")
   parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
   parser.add_argument("--only", nargs="*", default=(), choices=[v[0] for v in VARIANTS])
+  parser.add_argument("--pretrain_steps", type=int, default=100,
+                      help="pretraining steps per row (the recipe: 200)")
+  parser.add_argument("--finetune_steps", type=int, default=150,
+                      help="fine-tuning steps per row (the recipe: 300)")
+  parser.add_argument("--ict_dir", default=None,
+                      help="reuse this toy ICT run (e.g. /tmp/realm_toy/ict) as the shared warm "
+                           "start instead of training one")
   args = parser.parse_args()
   os.chdir(REPO)
   start = time.monotonic()
-  rows = run(os.path.abspath(args.out), tuple(args.only))
+  rows = run(os.path.abspath(args.out), tuple(args.only), pretrain_steps=args.pretrain_steps,
+             finetune_steps=args.finetune_steps,
+             ict_dir=os.path.abspath(args.ict_dir) if args.ict_dir else None)
   text = table(rows)
   print("\n" + text)
   if args.write:
     body = (
         "Toy world, tiny model (gin_configs/experiments/toy_*.gin), every row measured in one "
         f"run of `python bench/ablations.py --write` ({(time.monotonic() - start) / 60:.0f} "
-        "minutes). Each row repeats pretraining (200 steps, batch 8), the frozen fine-tuning "
-        "index, fine-tuning (300 steps, batch 16) and evaluation with one change; all rows "
-        "but the last share one ICT warm start. Zero-shot recall@5: an answer in the top 5 "
+        f"minutes). Each row repeats pretraining ({args.pretrain_steps} steps, batch 8), the "
+        f"frozen fine-tuning index, fine-tuning ({args.finetune_steps} steps, batch 16) and "
+        "evaluation with one change; all rows but the last share one ICT warm start (600 "
+        "steps). Zero-shot recall@5: an answer in the top 5 "
         "blocks the pretrained retriever finds for a toy QA dev question (before fine-tuning). "
         "Masked-span accuracy: masked salient-span wordpieces predicted exactly by REALM's "
         "marginal at the last pretraining checkpoint (for the random-span and random-token "
