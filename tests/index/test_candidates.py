@@ -171,7 +171,7 @@ def test_other_num_candidates():
 
 def test_selection_refuses_bad_input():
   ids, uids = ranked(7)
-  with pytest.raises(ValueError, match="at least num_candidates=8"):
+  with pytest.raises(ValueError, match="need at least 8 retrieved blocks"):
     select_one(ids, uids, 0)
   ids, uids = ranked()
   ids[7] = -1
