@@ -18,7 +18,6 @@ see `realm_jax.index.builder` for how the hosts split the blocks.
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any, Mapping, Optional, Sequence
 
@@ -94,32 +93,22 @@ def _parse_flags(argv: Sequence[str]):
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point; returns the exit status."""
   argv = list(sys.argv if argv is None else argv)
-  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's INFO chatter
+  gin_utils.setup_logging()
   _CALL_STARTED[0] = False
-  try:
+
+  def job() -> int:
     gin_bindings, rest = split_gin_args(argv[1:])
     values = _parse_flags([argv[0] if argv else PROG] + rest)
     if not values.gin_file:
       raise ConfigError("no --gin_file given (use --gin_file=gin_configs/runs/build_index.gin)")
     gin_utils.parse_gin(values.gin_file, list(values.gin_bindings) + gin_bindings)
-    overrides = {"once": True} if values.once else {}
-    try:
-      return build_index_main(**overrides)
-    except Exception as e:  # noqa: BLE001
-      if not _CALL_STARTED[0]:  # gin refused the call: a missing or unknown binding
-        raise ConfigError(gin_utils.one_line(e)) from e
-      raise
-  except ConfigError as e:
-    print(f"{PROG}: config error: {e}", file=sys.stderr, flush=True)
-    return 2
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; nothing partial was published", file=sys.stderr, flush=True)
-    return 130
-  except Exception as e:  # noqa: BLE001 - CheckpointError, BlockStoreError, IndexLoadError...
-    from realm_jax.data.corpus import BlockStoreError  # pylint: disable=g-import-not-at-top
-    return gin_utils.report_error(PROG, e, (ValueError, OSError, BlockStoreError))
+    return build_index_main(**({"once": True} if values.once else {}))
+
+  from realm_jax.data.corpus import BlockStoreError  # pylint: disable=g-import-not-at-top
+  # Runtime errors that explain themselves: CheckpointError, BlockStoreError, IndexLoadError...
+  return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
+                           interrupted="nothing partial was published",
+                           expected=(ValueError, OSError, BlockStoreError))
 
 
 if __name__ == "__main__":

@@ -443,7 +443,6 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, index_step,
 def _run_questions(*, run_dir, config, questions, step, why, index_run, index_step, store,
                    reader_beam, reader_len, backend) -> int:
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
   loaded = _load_published_index(index_run, index_step, store, config)
   searcher = _searcher(loaded, backend)
   model, params = _open_qa_model(run_dir, config, step, reader_beam)
@@ -658,11 +657,10 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point; returns the exit status."""
   argv = list(sys.argv if argv is None else argv)
-  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  logging.getLogger("absl").setLevel(logging.WARNING)  # Orbax's INFO chatter
+  gin_utils.setup_logging()
   _CALL_STARTED[0] = False
-  try:
+
+  def job() -> int:
     gin_bindings, rest = split_gin_args(argv[1:])
     values = gin_utils.parse_flags(
         [argv[0] if argv else PROG] + rest,
@@ -682,23 +680,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     overrides: dict[str, Any] = {"dry_run": True} if values.dry_run else {}
     if values.question:
       overrides["questions"] = list(values.question)
-    try:
-      return evaluate_main(**overrides)
-    except ConfigError:
-      raise
-    except Exception as e:  # noqa: BLE001
-      if not _CALL_STARTED[0]:  # gin refused the call, or a bad macro value: a config error
-        raise ConfigError(gin_utils.one_line(e)) from e
-      raise
-  except ConfigError as e:
-    # gin appends "In call to configurable ..." to errors raised inside evaluate_main.
-    print(f"{PROG}: config error: {gin_utils.one_line(e)}", file=sys.stderr, flush=True)
-    return 2
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; nothing partial was written", file=sys.stderr, flush=True)
-    return 130
-  except Exception as e:  # noqa: BLE001 - CheckpointError, IndexLoadError, FileNotFoundError...
-    return gin_utils.report_error(PROG, e, (ValueError, OSError, RuntimeError))
+    return evaluate_main(**overrides)
+
+  # Runtime errors that explain themselves: CheckpointError, IndexLoadError, FileNotFoundError...
+  return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
+                           interrupted="nothing partial was written")
 
 
 if __name__ == "__main__":

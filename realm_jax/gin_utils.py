@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import sys
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import gin
 from absl import flags
@@ -24,7 +24,7 @@ from absl import flags
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = ["ConfigError", "REPO_ROOT", "one_line", "parse_flags", "parse_gin",
-           "resolve_gin_file", "split_gin_args"]
+           "resolve_gin_file", "run_job", "setup_logging", "split_gin_args"]
 
 
 class ConfigError(ValueError):
@@ -118,3 +118,41 @@ def report_error(prog: str, error: BaseException, expected: tuple[type, ...]) ->
   print(f"{prog}: error: {type(error).__name__}: {one_line(error)}", file=sys.stderr,
         flush=True)
   return 1
+
+
+def setup_logging() -> None:
+  """INFO logs on stderr with time and logger name; absl (Orbax's INFO chatter) at WARNING."""
+  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+def run_job(prog: str, job: Callable[[], int], *, started: Callable[[], bool],
+            interrupted: str, expected: tuple[type, ...] = (ValueError, OSError, RuntimeError)
+            ) -> int:
+  """Runs an entry point's `job()` (flag and gin parsing, then its gin-configured main) and
+  turns what it raises into one line on stderr and the exit status.
+
+  Exit statuses: job's own (0 done); 2 a ConfigError, or any error before `started()` is true
+  (gin refused the call: an unknown or missing binding, a bad macro value); 130 interrupted
+  (`interrupted` says what that means for this job); 1 any other error (`report_error`, with a
+  traceback in the log unless it is one of the `expected` types).
+  """
+  try:
+    try:
+      return job()
+    except ConfigError:
+      raise
+    except Exception as e:  # noqa: BLE001
+      if not started():
+        raise ConfigError(one_line(e)) from e
+      raise
+  except ConfigError as e:
+    # gin appends "In call to configurable ..." to errors raised inside the configurable.
+    print(f"{prog}: config error: {one_line(e)}", file=sys.stderr, flush=True)
+    return 2
+  except KeyboardInterrupt:
+    print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
+    return 130
+  except Exception as e:  # noqa: BLE001
+    return report_error(prog, e, expected)

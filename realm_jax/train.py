@@ -462,11 +462,10 @@ def _finetune_eval_fn(model, task, split, max_examples, store, watcher, *, batch
 def main(argv: Optional[Sequence[str]] = None) -> int:
   """Entry point; returns the exit status."""
   argv = list(sys.argv if argv is None else argv)
-  logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  logging.getLogger("absl").setLevel(logging.WARNING)
+  gin_utils.setup_logging()
   _CALL_STARTED[0] = False
-  try:
+
+  def job() -> int:
     gin_bindings, rest = split_gin_args(argv[1:])
     values = gin_utils.parse_flags(
         [argv[0] if argv else PROG] + rest,
@@ -476,25 +475,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       raise ConfigError("no --gin_file given (e.g. --gin_file=gin_configs/experiments/"
                         "toy_ict.gin)")
     gin_utils.parse_gin(values.gin_file, list(values.gin_bindings) + gin_bindings)
-    overrides = {"dry_run": True} if values.dry_run else {}
-    try:
-      return train_main(**overrides)
-    except ConfigError:
-      raise
-    except Exception as e:  # noqa: BLE001
-      if not _CALL_STARTED[0]:  # gin refused the call, or a bad macro value: a config error
-        raise ConfigError(gin_utils.one_line(e)) from e
-      raise
-  except ConfigError as e:
-    # gin appends "In call to configurable ..." to errors raised inside train_main.
-    print(f"{PROG}: config error: {gin_utils.one_line(e)}", file=sys.stderr, flush=True)
-    return 2
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; resume by running the same command", file=sys.stderr,
-          flush=True)
-    return 130
-  except Exception as e:  # noqa: BLE001 - NonFiniteLossError, CheckpointError, NoIndexError...
-    return gin_utils.report_error(PROG, e, (ValueError, OSError, RuntimeError))
+    return train_main(**({"dry_run": True} if values.dry_run else {}))
+
+  # Runtime errors that explain themselves: NonFiniteLossError, CheckpointError, NoIndexError...
+  return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
+                           interrupted="resume by running the same command")
 
 
 if __name__ == "__main__":
