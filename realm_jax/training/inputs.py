@@ -126,6 +126,20 @@ def get_task(task_name: str):
   return seqio.get_mixture_or_task(task_name)
 
 
+def check_same_stream(state: Mapping[str, Any], mine: Mapping[str, Any],
+                      must_match: Sequence[str]) -> None:
+  """Raises ValueError unless a saved data position `state` belongs to this iterator's stream:
+  it has the required keys, and every `must_match` key it has equals this iterator's value."""
+  for key in ("task", "seed", "batches_consumed"):
+    if key not in state:
+      raise ValueError(f"data state {dict(state)} lacks {key!r}")
+  differ = [f"{k} {state[k]!r} (this run: {mine[k]!r})" for k in must_match
+            if k in state and state[k] != mine[k]]
+  if differ:
+    raise ValueError(f"cannot resume the data position of another input stream: "
+                     f"{'; '.join(differ)}")
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
   """The shuffle seed of one epoch: a hash of (seed, epoch), in [0, 2**31)."""
   state = np.random.SeedSequence([int(seed), int(epoch)]).generate_state(1, np.uint32)
@@ -298,15 +312,7 @@ class SeqioBatches:
       ValueError: the state belongs to another stream (task, split, seed, shuffle, batch size or
         sharding differ: the position would not mean the same data), or lies past the end.
     """
-    for key in ("task", "seed", "batches_consumed"):
-      if key not in state:
-        raise ValueError(f"data state {dict(state)} lacks {key!r}")
-    mine = self.state()
-    differ = [f"{k} {state[k]!r} (this run: {mine[k]!r})" for k in _MUST_MATCH
-              if k in state and state[k] != mine[k]]
-    if differ:
-      raise ValueError(f"cannot resume the data position of another input stream: "
-                       f"{'; '.join(differ)}")
+    check_same_stream(state, self.state(), _MUST_MATCH)
     consumed = int(state["batches_consumed"])
     if consumed < 0:
       raise ValueError(f"batches_consumed must be >= 0, got {consumed}")

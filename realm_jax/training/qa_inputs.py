@@ -264,12 +264,7 @@ class OpenQABatches:
     Raises:
       ValueError: the state belongs to another stream.
     """
-    mine = self.state()
-    differ = [f"{k} {state[k]!r} (this run: {mine[k]!r})" for k in _MUST_MATCH
-              if k in state and state[k] != mine[k]]
-    if differ:
-      raise ValueError(f"cannot resume the data position of another input stream: "
-                       f"{'; '.join(differ)}")
+    inputs.check_same_stream(state, self.state(), _MUST_MATCH)
     consumed = int(state["batches_consumed"])
     if "epoch" in state and state.get("shard_index", self.shard_index) == self.shard_index:
       epoch, in_epoch = int(state["epoch"]), int(state["batches_in_epoch"])
