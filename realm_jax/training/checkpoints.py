@@ -393,7 +393,8 @@ def model_size(config: RealmConfig) -> dict:
           "num_heads": bert.num_heads, "intermediate_size": bert.intermediate_size,
           "vocab_size": bert.vocab_size, "max_position_embeddings": bert.max_position_embeddings,
           "type_vocab_size": bert.type_vocab_size, "proj_size": config.proj_size,
-          "share_embedders": config.share_embedders}
+          "share_embedders": config.share_embedders,
+          "span_hidden_size": config.span_hidden_size}
 
 
 def describe_size(config: RealmConfig) -> str:

@@ -104,3 +104,13 @@ def test_training_done_marker(tmp_path, retriever_params):
 def test_params_without_retriever_are_refused(tmp_path, retriever_params):
   with pytest.raises(ckpt.CheckpointError, match="'retriever' entry"):
     ckpt.save_checkpoint(tmp_path, 1, {"encoder": retriever_params}, config=TINY)
+
+
+def test_span_reader_width_is_part_of_the_model_size():
+  """A fine-tuned reader of another span width cannot be loaded (its span head's kernels have
+  other shapes), and the error names the field."""
+  base = config_lib.RealmConfig(bert=config_lib.tiny_bert())
+  narrow = base.replace(span_hidden_size=64)
+  ckpt.check_model_size(base, base.replace(max_span_width=10), "here")  # same shapes
+  with pytest.raises(ckpt.CheckpointError, match="span_hidden_size 64 vs 256"):
+    ckpt.check_model_size(narrow, base, "here")
