@@ -386,6 +386,8 @@ class _SavedTensors:
       if storage.data_ptr() not in self._params:
         self._storages[storage.data_ptr()] = storage.nbytes()
     except (RuntimeError, NotImplementedError):
+      # Tensors without a plain storage (views of sparse or meta tensors) are not counted; the
+      # figure is a memory note in the report, not a timing.
       pass
     return tensor
 
