@@ -41,7 +41,6 @@ interrupted (nothing partial is written: the output files are renamed into place
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -50,6 +49,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import gin
 
+from realm_jax import fileio
 from realm_jax import gin_utils
 from realm_jax.gin_utils import ConfigError, split_gin_args
 
@@ -198,16 +198,6 @@ def output_paths(output: Optional[str], run_dir: str, stem: str) -> tuple[str, s
   predictions = output or os.path.join(run_dir, PREDICTIONS_DIR, f"{stem}.jsonl")
   base = predictions[:-len(".jsonl")] if predictions.endswith(".jsonl") else predictions
   return predictions, base + ".metrics.json"
-
-
-def write_json(path: str, value: Any) -> None:
-  """Writes JSON atomically (temporary file, then rename), creating the directory."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1, sort_keys=True)
-    f.write("\n")
-  os.replace(tmp, path)
 
 
 def format_metrics(metrics: dict) -> str:
@@ -380,11 +370,11 @@ def _run_qa(*, run_dir, config, task, split, step, why, index_run, index_step, s
   progress.finish()
   predictions_path, metrics_path = output_paths(output, run_dir, f"{task}_{split}_step{step}")
   evaluate_lib.write_predictions_jsonl(predictions_path, predictions)
-  write_json(metrics_path, {"mode": "qa", "run_dir": os.path.abspath(run_dir), "task": task,
-                            "split": split, "checkpoint_step": step, "checkpoint_choice": why,
-                            "index_step": loaded.step, "backend": backend,
-                            "predictions": os.path.abspath(predictions_path),
-                            "metrics": metrics})
+  fileio.write_json_atomically(metrics_path, {
+      "mode": "qa", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
+      "checkpoint_step": step, "checkpoint_choice": why, "index_step": loaded.step,
+      "backend": backend, "predictions": os.path.abspath(predictions_path),
+      "metrics": metrics})
   print(f"{PROG}: {task}/{split}, checkpoint step {step} ({why}), index step {loaded.step}: "
         f"{format_metrics(metrics)}; predictions {predictions_path}, metrics {metrics_path}",
         flush=True)
@@ -431,10 +421,10 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, index_step,
   metrics[count_name] = int(hits.shape[0])
   metrics["num_blocks"] = int(store.num_blocks)
   _, metrics_path = output_paths(output, run_dir, f"{task}_{split}_retrieval_index{loaded.step}")
-  write_json(metrics_path, {"mode": "retrieval", "run_dir": os.path.abspath(run_dir),
-                            "task": task, "split": split, "index_step": loaded.step,
-                            "query_tower_checkpoint": step_dir, "backend": backend,
-                            "metrics": metrics})
+  fileio.write_json_atomically(metrics_path, {
+      "mode": "retrieval", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
+      "index_step": loaded.step, "query_tower_checkpoint": step_dir, "backend": backend,
+      "metrics": metrics})
   print(f"{PROG}: retrieval {task}/{split}, index step {loaded.step} (query tower from "
         f"{step_dir}): {format_metrics(metrics)}; metrics {metrics_path}", flush=True)
   return 0

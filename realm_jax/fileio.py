@@ -8,7 +8,9 @@ parent so the rename itself is durable.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from typing import Any
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -47,3 +49,22 @@ def pid_alive(pid: int) -> bool:
   except PermissionError:  # exists, owned by another user
     return True
   return True
+
+
+def write_json_atomically(path: str, value: Any) -> None:
+  """Writes `value` as JSON to `path` through a temporary file, fsynced and renamed into place
+  (creating the directory), so a reader never sees a half-written file; the temporary file is
+  removed if writing fails."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(value, f, indent=1, sort_keys=True)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:  # cleanup only: the error propagates
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise

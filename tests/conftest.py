@@ -26,3 +26,15 @@ def private_cache(tmp_path_factory):
     del os.environ["REALM_JAX_CACHE"]
   else:
     os.environ["REALM_JAX_CACHE"] = old
+
+
+@pytest.fixture
+def clean_gin(monkeypatch):
+  """For tests of the gin entry points: run from the repository root (gin finds includes
+  without logging failed look-ups) with gin's config cleared before and after."""
+  import gin  # pylint: disable=import-outside-toplevel
+  from realm_jax import gin_utils  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(gin_utils.REPO_ROOT)
+  gin.clear_config()
+  yield
+  gin.clear_config()

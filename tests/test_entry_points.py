@@ -17,12 +17,7 @@ from realm_jax.training import checkpoints
 REPO = gin_utils.REPO_ROOT
 
 
-@pytest.fixture(autouse=True)
-def clean_gin(monkeypatch):
-  monkeypatch.chdir(REPO)  # gin finds includes without logging failed look-ups
-  gin.clear_config()
-  yield
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def _train(*args):

@@ -11,7 +11,6 @@ import json
 import os
 import types
 
-import gin
 import jax
 import numpy as np
 import pytest
@@ -88,12 +87,7 @@ def world(private_cache, tmp_path_factory):
                                run_dir=run_dir, step_dir=step_dir, embeddings=embeddings)
 
 
-@pytest.fixture(autouse=True)
-def clean_gin(monkeypatch):
-  monkeypatch.chdir(REPO)  # gin finds includes without logging failed look-ups
-  gin.clear_config()
-  yield
-  gin.clear_config()
+pytestmark = pytest.mark.usefixtures("clean_gin")
 
 
 def _main(*args):

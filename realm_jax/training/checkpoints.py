@@ -45,6 +45,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from realm_jax import fileio
 from realm_jax.models.config import RealmConfig, config_to_dict, realm_config_from_dict
 
 log = logging.getLogger(__name__)
@@ -211,13 +212,6 @@ def read_best(run_dir: str) -> Optional[dict]:
     return None
 
 
-def _write_json_atomically(path: str, value: Any) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def _is_better(value: float, best: float, mode: str) -> bool:
@@ -340,7 +334,7 @@ class CheckpointWriter:
       self._preserved.clear()
       self._preserved.add(pending["step"])
       if jax.process_index() == 0:
-        _write_json_atomically(os.path.join(self.run_dir, BEST_FILE), pending)
+        fileio.write_json_atomically(os.path.join(self.run_dir, BEST_FILE), pending)
       log.info("new best checkpoint: step %d with %s=%.6g (was %s)", pending["step"],
                pending["metric"], pending["value"],
                "none" if previous is None else f"step {previous['step']}")
