@@ -7,6 +7,7 @@ other, sharing one run directory.
       --block_store=/mnt/realm/wiki_blocks \
       --trainer_gin=gin_configs/experiments/wiki_pretrain.gin \
       --trainer_binding=INIT_CHECKPOINT="'/mnt/realm/ict/checkpoints/100000'" \
+      --trainer_binding=ENCODER_CHECKPOINT="'/mnt/realm/bert/checkpoints/0'" \
       --trainer_binding=BATCH_SIZE=64 [--first_index_from=/mnt/realm/ict/checkpoints/100000] \
       [--detach] [--dry-run]
   python -m launch.tpu_pod stop     --zone=europe-west4-a [--kill] [--dry-run]

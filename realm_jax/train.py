@@ -20,10 +20,17 @@ line: unknown flag or gin binding, missing required macro, unregistered task, an
 `init_checkpoint` of another model size), 130 interrupted.
 
 Jobs (`train_main.job`):
-  ict       IctModel on an `ict_<corpus>` task (REALM_SPEC 14).
+  mlm       BertMlmModel on an `mlm_<corpus>` task: masked language modelling of the encoder, a
+            stand-in for BERT where there is none (the toy world; REALM starts both its encoder
+            and its retriever from BERT: at paper scale, convert BERT with
+            `python -m realm_jax.convert.hf`).
+  ict       IctModel on an `ict_<corpus>` task (REALM_SPEC 14); the towers' BERT warm-starts from
+            `init_checkpoint` (a converted BERT or an mlm checkpoint) when one is given.
   pretrain  RealmPretrainModel on a `realm_<corpus>_<strategy>` task; candidates from the run's
             current index (built by `realm_jax.build_index` alongside); the retriever warm-starts
-            from `init_checkpoint` (an ICT checkpoint); at every checkpoint, retrieval utility on
+            from `init_checkpoint` (an ICT checkpoint) and the encoder from
+            `encoder_checkpoint` (a converted BERT or an mlm checkpoint); at every checkpoint,
+            retrieval utility on
             `eval_batches` batches picks the best checkpoint (REALM_SPEC 15-17, 21).
   finetune  OpenQAModel on a QA task (toy_qa, nq_open, web_questions, curated_trec): batches of
             questions retrieved with the live question tower from the run's index (frozen: built
@@ -46,7 +53,9 @@ from realm_jax import gin_utils
 from realm_jax.gin_utils import ConfigError, split_gin_args
 
 PROG = "train"
-JOBS = ("ict", "pretrain", "finetune")
+JOBS = ("mlm", "ict", "pretrain", "finetune")
+# Jobs without an index (no BlockStore, no index watcher).
+_INDEX_FREE_JOBS = ("mlm", "ict")
 # Feature lengths of the pretraining tasks (realm_jax_tasks.pretraining) for the abstract
 # batch of a dry run: ICT queries 64, masked queries 96, 10 mask slots (block lengths come from
 # the task or the BlockStore).
@@ -60,13 +69,17 @@ _CALL_STARTED = [False]  # set by train_main: errors before it are gin's (config
 
 
 def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len: int,
-                    qa: Optional[dict] = None) -> dict:
+                    qa: Optional[dict] = None, mlm_masks: int = 0) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   def spec(*shape, dtype=np.int32):
     return jax.ShapeDtypeStruct((global_batch,) + shape, dtype)
 
+  if job == "mlm":
+    return {"input_ids": spec(block_len), "type_ids": spec(block_len),
+            "input_mask": spec(block_len), "mlm_positions": spec(mlm_masks),
+            "mlm_targets": spec(mlm_masks), "mlm_weights": spec(mlm_masks, dtype=np.float32)}
   if job == "ict":
     return {"query_ids": spec(ICT_QUERY_LEN), "query_mask": spec(ICT_QUERY_LEN),
             "block_ids": spec(block_len), "block_type_ids": spec(block_len),
@@ -99,15 +112,15 @@ def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len:
           "example_mask": spec(dtype=np.float32)}
 
 
-def _ict_block_len(task_name: str) -> int:
-  """The block length of an ICT task, from its (lazily built, unread) dataset's spec."""
+def _feature_len(task_name: str, feature: str) -> int:
+  """The length of a task's feature, from its (lazily built, unread) dataset's spec."""
   from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
   dataset = inputs.get_task(task_name).get_dataset(split="train", shuffle=False,
                                                     sequence_length=None)
-  return int(dataset.element_spec["block_ids"].shape[0])
+  return int(dataset.element_spec[feature].shape[0])
 
 
-def _check_init_checkpoint(step_dir: str, config: Any) -> None:
+def _check_init_checkpoint(step_dir: str, config: Any, knob: str = "init_checkpoint") -> None:
   """One-line ConfigError unless `step_dir` is a finished checkpoint of this model size."""
   from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
@@ -120,22 +133,41 @@ def _check_init_checkpoint(step_dir: str, config: Any) -> None:
                                      f"({e})") from e
     ckpt_lib.check_model_size(their_config, config, step_dir)
   except ckpt_lib.CheckpointError as e:
-    raise ConfigError(f"init_checkpoint: {gin_utils.one_line(e)}") from e
+    raise ConfigError(f"{knob}: {gin_utils.one_line(e)}") from e
+
+
+def _bert_from_encoder(tower: dict, encoder: dict) -> dict:
+  """A retriever tower (RealmEmbedder params) whose BERT is `encoder`'s; the pooler, which the
+  MLM encoder has none of, and the projection stay as they are (fresh)."""
+  return {**tower, "bert": {**tower["bert"], **encoder["bert"]}}
 
 
 def _warm_start(job: str, checkpoint: dict, fresh: dict, source: str) -> tuple[dict, str]:
   """The parameters a run starts from: `fresh` with the subtrees `checkpoint` provides.
 
-  pretrain: the retriever (an ICT checkpoint, or any checkpoint with one). finetune: the
-  retriever, and the reader (a fine-tuning checkpoint's reader, or a pretraining checkpoint's
-  encoder BERT under a fresh span head: REALM initialises the reader from the
-  knowledge-augmented encoder). Returns (params, what was warm-started, for the log).
+  ict: every retriever tower's BERT from the checkpoint's encoder (a converted BERT or an `mlm`
+  checkpoint: REALM warm-starts ICT from BERT). pretrain: the retriever (an ICT checkpoint, or any
+  checkpoint with one), and the encoder when the checkpoint has one. finetune: the retriever, and
+  the reader (a fine-tuning checkpoint's reader, or a pretraining checkpoint's encoder BERT under a
+  fresh span head: REALM initialises the reader from the knowledge-augmented encoder). Returns
+  (params, what was warm-started, for the log).
   """
+  params = dict(fresh)
+  if job == "ict":
+    if "encoder" not in checkpoint:
+      raise ConfigError(f"init_checkpoint {source}: no encoder params to start the towers' BERT "
+                        f"from (has {sorted(checkpoint)}; ICT starts from a BERT: python -m "
+                        f"realm_jax.convert.hf, or an 'mlm' run)")
+    params["retriever"] = {name: _bert_from_encoder(tower, checkpoint["encoder"])
+                           for name, tower in fresh["retriever"].items()}
+    return params, "retriever towers' BERT (from the encoder)"
   if "retriever" not in checkpoint:
     raise ConfigError(f"init_checkpoint {source}: no retriever params (has {sorted(checkpoint)})")
-  params = dict(fresh)
   params["retriever"] = checkpoint["retriever"]
   taken = ["retriever"]
+  if job == "pretrain" and "encoder" in checkpoint:
+    params["encoder"] = checkpoint["encoder"]
+    taken.append("encoder")
   if job == "finetune":
     if "reader" in checkpoint:
       params["reader"] = checkpoint["reader"]
@@ -146,10 +178,18 @@ def _warm_start(job: str, checkpoint: dict, fresh: dict, source: str) -> tuple[d
   return params, ", ".join(taken)
 
 
+def _warm_start_encoder(checkpoint: dict, params: dict, source: str) -> dict:
+  """pretrain's `encoder_checkpoint`: the knowledge-augmented encoder from a converted BERT or
+  an `mlm` checkpoint (REALM starts its encoder from BERT)."""
+  if "encoder" not in checkpoint:
+    raise ConfigError(f"encoder_checkpoint {source}: no encoder params (has {sorted(checkpoint)})")
+  return {**params, "encoder": checkpoint["encoder"]}
+
+
 def _register_corpus_tasks(job: str, task_name: str, block_store: Optional[str],
                            pretrain_records: Optional[str]) -> None:
-  """Registers `ict_<corpus>` and `realm_<corpus>_<strategy>` over `block_store` (X =
-  `pretrain_records`, or the corpus itself) when `task_name` names a corpus that is not
+  """Registers `mlm_<corpus>`, `ict_<corpus>` and `realm_<corpus>_<strategy>` over `block_store`
+  (X = `pretrain_records`, or the corpus itself) when `task_name` names a corpus that is not
   registered yet: how the paper-scale gins reach a BlockStore built by build_corpus."""
   if job == "finetune" or block_store is None:
     return
@@ -158,8 +198,8 @@ def _register_corpus_tasks(job: str, task_name: str, block_store: Optional[str],
   if task_name in seqio.TaskRegistry.names():
     return
   corpus = None
-  if job == "ict" and task_name.startswith("ict_"):
-    corpus = task_name[len("ict_"):]
+  if job in _INDEX_FREE_JOBS and task_name.startswith(f"{job}_"):
+    corpus = task_name[len(job) + 1:]
   elif job == "pretrain" and task_name.startswith("realm_"):
     for strategy in realm_jax_tasks.MASKING_STRATEGIES:
       if task_name.endswith(f"_{strategy}"):
@@ -181,7 +221,7 @@ def _check_task(job: str, task_name: str) -> None:
       raise ConfigError(f"train_main.task={task_name!r} is not a QA task (job 'finetune' needs "
                         f"one of toy_qa, nq_open, web_questions, curated_trec)")
     return
-  prefix = "ict_" if job == "ict" else "realm_"
+  prefix = f"{job}_" if job in _INDEX_FREE_JOBS else "realm_"
   if not task_name.startswith(prefix):
     raise ConfigError(f"train_main.task={task_name!r} does not fit job {job!r} (expected a "
                       f"{prefix}* task)")
@@ -194,6 +234,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                warmup_steps: Optional[int] = None, checkpoint_every: int = 1000,
                mesh_shape: Sequence[int] = (-1, 1), rules: Optional[Sequence] = None,
                seed: int = 0, init_checkpoint: Optional[str] = None,
+               encoder_checkpoint: Optional[str] = None,
                index_check_every: int = 100, first_index_checkpoint_dir: Optional[str] = None,
                block_store: Optional[str] = None, pretrain_records: Optional[str] = None,
                num_candidates: int = 8, null_document: bool = True,
@@ -208,7 +249,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     run_dir: the run directory (checkpoints/, tensorboard/, best.json, TRAINING_DONE; for
       pretraining and fine-tuning also index/, written by `realm_jax.build_index`).
     model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin).
-    job: "ict", "pretrain" or "finetune" (see the module docstring).
+    job: "mlm", "ict", "pretrain" or "finetune" (see the module docstring).
     task: the seqio task name.
     batch_size: examples (questions) per step on this host (global batch = hosts x this; a
       multiple of the mesh's data axis).
@@ -219,8 +260,11 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     mesh_shape: (data, model) sizes of the device mesh; -1 takes the rest.
     rules: logical axis rules (None: partitioning.DEFAULT_RULES).
     seed: parameter init, dropout and data seed.
-    init_checkpoint: pretrain/finetune: a checkpoint step directory to warm-start from (model
-      size checked; ignored when resuming); see `_warm_start`.
+    init_checkpoint: ict/pretrain/finetune: a checkpoint step directory to warm-start from
+      (model size checked; ignored when resuming); see `_warm_start`.
+    encoder_checkpoint: pretrain: a checkpoint step directory (a converted BERT's or an mlm run's)
+      whose encoder the knowledge-augmented encoder starts from (None: random, or
+      `init_checkpoint`'s encoder when it has one).
     index_check_every: pretrain/finetune: look for a newer published index every this many
       steps.
     first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
@@ -275,8 +319,10 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
   _register_corpus_tasks(job, str(task), block_store, pretrain_records)
   _check_task(job, str(task))
-  if init_checkpoint is not None and job == "ict":
-    raise ConfigError("train_main.init_checkpoint is for jobs 'pretrain' and 'finetune'")
+  if init_checkpoint is not None and job == "mlm":
+    raise ConfigError("train_main.init_checkpoint is for jobs 'ict', 'pretrain' and 'finetune'")
+  if encoder_checkpoint is not None and job != "pretrain":
+    raise ConfigError("train_main.encoder_checkpoint is a 'pretrain' option")
   if train_document_tower and job != "finetune":
     raise ConfigError("train_main.train_document_tower is a 'finetune' option")
   rules = partitioning.DEFAULT_RULES if rules is None else tuple(tuple(r) for r in rules)
@@ -292,9 +338,11 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"({data_size})")
   if init_checkpoint is not None:
     _check_init_checkpoint(init_checkpoint, model_config)
+  if encoder_checkpoint is not None:
+    _check_init_checkpoint(encoder_checkpoint, model_config, "encoder_checkpoint")
 
   store = None
-  if job != "ict":
+  if job not in _INDEX_FREE_JOBS:
     from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
     if block_store is None:
       if not (task.startswith("realm_toy_") or task == "toy_qa"):
@@ -306,7 +354,11 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 
   # Model and inputs (nothing is read until the first batch; fine-tuning reads the questions).
   qa_shapes = None
-  if job == "ict":
+  if job == "mlm":
+    model = realm.BertMlmModel(model_config)
+    batches = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
+                                  feature_keys=inputs.BLOCK_MLM_KEYS)
+  elif job == "ict":
     model = realm.IctModel(model_config)
     batches = inputs.SeqioBatches(task, batch_size=batch_size, seed=seed,
                                   feature_keys=inputs.ICT_BATCH_KEYS)
@@ -342,10 +394,17 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                  f"{num_steps} steps, lr {learning_rate:g}, run_dir {run_dir}")
   if init_checkpoint is not None:
     description += f", warm start from {init_checkpoint}"
+  if encoder_checkpoint is not None:
+    description += f", encoder from {encoder_checkpoint}"
 
   if dry_run:
-    block_len = store.max_block_len if store is not None else _ict_block_len(task)
-    abstract = _abstract_batch(job, global_batch, num_candidates, block_len, qa_shapes)
+    if store is not None:
+      block_len = store.max_block_len
+    else:
+      block_len = _feature_len(task, "input_ids" if job == "mlm" else "block_ids")
+    mlm_masks = _feature_len(task, "mlm_positions") if job == "mlm" else 0
+    abstract = _abstract_batch(job, global_batch, num_candidates, block_len, qa_shapes,
+                               mlm_masks)
     train_step.lower(train_step.abstract_state, abstract)
     print(f"{PROG}: dry run ok ({description}; step lowered on abstract shapes, not "
           f"compiled)", flush=True)
@@ -360,15 +419,25 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     except inputs.UnknownTaskError as e:
       raise ConfigError(f"train_main.task: {gin_utils.one_line(e)}") from e
 
-  if init_checkpoint is not None:
-    checkpoint, _, _ = ckpt_lib.restore_checkpoint_dir(init_checkpoint,
-                                                       expected_config=model_config)
+  if init_checkpoint is not None or encoder_checkpoint is not None:
+    checkpoint = encoder = None
+    if init_checkpoint is not None:
+      checkpoint, _, _ = ckpt_lib.restore_checkpoint_dir(init_checkpoint,
+                                                         expected_config=model_config)
+    if encoder_checkpoint is not None:
+      encoder, _, _ = ckpt_lib.restore_checkpoint_dir(encoder_checkpoint,
+                                                      expected_config=model_config)
     fresh_init = train_step.init_state
 
     def warm_init(rng):
       state = fresh_init(rng)
-      params, taken = _warm_start(job, checkpoint, jax.device_get(state.params), init_checkpoint)
-      log.info("warm start from %s: %s", init_checkpoint, taken)
+      params = jax.device_get(state.params)
+      if checkpoint is not None:
+        params, taken = _warm_start(job, checkpoint, params, init_checkpoint)
+        log.info("warm start from %s: %s", init_checkpoint, taken)
+      if encoder is not None:
+        params = _warm_start_encoder(encoder, params, encoder_checkpoint)
+        log.info("encoder from %s", encoder_checkpoint)
       return state.replace(params=jax.device_put(params, train_step.state_sharding.params))
 
     train_step.init_state = warm_init
@@ -377,7 +446,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   watcher = None
   eval_fn = None
   best_metric = None
-  if job != "ict":
+  if job not in _INDEX_FREE_JOBS:
     from realm_jax.index.swap import IndexWatcher  # pylint: disable=g-import-not-at-top
     loader = inputs.make_index_loader(
         run_dir, model_config,

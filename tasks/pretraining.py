@@ -12,6 +12,18 @@ Features of a pretraining example (REALM_SPEC 9-11):
   source_uid                 int64 []            uint64 content uid of the example's own block
                                                  (bit pattern), 0 when it has none
 
+Features of a toy-BERT example (`mlm_<corpus>`, the toy recipe's stand-in for BERT, whose
+ability to read a word from its context REALM's encoder starts from): one sentence of a block
+with a salient span masked (`mlm_strategy`: REALM's masking by default), read next to that
+block's body, which still holds the sentence. It is the encoder input
+of REALM pretraining (`candidates.reader_inputs`) with the block the sentence came from, so
+every masked word can be found in the context, as a repeated name can in the long documents
+BERT learns from:
+  input_ids, type_ids, input_mask        int32 [ict_query_len + block_len]
+                                         `[CLS] sentence [SEP] body [SEP]`, segment 1 on the body
+  mlm_positions, mlm_targets             int32 [mlm_max_masks]  positions in the sentence
+  mlm_weights                            float32 [mlm_max_masks]
+
 Features of an ICT example (REALM_SPEC 14):
   query_ids, query_mask                  int32 [ict_query_len]  `[CLS] sentence [SEP]`
   block_ids, block_type_ids, block_mask  int32 [block_len]      `[CLS] title [SEP] body [SEP]`
@@ -33,6 +45,7 @@ from realm_jax.data import ict as ict_lib
 from realm_jax.data import masking
 from realm_jax.data import salient_spans
 from realm_jax.data import vocab as vocab_lib
+from realm_jax.index import candidates as candidates_lib
 
 PathOrFn = Union[str, Callable[[], str]]
 MASKING_STRATEGIES = ("salient_span", "random_span", "random_token")
@@ -112,6 +125,35 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
   log.info("ICT examples: %s", skips.summary())
 
 
+def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,
+                       max_masks: int, passes: int, strategy: str, annotator: str
+                       ) -> Iterator[dict]:
+  """`passes` examples of every block (BERT's dupe_factor), each with its own rng: a sentence
+  of the block (annotated by `annotator`) masked by `strategy`, read with the block's body."""
+  vocab = vocab_lib.default_vocabulary()
+  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  spans = salient_spans.get_annotator(annotator)
+  masker = masking.get_masker(strategy)
+  skips = masking.SkipCounter()
+  reader_len = query_len + block_len  # a longer body is cut at its end (reader_inputs)
+  for pass_index in range(passes):
+    for block_id in range(store.num_blocks):
+      record = salient_spans.annotate_record(store.title(block_id), store.body(block_id), spans)
+      query = masking.make_masked_query(
+          record, strategy=masker, rng=np.random.default_rng([seed, pass_index, block_id]),
+          vocab=vocab, query_len=query_len, max_masks=max_masks, skips=skips)
+      if query is None:
+        continue
+      # [1, 1, reader_len] each: `[CLS] masked sentence [SEP] body [SEP]`
+      ids, type_ids, mask = candidates_lib.reader_inputs(
+          store, query.query_ids[None], query.query_mask[None], [[block_id]],
+          reader_len=reader_len)
+      yield {"input_ids": ids[0, 0], "type_ids": type_ids[0, 0], "input_mask": mask[0, 0],
+             "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,
+             "mlm_weights": query.mlm_weights}
+  log.info("toy BERT examples: %s", skips.summary())
+
+
 def _generator_source(generator_fn: Callable[[], Iterator[dict]],
                       signature: dict[str, tf.TensorSpec]) -> seqio.FunctionDataSource:
   def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
@@ -125,8 +167,12 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
                                annotator: str = "union", seed: int = 0, query_len: int = 96,
                                max_masks: int = 10, ict_query_len: int = 64,
                                block_len: int = 288,
-                               ict_remove_probability: float = 0.9) -> list[str]:
-  """Registers `realm_<corpus>_<strategy>` for each masking strategy and `ict_<corpus>`.
+                               ict_remove_probability: float = 0.9,
+                               mlm_max_masks: int = 10,
+                               mlm_passes: int = 10,
+                               mlm_strategy: str = "salient_span") -> list[str]:
+  """Registers `realm_<corpus>_<strategy>` for each masking strategy, `ict_<corpus>` and
+  `mlm_<corpus>` (the toy BERT's examples, see the module docstring).
 
   Args:
     corpus: short corpus name used in the task names.
@@ -137,6 +183,9 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
     seed: example randomness seed.
     query_len, max_masks: masked query shape (REALM: 96, 10).
     ict_query_len, block_len, ict_remove_probability: ICT example shape (64, 288, 0.9).
+    mlm_max_masks, mlm_passes, mlm_strategy: toy-BERT target slots, examples of each block per
+      pass over the task (BERT's dupe_factor, 10), and the masking (a `masking.MASKERS` name,
+      over the block annotated by `annotator`); its input is ict_query_len + block_len.
 
   Returns:
     The registered task names.
@@ -183,6 +232,27 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
       block_len=block_len, remove_probability=ict_remove_probability)
   _add(f"ict_{corpus}", _generator_source(generator, ict_signature), ict_features)
   names.append(f"ict_{corpus}")
+
+  mlm_len = ict_query_len + block_len
+  mlm_signature = {
+      "input_ids": tf.TensorSpec([mlm_len], tf.int32),
+      "type_ids": tf.TensorSpec([mlm_len], tf.int32),
+      "input_mask": tf.TensorSpec([mlm_len], tf.int32),
+      "mlm_positions": tf.TensorSpec([mlm_max_masks], tf.int32),
+      "mlm_targets": tf.TensorSpec([mlm_max_masks], tf.int32),
+      "mlm_weights": tf.TensorSpec([mlm_max_masks], tf.float32),
+  }
+  mlm_features = {
+      "input_ids": _feature(vocabulary=vocabulary), "type_ids": _feature(),
+      "input_mask": _feature(), "mlm_positions": _feature(),
+      "mlm_targets": _feature(vocabulary=vocabulary), "mlm_weights": _feature(dtype=tf.float32),
+  }
+  generator = functools.partial(_toy_bert_examples, block_store=block_store, seed=seed,
+                                query_len=ict_query_len, block_len=block_len,
+                                max_masks=mlm_max_masks, passes=mlm_passes,
+                                strategy=mlm_strategy, annotator=annotator)
+  _add(f"mlm_{corpus}", _generator_source(generator, mlm_signature), mlm_features)
+  names.append(f"mlm_{corpus}")
   return names
 
 

@@ -30,6 +30,10 @@ def _stderr_lines(capsys):
 
 
 DRY_RUNS = {
+    "toy_mlm": ["--gin_file=gin_configs/experiments/toy_mlm.gin"],
+    "runs_mlm": ["--gin_file=gin_configs/models/tiny.gin", "--gin_file=gin_configs/runs/mlm.gin",
+                 "--gin.TASK='mlm_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
+                 "--gin.train_main.mesh_shape=(4, 2)"],
     "toy_ict": ["--gin_file=gin_configs/experiments/toy_ict.gin"],
     "toy_pretrain": ["--gin_file=gin_configs/experiments/toy_pretrain.gin",
                      "--gin.INIT_CHECKPOINT=None"],
@@ -51,12 +55,14 @@ DRY_RUNS = {
                       "--gin.train_main.train_document_tower=True",
                       "--gin.train_main.mesh_shape=(4, 2)"],
     # Paper scale (BERT-base, traced only): the toy BlockStore stands in for Wikipedia.
-    "wiki_ict": ["--gin_file=gin_configs/experiments/wiki_ict.gin", "--gin.BLOCK_STORE=@toy()"],
+    "wiki_ict": ["--gin_file=gin_configs/experiments/wiki_ict.gin", "--gin.BLOCK_STORE=@toy()",
+                 "--gin.INIT_CHECKPOINT=None"],
     "wiki_pretrain": ["--gin_file=gin_configs/experiments/wiki_pretrain.gin",
-                      "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
+                      "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None",
+                      "--gin.ENCODER_CHECKPOINT=None"],
     "ccnews_pretrain": ["--gin_file=gin_configs/experiments/ccnews_pretrain.gin",
                         "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None",
-                        "--gin.CCNEWS_RECORDS=@toy_records()"],
+                        "--gin.ENCODER_CHECKPOINT=None", "--gin.CCNEWS_RECORDS=@toy_records()"],
     "nq_finetune": ["--gin_file=gin_configs/experiments/nq_finetune.gin",
                     "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
     "wq_finetune": ["--gin_file=gin_configs/experiments/wq_finetune.gin",
@@ -64,7 +70,8 @@ DRY_RUNS = {
     "ct_finetune": ["--gin_file=gin_configs/experiments/ct_finetune.gin",
                     "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
 }
-JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict"}
+JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
+        "toy_mlm": "mlm", "runs_mlm": "mlm"}
 
 
 def _resolved(args):
@@ -159,6 +166,8 @@ def test_build_index_config_error_is_one_line(capsys):
 
 @pytest.mark.parametrize("name,task,expected", [
     ("toy_pretrain", "toy_qa", "does not fit job 'pretrain'"),
+    ("toy_mlm", "ict_toy", "does not fit job 'mlm'"),
+    ("toy_ict", "mlm_toy", "does not fit job 'ict'"),
     ("toy_finetune", "ict_toy", "is not a QA task"),
     ("toy_finetune", "toy_qaa", "unknown seqio task or mixture 'toy_qaa'"),
 ])
@@ -177,3 +186,62 @@ def test_finetune_init_checkpoint_of_another_model_size(tmp_path, capsys):
       *DRY_RUNS["toy_finetune"][:1], f"--gin.RUN_DIR='{tmp_path / 'finetune'}'",
       f"--gin.INIT_CHECKPOINT='{step_dir}'", "--dry_run"))
   assert "init_checkpoint" in line and "another model size" in line
+
+
+def test_encoder_checkpoint_of_another_model_size(tmp_path, capsys):
+  small = config_lib.RealmConfig(bert=config_lib.small_bert())
+  step_dir = checkpoints.save_checkpoint(
+      str(tmp_path / "mlm"), 3, {"encoder": {"w": np.zeros([2], np.float32)}}, config=small)
+  line = _one_config_error(capsys, _train(
+      *DRY_RUNS["toy_pretrain"], f"--gin.RUN_DIR='{tmp_path / 'pretrain'}'",
+      f"--gin.ENCODER_CHECKPOINT='{step_dir}'", "--dry_run"))
+  assert line.startswith("train: config error: encoder_checkpoint") and "another model size" in line
+
+
+@pytest.mark.parametrize("name,binding,expected", [
+    ("toy_mlm", "train_main.init_checkpoint='/x'", "init_checkpoint is for jobs 'ict'"),
+    ("toy_ict", "train_main.encoder_checkpoint='/x'", "encoder_checkpoint is a 'pretrain' option"),
+])
+def test_warm_start_knob_of_another_job(name, binding, expected, tmp_path, capsys):
+  line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
+                                          f"--gin.{binding}", "--dry_run"))
+  assert expected in line, line
+
+
+def _tiny_params(model_cls, seed):
+  import jax  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=50), proj_size=8)
+  return jax.device_get(getattr(realm, model_cls)(config).init(jax.random.PRNGKey(seed)))
+
+
+def _leaves_equal(a, b):
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, a, b))
+
+
+def test_ict_towers_start_from_an_mlm_encoders_bert():
+  mlm, fresh = _tiny_params("BertMlmModel", 1), _tiny_params("IctModel", 2)
+  params, taken = train._warm_start("ict", mlm, fresh, "mlm/5")
+  tower, fresh_tower = params["retriever"]["embedder"], fresh["retriever"]["embedder"]
+  assert taken == "retriever towers' BERT (from the encoder)"
+  # Embeddings and layers from the encoder; the pooler (the MLM encoder has none) and the
+  # projection stay fresh.
+  for name, value in mlm["encoder"]["bert"].items():
+    assert _leaves_equal(tower["bert"][name], value), name
+  assert _leaves_equal(tower["bert"]["pooler"], fresh_tower["bert"]["pooler"])
+  assert _leaves_equal(tower["projection"], fresh_tower["projection"])
+  with pytest.raises(gin_utils.ConfigError, match="no encoder params"):
+    train._warm_start("ict", {"retriever": fresh["retriever"]}, fresh, "ict/5")
+
+
+def test_pretraining_takes_the_encoder_from_an_mlm_checkpoint():
+  ict, mlm = _tiny_params("IctModel", 1), _tiny_params("BertMlmModel", 2)
+  fresh = _tiny_params("RealmPretrainModel", 3)
+  params, taken = train._warm_start("pretrain", ict, fresh, "ict/5")
+  assert taken == "retriever" and _leaves_equal(params["encoder"], fresh["encoder"])
+  params = train._warm_start_encoder(mlm, params, "mlm/5")
+  assert _leaves_equal(params["retriever"], ict["retriever"])
+  assert _leaves_equal(params["encoder"], mlm["encoder"])
+  with pytest.raises(gin_utils.ConfigError, match="encoder_checkpoint ict/5: no encoder"):
+    train._warm_start_encoder(ict, params, "ict/5")

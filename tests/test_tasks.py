@@ -55,6 +55,36 @@ def test_toy_ict_task_yields_query_block_pairs():
   assert set(batch["block_uid"].tolist()) <= uids
 
 
+def test_toy_bert_task_masks_a_sentence_read_with_its_own_block():
+  batch = _first_batch("mlm_toy")
+  length = 64 + realm_jax_tasks.TOY_BLOCK_LEN
+  assert batch["input_ids"].shape == (4, length) and batch["mlm_positions"].shape == (4, 10)
+  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  vocab = vocab_lib.default_vocabulary()
+  for row in range(4):  # the first pass is in block order
+    ids, types = batch["input_ids"][row], batch["type_ids"][row]
+    n = int(batch["input_mask"][row].sum())
+    first_sep = int(np.flatnonzero(ids == vocab_lib.SEP_ID)[0])
+    real = batch["mlm_weights"][row] > 0
+    positions, targets = batch["mlm_positions"][row][real], batch["mlm_targets"][row][real]
+    # [CLS] sentence [SEP] in segment 0, then the block's body and [SEP] in segment 1.
+    assert ids[0] == vocab_lib.CLS_ID and ids[n - 1] == vocab_lib.SEP_ID and not ids[n:].any()
+    assert not types[:first_sep + 1].any() and types[first_sep + 1:n].all()
+    assert ids[first_sep + 1:n - 1].tolist() == store.body_tokens(row).tolist()
+    # The masks are in the sentence, and the sentence is one of the body's: restored, it occurs
+    # verbatim in the body, so every target can be read from the context.
+    assert np.all(ids[positions] == vocab_lib.MASK_ID) and np.all(positions < first_sep)
+    sentence = ids[1:first_sep].copy()
+    sentence[positions - 1] = targets
+    body = ids[first_sep + 1:n - 1].tolist()
+    assert any(body[i:i + len(sentence)] == sentence.tolist() for i in range(len(body)))
+    # Whole words (salient spans are whole names and dates): a masked "##" piece follows a
+    # masked piece.
+    for p, target in zip(positions, targets):
+      if vocab.id_to_token(int(target)).startswith("##"):
+        assert p - 1 in positions
+
+
 def test_toy_qa_task_yields_questions_and_answers():
   batch = _first_batch("toy_qa", split="test", batch_size=3)
   world = toy_world.toy_world_dir()
@@ -75,7 +105,7 @@ def test_pretraining_on_the_corpus_itself_excludes_each_examples_own_block(tmp_p
   names = realm_jax_tasks.register_pretraining_tasks(
       "toy_blocks", block_store=realm_jax_tasks.toy_block_store_dir, annotator="union")
   assert names == ["realm_toy_blocks_salient_span", "realm_toy_blocks_random_span",
-                   "realm_toy_blocks_random_token", "ict_toy_blocks"]
+                   "realm_toy_blocks_random_token", "ict_toy_blocks", "mlm_toy_blocks"]
   batch = _first_batch("realm_toy_blocks_salient_span")
   store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   uids = np.asarray(store.uids).view(np.int64)

@@ -1,4 +1,4 @@
-"""The models the trainer runs: ICT warm start and REALM pretraining.
+"""The models the trainer runs: a BERT-style encoder warm start, ICT and REALM pretraining.
 
 Each is a small frozen dataclass with the interface the trainer depends on (t5x's BaseModel
 in spirit):
@@ -11,9 +11,10 @@ in spirit):
 `aux` carries sums and their weights (`*_sum`, `weight_sum`), never means, so metrics stay
 right when a batch is split over devices or microbatches: divide once, at the end.
 
-Parameter trees: `{"retriever": RealmRetriever params}` for ICT, plus `"encoder":
-RealmKnowledgeAugEncoder params` for pretraining, so a pretraining run warm-starts its
-retriever from an ICT checkpoint by copying one subtree.
+Parameter trees: `{"encoder": RealmKnowledgeAugEncoder params}` for MLM (a toy BERT),
+`{"retriever": RealmRetriever params}` for ICT, and both for pretraining, so a pretraining run
+warm-starts its retriever from an ICT checkpoint and its encoder from an MLM checkpoint by
+copying one subtree each.
 """
 
 from __future__ import annotations
@@ -56,6 +57,52 @@ def init_encoder_params(config: RealmConfig, rng: Array) -> Params:
   reader = jnp.zeros((1, 1, _INIT_QUERY_LEN + _INIT_BLOCK_LEN), jnp.int32)
   positions = jnp.zeros((1, 1), jnp.int32)
   return RealmKnowledgeAugEncoder(config).init(rng, reader, reader, reader, positions)["params"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BertMlmModel:
+  """Masked language modelling of single sequences with the knowledge-augmented encoder.
+
+  A stand-in for BERT where there is none (the toy world; REALM starts its encoder and
+  retriever from BERT): the `mlm_<corpus>` tasks, a block sentence with a salient span masked
+  read next to its own block. The encoder is the pretraining one, read with one "candidate", so
+  its parameters carry over to REALM pretraining unchanged.
+
+  Batch: input_ids, type_ids, input_mask [B, L]; mlm_positions, mlm_targets, mlm_weights [B, M].
+  """
+
+  config: RealmConfig
+
+  def _boxed_init(self, rng: Array) -> Params:
+    return {"encoder": init_encoder_params(self.config, rng)}
+
+  def init(self, rng: Array) -> Params:
+    return nn.unbox(self._boxed_init(rng))
+
+  def logical_axes(self) -> Params:
+    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
+
+  def _sums(self, params: Params, batch: Batch, rng: Array | None) -> dict:
+    # [B, 1, M, V]: one "candidate" per example.
+    logits = RealmKnowledgeAugEncoder(self.config).apply(
+        {"params": params["encoder"]}, batch["input_ids"][:, None], batch["type_ids"][:, None],
+        batch["input_mask"][:, None], batch["mlm_positions"], deterministic=rng is None,
+        rngs=dropout_rngs(rng))
+    # [B, M]
+    token_log_probs = losses.mlm_token_log_probs(logits, batch["mlm_targets"])[:, 0]
+    weights = batch["mlm_weights"].astype(jnp.float32)
+    correct = (jnp.argmax(logits[:, 0], axis=-1) == batch["mlm_targets"]).astype(jnp.float32)
+    # A padded slot's log-prob may be anything; `where` keeps it out of the sum and gradient.
+    nll = -jnp.where(weights > 0, token_log_probs, 0.0)
+    return {"loss_sum": jnp.sum(nll * weights), "weight_sum": jnp.sum(weights),
+            "accuracy_sum": jnp.sum(correct * weights)}
+
+  def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
+    aux = self._sums(params, batch, rng)
+    return aux["loss_sum"] / jnp.maximum(aux["weight_sum"], 1.0), aux
+
+  def eval_fn(self, params: Params, batch: Batch) -> dict:
+    return self._sums(params, batch, None)
 
 
 @dataclasses.dataclass(frozen=True)

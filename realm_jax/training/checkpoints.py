@@ -117,9 +117,9 @@ def _checkpoint_args(step: int, params: Mapping[str, Any], *, config: RealmConfi
                      json_state: Optional[Mapping[str, Any]], model_kind: Optional[str],
                      extra_metadata: Optional[Mapping[str, Any]]) -> ocp.args.Composite:
   """The Orbax items of one checkpoint (shared by save_checkpoint and CheckpointWriter)."""
-  if "retriever" not in params:
-    raise CheckpointError(f"save_checkpoint: params must have a 'retriever' entry (got "
-                          f"{sorted(params)})")
+  if not {"retriever", "encoder"} & set(params):
+    raise CheckpointError(f"save_checkpoint: params must have a 'retriever' or an 'encoder' "
+                          f"entry (got {sorted(params)})")
   extra_state = dict(extra_state or {})
   json_state = dict(json_state or {})
   reserved = {PARAMS_ITEM, METADATA_ITEM}
@@ -159,8 +159,8 @@ def save_checkpoint(run_dir: str, step: int, params: Mapping[str, Any], *, confi
   """Saves one checkpoint with Orbax and waits until it is finalized on disk.
 
   Args:
-    params: dict of parameter trees, at least {"retriever": RealmRetriever params} (pretraining
-      adds "encoder"). Flax boxed (`nn.Partitioned`) leaves are unboxed first.
+    params: dict of parameter trees with "retriever" (RealmRetriever params, ICT), "encoder"
+      (RealmKnowledgeAugEncoder params, block MLM) or both (pretraining). Flax boxed (`nn.Partitioned`) leaves are unboxed first.
     config: the model config; written as JSON so a reader rebuilds the same model and can
       refuse a checkpoint of another model size.
     extra_state: optional {item name: pytree of arrays} saved as further Orbax items

@@ -93,6 +93,9 @@ log = logging.getLogger(__name__)
 ICT_BATCH_KEYS = ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")
 # The keys of a masked-query batch that `build_pretraining_batch` reads.
 MASKED_QUERY_KEYS = candidates_lib.MASKED_BATCH_KEYS
+# The keys of a BertMlmModel batch (the `mlm_<corpus>` tasks).
+BLOCK_MLM_KEYS = ("input_ids", "type_ids", "input_mask", "mlm_positions", "mlm_targets",
+                  "mlm_weights")
 DEFAULT_SHUFFLE_BUFFER_SIZE = 10_000
 # Index step of the index built from the ICT warm-start (or any other run's) checkpoint; the
 # builder's FIRST_INDEX_STEP (not imported: builder.py pulls in the whole embedding job).

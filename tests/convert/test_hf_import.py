@@ -176,3 +176,35 @@ def test_config_overrides_reach_the_model(tmp_path):
                                                       "proj_size": 64})
   assert config.bert.dtype == "bfloat16" and config.proj_size == 64
   assert config.bert.vocab_size == 120 and config.bert.hidden_act == "gelu_new"
+
+
+def test_a_bert_becomes_the_warm_start_checkpoint_of_ict_and_pretraining(tmp_path):
+  """`python -m realm_jax.convert.hf` writes a BERT as the {"encoder"} item that ICT's
+  init_checkpoint and pretraining's encoder_checkpoint read."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from realm_jax import train  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
+  from realm_jax.training import checkpoints  # pylint: disable=import-outside-toplevel
+  model = _randomize(transformers.BertForMaskedLM(_tiny_bert_config()))
+  model.save_pretrained(tmp_path / "hf")
+  assert hf.main(["--hf_dir", str(tmp_path / "hf"), "--run_dir", str(tmp_path / "bert")]) == 0
+  restored, config, metadata = checkpoints.restore_checkpoint_dir(
+      str(tmp_path / "bert" / "checkpoints" / "0"))
+  assert metadata["param_items"] == ["encoder"]
+  _, expected, _ = hf.load_checkpoint(str(tmp_path / "hf"))
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, restored["encoder"],
+                                                       expected))
+  # The ICT towers start from this BERT: word embeddings equal the checkpoint's.
+  fresh = jax.device_get(realm.IctModel(config).init(jax.random.PRNGKey(0)))
+  params, _ = train._warm_start(  # pylint: disable=protected-access
+      "ict", restored, fresh, "bert/0")
+  np.testing.assert_array_equal(
+      params["retriever"]["embedder"]["bert"]["embeddings"]["word_embeddings"]["embedding"],
+      model.bert.embeddings.word_embeddings.weight.detach().numpy())
+
+
+def test_conversion_cli_names_the_problem(tmp_path, capsys):
+  model = _randomize(transformers.BertForMaskedLM(_tiny_bert_config()))
+  model.save_pretrained(tmp_path / "hf")
+  assert hf.main(["--hf_dir", str(tmp_path / "nothing"), "--run_dir", str(tmp_path)]) == 1
+  assert "nothing" in capsys.readouterr().out

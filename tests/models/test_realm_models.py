@@ -163,7 +163,8 @@ def test_gradients_reach_both_towers_and_the_reader():
   assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(grads))
 
 
-@pytest.mark.parametrize("model_cls", [realm.IctModel, realm.RealmPretrainModel])
+@pytest.mark.parametrize("model_cls", [realm.IctModel, realm.RealmPretrainModel,
+                                       realm.BertMlmModel])
 def test_logical_axes_cover_every_parameter(model_cls):
   model = model_cls(CONFIG)
   params = model.init(jax.random.PRNGKey(0))
@@ -193,3 +194,49 @@ def test_without_a_null_document_only_loss_and_accuracy():
   for key in without:
     np.testing.assert_allclose(without[key], with_null[key], rtol=1e-6, err_msg=key)
   assert set(realm.summarize(without)) == {"loss", "mlm/accuracy"}
+
+
+def _mlm_batch(batch=3, length=12, masks=4, seed=0):
+  rng = np.random.default_rng(seed)
+  weights = np.zeros((batch, masks), np.float32)
+  weights[:, :2] = 1.0
+  weights[0, 2] = 1.0
+  return {"input_ids": rng.integers(1, 60, (batch, length)).astype(np.int32),
+          "type_ids": np.repeat([[0] * 4 + [1] * (length - 4)], batch, 0).astype(np.int32),
+          "input_mask": np.ones((batch, length), np.int32),
+          "mlm_positions": np.sort(rng.choice(np.arange(1, length), (batch, masks)), -1).astype(
+              np.int32),
+          # Padding slots hold an out-of-vocabulary target: it must count for nothing.
+          "mlm_targets": np.where(weights > 0, rng.integers(1, 60, (batch, masks)), 999).astype(
+              np.int32),
+          "mlm_weights": weights}
+
+
+def test_block_mlm_sums_match_a_numpy_reference():
+  model = realm.BertMlmModel(CONFIG)
+  params = model.init(jax.random.PRNGKey(0))
+  batch = _mlm_batch()
+  aux = jax.jit(model.eval_fn)(params, batch)
+  # The encoder's logits at the mask positions of each sequence, read as one candidate.
+  logits = np.asarray(RealmKnowledgeAugEncoder(CONFIG).apply(
+      {"params": params["encoder"]}, batch["input_ids"][:, None], batch["type_ids"][:, None],
+      batch["input_mask"][:, None], batch["mlm_positions"]))[:, 0]        # [B, M, V]
+  log_probs = _log_softmax(logits)
+  weights = batch["mlm_weights"]
+  targets = np.minimum(batch["mlm_targets"], 59)  # padding slots: any id, weight 0
+  token = np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]  # [B, M]
+  np.testing.assert_allclose(aux["loss_sum"], -(token * weights).sum(), rtol=1e-5)
+  assert float(aux["weight_sum"]) == 7.0
+  np.testing.assert_allclose(
+      aux["accuracy_sum"], ((logits.argmax(-1) == batch["mlm_targets"]) * weights).sum())
+  loss, _ = model.loss_fn(params, batch, jax.random.PRNGKey(1))  # dropout 0.1 in CONFIG
+  assert np.isfinite(float(loss))
+  assert set(realm.summarize(aux)) == {"loss", "accuracy"}
+
+
+def test_block_mlm_encoder_is_the_pretraining_encoder():
+  """An mlm checkpoint's encoder drops into REALM pretraining unchanged."""
+  mlm = realm.BertMlmModel(CONFIG).init(jax.random.PRNGKey(0))
+  pretrain = realm.RealmPretrainModel(CONFIG).init(jax.random.PRNGKey(0))
+  shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)
+  assert shapes(mlm["encoder"]) == shapes(pretrain["encoder"])

@@ -101,9 +101,9 @@ def test_training_done_marker(tmp_path, retriever_params):
   assert ckpt.list_checkpoint_steps(tmp_path) == [3]  # the marker is not a checkpoint
 
 
-def test_params_without_retriever_are_refused(tmp_path, retriever_params):
-  with pytest.raises(ckpt.CheckpointError, match="'retriever' entry"):
-    ckpt.save_checkpoint(tmp_path, 1, {"encoder": retriever_params}, config=TINY)
+def test_params_without_retriever_or_encoder_are_refused(tmp_path, retriever_params):
+  with pytest.raises(ckpt.CheckpointError, match="'retriever' or an 'encoder' entry"):
+    ckpt.save_checkpoint(tmp_path, 1, {"reader": retriever_params}, config=TINY)
 
 
 def test_span_reader_width_is_part_of_the_model_size():
