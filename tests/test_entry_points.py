@@ -146,15 +146,20 @@ def test_unknown_flag(capsys):
   assert "no_such_flag" in line
 
 
-def test_init_checkpoint_of_another_model_size(tmp_path, capsys):
+@pytest.mark.parametrize("name,item,macro", [
+    ("toy_pretrain", "retriever", "INIT_CHECKPOINT"),   # an ICT checkpoint
+    ("toy_finetune", "retriever", "INIT_CHECKPOINT"),   # a pretraining checkpoint
+    ("toy_pretrain", "encoder", "ENCODER_CHECKPOINT"),  # a BERT (mlm or converted) checkpoint
+])
+def test_warm_start_checkpoint_of_another_model_size(name, item, macro, tmp_path, capsys):
   small = config_lib.RealmConfig(bert=config_lib.small_bert())
-  ict_dir = tmp_path / "ict"
   step_dir = checkpoints.save_checkpoint(
-      str(ict_dir), 5, {"retriever": {"w": np.zeros([2], np.float32)}}, config=small)
+      str(tmp_path / "source"), 5, {item: {"w": np.zeros([2], np.float32)}}, config=small)
   line = _one_config_error(capsys, _train(
-      *DRY_RUNS["toy_pretrain"][:1], f"--gin.RUN_DIR='{tmp_path / 'pretrain'}'",
-      f"--gin.INIT_CHECKPOINT='{step_dir}'", "--dry_run"))
-  assert "init_checkpoint" in line and "another model size" in line
+      *DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run'}'", f"--gin.{macro}='{step_dir}'",
+      "--dry_run"))
+  assert line.startswith(f"train: config error: {macro.lower()}: "), line
+  assert "another model size" in line, line
 
 
 def test_build_index_config_error_is_one_line(capsys):
@@ -164,45 +169,16 @@ def test_build_index_config_error_is_one_line(capsys):
   assert "required macro" in err[0]
 
 
-@pytest.mark.parametrize("name,task,expected", [
-    ("toy_pretrain", "toy_qa", "does not fit job 'pretrain'"),
-    ("toy_mlm", "ict_toy", "does not fit job 'mlm'"),
-    ("toy_ict", "mlm_toy", "does not fit job 'ict'"),
-    ("toy_finetune", "ict_toy", "is not a QA task"),
-    ("toy_finetune", "toy_qaa", "unknown seqio task or mixture 'toy_qaa'"),
-])
-def test_task_that_does_not_fit_the_job(name, task, expected, tmp_path, capsys):
-  line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
-                                          f"--gin.TASK='{task}'", "--dry_run"))
-  assert expected in line, line
-
-
-def test_finetune_init_checkpoint_of_another_model_size(tmp_path, capsys):
-  small = config_lib.RealmConfig(bert=config_lib.small_bert())
-  step_dir = checkpoints.save_checkpoint(
-      str(tmp_path / "pretrain"), 7, {"retriever": {"w": np.zeros([2], np.float32)}},
-      config=small)
-  line = _one_config_error(capsys, _train(
-      *DRY_RUNS["toy_finetune"][:1], f"--gin.RUN_DIR='{tmp_path / 'finetune'}'",
-      f"--gin.INIT_CHECKPOINT='{step_dir}'", "--dry_run"))
-  assert "init_checkpoint" in line and "another model size" in line
-
-
-def test_encoder_checkpoint_of_another_model_size(tmp_path, capsys):
-  small = config_lib.RealmConfig(bert=config_lib.small_bert())
-  step_dir = checkpoints.save_checkpoint(
-      str(tmp_path / "mlm"), 3, {"encoder": {"w": np.zeros([2], np.float32)}}, config=small)
-  line = _one_config_error(capsys, _train(
-      *DRY_RUNS["toy_pretrain"], f"--gin.RUN_DIR='{tmp_path / 'pretrain'}'",
-      f"--gin.ENCODER_CHECKPOINT='{step_dir}'", "--dry_run"))
-  assert line.startswith("train: config error: encoder_checkpoint") and "another model size" in line
-
-
 @pytest.mark.parametrize("name,binding,expected", [
+    ("toy_pretrain", "TASK='toy_qa'", "does not fit job 'pretrain'"),
+    ("toy_mlm", "TASK='ict_toy'", "does not fit job 'mlm'"),
+    ("toy_ict", "TASK='mlm_toy'", "does not fit job 'ict'"),
+    ("toy_finetune", "TASK='ict_toy'", "is not a QA task"),
+    ("toy_finetune", "TASK='toy_qaa'", "unknown seqio task or mixture 'toy_qaa'"),
     ("toy_mlm", "train_main.init_checkpoint='/x'", "init_checkpoint is for jobs 'ict'"),
     ("toy_ict", "train_main.encoder_checkpoint='/x'", "encoder_checkpoint is a 'pretrain' option"),
 ])
-def test_warm_start_knob_of_another_job(name, binding, expected, tmp_path, capsys):
+def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, capsys):
   line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
                                           f"--gin.{binding}", "--dry_run"))
   assert expected in line, line
