@@ -13,10 +13,10 @@ Reads a local directory holding `config.json` and `model.safetensors` (or
   "open_qa"     RealmForOpenQA                query embedder + reader + block embeddings
   "bert"        BertModel / BertForMaskedLM / BertForPreTraining    {bert[, mlm_head]}
 
-`python -m realm_jax.convert.hf --hf_dir DIR --run_dir RUN [--kind bert]` writes a converted
-checkpoint as step 0 of a realm_jax run directory, for the trainer's warm starts: a BERT (kind
-"bert"/"encoder") as `{"encoder"}`, the checkpoint REALM starts from (ICT's `init_checkpoint`,
-pretraining's `encoder_checkpoint`); a RealmScorer (kind "scorer") as `{"retriever"}`.
+`python -m realm_jax.convert.hf --hf_dir DIR --run_dir RUN [--kind bert]` writes a BERT (kind
+"bert", or a REALM encoder, kind "encoder") as step 0 of a realm_jax run directory, the
+`{"encoder"}` checkpoint the trainer's warm starts read (ICT's `init_checkpoint`, pretraining's
+`encoder_checkpoint`): REALM starts from BERT.
 
 Every tensor of the checkpoint is accounted for: it is converted, or it is one of the tensors
 the transformers classes carry but never use (listed in `_UNUSED`); anything else, and any
@@ -359,8 +359,8 @@ def load_checkpoint(directory: str, kind: str | None = None,
   return convert_state_dict(state, hf_config, kind, directory, **config_overrides)
 
 
-# The realm_jax parameter item each kind is a warm start for (see `write_checkpoint`).
-_CHECKPOINT_ITEMS = {"bert": "encoder", "encoder": "encoder", "scorer": "retriever"}
+# The kinds `write_checkpoint` converts, all into the "encoder" item.
+_WARM_START_KINDS = ("bert", "encoder")
 
 
 def write_checkpoint(directory: str, run_dir: str, kind: str | None = None,
@@ -370,9 +370,8 @@ def write_checkpoint(directory: str, run_dir: str, kind: str | None = None,
   Args:
     directory: the transformers checkpoint (see `load_checkpoint`).
     run_dir: the run directory to write `checkpoints/0` into.
-    kind: "bert" or "encoder" (written as `{"encoder"}`: what ICT's `init_checkpoint` and
-      pretraining's `encoder_checkpoint` read) or "scorer" (`{"retriever"}`: pretraining's
-      `init_checkpoint`); detected from `config.json` when None.
+    kind: "bert" or "encoder", written as `{"encoder"}` (what ICT's `init_checkpoint` and
+      pretraining's `encoder_checkpoint` read); detected from `config.json` when None.
     **config_overrides: RealmConfig fields to change.
 
   Returns:
@@ -380,12 +379,11 @@ def write_checkpoint(directory: str, run_dir: str, kind: str | None = None,
   """
   from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
   kind = kind or detect_kind(read_config(directory), directory)
-  if kind not in _CHECKPOINT_ITEMS:
-    raise ValueError(f"{directory}: a {kind!r} checkpoint is no warm start of a training job; "
-                     f"convert one of {sorted(_CHECKPOINT_ITEMS)}")
+  if kind not in _WARM_START_KINDS:
+    raise ValueError(f"{directory}: a {kind!r} checkpoint is no BERT warm start; convert a "
+                     f"{' or '.join(_WARM_START_KINDS)} checkpoint")
   config, params, _ = load_checkpoint(directory, kind, **config_overrides)
-  return checkpoints.save_checkpoint(run_dir, 0, {_CHECKPOINT_ITEMS[kind]: params},
-                                     config=config)
+  return checkpoints.save_checkpoint(run_dir, 0, {"encoder": params}, config=config)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                                    description=write_checkpoint.__doc__.split("\n\n")[0])
   parser.add_argument("--hf_dir", required=True, help="config.json + model.safetensors/.bin")
   parser.add_argument("--run_dir", required=True, help="writes <run_dir>/checkpoints/0")
-  parser.add_argument("--kind", default=None, choices=sorted(_CHECKPOINT_ITEMS),
+  parser.add_argument("--kind", default=None, choices=_WARM_START_KINDS,
                       help="default: from config.json's architectures")
   args = parser.parse_args(argv)
   try:
