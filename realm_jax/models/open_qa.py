@@ -76,7 +76,7 @@ from realm_jax.data import vocab as vocab_lib
 from realm_jax.models import losses
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.reader import RealmReader, predict_span, span_correctness
-from realm_jax.models.realm import dropout_rngs, init_retriever_params
+from realm_jax.models.realm import ParamsFromBoxedInit, dropout_rngs, init_retriever_params
 from realm_jax.models.retriever import RealmRetriever, relevance_scores
 
 Array = jax.Array
@@ -527,7 +527,7 @@ def params_from_hf_open_qa(params: Params) -> Params:
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenQAModel:
+class OpenQAModel(ParamsFromBoxedInit):
   """ORQA/REALM open-QA fine-tuning: question tower + span reader over a frozen index.
 
   Batch: `build_open_qa_batch`'s arrays (see there). Parameters: `{"retriever":
@@ -567,12 +567,6 @@ class OpenQAModel:
     retriever_rng, reader_rng = jax.random.split(rng)
     return {"retriever": init_retriever_params(self.config, retriever_rng),
             "reader": _reader_init(self.config, reader_rng)}
-
-  def init(self, rng: Array) -> Params:
-    return nn.unbox(self._boxed_init(rng))
-
-  def logical_axes(self) -> Params:
-    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
 
   # -- pieces
 

@@ -59,8 +59,21 @@ def init_encoder_params(config: RealmConfig, rng: Array) -> Params:
   return RealmKnowledgeAugEncoder(config).init(rng, reader, reader, reader, positions)["params"]
 
 
+class ParamsFromBoxedInit:
+  """`init` and `logical_axes` of a model, both derived from the `_boxed_init(rng)` it defines
+  (its logically partitioned parameter tree): one source for the parameters and their sharding."""
+
+  def init(self, rng: Array) -> Params:
+    """Plain (unboxed) parameters."""
+    return nn.unbox(self._boxed_init(rng))
+
+  def logical_axes(self) -> Params:
+    """Logical axis names per parameter (PartitionSpecs), traced without allocating."""
+    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
+
+
 @dataclasses.dataclass(frozen=True)
-class BertMlmModel:
+class BertMlmModel(ParamsFromBoxedInit):
   """Masked language modelling of single sequences with the knowledge-augmented encoder.
 
   A stand-in for BERT where there is none (the toy world; REALM starts its encoder and
@@ -75,12 +88,6 @@ class BertMlmModel:
 
   def _boxed_init(self, rng: Array) -> Params:
     return {"encoder": init_encoder_params(self.config, rng)}
-
-  def init(self, rng: Array) -> Params:
-    return nn.unbox(self._boxed_init(rng))
-
-  def logical_axes(self) -> Params:
-    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
 
   def _sums(self, params: Params, batch: Batch, rng: Array | None) -> dict:
     # [B, 1, M, V]: one "candidate" per example.
@@ -106,7 +113,7 @@ class BertMlmModel:
 
 
 @dataclasses.dataclass(frozen=True)
-class IctModel:
+class IctModel(ParamsFromBoxedInit):
   """Inverse Cloze Task (REALM_SPEC 14): a sentence must find its own block.
 
   Batch (from the `ict_<corpus>` tasks): query_ids, query_mask [B, 64]; block_ids,
@@ -120,12 +127,6 @@ class IctModel:
 
   def _boxed_init(self, rng: Array) -> Params:
     return {"retriever": init_retriever_params(self.config, rng)}
-
-  def init(self, rng: Array) -> Params:
-    return nn.unbox(self._boxed_init(rng))
-
-  def logical_axes(self) -> Params:
-    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
 
   def _embed(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, Array]:
     retriever = RealmRetriever(self.config)
@@ -158,7 +159,7 @@ class IctModel:
 
 
 @dataclasses.dataclass(frozen=True)
-class RealmPretrainModel:
+class RealmPretrainModel(ParamsFromBoxedInit):
   """REALM pretraining (REALM_SPEC 15-17): retrieve-then-predict masked salient spans.
 
   Batch (realm_jax.index.candidates.build_pretraining_batch): query_ids, query_type_ids,
@@ -187,12 +188,6 @@ class RealmPretrainModel:
     retriever_rng, encoder_rng = jax.random.split(rng)
     return {"retriever": init_retriever_params(self.config, retriever_rng),
             "encoder": init_encoder_params(self.config, encoder_rng)}
-
-  def init(self, rng: Array) -> Params:
-    return nn.unbox(self._boxed_init(rng))
-
-  def logical_axes(self) -> Params:
-    return nn.get_partition_spec(jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0)))
 
   def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
     deterministic = rng is None
