@@ -184,6 +184,9 @@ class BertModel(nn.Module):
 
   config: BertConfig
   use_pooler: bool = False
+  # What the pooler reads: "cls" (BERT, REALM_SPEC 1) or "mean", the mean of the last hidden
+  # states over the real tokens (see RealmConfig.retriever_pooling).
+  pooling: str = "cls"
 
   def setup(self):
     cfg = self.config
@@ -207,7 +210,8 @@ class BertModel(nn.Module):
 
     Returns:
       (sequence_output [..., length, embed], pooled_output [..., embed] or None). The pooled
-      output is tanh(Dense(h[CLS])), as BERT's pooler.
+      output is tanh(Dense(h[CLS])), as BERT's pooler, or tanh(Dense(mean of h over the
+      attention mask)) with pooling="mean".
     """
     leading = input_ids.shape[:-1]
     length = input_ids.shape[-1]
@@ -228,8 +232,16 @@ class BertModel(nn.Module):
 
     pooled = None
     if self.use_pooler:
-      # [batch, embed]
-      pooled = jnp.tanh(self.pooler(x[:, 0]))
+      if self.pooling == "cls":
+        # [batch, embed]
+        summary = x[:, 0]
+      elif self.pooling == "mean":
+        weights = attention_mask.astype(x.dtype)[..., None]  # [batch, length, 1]
+        # [batch, embed]; a row with no real token (never built by the inputs) would give 0.
+        summary = (x * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
+      else:
+        raise ValueError(f"BertModel: pooling={self.pooling!r}; expected 'cls' or 'mean'.")
+      pooled = jnp.tanh(self.pooler(summary))
       pooled = pooled.reshape(*leading, -1)
     return x.reshape(*leading, length, -1), pooled
 

@@ -79,6 +79,9 @@ class BertConfig:
     return jnp.dtype(self.param_dtype)
 
 
+RETRIEVER_POOLINGS = ("cls", "mean")
+
+
 @dataclasses.dataclass(frozen=True)
 class RealmConfig:
   """REALM's retriever and reader heads over a BERT encoder (REALM_SPEC 1-6).
@@ -90,6 +93,12 @@ class RealmConfig:
       released checkpoints as converted) uses BERT's 1e-12; the open-source ICT code used Keras'
       default 1e-3. Default: the port's value, so converted checkpoints match.
     proj_dropout: dropout on the 128-d embedding in training (the ICT code used 0.1; the port 0).
+    retriever_pooling: what the embedders' pooler reads: "cls", the [CLS] hidden state (REALM,
+      BERT; REALM_SPEC 1), or "mean", the mean of the last hidden states over the real tokens.
+      "mean" is for retrievers trained from random weights (the toy world): there a [CLS]
+      vector is nearly the same for every input, and a CLS retriever does not learn to match a
+      question's rare name wordpieces to its document in minutes (gin_configs/experiments/
+      toy_model.gin has the measurements). Same parameters either way.
     share_embedders: tie the query and document embedders (the release's
       `share_embedders=True`); False gives two independent towers.
     span_hidden_size: width of the span start/end projections (256).
@@ -104,11 +113,17 @@ class RealmConfig:
   proj_size: int = 128
   proj_layer_norm_eps: float = 1e-12
   proj_dropout: float = 0.0
+  retriever_pooling: str = "cls"
   share_embedders: bool = True
   span_hidden_size: int = 256
   max_span_width: int = 10
   span_layer_norm_eps: float = 1e-3
   invalid_span_logit: float = -10000.0
+
+  def __post_init__(self):
+    if self.retriever_pooling not in RETRIEVER_POOLINGS:
+      raise ValueError(f"RealmConfig: retriever_pooling={self.retriever_pooling!r} is not one "
+                       f"of {RETRIEVER_POOLINGS}.")
 
   def replace(self, **changes) -> "RealmConfig":
     """Returns a copy with `changes`; keys prefixed `bert.` change the BERT config."""

@@ -1,6 +1,8 @@
 """REALM's knowledge retriever: BERT embedder towers and dot-product relevance scores.
 
-embed(x) = LayerNorm(Dense_proj(pooler(BERT(x))))   (REALM_SPEC 1)
+embed(x) = LayerNorm(Dense_proj(pooler(BERT(x))))   (REALM_SPEC 1; the pooler reads [CLS], or
+                                                     the mean over tokens where
+                                                     RealmConfig.retriever_pooling = "mean")
 f(x, z)  = <embed(x), embed(z)>                      (REALM_SPEC 2: no temperature, no scaling)
 
 In pretraining the query and document towers are the same parameters (REALM_SPEC 3,
@@ -61,7 +63,7 @@ class RealmEmbedder(nn.Module):
       [..., proj] embeddings in the compute dtype.
     """
     cfg = self.config
-    _, pooled = BertModel(cfg.bert, use_pooler=True, name="bert")(
+    _, pooled = BertModel(cfg.bert, use_pooler=True, pooling=cfg.retriever_pooling, name="bert")(
         input_ids, token_type_ids, attention_mask, deterministic=deterministic)
     # [..., proj]
     projected = dense(cfg.proj_size, cfg.bert, ("embed", "proj"), name="projection")(pooled)

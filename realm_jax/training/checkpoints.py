@@ -381,14 +381,17 @@ def read_metadata(step_dir: str) -> dict:
 
 
 def model_size(config: RealmConfig) -> dict:
-  """The fields of a config that fix parameter shapes (what must match to load a checkpoint)."""
+  """The fields of a config that must match to load a checkpoint: those that fix parameter
+  shapes, and the retriever's pooling (same shapes, but another embedding of the same text: an
+  index built with one would not answer queries embedded with the other)."""
   bert = config.bert
   return {"num_layers": bert.num_layers, "hidden_size": bert.hidden_size,
           "num_heads": bert.num_heads, "intermediate_size": bert.intermediate_size,
           "vocab_size": bert.vocab_size, "max_position_embeddings": bert.max_position_embeddings,
           "type_vocab_size": bert.type_vocab_size, "proj_size": config.proj_size,
           "share_embedders": config.share_embedders,
-          "span_hidden_size": config.span_hidden_size}
+          "span_hidden_size": config.span_hidden_size,
+          "retriever_pooling": config.retriever_pooling}
 
 
 def describe_size(config: RealmConfig) -> str:
@@ -396,7 +399,9 @@ def describe_size(config: RealmConfig) -> str:
   b = config.bert
   text = (f"hidden {b.hidden_size}, {b.num_layers} layers, {b.num_heads} heads, mlp "
           f"{b.intermediate_size}, proj {config.proj_size}, vocab {b.vocab_size}")
-  return text + ("" if config.share_embedders else ", untied towers")
+  text += "" if config.share_embedders else ", untied towers"
+  return text + ("" if config.retriever_pooling == "cls" else
+                 f", {config.retriever_pooling}-pooled retriever")
 
 
 def check_model_size(config: RealmConfig, expected: RealmConfig, where: str) -> None:

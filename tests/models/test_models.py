@@ -198,3 +198,43 @@ def test_config_validation_and_round_trip():
   config = TINY.replace(**{"bert.dtype": "bfloat16", "proj_size": 64})
   assert config.bert.dtype == "bfloat16" and config.proj_size == 64
   assert model_config.realm_config_from_dict(model_config.config_to_dict(config)) == config
+
+
+def _layer_norm(x, scale, bias, eps):
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + eps) * scale + bias
+
+
+def test_mean_pooling_embeds_the_mean_of_real_tokens_and_ignores_padding():
+  config = TINY.replace(retriever_pooling="mean")
+  rng = np.random.default_rng(3)
+  # [2, 8]: the second row has 3 padding slots.
+  ids = rng.integers(1, 50, (2, 8)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 5:] = 0
+  types = np.zeros_like(ids)
+  params = nn.unbox(RealmEmbedder(config).init(jax.random.PRNGKey(0), ids, types, mask))
+  emb = np.asarray(RealmEmbedder(config).apply(params, ids, types, mask))
+
+  # NumPy reference from the encoder's hidden states and the head's parameters.
+  p = jax.tree_util.tree_map(np.asarray, params["params"])
+  bert_params = {k: v for k, v in p["bert"].items() if k != "pooler"}
+  hidden = np.asarray(BertModel(config.bert).apply({"params": bert_params}, ids, types, mask)[0])
+  summary = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)  # [2, embed]
+  pooled = np.tanh(summary @ p["bert"]["pooler"]["kernel"] + p["bert"]["pooler"]["bias"])
+  projected = pooled @ p["projection"]["kernel"] + p["projection"]["bias"]
+  norm = p["projection_layer_norm"]
+  expected = _layer_norm(projected, norm["scale"], norm["bias"], config.proj_layer_norm_eps)
+  np.testing.assert_allclose(emb, expected, atol=1e-5)
+
+  # Padding tokens (any ids) do not move a row's embedding; [CLS] pooling of the same
+  # parameters gives another vector.
+  repadded = ids.copy()
+  repadded[1, 5:] = 7
+  again = np.asarray(RealmEmbedder(config).apply(params, repadded, types, mask))
+  np.testing.assert_allclose(again, emb, atol=1e-6)
+  cls = np.asarray(RealmEmbedder(TINY).apply(params, ids, types, mask))
+  assert np.max(np.abs(cls - emb)) > 1e-3
+  with pytest.raises(ValueError, match="retriever_pooling='max'"):
+    TINY.replace(retriever_pooling="max")

@@ -114,3 +114,13 @@ def test_span_reader_width_is_part_of_the_model_size():
   ckpt.check_model_size(base, base.replace(max_span_width=10), "here")  # same shapes
   with pytest.raises(ckpt.CheckpointError, match="span_hidden_size 64 vs 256"):
     ckpt.check_model_size(narrow, base, "here")
+
+
+def test_retriever_pooling_must_match_a_checkpoint():
+  """Same shapes, other embeddings: a mean-pooled retriever's checkpoint is refused by a
+  [CLS]-pooled run (its index would not answer this run's queries)."""
+  base = config_lib.RealmConfig(bert=config_lib.tiny_bert())
+  mean = base.replace(retriever_pooling="mean")
+  with pytest.raises(ckpt.CheckpointError,
+                     match=r"mean-pooled retriever\).*differs in retriever_pooling mean vs cls"):
+    ckpt.check_model_size(mean, base, "here")
