@@ -28,7 +28,8 @@ TOY_BLOCK_LEN = 128
 # 2-6 short templated sentences, and without one of them it is that sentence's complement. At
 # p = 0.9 the retriever learns the complement (a block scores higher without the query's
 # sentence than with it) and finds the source block in the real index in the top 5 for 0.9% of
-# sentences (width 32) and 4.7% (width 128); keeping the sentence, 7.1% and 60% (chance 0.19%).
+# sentences (width 32) and 4.7% (width 128); keeping the sentence, 7.1% and 60% (chance 0.19%;
+# all four with [CLS] pooling, before the toy model pooled the mean).
 TOY_ICT_REMOVE_PROBABILITY = 0.0
 
 

@@ -31,7 +31,8 @@ from realm_jax.training import checkpoints
 
 REPO = gin_utils.REPO_ROOT
 # = gin_configs/experiments/toy_model.gin (its dropout does not change parameter shapes).
-TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), span_hidden_size=64)
+TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), span_hidden_size=64,
+                              retriever_pooling="mean")
 STEP = 40
 NUM_DOCS = 400
 KS = (1, 5, 20, 100)
