@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from realm_jax.models.config import BertConfig
+from realm_jax.models.config import RETRIEVER_POOLINGS, BertConfig
 
 Array = jax.Array
 
@@ -240,7 +240,7 @@ class BertModel(nn.Module):
         # [batch, embed]; a row with no real token (never built by the inputs) would give 0.
         summary = (x * weights).sum(1) / jnp.maximum(weights.sum(1), 1)
       else:
-        raise ValueError(f"BertModel: pooling={self.pooling!r}; expected 'cls' or 'mean'.")
+        raise ValueError(f"BertModel: pooling={self.pooling!r} is not one of {RETRIEVER_POOLINGS}.")
       pooled = jnp.tanh(self.pooler(summary))
       pooled = pooled.reshape(*leading, -1)
     return x.reshape(*leading, length, -1), pooled
