@@ -95,14 +95,16 @@ class BertMlmModel(ParamsFromBoxedInit):
         {"params": params["encoder"]}, batch["input_ids"][:, None], batch["type_ids"][:, None],
         batch["input_mask"][:, None], batch["mlm_positions"], deterministic=rng is None,
         rngs=dropout_rngs(rng))
-    # [B, M]
-    token_log_probs = losses.mlm_token_log_probs(logits, batch["mlm_targets"])[:, 0]
+    # REALM's marginal over a single candidate is plain masked LM: the same loss and accuracy
+    # code as pretraining, with one score (its prior is 1).
+    scores = jnp.zeros(logits.shape[:2], jnp.float32)  # [B, 1]
     weights = batch["mlm_weights"].astype(jnp.float32)
-    correct = (jnp.argmax(logits[:, 0], axis=-1) == batch["mlm_targets"]).astype(jnp.float32)
-    # A padded slot's log-prob may be anything; `where` keeps it out of the sum and gradient.
-    nll = -jnp.where(weights > 0, token_log_probs, 0.0)
-    return {"loss_sum": jnp.sum(nll * weights), "weight_sum": jnp.sum(weights),
-            "accuracy_sum": jnp.sum(correct * weights)}
+    _, aux = losses.marginal_mlm_loss(
+        scores, losses.mlm_token_log_probs(logits, batch["mlm_targets"]), weights)
+    correct = losses.mlm_accuracy_sums(scores, logits, batch["mlm_targets"], weights,
+                                       null_index=None)
+    return {"loss_sum": aux["loss_sum"], "weight_sum": aux["weight_sum"],
+            "accuracy_sum": correct["mlm_correct_sum"]}
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
     aux = self._sums(params, batch, rng)
