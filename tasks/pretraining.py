@@ -63,9 +63,16 @@ def uid_to_int64(uid: int) -> np.int64:
   return np.array(uid, np.uint64).view(np.int64)[()]
 
 
-def _feature(dtype=tf.int32, rank=1, vocabulary=None) -> seqio.Feature:
-  return seqio.Feature(vocabulary or seqio.PassThroughVocabulary(size=0), add_eos=False,
-                       dtype=dtype, rank=rank)
+def _fields(vocabulary: seqio.Vocabulary, **fields: tuple
+            ) -> tuple[dict[str, tf.TensorSpec], dict[str, seqio.Feature]]:
+  """A task's generator signature and output features from one declaration per field:
+  `name=(shape, dtype, has_vocabulary)`; token-id fields carry `vocabulary` (for decoding)."""
+  signature = {name: tf.TensorSpec(shape, dtype) for name, (shape, dtype, _) in fields.items()}
+  features = {
+      name: seqio.Feature(vocabulary if tokens else seqio.PassThroughVocabulary(size=0),
+                          add_eos=False, dtype=dtype, rank=len(shape))
+      for name, (shape, dtype, tokens) in fields.items()}
+  return signature, features
 
 
 def _records(block_store: PathOrFn, pretrain_records: PathOrFn | None,
@@ -192,19 +199,11 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
   """
   vocabulary = vocab_lib.seqio_vocabulary()
   names = []
-  masked_signature = {
-      "query_ids": tf.TensorSpec([query_len], tf.int32),
-      "query_mask": tf.TensorSpec([query_len], tf.int32),
-      "mlm_positions": tf.TensorSpec([max_masks], tf.int32),
-      "mlm_targets": tf.TensorSpec([max_masks], tf.int32),
-      "mlm_weights": tf.TensorSpec([max_masks], tf.float32),
-      "source_uid": tf.TensorSpec([], tf.int64),
-  }
-  masked_features = {
-      "query_ids": _feature(vocabulary=vocabulary), "query_mask": _feature(),
-      "mlm_positions": _feature(), "mlm_targets": _feature(vocabulary=vocabulary),
-      "mlm_weights": _feature(dtype=tf.float32), "source_uid": _feature(tf.int64, rank=0),
-  }
+  masked_signature, masked_features = _fields(
+      vocabulary,
+      query_ids=([query_len], tf.int32, True), query_mask=([query_len], tf.int32, False),
+      mlm_positions=([max_masks], tf.int32, False), mlm_targets=([max_masks], tf.int32, True),
+      mlm_weights=([max_masks], tf.float32, False), source_uid=([], tf.int64, False))
   for strategy in MASKING_STRATEGIES:
     name = f"realm_{corpus}_{strategy}"
     generator = functools.partial(
@@ -214,19 +213,11 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
     _add(name, _generator_source(generator, masked_signature), masked_features)
     names.append(name)
 
-  ict_signature = {
-      "query_ids": tf.TensorSpec([ict_query_len], tf.int32),
-      "query_mask": tf.TensorSpec([ict_query_len], tf.int32),
-      "block_ids": tf.TensorSpec([block_len], tf.int32),
-      "block_type_ids": tf.TensorSpec([block_len], tf.int32),
-      "block_mask": tf.TensorSpec([block_len], tf.int32),
-      "block_uid": tf.TensorSpec([], tf.int64),
-  }
-  ict_features = {
-      "query_ids": _feature(vocabulary=vocabulary), "query_mask": _feature(),
-      "block_ids": _feature(vocabulary=vocabulary), "block_type_ids": _feature(),
-      "block_mask": _feature(), "block_uid": _feature(tf.int64, rank=0),
-  }
+  ict_signature, ict_features = _fields(
+      vocabulary,
+      query_ids=([ict_query_len], tf.int32, True), query_mask=([ict_query_len], tf.int32, False),
+      block_ids=([block_len], tf.int32, True), block_type_ids=([block_len], tf.int32, False),
+      block_mask=([block_len], tf.int32, False), block_uid=([], tf.int64, False))
   generator = functools.partial(
       _ict_examples, block_store=block_store, seed=seed, query_len=ict_query_len,
       block_len=block_len, remove_probability=ict_remove_probability)
@@ -234,19 +225,12 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
   names.append(f"ict_{corpus}")
 
   mlm_len = ict_query_len + block_len
-  mlm_signature = {
-      "input_ids": tf.TensorSpec([mlm_len], tf.int32),
-      "type_ids": tf.TensorSpec([mlm_len], tf.int32),
-      "input_mask": tf.TensorSpec([mlm_len], tf.int32),
-      "mlm_positions": tf.TensorSpec([mlm_max_masks], tf.int32),
-      "mlm_targets": tf.TensorSpec([mlm_max_masks], tf.int32),
-      "mlm_weights": tf.TensorSpec([mlm_max_masks], tf.float32),
-  }
-  mlm_features = {
-      "input_ids": _feature(vocabulary=vocabulary), "type_ids": _feature(),
-      "input_mask": _feature(), "mlm_positions": _feature(),
-      "mlm_targets": _feature(vocabulary=vocabulary), "mlm_weights": _feature(dtype=tf.float32),
-  }
+  mlm_signature, mlm_features = _fields(
+      vocabulary,
+      input_ids=([mlm_len], tf.int32, True), type_ids=([mlm_len], tf.int32, False),
+      input_mask=([mlm_len], tf.int32, False), mlm_positions=([mlm_max_masks], tf.int32, False),
+      mlm_targets=([mlm_max_masks], tf.int32, True),
+      mlm_weights=([mlm_max_masks], tf.float32, False))
   generator = functools.partial(_toy_bert_examples, block_store=block_store, seed=seed,
                                 query_len=ict_query_len, block_len=block_len,
                                 max_masks=mlm_max_masks, passes=mlm_passes,
