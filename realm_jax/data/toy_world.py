@@ -86,7 +86,9 @@ __all__ = [
     "main",
     "qa_file",
     "read_jsonl",
+    "name_words",
     "read_manifest",
+    "reading_world_dir",
     "toy_world_dir",
     "verify",
 ]
@@ -376,12 +378,17 @@ class _NameMaker:
   salient-span masking trivially short.
   """
 
-  def __init__(self, rng: random.Random, forbidden: frozenset[str]):
+  def __init__(self, rng: random.Random, forbidden: frozenset[str],
+               reserved: Iterable[str] = ()):
     self._rng = rng
     self._forbidden = forbidden
     self._keys: set[str] = set()
     self._key_substrings: set[str] = set()
     self._count = 0
+    # Names of another world: held as if already invented, so no new name equals one, contains
+    # one or is contained in one.
+    for word in reserved:
+      self._accept(_name_key(word))
 
   def word(self, allow_three_syllables: bool = True) -> str:
     """Returns a new name word (e.g. "Brannik"), distinct from all previous ones."""
@@ -1038,6 +1045,8 @@ class ToyWorld:
     documents: the knowledge corpus Z, one document per entity.
     passages: the pretraining text X as REALM-schema records.
     qa: split -> questions (with the fact each asks about).
+    reserved_names_sha256: sha256 of the name words this world was kept disjoint from
+      (`generate(reserved_names=...)`), recorded in the manifest; None when there were none.
   """
 
   seed: int
@@ -1050,6 +1059,7 @@ class ToyWorld:
   documents: tuple[Document, ...]
   passages: tuple[dict[str, Any], ...]
   qa: Mapping[str, tuple[QAExample, ...]]
+  reserved_names_sha256: str | None = None
 
   def counts(self) -> dict[str, Any]:
     """Sizes of everything, as recorded in the manifest."""
@@ -1078,7 +1088,7 @@ class ToyWorld:
     It holds no timestamp or path, so it is as deterministic as the data.
     """
     files = self.files() if files is None else files
-    return {
+    manifest = {
         "generator": _GENERATOR_NAME,
         "version": GENERATOR_VERSION,
         "seed": self.seed,
@@ -1087,6 +1097,9 @@ class ToyWorld:
         "files": {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                   for name, data in files.items()},
     }
+    if self.reserved_names_sha256 is not None:
+      manifest["reserved_names_sha256"] = self.reserved_names_sha256
+    return manifest
 
   def write(self, directory: str | os.PathLike, *, overwrite: bool = False) -> dict[str, Any]:
     """Writes the world into `directory` atomically and returns the manifest.
@@ -1161,7 +1174,8 @@ def _scaled(base: int, scale: float, minimum: int) -> int:
 def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | None = None,
              num_places: int | None = None, num_organizations: int | None = None,
              num_events: int | None = None, num_train: int | None = None,
-             num_dev: int | None = None, num_test: int | None = None) -> ToyWorld:
+             num_dev: int | None = None, num_test: int | None = None,
+             reserved_names: Sequence[str] = ()) -> ToyWorld:
   """Generates a toy world; the same arguments always give byte-identical files.
 
   Args:
@@ -1173,6 +1187,9 @@ def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | 
       default to the base sizes times `scale`.
     num_train, num_dev, num_test: QA split sizes; default to 2,000/300/300 times `scale`. A split
       gets fewer questions only if its subjects have fewer facts than requested.
+    reserved_names: name words of another world (`name_words`); no name of this world
+      equals, contains or is contained in one of them (the toy BERT's reading worlds share no
+      name with the toy world, see `reading_world_dir`).
 
   Returns:
     The ToyWorld.
@@ -1193,7 +1210,8 @@ def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | 
     if value < 1:
       raise ValueError(f"{name} must be at least 1, got {value}.")
 
-  names = _NameMaker(_stage_rng(seed, "names"), _vocabulary_words() | frozenset(_REAL_WORDS))
+  names = _NameMaker(_stage_rng(seed, "names"), _vocabulary_words() | frozenset(_REAL_WORDS),
+                     reserved=reserved_names)
   regions, towns = _make_places(_stage_rng(seed, "places"), names, num_places)
   people = _make_people(_stage_rng(seed, "people"), names, num_people, towns)
   organizations = _make_organizations(_stage_rng(seed, "organizations"), names, num_organizations,
@@ -1209,7 +1227,21 @@ def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | 
   return ToyWorld(seed=seed, scale=scale, regions=tuple(regions), towns=tuple(towns),
                   people=tuple(people), organizations=tuple(organizations), events=tuple(events),
                   documents=tuple(documents), passages=tuple(passages),
-                  qa={split: tuple(qa[split]) for split in QA_SPLITS})
+                  qa={split: tuple(qa[split]) for split in QA_SPLITS},
+                  reserved_names_sha256=(_names_sha256(reserved_names) if reserved_names
+                                         else None))
+
+
+def name_words(titles: Iterable[str]) -> tuple[str, ...]:
+  """The invented name words of a world's document titles (every entity has a document; the
+  words of organisation and event kinds such as "Guild" or "Shipyards" are left out), sorted:
+  what another world must avoid to share no name with it."""
+  kind_words = {w for pattern, _ in _ORG_KINDS + _EVENT_KINDS for w in pattern.split()}
+  return tuple(sorted({w for title in titles for w in title.split() if w not in kind_words}))
+
+
+def _names_sha256(names: Sequence[str]) -> str:
+  return hashlib.sha256("\n".join(sorted(names)).encode("utf-8")).hexdigest()
 
 
 def _group(items: Iterable[Any],
@@ -1339,16 +1371,42 @@ def toy_world_dir(cache_root: str | os.PathLike | None = None, *, seed: int = DE
   root = pathlib.Path(cache_root) if cache_root is not None else _default_cache_root()
   scale = SMALL_SCALE if small else 1.0
   directory = root / "toy_world" / f"v{GENERATOR_VERSION}-seed{seed}{'-small' if small else ''}"
+  return _cached_world(directory, lambda: generate(seed, scale=scale),
+                       seed=seed, scale=scale, reserved_names_sha256=None)
+
+
+def reading_world_dir(seed: int, cache_root: str | os.PathLike | None = None) -> str:
+  """A world of the default size that shares no name with the default toy world, generated on
+  first use into `CACHE/reading_world/v<GENERATOR_VERSION>-seed<seed>` (see `toy_world_dir`).
+
+  The toy BERT learns to read from such worlds: their facts are about other entities, so it
+  cannot learn the toy world's facts, and REALM's null-document baseline on the toy world stays
+  at what a model knows without retrieval.
+  """
+  if seed == DEFAULT_SEED:
+    raise ValueError(f"reading_world_dir: seed {seed} is the toy world's own seed.")
+  root = pathlib.Path(cache_root) if cache_root is not None else _default_cache_root()
+  toy_corpus = pathlib.Path(toy_world_dir(root)) / CORPUS_FILE
+  reserved = name_words(record["title"] for record in read_jsonl(toy_corpus))
+  directory = root / "reading_world" / f"v{GENERATOR_VERSION}-seed{seed}"
+  return _cached_world(directory, lambda: generate(seed, reserved_names=reserved),
+                       seed=seed, scale=1.0, reserved_names_sha256=_names_sha256(reserved))
+
+
+def _cached_world(directory: pathlib.Path, make: Callable[[], ToyWorld], **expected: Any) -> str:
+  """`directory` if its hashes verify and its manifest has this generator version and the
+  `expected` fields, else the world `make()` written there."""
   if directory.exists():
     try:
       manifest = verify(directory)
-      if (manifest.get("version"), manifest.get("seed"), manifest.get("scale")) == (
-          GENERATOR_VERSION, seed, scale):
+      if manifest.get("version") == GENERATOR_VERSION and all(
+          manifest.get(k) == v for k, v in expected.items()):
         return str(directory)
-      _LOG.warning("%s: manifest does not match (version, seed, scale); regenerating.", directory)
+      _LOG.warning("%s: manifest does not match (version, %s); regenerating.", directory,
+                   ", ".join(expected))
     except ToyWorldError as e:
       _LOG.warning("%s; regenerating the toy world.", e)
-  generate(seed, scale=scale).write(directory, overwrite=True)
+  make().write(directory, overwrite=True)
   return str(directory)
 
 

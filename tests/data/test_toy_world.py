@@ -424,3 +424,35 @@ def test_cli_prints_counts(tmp_path, capsys):
     assert expected in printed
   assert tw.verify(tmp_path / "w")["seed"] == 2
   assert tw.main(["--out", str(tmp_path / "w"), "--small"]) == 1  # Exists, no --overwrite.
+
+
+def test_reserved_names_keep_two_worlds_apart(small):
+  """A world generated with another world's names reserved (the toy BERT's reading worlds)
+  shares no invented name with it, neither equal nor inside one another."""
+  reserved = tw.name_words(d.title for d in small.documents)
+  assert reserved and not set(reserved) & KIND_WORDS
+  other = tw.generate(small.seed, scale=tw.SMALL_SCALE, reserved_names=reserved)
+  theirs = {_key(w) for w in reserved}
+  ours = {_key(w) for d in other.documents for w in d.title.split() if w not in KIND_WORDS}
+  for key in ours:
+    assert not any(key in t or t in key for t in theirs), key
+  # The same seed without reserving gives the first world again: reserving is what differs.
+  assert tw.generate(small.seed, scale=tw.SMALL_SCALE).files() == small.files()
+  assert "reserved_names_sha256" not in small.manifest()
+  assert other.manifest()["reserved_names_sha256"] == hashlib.sha256(
+      "\n".join(sorted(reserved)).encode()).hexdigest()
+
+
+def test_reading_world_dir_is_cached_and_apart_from_the_toy_world(tmp_path):
+  with pytest.raises(ValueError, match="toy world's own seed"):
+    tw.reading_world_dir(tw.DEFAULT_SEED, tmp_path)
+  directory = pathlib.Path(tw.reading_world_dir(3, tmp_path))
+  assert directory == tmp_path / "reading_world" / f"v{tw.GENERATOR_VERSION}-seed3"
+  stamp = (directory / tw.MANIFEST_FILE).stat().st_mtime_ns
+  assert pathlib.Path(tw.reading_world_dir(3, tmp_path)) == directory
+  assert (directory / tw.MANIFEST_FILE).stat().st_mtime_ns == stamp  # Cached.
+  toy = tw.read_jsonl(pathlib.Path(tw.toy_world_dir(tmp_path)) / tw.CORPUS_FILE)
+  reading = tw.read_jsonl(directory / tw.CORPUS_FILE)
+  toy_words = {w for r in toy for w in r["title"].split()} - KIND_WORDS
+  reading_words = {w for r in reading for w in r["title"].split()} - KIND_WORDS
+  assert len(reading) == len(toy) and not toy_words & reading_words
