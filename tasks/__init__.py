@@ -5,7 +5,8 @@
   toy world (generated and cached on first use, see realm_jax.data.toy_world):
     realm_toy_salient_span, realm_toy_random_span, realm_toy_random_token   REALM pretraining
     ict_toy                                                                ICT warm start
-    mlm_toy                                   a toy BERT's MLM examples (experiments/toy_mlm.gin)
+    mlm_toy                                   MLM over the toy world's own blocks
+    mlm_toy_reading                    the toy BERT's reading examples (experiments/toy_bert.gin)
     toy_qa                                                                 open-QA
   benchmarks (files under $REALM_JAX_QA_DATA/<name>/, see realm_jax.data.open_qa):
     nq_open, web_questions, curated_trec

@@ -32,9 +32,10 @@ Features of an ICT example (REALM_SPEC 14):
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
-from typing import Callable, Iterator, Union
+from typing import Callable, Iterator, Sequence, Union
 
 import numpy as np
 import seqio
@@ -43,6 +44,7 @@ import tensorflow as tf
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import ict as ict_lib
 from realm_jax.data import masking
+from realm_jax.data import reading
 from realm_jax.data import salient_spans
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import candidates as candidates_lib
@@ -161,6 +163,70 @@ def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, bloc
   log.info("toy BERT examples: %s", skips.summary())
 
 
+def _reading_examples(*, worlds: Callable[[], Sequence[tuple[str, str]]], seed: int,
+                      passes: int, query_len: int, reader_len: int, max_masks: int,
+                      mix: reading.ReadingMix) -> Iterator[dict]:
+  """`passes` reading examples of every passage of every world (see realm_jax.data.reading),
+  the worlds interleaved so that any run of examples mixes them."""
+  vocab = vocab_lib.default_vocabulary()
+  opened = []
+  for store_dir, records_path in worlds():
+    store = corpus_lib.BlockStore.open(store_dir, verify="fast")
+    records = list(salient_spans.read_precomputed(records_path))
+    opened.append((store, reading.blocks_by_title(store), records))
+  skips = masking.SkipCounter()
+  contexts = collections.Counter()
+  for pass_index in range(passes):
+    for record_index in range(max(len(records) for _, _, records in opened)):
+      for world_index, (store, title_blocks, records) in enumerate(opened):
+        if record_index >= len(records):
+          continue
+        example = reading.make_reading_example(
+            records[record_index], store, title_blocks,
+            rng=np.random.default_rng([seed, pass_index, world_index, record_index]), mix=mix,
+            query_len=query_len, reader_len=reader_len, max_masks=max_masks, vocab=vocab,
+            skips=skips)
+        if example is None:
+          continue
+        contexts[example.pop("context")] += 1
+        yield example
+  log.info("reading examples: contexts %s, %s", dict(contexts), skips.summary())
+
+
+def _mlm_fields(vocabulary: seqio.Vocabulary, length: int, max_masks: int):
+  """The toy BERT's example fields (`mlm_<corpus>` and reading tasks alike)."""
+  return _fields(
+      vocabulary,
+      input_ids=([length], tf.int32, True), type_ids=([length], tf.int32, False),
+      input_mask=([length], tf.int32, False), mlm_positions=([max_masks], tf.int32, False),
+      mlm_targets=([max_masks], tf.int32, True), mlm_weights=([max_masks], tf.float32, False))
+
+
+def register_reading_task(name: str, *, worlds: Callable[[], Sequence[tuple[str, str]]],
+                          seed: int = 0, passes: int = 8, query_len: int = 64,
+                          block_len: int = 128, max_masks: int = 10,
+                          mix: reading.ReadingMix = reading.ReadingMix()) -> str:
+  """Registers the toy BERT's reading task `name` (features as `mlm_<corpus>`).
+
+  Args:
+    name: the task name.
+    worlds: returns (BlockStore directory, pretraining-text records) of every world to read
+      (called on first use, so registering builds nothing).
+    seed: example randomness seed.
+    passes: examples of every passage per pass over the task (each drawn anew).
+    query_len, block_len: the masked sentence's and the block's lengths; rows are their sum.
+    max_masks: target slots.
+    mix: the draw of masking and context (realm_jax.data.reading.ReadingMix).
+  """
+  signature, features = _mlm_fields(vocab_lib.seqio_vocabulary(), query_len + block_len,
+                                    max_masks)
+  generator = functools.partial(_reading_examples, worlds=worlds, seed=seed, passes=passes,
+                                query_len=query_len, reader_len=query_len + block_len,
+                                max_masks=max_masks, mix=mix)
+  _add(name, _generator_source(generator, signature), features)
+  return name
+
+
 def _generator_source(generator_fn: Callable[[], Iterator[dict]],
                       signature: dict[str, tf.TensorSpec]) -> seqio.FunctionDataSource:
   def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
@@ -224,13 +290,8 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
   _add(f"ict_{corpus}", _generator_source(generator, ict_signature), ict_features)
   names.append(f"ict_{corpus}")
 
-  mlm_len = ict_query_len + block_len
-  mlm_signature, mlm_features = _fields(
-      vocabulary,
-      input_ids=([mlm_len], tf.int32, True), type_ids=([mlm_len], tf.int32, False),
-      input_mask=([mlm_len], tf.int32, False), mlm_positions=([mlm_max_masks], tf.int32, False),
-      mlm_targets=([mlm_max_masks], tf.int32, True),
-      mlm_weights=([mlm_max_masks], tf.float32, False))
+  mlm_signature, mlm_features = _mlm_fields(vocabulary, ict_query_len + block_len,
+                                            mlm_max_masks)
   generator = functools.partial(_toy_bert_examples, block_store=block_store, seed=seed,
                                 query_len=ict_query_len, block_len=block_len,
                                 max_masks=mlm_max_masks, passes=mlm_passes,

@@ -14,9 +14,11 @@ from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import open_qa
 from realm_jax.data import toy_world
 from realm_jax_tasks.open_qa import register_qa_task
-from realm_jax_tasks.pretraining import MASKING_STRATEGIES, register_pretraining_tasks
+from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretraining_tasks,
+                                         register_reading_task)
 
-TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + ("ict_toy", "mlm_toy", "toy_qa")
+TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + (
+    "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_reading")
 # Block length of the toy BlockStore and of the toy ICT blocks, in wordpieces. REALM uses 288
 # (REALM_SPEC 7); toy documents are short (median 54 wordpieces with title, 99% under 180), so
 # 288-wordpiece rows would be mostly padding, and attention over padding is most of a CPU
@@ -31,11 +33,20 @@ TOY_BLOCK_LEN = 128
 # sentences (width 32) and 4.7% (width 128); keeping the sentence, 7.1% and 60% (chance 0.19%;
 # all four with [CLS] pooling, before the toy model pooled the mean).
 TOY_ICT_REMOVE_PROBABILITY = 0.0
+# The toy BERT (`experiments/toy_bert.gin`) reads the worlds of these seeds
+# (`toy_world.reading_world_dir`: no name shared with the toy world); its reading accuracy is
+# measured on the world of `TOY_BERT_HELDOUT_SEED`, which it never reads in training.
+TOY_BERT_READING_SEEDS = tuple(range(1, 9))
+TOY_BERT_HELDOUT_SEED = 100
 
 
 def toy_block_store_dir() -> str:
   """The toy corpus as a BlockStore, built once next to the cached world."""
-  world = toy_world.toy_world_dir()
+  return block_store_dir(toy_world.toy_world_dir())
+
+
+def block_store_dir(world: str) -> str:
+  """A generated world's corpus as a BlockStore of `TOY_BLOCK_LEN`, built once next to it."""
   store = f"{world}-blocks{TOY_BLOCK_LEN}"
   try:
     corpus_lib.BlockStore.open(store, verify="fast")
@@ -50,6 +61,16 @@ def toy_block_store_dir() -> str:
     # Another process published the same store first (same input, same bytes): use it.
     corpus_lib.BlockStore.open(store, verify="fast")
   return store
+
+
+def reading_world(seed: int) -> tuple[str, str]:
+  """(BlockStore directory, pretraining-text path) of the reading world of `seed`."""
+  world = toy_world.reading_world_dir(seed)
+  return block_store_dir(world), os.path.join(world, toy_world.PRETRAIN_FILE)
+
+
+def _reading_worlds() -> list[tuple[str, str]]:
+  return [reading_world(seed) for seed in TOY_BERT_READING_SEEDS]
 
 
 def _toy_pretrain_records() -> str:
@@ -67,4 +88,5 @@ def register_toy_tasks() -> tuple[str, ...]:
                              pretrain_records=_toy_pretrain_records, block_len=TOY_BLOCK_LEN,
                              ict_remove_probability=TOY_ICT_REMOVE_PROBABILITY)
   register_qa_task("toy_qa", _toy_qa_split)
+  register_reading_task("mlm_toy_reading", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN)
   return TOY_TASKS

@@ -1,0 +1,143 @@
+"""The toy BERT's reading examples: a masked sentence read beside a document that states it.
+
+REALM starts its encoder from BERT, which already copies a name or a date from the context it
+reads; the toy world has no BERT, so the project trains one (`experiments/toy_bert.gin`). To
+teach it to *read* rather than to *know*, its examples come from reading worlds
+(`toy_world.reading_world_dir`): freshly generated worlds that share no name with the toy world,
+so it never learns a toy-world fact and the toy world's null-document baseline stays clean.
+
+An example is REALM pretraining's encoder input for one candidate (`candidates.reader_inputs`):
+`[CLS] masked sentence [SEP] body [SEP]`, the sentence from a world's pretraining text X, the
+body one block of its corpus Z. What is masked and what is read beside it is drawn per example:
+
+  masking   salient span (a name or a date; REALM's masking) or, with `random_token_fraction`,
+            BERT's random tokens (ordinary MLM: words as well as names)
+  context   "own": the block of the passage's document that holds the masked wordpieces (the
+            answer stands in the context, but for the 1% of X's facts that only another
+            document states, such as the year of an event a person took part in); "distractor" (`distractor_fraction`): a block of
+            another document, as most of REALM's retrieved candidates are; "null"
+            (`null_fraction`): no body, REALM's null document
+
+Own contexts teach copying; distractors and the null document teach the encoder to fall back on
+what it knows when the context does not hold the answer, as REALM's encoder must for the 7 of 8
+candidates that do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import masking
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.index import candidates as candidates_lib
+
+CONTEXTS = ("own", "distractor", "null")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadingMix:
+  """How often each kind of example is drawn (the rest: salient span read with its own block)."""
+
+  random_token_fraction: float = 0.3
+  distractor_fraction: float = 0.1
+  null_fraction: float = 0.05
+
+  def __post_init__(self):
+    for name in ("random_token_fraction", "distractor_fraction", "null_fraction"):
+      if not 0.0 <= getattr(self, name) <= 1.0:
+        raise ValueError(f"ReadingMix: {name}={getattr(self, name)} is not in [0, 1].")
+    if self.distractor_fraction + self.null_fraction > 1.0:
+      raise ValueError("ReadingMix: distractor_fraction + null_fraction exceeds 1.")
+
+
+def blocks_by_title(store: corpus_lib.BlockStore) -> dict[str, list[int]]:
+  """Document title -> its block ids, in order."""
+  blocks: dict[str, list[int]] = {}
+  for block_id in range(store.num_blocks):
+    blocks.setdefault(store.title(block_id), []).append(block_id)
+  return blocks
+
+
+def _contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
+  """Whether `needle` occurs as a contiguous run in `haystack` (both int 1-D)."""
+  n = needle.size
+  if n == 0 or n > haystack.size:
+    return n == 0
+  windows = np.lib.stride_tricks.sliding_window_view(haystack, n)  # [len - n + 1, n]
+  return bool((windows == needle).all(axis=1).any())
+
+
+def own_block(store: corpus_lib.BlockStore, block_ids: Sequence[int],
+              targets: np.ndarray) -> int:
+  """The first of a document's blocks whose body holds `targets` contiguously (a masked name or
+  date), else the one holding most of them (random tokens)."""
+  bodies = [store.body_tokens(b) for b in block_ids]
+  for block_id, body in zip(block_ids, bodies):
+    if _contains(body, targets):
+      return block_id
+  counts = [np.isin(targets, body).sum() for body in bodies]
+  return block_ids[int(np.argmax(counts))]
+
+
+def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore,
+                         title_blocks: Mapping[str, Sequence[int]], *, rng: np.random.Generator,
+                         mix: ReadingMix = ReadingMix(), query_len: int, reader_len: int,
+                         max_masks: int, strategy: str | None = None, context: str | None = None,
+                         vocab: vocab_lib.WordPieceVocabulary | None = None,
+                         skips: masking.SkipCounter | None = None) -> dict | None:
+  """One reading example of a REALM-schema record of X whose title names a document of `store`.
+
+  Args:
+    record: the passage (`salient_spans.read_precomputed` schema).
+    store: the world's corpus Z as a BlockStore.
+    title_blocks: `blocks_by_title(store)`.
+    rng: the only source of randomness.
+    mix: the draw of masking and context when `strategy` / `context` are None.
+    query_len, reader_len, max_masks: the masked query's length, the row length, target slots.
+    strategy: "salient_span" or "random_token" to fix the masking.
+    context: one of CONTEXTS to fix the context.
+    vocab: WordPiece vocabulary (the bundled one by default).
+    skips: counts the reason whenever None is returned.
+
+  Returns:
+    {"input_ids", "type_ids", "input_mask"} int32 [reader_len], {"mlm_positions",
+    "mlm_targets"} int32 and "mlm_weights" float32 [max_masks], and "context" (str); None when
+    the record gives no example (reason counted in `skips`).
+  """
+  skips = skips if skips is not None else masking.SkipCounter()
+  own_blocks = title_blocks.get(record["title"])
+  if not own_blocks:
+    skips["title_not_in_corpus"] += 1
+    return None
+  if strategy is None:
+    strategy = "random_token" if rng.random() < mix.random_token_fraction else "salient_span"
+  if context is None:
+    draw = rng.random()
+    context = ("null" if draw < mix.null_fraction else
+               "distractor" if draw < mix.null_fraction + mix.distractor_fraction else "own")
+  if context not in CONTEXTS:
+    raise ValueError(f"context={context!r} is not one of {CONTEXTS}.")
+  query = masking.make_masked_query(record, strategy=strategy, rng=rng, vocab=vocab,
+                                    query_len=query_len, max_masks=max_masks, skips=skips)
+  if query is None:
+    return None
+  targets = query.mlm_targets[query.mlm_weights > 0]
+  if context == "own":
+    block_id = own_block(store, own_blocks, targets)
+  elif context == "distractor":
+    own = set(own_blocks)
+    block_id = int(rng.integers(store.num_blocks))
+    while block_id in own:  # a world has thousands of documents: this ends at once
+      block_id = int(rng.integers(store.num_blocks))
+  else:
+    block_id = candidates_lib.NULL_BLOCK
+  # [1, 1, reader_len] each: `[CLS] masked sentence [SEP] body [SEP]`
+  ids, type_ids, mask = candidates_lib.reader_inputs(
+      store, query.query_ids[None], query.query_mask[None], [[block_id]], reader_len=reader_len)
+  return {"input_ids": ids[0, 0], "type_ids": type_ids[0, 0], "input_mask": mask[0, 0],
+          "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,
+          "mlm_weights": query.mlm_weights, "context": context}
