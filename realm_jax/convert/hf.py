@@ -18,6 +18,9 @@ Reads a local directory holding `config.json` and `model.safetensors` (or
 `{"encoder"}` checkpoint the trainer's warm starts read (ICT's `init_checkpoint`, pretraining's
 `encoder_checkpoint`): REALM starts from BERT.
 
+`write_bert_mlm` goes the other way: an encoder tree (a toy BERT trained by the `mlm` job) as a
+transformers `BertForMaskedLM` directory, the layout the project ships its toy BERT in.
+
 Every tensor of the checkpoint is accounted for: it is converted, or it is one of the tensors
 the transformers classes carry but never use (listed in `_UNUSED`); anything else, and any
 tensor our model needs that the checkpoint lacks, is a `CheckpointMismatchError` listing them.
@@ -357,6 +360,90 @@ def load_checkpoint(directory: str, kind: str | None = None,
   kind = kind or detect_kind(hf_config, directory)
   state = read_state_dict(directory)
   return convert_state_dict(state, hf_config, kind, directory, **config_overrides)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def bert_config_to_hf(config: BertConfig) -> dict:
+  """A transformers `BertForMaskedLM` `config.json` dict (inverse of `bert_config_from_hf`)."""
+  return {
+      "architectures": ["BertForMaskedLM"], "model_type": "bert",
+      "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+      "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
+      "intermediate_size": config.intermediate_size, "hidden_act": config.hidden_act,
+      "max_position_embeddings": config.max_position_embeddings,
+      "type_vocab_size": config.type_vocab_size, "layer_norm_eps": config.layer_norm_eps,
+      "initializer_range": config.initializer_range,
+      "hidden_dropout_prob": config.hidden_dropout,
+      "attention_probs_dropout_prob": config.attention_dropout,
+      "position_embedding_type": "absolute", "pad_token_id": 0,
+  }
+
+
+def bert_mlm_state_dict(params: Params, config: BertConfig) -> StateDict:
+  """transformers `BertForMaskedLM` tensors of an encoder tree `{"bert", "mlm_head"}` (the
+  knowledge-augmented encoder's, which is BERT with its MLM head; inverse of kind "bert").
+
+  The tied decoder (`cls.predictions.decoder.weight`, the word embeddings) is not written, as
+  transformers' safetensors files leave out tied tensors.
+  """
+  heads, head_dim, hidden = config.num_heads, config.head_dim, config.hidden_size
+  array = lambda x: np.ascontiguousarray(np.asarray(x, np.float32))
+  bert, head = params["bert"], params["mlm_head"]
+  state = {}
+
+  def linear(name: str, tree: dict) -> None:  # flax {kernel [in, out]} -> torch [out, in]
+    state[name + ".weight"] = array(np.asarray(tree["kernel"]).T)
+    state[name + ".bias"] = array(tree["bias"])
+
+  def norm(name: str, tree: dict) -> None:
+    state[name + ".weight"] = array(tree["scale"])
+    state[name + ".bias"] = array(tree["bias"])
+
+  emb = bert["embeddings"]
+  for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+    state[f"bert.embeddings.{name}.weight"] = array(emb[name]["embedding"])
+  norm("bert.embeddings.LayerNorm", emb["layer_norm"])
+  for i in range(config.num_layers):
+    layer, p = bert[f"layer_{i}"], f"bert.encoder.layer.{i}."
+    for name in ("query", "key", "value"):
+      qkv = layer["attention"][name]
+      # [embed, heads, kv] -> [hidden_out, hidden_in]
+      state[p + f"attention.self.{name}.weight"] = array(
+          np.asarray(qkv["kernel"]).reshape(hidden, heads * head_dim).T)
+      state[p + f"attention.self.{name}.bias"] = array(np.asarray(qkv["bias"]).reshape(-1))
+    out = layer["attention"]["out"]
+    # [heads, kv, embed] -> [hidden_out, hidden_in]
+    state[p + "attention.output.dense.weight"] = array(
+        np.asarray(out["kernel"]).reshape(heads * head_dim, hidden).T)
+    state[p + "attention.output.dense.bias"] = array(out["bias"])
+    norm(p + "attention.output.LayerNorm", layer["attention_layer_norm"])
+    linear(p + "intermediate.dense", layer["intermediate"])
+    linear(p + "output.dense", layer["output"])
+    norm(p + "output.LayerNorm", layer["output_layer_norm"])
+  linear("cls.predictions.transform.dense", head["transform"])
+  norm("cls.predictions.transform.LayerNorm", head["transform_layer_norm"])
+  state["cls.predictions.bias"] = array(head["bias"])
+  return state
+
+
+def write_bert_mlm(directory: str, params: Params, config: BertConfig) -> str:
+  """Writes an encoder tree `{"bert", "mlm_head"}` as a transformers `BertForMaskedLM`
+  directory (`config.json` + `model.safetensors`) that `load_checkpoint` and transformers'
+  `BertForMaskedLM.from_pretrained` read. The bytes depend only on the parameters.
+
+  Returns:
+    The path of `model.safetensors`.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, "model.safetensors")
+  save_file(bert_mlm_state_dict(params, config), path, metadata={"format": "pt"})
+  with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(bert_config_to_hf(config), f, indent=2, sort_keys=True)
+    f.write("\n")
+  return path
 
 
 # The kinds `write_checkpoint` converts, all into the "encoder" item.

@@ -208,3 +208,44 @@ def test_conversion_cli_names_the_problem(tmp_path, capsys):
   model.save_pretrained(tmp_path / "hf")
   assert hf.main(["--hf_dir", str(tmp_path / "nothing"), "--run_dir", str(tmp_path)]) == 1
   assert "nothing" in capsys.readouterr().out
+
+
+def test_exported_bert_for_masked_lm_matches_transformers_and_reimports(tmp_path):
+  """`write_bert_mlm` (how the toy BERT ships): transformers' BertForMaskedLM reads the
+  directory and gives our encoder's logits, and importing it back gives the same tree."""
+  from realm_jax.models import config as model_config
+  config = model_config.RealmConfig(bert=model_config.tiny_bert(
+      vocab_size=120, hidden_size=16, num_heads=2, intermediate_size=32,
+      max_position_embeddings=32))
+  rng = np.random.default_rng(1)
+  ids = rng.integers(1, 120, (2, 1, 10))
+  types = np.concatenate([np.zeros((2, 1, 4), int), np.ones((2, 1, 6), int)], axis=-1)
+  mask = np.ones_like(ids)
+  mask[1, 0, 8:] = 0
+  positions = np.array([[1, 4], [2, 7]])
+  import flax.linen as nn
+  import jax
+  params = nn.unbox(RealmKnowledgeAugEncoder(config).init(jax.random.PRNGKey(3), ids, types,
+                                                          mask, positions)["params"])
+  # Non-zero biases and LayerNorm parameters, so a transposed or misplaced tensor shows.
+  params = jax.tree_util.tree_map(
+      lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(np.float32), params)
+  hf.write_bert_mlm(str(tmp_path), params, config.bert)
+
+  reference = transformers.BertForMaskedLM.from_pretrained(str(tmp_path)).eval()
+  with torch.no_grad():
+    expected = reference(input_ids=torch.tensor(ids[:, 0]),
+                         token_type_ids=torch.tensor(types[:, 0]),
+                         attention_mask=torch.tensor(mask[:, 0])).logits.numpy()
+  logits = RealmKnowledgeAugEncoder(config).apply({"params": params}, ids, types, mask,
+                                                  positions)
+  expected_at = np.take_along_axis(expected, positions[..., None], axis=1)
+  assert np.max(np.abs(np.asarray(logits)[:, 0] - expected_at)) <= 1e-4
+
+  reimported_config, reimported, _ = hf.load_checkpoint(str(tmp_path))
+  assert reimported_config.bert == config.bert
+  flat = dict(jax.tree_util.tree_leaves_with_path(params))
+  flat_back = dict(jax.tree_util.tree_leaves_with_path(reimported))
+  assert flat.keys() == flat_back.keys()
+  for path, value in flat.items():
+    np.testing.assert_array_equal(np.asarray(value), flat_back[path], err_msg=str(path))
