@@ -20,13 +20,15 @@ description would differ. The public pieces:
 * ``bert_learning_rate_schedule(peak, total_steps, warmup_steps)``: an ``optax.Schedule``.
 * ``scale_by_adam_without_bias_correction(b1, b2, eps)``: the Adam part alone.
 * ``weight_decay_mask(params)``: which leaves are decayed.
-* ``bert_optimizer(...)``: the full chain.
+* ``bert_optimizer(...)``: the full chain; optionally with the retriever's updates scaled
+  (``retriever_lr_scale``) or held at zero for the first steps (``freeze_retriever_steps``), a
+  toy-world deviation (REALM uses one optimizer for both towers), off by default.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +39,7 @@ __all__ = [
     "bert_learning_rate_schedule",
     "bert_optimizer",
     "default_warmup_steps",
+    "retriever_update_scale",
     "scale_by_adam_without_bias_correction",
     "weight_decay_mask",
 ]
@@ -288,6 +291,48 @@ def weight_decay_mask(params: optax.Params) -> Any:
   return jax.tree_util.tree_map_with_path(lambda path, _: _is_decayed(path), params)
 
 
+def _top_level_mask(keys: Sequence[str]):
+  """A mask function for ``optax.masked``: True on every leaf under one of the top-level ``keys``.
+
+  Raises a ValueError naming the missing key and the keys present when the tree lacks one, so a
+  misnamed tower fails when the optimizer is initialised rather than silently scaling nothing.
+  """
+  keys = tuple(keys)
+
+  def mask(tree: Any) -> Any:
+    present = sorted(str(k) for k in tree.keys()) if isinstance(tree, Mapping) else None
+    for key in keys:
+      if present is None or key not in tree:
+        raise ValueError(f"retriever key {key!r} is not a top-level key of the parameter tree "
+                         f"(keys present: {present}); set retriever_keys to the retriever "
+                         f"(question tower) subtree's key.")
+    return jax.tree_util.tree_map_with_path(lambda path, _: _key_name(path[0]) in keys, tree)
+
+  return mask
+
+
+def retriever_update_scale(retriever_lr_scale: float, freeze_retriever_steps: int
+                           ) -> optax.Schedule:
+  """The factor on the retriever's updates at update ``count`` (0 for the first update).
+
+  ``0`` while ``count < freeze_retriever_steps``, ``retriever_lr_scale`` from then on. Applied
+  after the learning rate, it scales the retriever's learning rate (Adam direction and weight
+  decay alike, as BERT's decay is multiplied by the lr too) on the same schedule.
+  """
+  freeze_retriever_steps = _as_int(freeze_retriever_steps, "freeze_retriever_steps")
+  if freeze_retriever_steps < 0:
+    raise ValueError(f"freeze_retriever_steps must be >= 0, got {freeze_retriever_steps}.")
+  retriever_lr_scale = float(retriever_lr_scale)
+  if not 0.0 <= retriever_lr_scale < float("inf"):  # Also rejects NaN.
+    raise ValueError(f"retriever_lr_scale must be finite and >= 0, got {retriever_lr_scale}.")
+
+  def scale(count: jax.typing.ArrayLike) -> jax.Array:
+    count = jnp.asarray(count).astype(jnp.int32)
+    return jnp.where(count < freeze_retriever_steps, 0.0, retriever_lr_scale).astype(jnp.float32)
+
+  return scale
+
+
 def bert_optimizer(
     peak_learning_rate: float,
     total_steps: int,
@@ -298,6 +343,9 @@ def bert_optimizer(
     b2: float = 0.999,
     eps: float = 1e-6,
     clip_norm: float = 1.0,
+    retriever_lr_scale: float = 1.0,
+    freeze_retriever_steps: int = 0,
+    retriever_keys: Sequence[str] = ("retriever",),
 ) -> optax.GradientTransformation:
   """Returns BERT's ``create_optimizer`` as an optax chain.
 
@@ -306,6 +354,17 @@ def bert_optimizer(
   ``-bert_learning_rate_schedule(peak_learning_rate, total_steps, warmup_steps)(count)``.
   The trainer logs ``train/learning_rate`` as ``bert_learning_rate_schedule(...)(step)`` with the
   same arguments, ``step`` being the number of updates applied before the current one.
+
+  With ``retriever_lr_scale != 1`` or ``freeze_retriever_steps > 0`` (a toy-world deviation:
+  REALM uses this one optimizer for both towers, REALM_SPEC 18), one more transformation ends the
+  chain: the updates of the subtrees under ``retriever_keys`` are multiplied by
+  ``retriever_update_scale(...)(count)``, 0 for the first ``freeze_retriever_steps`` updates and
+  ``retriever_lr_scale`` after (Atlas's ``--freeze_retriever_steps`` and ``--lr_retriever``). The
+  chain before it is unchanged, so clipping still uses the global norm of *all* gradients, and
+  the retriever's Adam moments keep accumulating during the freeze: only its parameters stand
+  still (see the comment in the code). With the defaults the chain, and its state, are exactly
+  the plain optimizer's; turning an option on adds a step count to the optimizer state, so a run
+  cannot switch between the two kinds of state when it resumes.
 
   Args:
     peak_learning_rate: Peak learning rate (3e-5 pretraining, 1e-4 ICT, 1e-5 open-QA).
@@ -316,6 +375,11 @@ def bert_optimizer(
     b2: Adam second-moment decay (BERT: 0.999).
     eps: Adam epsilon (BERT: 1e-6).
     clip_norm: Global-norm clipping threshold (BERT: 1.0).
+    retriever_lr_scale: Factor on the retriever's updates (its lr relative to the rest); >= 0.
+    freeze_retriever_steps: The retriever's updates are exactly 0 for this many first updates.
+    retriever_keys: Top-level keys of the parameter tree that are the retriever (``retriever``
+      in pretraining and open-QA fine-tuning, whose question tower lives there). Only read when
+      an option above is active; a key the tree lacks is a ValueError at ``init``.
 
   Returns:
     An ``optax.GradientTransformation``; its ``update`` needs ``params`` (for the weight decay).
@@ -328,7 +392,10 @@ def bert_optimizer(
   if not weight_decay >= 0.0:
     raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
   schedule = bert_learning_rate_schedule(peak_learning_rate, total_steps, warmup_steps)
-  optimizer = optax.chain(
+  retriever_scale = retriever_update_scale(retriever_lr_scale, freeze_retriever_steps)
+  if isinstance(retriever_keys, str):
+    retriever_keys = (retriever_keys,)
+  transforms = [
       # BERT clips the raw gradients (tf.clip_by_global_norm) before the optimizer sees them.
       optax.clip_by_global_norm(clip_norm),
       scale_by_adam_without_bias_correction(b1=b1, b2=b2, eps=eps),
@@ -336,5 +403,19 @@ def bert_optimizer(
       optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
       # Uses its own update count, starting at 0 for the first update like BERT's global_step.
       optax.scale_by_learning_rate(schedule),
-  )
-  return optimizer
+  ]
+  if float(retriever_lr_scale) != 1.0 or int(freeze_retriever_steps) > 0:
+    if not retriever_keys:
+      raise ValueError("retriever_keys is empty while retriever_lr_scale or "
+                       "freeze_retriever_steps is set.")
+    # Scaling the final update scales the retriever's lr and nothing else: Adam's moments are
+    # those of the plain optimizer. During the freeze the factor is 0, so the update is exactly
+    # zero (p + 0 == p for every finite p; only a -0.0 parameter could come back as +0.0) while
+    # the moments still accumulate the retriever's gradients. That is the simplest correct
+    # choice (no state beyond one count, no second Adam), and the moments it leaves are the
+    # better start: BERT's Adam has no bias correction, so a tower whose moments began at zero
+    # on the first unfrozen step would take a ~3x sign(g) step driven by one gradient, the very
+    # kind of step the freeze is there to prevent.
+    transforms.append(optax.masked(optax.scale_by_schedule(retriever_scale),
+                                   _top_level_mask(retriever_keys)))
+  return optax.chain(*transforms)

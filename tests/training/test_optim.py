@@ -442,3 +442,173 @@ def test_default_warmup_steps_validation():
 def test_optimizer_hyperparameter_validation(kwargs, message):
   with pytest.raises(ValueError, match=message):
     optim.bert_optimizer(1e-4, 100, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Protecting the retriever: retriever_lr_scale and freeze_retriever_steps.
+# ----------------------------------------------------------------------------------------------
+
+# Two towers under the top-level keys the pretraining model uses; both have decayed and
+# undecayed leaves, so the weight-decay part of an update is scaled (or frozen) too.
+_TOWER_SHAPES = {
+    "retriever/embedder/dense/kernel": (4, 6),
+    "retriever/embedder/dense/bias": (6,),
+    "retriever/embedder/projection_layer_norm/scale": (6,),
+    "encoder/bert/dense/kernel": (6, 4),
+    "encoder/bert/dense/bias": (4,),
+    "encoder/mlm_head/layer_norm/scale": (4,),
+}
+
+
+def _tower_params(seed: int = 0) -> dict:
+  rng = np.random.default_rng(seed)
+  return _nest({k: rng.normal(size=s).astype(np.float32) for k, s in _TOWER_SHAPES.items()})
+
+
+def _tower_grads(num_steps: int, seed: int = 1) -> List[dict]:
+  # Global norms alternate above and below the clip threshold (1.0).
+  rng = np.random.default_rng(seed)
+  steps = []
+  for step in range(num_steps):
+    grads = {k: rng.normal(size=s) for k, s in _TOWER_SHAPES.items()}
+    norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads.values()))
+    target = 3.0 if step % 2 == 0 else 0.5
+    steps.append(_nest({k: (g * target / norm).astype(np.float32) for k, g in grads.items()}))
+  return steps
+
+
+def _lockstep(tx, plain, params, grads_per_step):
+  """Runs ``tx`` over the gradients; at every step also asks ``plain`` for its update of the same
+  params and gradients. Returns [(params before, tx's updates, plain's updates)] as NumPy."""
+  update = jax.jit(lambda g, s, p: tx.update(g, s, p))
+  plain_update = jax.jit(lambda g, s, p: plain.update(g, s, p))
+  p = jax.tree_util.tree_map(jnp.asarray, params)
+  state, plain_state = tx.init(p), plain.init(p)
+  history = []
+  for grads in grads_per_step:
+    g = jax.tree_util.tree_map(jnp.asarray, grads)
+    updates, state = update(g, state, p)
+    plain_updates, plain_state = plain_update(g, plain_state, p)
+    history.append((_flatten(p), _flatten(updates), _flatten(plain_updates)))
+    p = optax.apply_updates(p, updates)
+  return history, _flatten(p)
+
+
+def _bits(x: np.ndarray) -> bytes:
+  return np.ascontiguousarray(x).tobytes()
+
+
+def test_freeze_retriever_steps_holds_the_retriever_then_releases_it():
+  params, grads = _tower_params(), _tower_grads(5)
+  # No warmup, so lr(0) > 0 and the encoder moves from the first update on.
+  plain = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=0)
+  tx = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=0, freeze_retriever_steps=3)
+  history, final = _lockstep(tx, plain, params, grads)
+  initial = _flatten(params)
+  retriever = [k for k in _TOWER_SHAPES if k.startswith("retriever/")]
+  encoder = [k for k in _TOWER_SHAPES if k.startswith("encoder/")]
+  for step in range(3):
+    before = history[step][0]
+    after = history[step + 1][0]
+    for name in retriever:  # bit for bit, after each of the 3 frozen updates
+      assert _bits(after[name]) == _bits(initial[name]), (step, name)
+    assert max(float(np.max(np.abs(after[n] - before[n]))) for n in encoder) > 1e-3, step
+  # Update 4 (count 3) moves the retriever, by what the plain optimizer would do from the same
+  # params: its Adam moments kept accumulating through the freeze.
+  before, updates, plain_updates = history[3]
+  for name in retriever:
+    assert float(np.max(np.abs(updates[name]))) > 1e-4, name
+    np.testing.assert_array_equal(updates[name], plain_updates[name], err_msg=name)
+  assert any(_bits(final[n]) != _bits(initial[n]) for n in retriever)
+  # The encoder's updates are the plain optimizer's throughout.
+  for _, updates, plain_updates in history:
+    for name in encoder:
+      np.testing.assert_array_equal(updates[name], plain_updates[name], err_msg=name)
+
+
+def test_retriever_lr_scale_scales_only_the_retrievers_update():
+  params, grads = _tower_params(2), _tower_grads(4, seed=3)
+  # With BERT's warmup schedule: lr = 0, 0.05, 0.09, 0.085 for counts 0..3.
+  plain = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=_WARMUP_STEPS)
+  tx = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=_WARMUP_STEPS,
+                            retriever_lr_scale=0.1)
+  history, _ = _lockstep(tx, plain, params, grads)
+  for step, (_, updates, plain_updates) in enumerate(history):
+    for name in _TOWER_SHAPES:
+      if name.startswith("retriever/"):
+        np.testing.assert_allclose(updates[name], 0.1 * plain_updates[name], rtol=1e-6,
+                                   atol=0, err_msg=f"step {step}, {name}")
+      else:
+        np.testing.assert_array_equal(updates[name], plain_updates[name],
+                                      err_msg=f"step {step}, {name}")
+  # The comparison means something: the plain retriever updates are not zero after step 0.
+  for _, _, plain_updates in history[1:]:
+    assert min(float(np.max(np.abs(plain_updates[n]))) for n in _TOWER_SHAPES
+               if n.startswith("retriever/")) > 1e-3
+
+
+def test_retriever_keys_name_another_tower():
+  # Fine-tuning style: the question tower under its own key, the reader beside it.
+  params = {"question": _tower_params()["retriever"], "reader": _tower_params()["encoder"]}
+  grads = [{"question": g["retriever"], "reader": g["encoder"]} for g in _tower_grads(2)]
+  tx = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=0, freeze_retriever_steps=2,
+                            retriever_keys=("question",))
+  history, final = _lockstep(tx, optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=0),
+                             params, grads)
+  initial = _flatten(params)
+  for name, value in initial.items():
+    if name.startswith("question/"):
+      assert _bits(final[name]) == _bits(value), name
+    else:
+      assert float(np.max(np.abs(final[name] - value))) > 1e-3, name
+  assert history  # two updates ran
+
+
+def test_default_retriever_options_are_the_plain_optimizer():
+  params, grads = _tower_params(4), _tower_grads(3, seed=5)
+  schedule = optim.bert_learning_rate_schedule(_PEAK_LR, _TOTAL_STEPS, _WARMUP_STEPS)
+  # The chain as it was before the options existed, spelled out.
+  before = optax.chain(
+      optax.clip_by_global_norm(1.0),
+      optim.scale_by_adam_without_bias_correction(b1=0.9, b2=0.999, eps=1e-6),
+      optax.add_decayed_weights(0.01, mask=optim.weight_decay_mask),
+      optax.scale_by_learning_rate(schedule))
+  defaults = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=_WARMUP_STEPS,
+                                  retriever_lr_scale=1.0, freeze_retriever_steps=0)
+  without = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, warmup_steps=_WARMUP_STEPS)
+  p = jax.tree_util.tree_map(jnp.asarray, params)
+  # Same state (a checkpoint of either resumes in the other), leaf for leaf.
+  for tx in (defaults, without):
+    assert (jax.tree_util.tree_structure(tx.init(p))
+            == jax.tree_util.tree_structure(before.init(p)))
+  for tx in (defaults, without):
+    history, _ = _lockstep(tx, before, params, grads)
+    for _, updates, reference in history:
+      for name in _TOWER_SHAPES:
+        assert _bits(updates[name]) == _bits(reference[name]), name
+  # Off, the retriever key is never looked at: trees without one (mlm, say) are fine.
+  defaults.init({"encoder": p["encoder"]})
+
+
+def test_missing_retriever_key_is_a_value_error():
+  params = jax.tree_util.tree_map(jnp.asarray, _tower_params())
+  for kwargs in (dict(freeze_retriever_steps=3), dict(retriever_lr_scale=0.1)):
+    tx = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, retriever_keys=("question",), **kwargs)
+    with pytest.raises(ValueError, match=r"retriever key 'question' .*keys present: "
+                                         r"\['encoder', 'retriever'\]"):
+      tx.init(params)
+  tx = optim.bert_optimizer(_PEAK_LR, _TOTAL_STEPS, freeze_retriever_steps=3)
+  with pytest.raises(ValueError, match=r"retriever key 'retriever' .*\['encoder'\]"):
+    tx.init({"encoder": params["encoder"]})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(retriever_lr_scale=-0.1), "retriever_lr_scale must be finite and >= 0"),
+    (dict(retriever_lr_scale=float("nan")), "retriever_lr_scale must be finite and >= 0"),
+    (dict(freeze_retriever_steps=-1), "freeze_retriever_steps must be >= 0"),
+    (dict(freeze_retriever_steps=1e3), "freeze_retriever_steps must be an integer"),
+    (dict(freeze_retriever_steps=2, retriever_keys=()), "retriever_keys is empty"),
+])
+def test_retriever_option_validation(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    optim.bert_optimizer(1e-4, 100, **kwargs)

@@ -126,8 +126,8 @@ def test_metrics_progress_eval_and_best_checkpoint(setup, tmp_path, caplog):
   # TensorBoard event file under the run directory, with the namespaced scalars.
   assert glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))
   scalars = _tensorboard_scalars(os.path.join(run_dir, "tensorboard"))
-  for tag in ("train/loss", "train/grad_norm", "train/learning_rate", "train/accuracy",
-              "retrieval/index_step"):
+  for tag in ("train/loss", "train/grad_norm", "train/grad_norm/retriever",
+              "train/learning_rate", "train/accuracy", "retrieval/index_step"):
     assert sorted(scalars[tag]) == [1, 2, 3, 4, 5, 6], tag
   # Step s applies lr(s - 1): 0 at the first update, BERT's warmup then linear decay.
   schedule = setup["schedule"]
@@ -145,6 +145,7 @@ def test_metrics_progress_eval_and_best_checkpoint(setup, tmp_path, caplog):
   # Console: clu's logging writer and the progress line with rate and ETA.
   text = caplog.text
   assert "train/loss=" in text and "perf/examples_per_s=" in text
+  assert "train/grad_norm/retriever=" in text
   assert "step 3/6 (50.0%)" in text and "steps/s" in text and "ETA 0:00:0" in text
 
   # Best checkpoint by eval/utility (step 4) survives keep=1; the newest (6) is kept too.
@@ -234,3 +235,59 @@ def test_host_metadata_stays_on_the_host(setup, tmp_path):
                    writer=Recorder())
   for a, b in zip(jax.tree.leaves(with_meta.params), jax.tree.leaves(without.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _pretrain_batch(batch=4, candidates=3, masks=3, query_len=8, block_len=10, seed=0):
+  rng = np.random.default_rng(seed)
+  ints = lambda *shape: rng.integers(1, 60, shape).astype(np.int32)
+  reader_len = query_len + block_len
+  return {
+      "query_ids": ints(batch, query_len),
+      "query_type_ids": np.zeros((batch, query_len), np.int32),
+      "query_mask": np.ones((batch, query_len), np.int32),
+      "candidate_input_ids": ints(batch, candidates, block_len),
+      "candidate_type_ids": np.zeros((batch, candidates, block_len), np.int32),
+      "candidate_mask": np.ones((batch, candidates, block_len), np.int32),
+      "reader_ids": ints(batch, candidates, reader_len),
+      "reader_type_ids": np.zeros((batch, candidates, reader_len), np.int32),
+      "reader_mask": np.ones((batch, candidates, reader_len), np.int32),
+      "mlm_positions": np.tile(np.array([1, 2, 3], np.int32), (batch, 1)),
+      "mlm_targets": ints(batch, masks),
+      "mlm_weights": np.ones((batch, masks), np.float32),
+      "example_mask": np.ones((batch,), np.float32),
+  }
+
+
+def test_per_tower_grad_norms_match_numpy():
+  """train/grad_norm/<key> for REALM pretraining's two towers: the L2 norm of each top-level
+  subtree's raw (unclipped) gradient, here from `jax.grad` of the loss and NumPy."""
+  config = CONFIG.replace(**{"bert.num_layers": 1, "bert.hidden_dropout": 0.0,
+                             "bert.attention_dropout": 0.0})
+  model = realm.RealmPretrainModel(config)
+  mesh = partitioning.make_mesh(devices=jax.devices()[:1])
+  optimizer = optim.bert_optimizer(PEAK_LR, TOTAL_STEPS, warmup_steps=WARMUP)
+  step = trainer.make_train_step(model, optimizer, mesh=mesh,
+                                 compiler_options=train_child.FAST_COMPILE)
+  state = step.init_state(0)
+  # Host copies before the step donates the state's buffers.
+  params, rng = jax.device_get(state.params), jax.device_get(state.rng)
+  batch = _pretrain_batch()
+  _, metrics = step(state, partitioning.shard_batch(batch, mesh))
+  metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
+
+  key = jax.random.fold_in(jax.random.wrap_key_data(rng), 0)  # the step's dropout key
+  grads = jax.device_get(jax.grad(lambda p: model.loss_fn(p, batch, key)[0])(params))
+
+  def norm(tree):
+    return float(np.linalg.norm(np.concatenate(
+        [np.asarray(leaf, np.float64).ravel() for leaf in jax.tree.leaves(tree)])))
+
+  assert sorted(grads) == ["encoder", "retriever"]
+  for tower in ("retriever", "encoder"):
+    assert metrics[f"train/grad_norm/{tower}"] == pytest.approx(norm(grads[tower]), rel=1e-4)
+  assert metrics["train/grad_norm"] == pytest.approx(norm(grads), rel=1e-4)
+  # Before clipping (at 1.0): the encoder's norm alone is above the threshold, and the towers
+  # differ, so neither a clipped norm nor one tower's norm under the other's name would pass.
+  assert metrics["train/grad_norm/encoder"] > 1.0
+  assert metrics["train/grad_norm/retriever"] != pytest.approx(metrics["train/grad_norm/encoder"],
+                                                               rel=0.05)
