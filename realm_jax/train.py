@@ -120,8 +120,10 @@ def _feature_len(task_name: str, feature: str) -> int:
   return int(dataset.element_spec[feature].shape[0])
 
 
-def _check_init_checkpoint(step_dir: str, config: Any, knob: str = "init_checkpoint") -> None:
-  """One-line ConfigError unless `step_dir` is a finished checkpoint of this model size."""
+def _check_init_checkpoint(step_dir: str, config: Any, knob: str = "init_checkpoint", *,
+                           bert_only: bool = False) -> None:
+  """One-line ConfigError unless `step_dir` is a finished checkpoint of this model size (of this
+  BERT shape with `bert_only`: a BERT warm start, whose heads start fresh)."""
   from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   try:
@@ -131,7 +133,7 @@ def _check_init_checkpoint(step_dir: str, config: Any, knob: str = "init_checkpo
     except (KeyError, TypeError, ValueError) as e:
       raise ckpt_lib.CheckpointError(f"{step_dir}: the metadata's model config is unreadable "
                                      f"({e})") from e
-    ckpt_lib.check_model_size(their_config, config, step_dir)
+    ckpt_lib.check_model_size(their_config, config, step_dir, bert_only=bert_only)
   except ckpt_lib.CheckpointError as e:
     raise ConfigError(f"{knob}: {gin_utils.one_line(e)}") from e
 
@@ -178,11 +180,14 @@ def _warm_start(job: str, checkpoint: dict, fresh: dict, source: str) -> tuple[d
   return params, ", ".join(taken)
 
 
-def _warm_start_encoder(checkpoint: dict, params: dict, source: str) -> dict:
-  """pretrain's `encoder_checkpoint`: the knowledge-augmented encoder from a converted BERT or
-  an `mlm` checkpoint (REALM starts its encoder from BERT)."""
+def _warm_start_encoder(job: str, checkpoint: dict, params: dict, source: str) -> dict:
+  """`encoder_checkpoint` (a converted BERT or an `mlm` checkpoint): pretrain's
+  knowledge-augmented encoder (REALM starts it from BERT), or finetune's reader BERT under a
+  fresh span head (ORQA's reader starts from BERT: fine-tuning without REALM pretraining)."""
   if "encoder" not in checkpoint:
     raise ConfigError(f"encoder_checkpoint {source}: no encoder params (has {sorted(checkpoint)})")
+  if job == "finetune":
+    return {**params, "reader": {**params["reader"], "bert": checkpoint["encoder"]["bert"]}}
   return {**params, "encoder": checkpoint["encoder"]}
 
 
@@ -235,6 +240,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                mesh_shape: Sequence[int] = (-1, 1), rules: Optional[Sequence] = None,
                seed: int = 0, init_checkpoint: Optional[str] = None,
                encoder_checkpoint: Optional[str] = None,
+               retriever_lr_scale: float = 1.0, freeze_retriever_steps: int = 0,
                index_check_every: int = 100, first_index_checkpoint_dir: Optional[str] = None,
                block_store: Optional[str] = None, pretrain_records: Optional[str] = None,
                num_candidates: int = 8, null_document: bool = True,
@@ -264,7 +270,18 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       (model size checked; ignored when resuming); see `_warm_start`.
     encoder_checkpoint: pretrain: a checkpoint step directory (a converted BERT's or an mlm run's)
       whose encoder the knowledge-augmented encoder starts from (None: random, or
-      `init_checkpoint`'s encoder when it has one).
+      `init_checkpoint`'s encoder when it has one). finetune: the reader's BERT starts from its
+      encoder's BERT (ORQA: an ICT `init_checkpoint` and a BERT reader), overriding
+      `init_checkpoint`'s reader.
+    retriever_lr_scale: pretrain/finetune: the retriever's (question tower's) updates are
+      multiplied by this (its lr relative to the encoder's or reader's; same schedule), as
+      Atlas's `--lr_retriever`. 1.0 (off): REALM uses one optimizer for both towers
+      (REALM_SPEC 18); a toy-world deviation where set. See `optim.bert_optimizer`.
+    freeze_retriever_steps: pretrain/finetune: the retriever's parameters stay exactly as they
+      are for this many first updates (Atlas's `--freeze_retriever_steps`: its gradient is noise
+      while the encoder cannot read yet); its Adam moments still accumulate. 0: off (REALM_SPEC
+      18). Either option on changes the optimizer state's structure: a run resumes only with
+      the options on or off as they were.
     index_check_every: pretrain/finetune: look for a newer published index every this many
       steps.
     first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
@@ -321,10 +338,14 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   _check_task(job, str(task))
   if init_checkpoint is not None and job == "mlm":
     raise ConfigError("train_main.init_checkpoint is for jobs 'ict', 'pretrain' and 'finetune'")
-  if encoder_checkpoint is not None and job != "pretrain":
-    raise ConfigError("train_main.encoder_checkpoint is a 'pretrain' option")
+  if encoder_checkpoint is not None and job not in ("pretrain", "finetune"):
+    raise ConfigError("train_main.encoder_checkpoint is a 'pretrain' and 'finetune' option")
   if train_document_tower and job != "finetune":
     raise ConfigError("train_main.train_document_tower is a 'finetune' option")
+  if retriever_lr_scale != 1.0 and job not in ("pretrain", "finetune"):
+    raise ConfigError("train_main.retriever_lr_scale is a 'pretrain' and 'finetune' option")
+  if freeze_retriever_steps != 0 and job not in ("pretrain", "finetune"):
+    raise ConfigError("train_main.freeze_retriever_steps is a 'pretrain' and 'finetune' option")
   rules = partitioning.DEFAULT_RULES if rules is None else tuple(tuple(r) for r in rules)
   try:
     mesh = partitioning.make_mesh(*mesh_shape)
@@ -337,9 +358,11 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"{jax.process_count()} hosts) is not a multiple of the mesh's data axis "
                       f"({data_size})")
   if init_checkpoint is not None:
-    _check_init_checkpoint(init_checkpoint, model_config)
+    # ICT starts its towers from a BERT: only BERT's shape must match.
+    _check_init_checkpoint(init_checkpoint, model_config, bert_only=job == "ict")
   if encoder_checkpoint is not None:
-    _check_init_checkpoint(encoder_checkpoint, model_config, "encoder_checkpoint")
+    _check_init_checkpoint(encoder_checkpoint, model_config, "encoder_checkpoint",
+                           bert_only=True)
 
   store = None
   if job not in _INDEX_FREE_JOBS:
@@ -384,7 +407,15 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     batches = None  # reads the split: built after the dry-run exit
 
   schedule = optim.bert_learning_rate_schedule(learning_rate, num_steps, warmup_steps)
-  optimizer = optim.bert_optimizer(learning_rate, num_steps, warmup_steps=warmup_steps)
+  try:
+    # Both jobs' parameter trees keep the retriever (finetune: the question tower) under
+    # "retriever"; with the options off this is the plain optimizer.
+    optimizer = optim.bert_optimizer(learning_rate, num_steps, warmup_steps=warmup_steps,
+                                     retriever_lr_scale=retriever_lr_scale,
+                                     freeze_retriever_steps=freeze_retriever_steps,
+                                     retriever_keys=("retriever",))
+  except ValueError as e:
+    raise ConfigError(f"train_main: {e}") from e
   train_step = trainer.make_train_step(model, optimizer, mesh=mesh, rules=rules,
                                        learning_rate_fn=schedule)
   num_params = sum(int(x.size) for x in jax.tree.leaves(train_step.abstract_state.params))
@@ -396,6 +427,10 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     description += f", warm start from {init_checkpoint}"
   if encoder_checkpoint is not None:
     description += f", encoder from {encoder_checkpoint}"
+  if retriever_lr_scale != 1.0:
+    description += f", retriever lr x{retriever_lr_scale:g}"
+  if freeze_retriever_steps:
+    description += f", retriever frozen for {freeze_retriever_steps} steps"
 
   if dry_run:
     if store is not None:
@@ -421,12 +456,12 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 
   if init_checkpoint is not None or encoder_checkpoint is not None:
     checkpoint = encoder = None
+    # Sizes were checked above (_check_init_checkpoint): a BERT warm start's heads may differ.
     if init_checkpoint is not None:
-      checkpoint, _, _ = ckpt_lib.restore_checkpoint_dir(init_checkpoint,
-                                                         expected_config=model_config)
+      checkpoint, _, _ = ckpt_lib.restore_checkpoint_dir(
+          init_checkpoint, expected_config=None if job == "ict" else model_config)
     if encoder_checkpoint is not None:
-      encoder, _, _ = ckpt_lib.restore_checkpoint_dir(encoder_checkpoint,
-                                                      expected_config=model_config)
+      encoder, _, _ = ckpt_lib.restore_checkpoint_dir(encoder_checkpoint)
     fresh_init = train_step.init_state
 
     def warm_init(rng):
@@ -436,7 +471,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
         params, taken = _warm_start(job, checkpoint, params, init_checkpoint)
         log.info("warm start from %s: %s", init_checkpoint, taken)
       if encoder is not None:
-        params = _warm_start_encoder(encoder, params, encoder_checkpoint)
+        params = _warm_start_encoder(job, encoder, params, encoder_checkpoint)
         log.info("encoder from %s", encoder_checkpoint)
       return state.replace(params=jax.device_put(params, train_step.state_sharding.params))
 

@@ -30,7 +30,7 @@ def _stderr_lines(capsys):
 
 
 DRY_RUNS = {
-    "toy_mlm": ["--gin_file=gin_configs/experiments/toy_mlm.gin"],
+    "toy_bert": ["--gin_file=gin_configs/experiments/toy_bert.gin"],
     "runs_mlm": ["--gin_file=gin_configs/models/tiny.gin", "--gin_file=gin_configs/runs/mlm.gin",
                  "--gin.TASK='mlm_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
                  "--gin.train_main.mesh_shape=(4, 2)"],
@@ -71,7 +71,7 @@ DRY_RUNS = {
                     "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
 }
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
-        "toy_mlm": "mlm", "runs_mlm": "mlm"}
+        "toy_bert": "mlm", "runs_mlm": "mlm"}
 
 
 def _resolved(args):
@@ -162,6 +162,28 @@ def test_warm_start_checkpoint_of_another_model_size(name, item, macro, tmp_path
   assert "another model size" in line, line
 
 
+@pytest.mark.parametrize("name,macro", [("toy_ict", "INIT_CHECKPOINT"),
+                                        ("toy_pretrain", "ENCODER_CHECKPOINT"),
+                                        ("toy_finetune", "ENCODER_CHECKPOINT")])
+def test_bert_warm_start_needs_only_the_bert_shape(name, macro, tmp_path, capsys):
+  """A converted BERT records transformers' defaults for REALM's heads ([CLS] pooling, span
+  width 256); only its BERT shape has to match the run's, since the heads start fresh."""
+  toy_shape = config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512)
+  bert = config_lib.RealmConfig(bert=toy_shape)
+  assert bert.retriever_pooling == "cls" and bert.span_hidden_size == 256
+  step_dir = checkpoints.save_checkpoint(
+      str(tmp_path / "bert"), 0, {"encoder": {"w": np.zeros([2], np.float32)}}, config=bert)
+  assert _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                f"--gin.{macro}='{step_dir}'", "--dry_run") == 0, capsys.readouterr()
+  other = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64, num_heads=2))
+  step_dir = checkpoints.save_checkpoint(
+      str(tmp_path / "other"), 0, {"encoder": {"w": np.zeros([2], np.float32)}}, config=other)
+  line = _one_config_error(capsys, _train(
+      *DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run2'}'", f"--gin.{macro}='{step_dir}'",
+      "--dry_run"))
+  assert "another model size" in line and "hidden_size 64 vs 128" in line, line
+
+
 def test_build_index_config_error_is_one_line(capsys):
   code = build_index.main(["build_index", "--gin_file=gin_configs/runs/build_index.gin"])
   out, err = _stderr_lines(capsys)
@@ -171,12 +193,19 @@ def test_build_index_config_error_is_one_line(capsys):
 
 @pytest.mark.parametrize("name,binding,expected", [
     ("toy_pretrain", "TASK='toy_qa'", "does not fit job 'pretrain'"),
-    ("toy_mlm", "TASK='ict_toy'", "does not fit job 'mlm'"),
+    ("toy_bert", "TASK='ict_toy'", "does not fit job 'mlm'"),
     ("toy_ict", "TASK='mlm_toy'", "does not fit job 'ict'"),
     ("toy_finetune", "TASK='ict_toy'", "is not a QA task"),
     ("toy_finetune", "TASK='toy_qaa'", "unknown seqio task or mixture 'toy_qaa'"),
-    ("toy_mlm", "train_main.init_checkpoint='/x'", "init_checkpoint is for jobs 'ict'"),
-    ("toy_ict", "train_main.encoder_checkpoint='/x'", "encoder_checkpoint is a 'pretrain' option"),
+    ("toy_bert", "train_main.init_checkpoint='/x'", "init_checkpoint is for jobs 'ict'"),
+    ("toy_ict", "train_main.encoder_checkpoint='/x'",
+     "encoder_checkpoint is a 'pretrain' and 'finetune' option"),
+    ("toy_ict", "train_main.freeze_retriever_steps=100",
+     "freeze_retriever_steps is a 'pretrain' and 'finetune' option"),
+    ("toy_bert", "train_main.retriever_lr_scale=0.1",
+     "retriever_lr_scale is a 'pretrain' and 'finetune' option"),
+    ("toy_pretrain", "train_main.retriever_lr_scale=-1.0",
+     "retriever_lr_scale must be finite and >= 0"),
 ])
 def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, capsys):
   line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
@@ -184,11 +213,24 @@ def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, ca
   assert expected in line, line
 
 
+@pytest.mark.parametrize("name", ["toy_pretrain", "toy_finetune"])
+def test_retriever_protection_builds_for_both_towered_jobs(name, tmp_path, capsys):
+  # The optimizer finds each job's retriever ("retriever": fine-tuning's question tower too)
+  # when the state is traced; a wrong key would be an error here, not a dry run.
+  code = _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                "--gin.train_main.freeze_retriever_steps=5",
+                "--gin.train_main.retriever_lr_scale=0.1", "--dry_run")
+  out, err = _stderr_lines(capsys)
+  assert code == 0, err
+  assert "retriever lr x0.1, retriever frozen for 5 steps" in out, out
+
+
 def _tiny_params(model_cls, seed):
   import jax  # pylint: disable=import-outside-toplevel
-  from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import open_qa, realm  # pylint: disable=import-outside-toplevel
   config = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=50), proj_size=8)
-  return jax.device_get(getattr(realm, model_cls)(config).init(jax.random.PRNGKey(seed)))
+  module = open_qa if model_cls == "OpenQAModel" else realm
+  return jax.device_get(getattr(module, model_cls)(config).init(jax.random.PRNGKey(seed)))
 
 
 def _leaves_equal(a, b):
@@ -216,8 +258,21 @@ def test_pretraining_takes_the_encoder_from_an_mlm_checkpoint():
   fresh = _tiny_params("RealmPretrainModel", 3)
   params, taken = train._warm_start("pretrain", ict, fresh, "ict/5")
   assert taken == "retriever" and _leaves_equal(params["encoder"], fresh["encoder"])
-  params = train._warm_start_encoder(mlm, params, "mlm/5")
+  params = train._warm_start_encoder("pretrain", mlm, params, "mlm/5")
   assert _leaves_equal(params["retriever"], ict["retriever"])
   assert _leaves_equal(params["encoder"], mlm["encoder"])
   with pytest.raises(gin_utils.ConfigError, match="encoder_checkpoint ict/5: no encoder"):
-    train._warm_start_encoder(ict, params, "ict/5")
+    train._warm_start_encoder("pretrain", ict, params, "ict/5")
+
+
+def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_from_ict():
+  """The ORQA-style baseline: an ICT init_checkpoint (retriever) and a BERT encoder_checkpoint
+  (the reader's BERT; the span head stays fresh)."""
+  ict, mlm = _tiny_params("IctModel", 1), _tiny_params("BertMlmModel", 2)
+  fresh = _tiny_params("OpenQAModel", 3)
+  params, taken = train._warm_start("finetune", ict, fresh, "ict/5")
+  assert taken == "retriever" and _leaves_equal(params["retriever"], ict["retriever"])
+  params = train._warm_start_encoder("finetune", mlm, params, "mlm/5")
+  assert _leaves_equal(params["reader"]["bert"], mlm["encoder"]["bert"])
+  assert _leaves_equal(params["reader"]["span_head"], fresh["reader"]["span_head"])
+  assert _leaves_equal(params["retriever"], ict["retriever"])

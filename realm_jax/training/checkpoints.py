@@ -404,9 +404,19 @@ def describe_size(config: RealmConfig) -> str:
                  f", {config.retriever_pooling}-pooled retriever")
 
 
-def check_model_size(config: RealmConfig, expected: RealmConfig, where: str) -> None:
-  """Raises a one-line CheckpointError when `config` and `expected` differ in shape."""
+# The `model_size` fields of BERT itself: all a BERT warm start (a converted BERT, or an mlm run's
+# encoder) must share with the run it starts; the retriever's and reader's heads start fresh.
+BERT_SIZE_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size",
+                    "max_position_embeddings", "type_vocab_size")
+
+
+def check_model_size(config: RealmConfig, expected: RealmConfig, where: str, *,
+                     bert_only: bool = False) -> None:
+  """Raises a one-line CheckpointError when `config` and `expected` differ in shape (in BERT's
+  shape only with `bert_only`)."""
   got, want = model_size(config), model_size(expected)
+  if bert_only:
+    got, want = ({k: d[k] for k in BERT_SIZE_FIELDS} for d in (got, want))
   if got != want:
     diff = ", ".join(f"{k} {got[k]} vs {want[k]}" for k in got if got[k] != want[k])
     raise CheckpointError(
