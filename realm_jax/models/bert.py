@@ -19,6 +19,7 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from realm_jax.models.config import RETRIEVER_POOLINGS, BertConfig
 
@@ -42,6 +43,24 @@ def param_init(config: BertConfig, names: tuple[str | None, ...]):
   """BERT's truncated-normal(std=initializer_range) initialiser with logical axis names."""
   return nn.with_logical_partitioning(
       nn.initializers.truncated_normal(config.initializer_range), names)
+
+
+def sinusoidal_init(std: float):
+  """The Transformer's position table (sin on the first half of the features, cos on the
+  second, wavelengths 2*pi .. 10000*2*pi) scaled to standard deviation `std`."""
+
+  def init(key, shape, dtype=jnp.float32):
+    del key  # deterministic
+    positions, features = shape
+    # [positions, features // 2]
+    angles = (np.arange(positions)[:, None]
+              / 10000.0 ** (2 * np.arange(features // 2)[None] / features))
+    table = np.zeros(shape)
+    table[:, :features // 2], table[:, features // 2:2 * (features // 2)] = (np.sin(angles),
+                                                                             np.cos(angles))
+    return jnp.asarray(table * std / table.std(), dtype)
+
+  return init
 
 
 def zeros_init(names: tuple[str | None, ...]):
@@ -72,6 +91,39 @@ def dense(features: int, config: BertConfig, names: tuple[str, str], name: str) 
       kernel_init=param_init(config, names), bias_init=zeros_init((names[1],)), name=name)
 
 
+@jax.custom_vjp
+def tied_decode(hidden: Array, table: Array, bias: Array) -> Array:
+  """`hidden @ table.T + bias`: [rows, embed] x [vocab, embed] + [vocab] -> [rows, vocab].
+
+  The MLM decoder tied to the word embeddings, with its gradients written out: for autodiff's
+  backward of this product XLA:CPU copies the [rows, vocab] cotangent transposed for the
+  table's gradient and sums it over rows with a reduction for the bias's, which together cost
+  more than the backward's two matmuls (toy BERT: 320 mask rows x 30522 words). Here the
+  table's gradient is one matmul over the cotangent as it lies and the bias's `ones @ g`, a
+  matrix-vector product. Same values as autodiff up to summation order.
+  """
+  return jnp.dot(hidden, table.T) + bias
+
+
+def _tied_decode_fwd(hidden, table, bias):
+  return tied_decode(hidden, table, bias), (hidden, table)
+
+
+def _tied_decode_bwd(residuals, g):
+  hidden, table = residuals
+  # [rows, embed]
+  d_hidden = jnp.dot(g, table)
+  # [vocab, embed]
+  d_table = jnp.dot(hidden.T, g).T
+  # [vocab]
+  d_bias = jnp.dot(jnp.ones(g.shape[:1], g.dtype), g,
+                   preferred_element_type=jnp.float32).astype(g.dtype)
+  return d_hidden, d_table, d_bias
+
+
+tied_decode.defvjp(_tied_decode_fwd, _tied_decode_bwd)
+
+
 class BertEmbeddings(nn.Module):
   """Word + position + token-type embeddings, then LayerNorm and dropout."""
 
@@ -83,8 +135,11 @@ class BertEmbeddings(nn.Module):
                               param_dtype=cfg.storage_dtype)
     self.word_embeddings = embed(
         cfg.vocab_size, embedding_init=param_init(cfg, ("vocab", "embed")))
-    self.position_embeddings = embed(
-        cfg.max_position_embeddings, embedding_init=param_init(cfg, (None, "embed")))
+    position_init = (param_init(cfg, (None, "embed")) if cfg.position_init == "normal" else
+                     nn.with_logical_partitioning(sinusoidal_init(cfg.initializer_range),
+                                                  (None, "embed")))
+    self.position_embeddings = embed(cfg.max_position_embeddings,
+                                     embedding_init=position_init)
     self.token_type_embeddings = embed(
         cfg.type_vocab_size, embedding_init=param_init(cfg, (None, "embed")))
     self.layer_norm = layer_norm(cfg.layer_norm_eps, cfg, name="layer_norm")
@@ -103,9 +158,17 @@ class BertEmbeddings(nn.Module):
     x = self.layer_norm(x)
     return self.dropout(x, deterministic=deterministic)
 
-  def attend(self, hidden: Array) -> Array:
-    """Logits against the word embeddings (the MLM decoder is tied to them)."""
-    return self.word_embeddings.attend(hidden)
+  def attend(self, hidden: Array, bias: Array | None = None) -> Array:
+    """Logits against the word embeddings (the MLM decoder is tied to them), plus `bias`
+    ([vocab], the MLM head's output bias) when given."""
+    if bias is None:
+      return self.word_embeddings.attend(hidden)
+    table = jnp.asarray(self.word_embeddings.embedding, self.config.compute_dtype)
+    hidden = jnp.asarray(hidden, self.config.compute_dtype)
+    bias = jnp.asarray(bias, self.config.compute_dtype)
+    # [rows, vocab]
+    logits = tied_decode(hidden.reshape(-1, hidden.shape[-1]), table, bias)
+    return logits.reshape(*hidden.shape[:-1], -1)
 
 
 class SelfAttention(nn.Module):
@@ -245,6 +308,6 @@ class BertModel(nn.Module):
       pooled = pooled.reshape(*leading, -1)
     return x.reshape(*leading, length, -1), pooled
 
-  def attend(self, hidden: Array) -> Array:
-    """Vocabulary logits from hidden states with the tied word embeddings."""
-    return self.embeddings.attend(hidden)
+  def attend(self, hidden: Array, bias: Array | None = None) -> Array:
+    """Vocabulary logits from hidden states with the tied word embeddings (+ `bias` [vocab])."""
+    return self.embeddings.attend(hidden, bias)

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 # Activation names as transformers' `hidden_act` spells them. REALM uses `gelu_new` (the tanh
 # approximation); plain BERT checkpoints such as all-MiniLM use `gelu` (the exact erf form).
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+POSITION_INITS = ("normal", "sinusoidal")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,11 @@ class BertConfig:
     attention_dropout: dropout on attention probabilities.
     dtype: compute dtype ("float32" or "bfloat16"); parameters stay in `param_dtype`.
     param_dtype: storage dtype of the parameters.
+    position_init: how the learned position embeddings start: "normal" (BERT's truncated
+      normal) or "sinusoidal" (the Transformer's sine/cosine table scaled to the same std), which
+      gives a BERT trained from scratch the relative-position structure that attending to a
+      neighbouring token needs from its first step (the toy BERT; see
+      experiments/toy_bert.gin). Only the initialisation differs; the parameters are the same.
   """
 
   vocab_size: int = 30522
@@ -51,6 +57,7 @@ class BertConfig:
   attention_dropout: float = 0.1
   dtype: str = "float32"
   param_dtype: str = "float32"
+  position_init: str = "normal"
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -60,6 +67,9 @@ class BertConfig:
     if self.hidden_act not in ACTIVATIONS:
       raise ValueError(
           f"BertConfig: hidden_act={self.hidden_act!r} is not one of {ACTIVATIONS}.")
+    if self.position_init not in POSITION_INITS:
+      raise ValueError(f"BertConfig: position_init={self.position_init!r} is not one of "
+                       f"{POSITION_INITS}.")
     for field in ("dtype", "param_dtype"):
       value = getattr(self, field)
       if value not in ("float32", "bfloat16", "float16"):

@@ -49,16 +49,48 @@ def mlm_accuracy_sums(scores: Array, mlm_logits: Array, mlm_targets: Array, weig
     {"mlm_correct_sum", "null_mlm_correct_sum"}: float32 scalars (divide by sum(weights));
     without a null document only the first.
   """
-  log_probs = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)  # [B, K, M, V]
+  logits = mlm_logits.astype(jnp.float32)
+  x_max, shifted_logsumexp = _log_softmax_parts(logits)  # [B, K, M, 1] each
+  # jax.nn.log_softmax's values; and their maximum over the vocabulary, the same expression
+  # at the largest logit (it is non-decreasing in the logit, rounding included).
+  log_probs = (logits - x_max) - shifted_logsumexp  # [B, K, M, V]
+  log_probs_max = (x_max - x_max) - shifted_logsumexp  # [B, K, M, 1]
   log_prior = jax.nn.log_softmax(scores.astype(jnp.float32), axis=-1)  # [B, K]
-  marginal = jax.nn.logsumexp(log_probs + log_prior[:, :, None, None], axis=1)  # [B, M, V]
-  correct = (jnp.argmax(marginal, axis=-1) == mlm_targets).astype(jnp.float32)  # [B, M]
+  if logits.shape[1] == 1:
+    # logsumexp over one candidate is its value plus its log prior, exactly.
+    marginal = log_probs[:, 0] + log_prior[:, 0, None, None]  # [B, M, V]
+    marginal_max = log_probs_max[:, 0] + log_prior[:, 0, None, None]  # [B, M, 1]
+  else:
+    marginal = jax.nn.logsumexp(log_probs + log_prior[:, :, None, None], axis=1)  # [B, M, V]
+    marginal_max = None
+  correct = _is_argmax(marginal, mlm_targets, marginal_max).astype(jnp.float32)  # [B, M]
   if null_index is None:
     return {"mlm_correct_sum": jnp.sum(correct * weights)}
-  null_correct = (jnp.argmax(log_probs[:, null_index], axis=-1) == mlm_targets).astype(
-      jnp.float32)  # [B, M]
+  null_correct = _is_argmax(log_probs[:, null_index], mlm_targets,
+                            log_probs_max[:, null_index]).astype(jnp.float32)  # [B, M]
   return {"mlm_correct_sum": jnp.sum(correct * weights),
           "null_mlm_correct_sum": jnp.sum(null_correct * weights)}
+
+
+def _is_argmax(values: Array, targets: Array, values_max: Array | None = None) -> Array:
+  """`jnp.argmax(values, axis=-1) == targets`, from the maximum (given, or taken here) and one
+  min-reduction: the first index holding the maximum, or the first NaN, as argmax picks. On a
+  CPU, XLA runs argmax's (value, index) reduction element by element, about ten times slower.
+
+  Args:
+    values: [..., vocab].
+    targets: int [...].
+    values_max: [..., 1] the maximum of `values` over the last axis, or None.
+
+  Returns:
+    bool [...].
+  """
+  if values_max is None:
+    values_max = jnp.max(values, axis=-1, keepdims=True)
+  vocab = values.shape[-1]
+  index = jax.lax.broadcasted_iota(jnp.int32, values.shape, values.ndim - 1)
+  first = jnp.min(jnp.where((values == values_max) | jnp.isnan(values), index, vocab), axis=-1)
+  return first == targets
 
 
 def mlm_token_log_probs(mlm_logits: Array, mlm_targets: Array) -> Array:
@@ -75,16 +107,66 @@ def mlm_token_log_probs(mlm_logits: Array, mlm_targets: Array) -> Array:
     their (padding) target yields; the losses below ignore them through ``mlm_weights``.
   """
   # Normalise in float32: log_softmax over a 30k vocabulary in bfloat16 loses most digits.
-  log_probs = jax.nn.log_softmax(mlm_logits.astype(jnp.float32), axis=-1)
+  logits = mlm_logits.astype(jnp.float32)
   # [batch, candidates, masks, vocab]
-  num_candidates = log_probs.shape[1]
-  # The same targets for every candidate; broadcast explicitly so take_along_axis sees equal ranks.
-  targets = jnp.broadcast_to(
-      mlm_targets[:, None, :, None],
-      (mlm_targets.shape[0], num_candidates, mlm_targets.shape[1], 1))
-  # [batch, candidates, masks, 1]
-  return jnp.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+  num_candidates = logits.shape[1]
+  # The same targets for every candidate.
+  targets = jnp.broadcast_to(mlm_targets[:, None, :],
+                             (mlm_targets.shape[0], num_candidates, mlm_targets.shape[1]))
+  return _target_log_softmax(logits, targets)
   # [batch, candidates, masks]
+
+
+def _log_softmax_parts(logits: Array) -> tuple[Array, Array]:
+  """`max` and `log(sum(exp(logits - max)))` over the last axis (keepdims), as
+  `jax.nn.log_softmax` computes them."""
+  x_max = jnp.max(logits, axis=-1, initial=-np.inf, keepdims=True)
+  shifted_logsumexp = jnp.log(jnp.sum(jnp.exp(logits - x_max), axis=-1, keepdims=True))
+  return x_max, shifted_logsumexp
+
+
+@jax.custom_vjp
+def _target_log_softmax(logits: Array, targets: Array) -> Array:
+  """`take_along_axis(log_softmax(logits), targets[..., None], -1)[..., 0]` without forming the
+  log-softmax over the vocabulary, and with the gradient `g * (onehot(target) - softmax)`
+  written out: autodiff would scatter `g` into a zero [..., vocab] array, sum it back and take
+  another pass for the softmax, each a full pass over the logits (on a CPU, a large share of a
+  toy-sized train step). Same values as that expression (out-of-range targets give NaN, and no
+  gradient, as its gather does; negative ones count from the end).
+
+  Args:
+    logits: float32 [..., vocab].
+    targets: int [...].
+
+  Returns:
+    float32 [...].
+  """
+  x_max, shifted_logsumexp = _log_softmax_parts(logits)
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+  return ((target_logits - x_max) - shifted_logsumexp)[..., 0]
+
+
+def _target_log_softmax_fwd(logits, targets):
+  x_max, shifted_logsumexp = _log_softmax_parts(logits)
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+  out = ((target_logits - x_max) - shifted_logsumexp)[..., 0]
+  return out, (logits, targets, x_max, shifted_logsumexp)
+
+
+def _target_log_softmax_bwd(residuals, g):
+  logits, targets, x_max, shifted_logsumexp = residuals
+  vocab = logits.shape[-1]
+  # The gather's index rules: negative targets count from the end, out-of-range ones match none.
+  targets = jnp.where(targets < 0, targets + vocab, targets)
+  onehot = jax.lax.broadcasted_iota(targets.dtype, logits.shape, logits.ndim - 1) == (
+      targets[..., None])
+  # d log_softmax(x)_t / dx = onehot(t) - softmax(x)
+  softmax = jnp.exp((logits - x_max) - shifted_logsumexp)
+  d_logits = g[..., None] * (onehot.astype(logits.dtype) - softmax)
+  return d_logits, None
+
+
+_target_log_softmax.defvjp(_target_log_softmax_fwd, _target_log_softmax_bwd)
 
 
 def _masked_token_log_probs(token_log_probs: Array, mlm_weights: Array) -> Array:

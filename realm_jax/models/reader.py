@@ -38,7 +38,8 @@ def gather_positions(hidden: Array, positions: Array) -> Array:
 
 
 class MlmHead(nn.Module):
-  """BERT's MLM head; `decode` is the tied word-embedding matrix (BertModel.attend)."""
+  """BERT's MLM head; `decode(h, bias)` is the decoder tied to the word embeddings plus the
+  head's output bias (BertModel.attend)."""
 
   config: BertConfig
 
@@ -51,7 +52,7 @@ class MlmHead(nn.Module):
     h = layer_norm(cfg.layer_norm_eps, cfg, name="transform_layer_norm")(h)
     bias = self.param("bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.storage_dtype)
     # [..., vocab]
-    return decode(h) + jnp.asarray(bias, cfg.compute_dtype)
+    return decode(h, bias)
 
 
 class RealmKnowledgeAugEncoder(nn.Module):

@@ -1,6 +1,7 @@
 """Model structure and numerics that the transformers parity tests do not cover."""
 
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax
@@ -238,3 +239,28 @@ def test_mean_pooling_embeds_the_mean_of_real_tokens_and_ignores_padding():
   assert np.max(np.abs(cls - emb)) > 1e-3
   with pytest.raises(ValueError, match="retriever_pooling='max'"):
     TINY.replace(retriever_pooling="max")
+
+
+def test_sinusoidal_position_init_is_the_transformer_table_at_bert_scale():
+  """`position_init='sinusoidal'` (the toy BERT): position p, feature 2i-th frequency is
+  sin(p / 10000^(2i/d)) on the first half and cos on the second, scaled to std
+  initializer_range; 'normal' stays BERT's truncated normal; the parameters are the same."""
+  cfg = model_config.tiny_bert(hidden_size=16, num_heads=2, intermediate_size=32,
+                               max_position_embeddings=20, position_init="sinusoidal")
+  ids = jnp.zeros((1, 4), jnp.int32)
+  params = nn.unbox(BertModel(cfg).init(jax.random.PRNGKey(0), ids)["params"])
+  table = np.asarray(params["embeddings"]["position_embeddings"]["embedding"])
+  expected = np.zeros((20, 16))
+  for p in range(20):
+    for i in range(8):
+      angle = p / 10000 ** (2 * i / 16)
+      expected[p, i], expected[p, 8 + i] = math.sin(angle), math.cos(angle)
+  expected *= cfg.initializer_range / expected.std()
+  np.testing.assert_allclose(table, expected, rtol=1e-5, atol=1e-7)
+  normal = dataclasses.replace(cfg, position_init="normal")
+  other = nn.unbox(BertModel(normal).init(jax.random.PRNGKey(0), ids)["params"])
+  assert jax.tree_util.tree_structure(other) == jax.tree_util.tree_structure(params)
+  assert np.abs(other["embeddings"]["position_embeddings"]["embedding"]).max() <= (
+      2 * normal.initializer_range)  # truncated at two standard deviations
+  with pytest.raises(ValueError, match="position_init"):
+    model_config.tiny_bert(position_init="rotary")
