@@ -11,6 +11,7 @@ import functools
 import os
 
 from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import reading
 from realm_jax.data import open_qa
 from realm_jax.data import toy_world
 from realm_jax_tasks.open_qa import register_qa_task
@@ -38,6 +39,9 @@ TOY_ICT_REMOVE_PROBABILITY = 0.0
 # measured on the world of `TOY_BERT_HELDOUT_SEED`, which it never reads in training.
 TOY_BERT_READING_SEEDS = tuple(range(1, 9))
 TOY_BERT_HELDOUT_SEED = 100
+# The toy BERT's mix of examples (realm_jax.data.reading.ReadingMix).
+TOY_BERT_MIX = reading.ReadingMix(random_token_fraction=0.3, distractor_fraction=0.1,
+                                  null_fraction=0.05, copy_fraction=0.3)
 
 
 def toy_block_store_dir() -> str:
@@ -88,5 +92,6 @@ def register_toy_tasks() -> tuple[str, ...]:
                              pretrain_records=_toy_pretrain_records, block_len=TOY_BLOCK_LEN,
                              ict_remove_probability=TOY_ICT_REMOVE_PROBABILITY)
   register_qa_task("toy_qa", _toy_qa_split)
-  register_reading_task("mlm_toy_reading", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN)
+  register_reading_task("mlm_toy_reading", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN,
+                        mix=TOY_BERT_MIX)
   return TOY_TASKS

@@ -16,7 +16,11 @@ body one block of its corpus Z. What is masked and what is read beside it is dra
             answer stands in the context, but for the 1% of X's facts that only another
             document states, such as the year of an event a person took part in); "distractor" (`distractor_fraction`): a block of
             another document, as most of REALM's retrieved candidates are; "null"
-            (`null_fraction`): no body, REALM's null document
+            (`null_fraction`): no body, REALM's null document; "copy" (`copy_fraction`): the
+            own block with the sentence itself, unmasked, stated first, so the masked words
+            stand beside the same words that surround them in the query: the verbatim repeat
+            (a name mentioned twice) from which BERT's long documents teach copying, and the
+            easiest case of reading
 
 Own contexts teach copying; distractors and the null document teach the encoder to fall back on
 what it knows when the context does not hold the answer, as REALM's encoder must for the 7 of 8
@@ -35,7 +39,7 @@ from realm_jax.data import masking
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import candidates as candidates_lib
 
-CONTEXTS = ("own", "distractor", "null")
+CONTEXTS = ("own", "copy", "distractor", "null")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,13 +49,17 @@ class ReadingMix:
   random_token_fraction: float = 0.3
   distractor_fraction: float = 0.1
   null_fraction: float = 0.05
+  copy_fraction: float = 0.0
 
   def __post_init__(self):
-    for name in ("random_token_fraction", "distractor_fraction", "null_fraction"):
+    fractions = ("random_token_fraction", "distractor_fraction", "null_fraction",
+                 "copy_fraction")
+    for name in fractions:
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"ReadingMix: {name}={getattr(self, name)} is not in [0, 1].")
-    if self.distractor_fraction + self.null_fraction > 1.0:
-      raise ValueError("ReadingMix: distractor_fraction + null_fraction exceeds 1.")
+    if self.distractor_fraction + self.null_fraction + self.copy_fraction > 1.0:
+      raise ValueError("ReadingMix: distractor_fraction + null_fraction + copy_fraction "
+                       "exceeds 1.")
 
 
 def blocks_by_title(store: corpus_lib.BlockStore) -> dict[str, list[int]]:
@@ -81,6 +89,28 @@ def own_block(store: corpus_lib.BlockStore, block_ids: Sequence[int],
       return block_id
   counts = [np.isin(targets, body).sum() for body in bodies]
   return block_ids[int(np.argmax(counts))]
+
+
+def _copy_row(query: masking.MaskedQuery, store: corpus_lib.BlockStore, block_id: int,
+              reader_len: int) -> dict:
+  """`[CLS] masked sentence [SEP] sentence body [SEP]`: the "copy" context (the body cut at its
+  end to fit, as `reader_inputs` cuts it)."""
+  from realm_jax.data.vocab import PAD_ID, SEP_ID  # pylint: disable=g-import-not-at-top
+  query_len = int(query.query_mask.sum())
+  real = query.mlm_weights > 0
+  sentence = query.query_ids[:query_len].copy()  # [CLS] s [SEP] with its masks
+  sentence[query.mlm_positions[real]] = query.mlm_targets[real]  # the words themselves
+  context = np.concatenate([sentence[1:-1], store.body_tokens(block_id)])
+  context = context[:reader_len - query_len - 1]
+  row = np.concatenate([query.query_ids[:query_len], context, [SEP_ID]]).astype(np.int32)
+  ids = np.full([reader_len], PAD_ID, np.int32)
+  ids[:row.size] = row
+  type_ids = np.zeros([reader_len], np.int32)
+  type_ids[query_len:row.size] = 1
+  mask = (np.arange(reader_len) < row.size).astype(np.int32)
+  return {"input_ids": ids, "type_ids": type_ids, "input_mask": mask,
+          "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,
+          "mlm_weights": query.mlm_weights, "context": "copy"}
 
 
 def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore,
@@ -118,7 +148,9 @@ def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore
   if context is None:
     draw = rng.random()
     context = ("null" if draw < mix.null_fraction else
-               "distractor" if draw < mix.null_fraction + mix.distractor_fraction else "own")
+               "distractor" if draw < mix.null_fraction + mix.distractor_fraction else
+               "copy" if draw < mix.null_fraction + mix.distractor_fraction + mix.copy_fraction
+               else "own")
   if context not in CONTEXTS:
     raise ValueError(f"context={context!r} is not one of {CONTEXTS}.")
   query = masking.make_masked_query(record, strategy=strategy, rng=rng, vocab=vocab,
@@ -126,6 +158,8 @@ def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore
   if query is None:
     return None
   targets = query.mlm_targets[query.mlm_weights > 0]
+  if context == "copy":
+    return _copy_row(query, store, own_block(store, own_blocks, targets), reader_len)
   if context == "own":
     block_id = own_block(store, own_blocks, targets)
   elif context == "distractor":

@@ -88,9 +88,28 @@ def test_null_and_distractor_contexts(world):
     assert others and all(store.title(b) != records[index]["title"] for b in others)
 
 
+def test_copy_context_states_the_sentence_itself_before_the_block(world):
+  store, title_blocks, records = world
+  for index in range(20):
+    for strategy in ("salient_span", "random_token"):
+      copy = _example(world, index, strategy=strategy, context="copy")
+      own = _example(world, index, strategy=strategy, context="own")
+      query, body = _split_row(copy)
+      own_query, own_body = _split_row(own)
+      np.testing.assert_array_equal(query, own_query)
+      # The unmasked sentence: the query with every target put back at its position.
+      sentence = query.copy()
+      real = copy["mlm_weights"] > 0
+      sentence[copy["mlm_positions"][real]] = copy["mlm_targets"][real]
+      expected = np.concatenate([sentence[1:-1], own_body])[:READER_LEN - len(query) - 1]
+      np.testing.assert_array_equal(body, expected)
+      if strategy == "salient_span":  # random tokens are not one run
+        assert _contains(body[:len(query) - 2], _targets(copy))
+
+
 def test_the_mix_draws_each_kind_at_its_rate(world):
   mix = reading.ReadingMix(random_token_fraction=0.3, distractor_fraction=0.2,
-                           null_fraction=0.1)
+                           null_fraction=0.1, copy_fraction=0.25)
   store, title_blocks, records = world
   contexts, random_token = collections.Counter(), 0
   n = 0
@@ -112,6 +131,7 @@ def test_the_mix_draws_each_kind_at_its_rate(world):
   assert n > 500
   assert abs(contexts["null"] / n - 0.1) < 0.04
   assert abs(contexts["distractor"] / n - 0.2) < 0.05
+  assert abs(contexts["copy"] / n - 0.25) < 0.05
   # Not every random-token draw looks non-contiguous (one masked token is a run of one).
   assert 0.15 < random_token / n < 0.35
 
@@ -120,7 +140,7 @@ def test_bad_mix_and_unknown_title():
   with pytest.raises(ValueError, match="null_fraction"):
     reading.ReadingMix(null_fraction=1.5)
   with pytest.raises(ValueError, match="exceeds 1"):
-    reading.ReadingMix(distractor_fraction=0.6, null_fraction=0.6)
+    reading.ReadingMix(distractor_fraction=0.4, null_fraction=0.3, copy_fraction=0.4)
 
 
 def test_a_passage_without_a_document_is_skipped(world):
