@@ -54,7 +54,7 @@ setuptools.setup(
     packages=(setuptools.find_packages(include=["realm_jax", "realm_jax.*"])
               + ["realm_jax_tasks", "realm_jax_launch"]),
     package_dir={"realm_jax_tasks": "tasks", "realm_jax_launch": "launch"},
-    package_data={"realm_jax": ["data/assets/*"]},
+    package_data={"realm_jax": ["data/assets/*", "data/assets/toy_bert/*"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES},
 )

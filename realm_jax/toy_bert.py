@@ -1,0 +1,186 @@
+r"""The toy BERT: build it, ship it, measure how well it reads.
+
+REALM starts its knowledge-augmented encoder and (through ICT) its retriever from BERT; the toy
+world starts them from the toy BERT, a BERT-tiny (2 layers, hidden 128, 2 heads, intermediate
+512, the uncased BERT vocabulary) that the project trains itself on reading worlds that share
+no name with the toy world (realm_jax.data.reading). It ships in transformers' BertForMaskedLM
+layout in `realm_jax/data/assets/toy_bert/` and is loaded through `realm_jax.convert.hf`
+exactly like a user's real BERT.
+
+  python -m realm_jax.toy_bert --work_dir /tmp/toy_bert [--out DIR] [--steps N]
+
+runs the `mlm` train job of `experiments/toy_bert.gin` in `<work_dir>/run` (resumable: run the
+same command again after an interruption), writes the final encoder as `config.json` +
+`model.safetensors` into `--out` (default: the shipped directory), measures its reading
+accuracy on a held-out reading world and prints the sha256 of the weights.
+
+Reading accuracy: masked salient spans (names and dates) of the held-out world's pretraining
+text, read beside the block of the document that states them ("with context") and with the
+null document, `[CLS] sentence [SEP] [SEP]` ("without context"). Reported per masked wordpiece
+and per whole span (every wordpiece right).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+PROG = "toy_bert"
+GIN_FILE = "gin_configs/experiments/toy_bert.gin"
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "assets",
+                           "toy_bert")
+# Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).
+QUERY_LEN = 64
+READER_LEN = 64 + 128
+MAX_MASKS = 10
+
+
+def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
+                     context: str = "own") -> dict[str, np.ndarray]:
+  """`num_examples` salient-span reading examples of the held-out reading world, stacked.
+
+  Args:
+    num_examples: how many (the first passages of the world, one masked span each).
+    seed: the reading world (default: `realm_jax_tasks.toy.TOY_BERT_HELDOUT_SEED`, which the
+      toy BERT never reads in training).
+    context: "own" (the block stating the span) or "null" (no block); the same masked
+      sentences either way.
+
+  Returns:
+    input_ids, type_ids, input_mask [N, READER_LEN]; mlm_positions, mlm_targets, mlm_weights
+    [N, MAX_MASKS].
+  """
+  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import reading  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
+  from realm_jax_tasks import toy  # pylint: disable=g-import-not-at-top
+  store_dir, records_path = toy.reading_world(toy.TOY_BERT_HELDOUT_SEED if seed is None else seed)
+  store = corpus_lib.BlockStore.open(store_dir, verify="fast")
+  title_blocks = reading.blocks_by_title(store)
+  examples = []
+  for index, record in enumerate(salient_spans.read_precomputed(records_path)):
+    if len(examples) == num_examples:
+      break
+    example = reading.make_reading_example(
+        record, store, title_blocks, rng=np.random.default_rng([index]), query_len=QUERY_LEN,
+        reader_len=READER_LEN, max_masks=MAX_MASKS, strategy="salient_span", context=context)
+    if example is not None:
+      examples.append(example)
+  if len(examples) < num_examples:
+    raise ValueError(f"{records_path}: only {len(examples)} reading examples, asked for "
+                     f"{num_examples}")
+  return {k: np.stack([e[k] for e in examples]) for k in examples[0] if k != "context"}
+
+
+def reading_accuracy(encoder_params: Any, config: Any, examples: dict[str, np.ndarray], *,
+                     batch_size: int = 64) -> dict[str, float]:
+  """Masked-wordpiece and whole-span accuracy of the knowledge-augmented encoder (argmax).
+
+  Args:
+    encoder_params: `{"bert", "mlm_head"}` (e.g. `convert.hf.load_checkpoint(...)[1]`).
+    config: its RealmConfig.
+    examples: `heldout_examples(...)`.
+
+  Returns:
+    {"wordpiece_accuracy", "span_accuracy", "examples"}.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from realm_jax.models.reader import RealmKnowledgeAugEncoder  # pylint: disable=g-import-not-at-top
+
+  @jax.jit
+  def predict(params, ids, type_ids, mask, positions):
+    # [B, 1, M, V] -> [B, M]
+    logits = RealmKnowledgeAugEncoder(config).apply(
+        {"params": params}, ids[:, None], type_ids[:, None], mask[:, None], positions)
+    return logits[:, 0].argmax(-1)
+
+  correct, weights = [], []
+  num = len(examples["input_ids"])
+  for start in range(0, num, batch_size):
+    rows = {k: v[start:start + batch_size] for k, v in examples.items()}
+    pad = batch_size - len(rows["input_ids"])  # one compiled shape for every batch
+    rows = {k: np.pad(v, [(0, pad)] + [(0, 0)] * (v.ndim - 1)) for k, v in rows.items()}
+    predicted = np.asarray(predict(encoder_params, rows["input_ids"], rows["type_ids"],
+                                   rows["input_mask"], rows["mlm_positions"]))
+    correct.append((predicted == rows["mlm_targets"])[:batch_size - pad])
+    weights.append(rows["mlm_weights"][:batch_size - pad] > 0)
+  correct, weights = np.concatenate(correct), np.concatenate(weights)  # [N, M]
+  span_right = np.where(weights, correct, True).all(axis=1)  # [N]
+  return {"wordpiece_accuracy": float((correct & weights).sum() / weights.sum()),
+          "span_accuracy": float(span_right.mean()), "examples": int(num)}
+
+
+def measure(directory: str, num_examples: int = 1000) -> dict[str, Any]:
+  """Reading accuracy of the BertForMaskedLM in `directory`, with and without context."""
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  config, params, _ = hf.load_checkpoint(directory)
+  result = {"sha256": weights_sha256(directory)}
+  for name, context in (("with_context", "own"), ("without_context", "null")):
+    result[name] = reading_accuracy(params, config, heldout_examples(num_examples,
+                                                                     context=context))
+  return result
+
+
+def weights_sha256(directory: str) -> str:
+  """sha256 of `<directory>/model.safetensors`."""
+  from realm_jax import fileio  # pylint: disable=g-import-not-at-top
+  return fileio.sha256_file(os.path.join(directory, "model.safetensors"))
+
+
+def build(work_dir: str, out: str, *, steps: Optional[int] = None,
+          bindings: Sequence[str] = ()) -> str:
+  """Trains (or resumes) the toy BERT in `<work_dir>/run` and writes it to `out`."""
+  from realm_jax import train  # pylint: disable=g-import-not-at-top
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  run_dir = os.path.join(os.path.abspath(work_dir), "run")
+  argv = [f"python -m realm_jax.{PROG}", f"--gin_file={GIN_FILE}", f"--gin.RUN_DIR='{run_dir}'",
+          *bindings]
+  if steps is not None:
+    argv.append(f"--gin.NUM_STEPS={steps}")
+  code = train.main(argv)
+  if code:
+    raise RuntimeError(f"the toy BERT's train job exited with status {code}")
+  params, config, _ = checkpoints.restore_params(run_dir)
+  hf.write_bert_mlm(out, params["encoder"], config.bert)
+  return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = argparse.ArgumentParser(prog=f"python -m realm_jax.{PROG}", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--work_dir", default="/tmp/toy_bert",
+                      help="training run (resumable) under <work_dir>/run (default %(default)s)")
+  parser.add_argument("--out", default=SHIPPED_DIR,
+                      help="where config.json + model.safetensors go (default: the shipped "
+                           "realm_jax/data/assets/toy_bert)")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="training steps (default: NUM_STEPS of the gin file)")
+  parser.add_argument("--measure_only", action="store_true",
+                      help="only measure the reading accuracy of --out")
+  parser.add_argument("--examples", type=int, default=1000,
+                      help="held-out examples for the reading accuracy (default %(default)s)")
+  args, gin_args = parser.parse_known_args(argv)
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  os.chdir(gin_utils.REPO_ROOT)  # the gin file is addressed from the repository root
+  start = time.monotonic()
+  if not args.measure_only:
+    try:
+      build(args.work_dir, args.out, steps=args.steps, bindings=gin_args)
+    except (RuntimeError, OSError, ValueError) as e:
+      print(f"{PROG}: error: {gin_utils.one_line(e)}", file=sys.stderr)
+      return 1
+    print(f"{PROG}: wrote {args.out} in {(time.monotonic() - start) / 60:.1f} min", flush=True)
+  result = measure(args.out, args.examples)
+  print(json.dumps(result, indent=2))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,75 @@
+"""realm_jax.toy_bert: the held-out reading examples, the reading accuracy (against a NumPy count
+over the encoder's logits) and the build command (train job -> BertForMaskedLM directory)."""
+
+import json
+import os
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+
+from realm_jax import toy_bert
+from realm_jax.convert import hf
+from realm_jax.models import config as model_config
+from realm_jax.models.reader import RealmKnowledgeAugEncoder
+from realm_jax.training import checkpoints
+
+pytestmark = pytest.mark.usefixtures("private_cache")
+
+
+def test_heldout_examples_read_the_same_sentences_with_and_without_context():
+  own = toy_bert.heldout_examples(16, context="own")
+  null = toy_bert.heldout_examples(16, context="null")
+  assert own["input_ids"].shape == (16, toy_bert.READER_LEN)
+  assert own["mlm_positions"].shape == (16, toy_bert.MAX_MASKS)
+  for key in ("mlm_positions", "mlm_targets", "mlm_weights"):
+    np.testing.assert_array_equal(own[key], null[key])
+  # The null rows are `[CLS] q [SEP] [SEP]`: the own rows minus the body.
+  assert (null["input_mask"].sum(1) < own["input_mask"].sum(1)).all()
+  assert (null["type_ids"].sum(1) == 1).all()
+
+
+def test_reading_accuracy_counts_argmax_hits_per_wordpiece_and_per_span():
+  config = model_config.RealmConfig(bert=model_config.tiny_bert())
+  examples = toy_bert.heldout_examples(10, context="own")
+  params = nn.unbox(RealmKnowledgeAugEncoder(config).init(
+      jax.random.PRNGKey(0), examples["input_ids"][:1, None], examples["type_ids"][:1, None],
+      examples["input_mask"][:1, None], examples["mlm_positions"][:1])["params"])
+  # Make some targets right: the argmax of the untrained model at those slots.
+  logits = np.asarray(RealmKnowledgeAugEncoder(config).apply(
+      {"params": params}, examples["input_ids"][:, None], examples["type_ids"][:, None],
+      examples["input_mask"][:, None], examples["mlm_positions"]))[:, 0]
+  predicted = logits.argmax(-1)  # [N, M]
+  examples = dict(examples, mlm_targets=examples["mlm_targets"].copy())
+  examples["mlm_targets"][:4] = np.where(examples["mlm_weights"][:4] > 0, predicted[:4],
+                                         examples["mlm_targets"][:4])  # 4 spans right
+  examples["mlm_targets"][4, 0] = predicted[4, 0]  # one more wordpiece, not its whole span
+  weights = examples["mlm_weights"] > 0
+  hits = (predicted == examples["mlm_targets"]) & weights
+  result = toy_bert.reading_accuracy(params, config, examples, batch_size=3)  # padded batches
+  assert result["examples"] == 10
+  assert result["wordpiece_accuracy"] == pytest.approx(hits.sum() / weights.sum())
+  spans = [bool(hits[i][weights[i]].all()) for i in range(10)]
+  assert result["span_accuracy"] == pytest.approx(np.mean(spans))
+  assert 0.4 <= result["span_accuracy"] < 1.0
+
+
+def test_build_writes_the_trained_encoder_as_a_bert_for_masked_lm(tmp_path, clean_gin):
+  out = str(tmp_path / "toy_bert")
+  toy_bert.build(str(tmp_path / "work"), out, steps=2,
+                 bindings=["--gin.BATCH_SIZE=8", "--gin.train_main.checkpoint_every=2"])
+  with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+    hf_config = json.load(f)
+  assert hf_config["architectures"] == ["BertForMaskedLM"]
+  assert (hf_config["hidden_size"], hf_config["num_hidden_layers"],
+          hf_config["num_attention_heads"], hf_config["intermediate_size"]) == (128, 2, 2, 512)
+  config, params, _ = hf.load_checkpoint(out)
+  trained, _, _ = checkpoints.restore_params(str(tmp_path / "work" / "run"), 2)
+  for path, value in jax.tree_util.tree_leaves_with_path(trained["encoder"]):
+    got = params
+    for key in path:
+      got = got[key.key]
+    np.testing.assert_array_equal(got, value, err_msg=str(path))
+  assert config.bert.position_init == "normal"  # an initialisation choice, not a weight
+  assert len(toy_bert.weights_sha256(out)) == 64
