@@ -5,23 +5,34 @@ r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's ma
 Stages, each one of the project's own entry points run as a child process (so the index
 builder really is a second process next to the trainer, as on a pod):
 
-  1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin
+  0. a BERT                     python -m realm_jax.convert.hf, when the recipe is given one
+                                (`Recipe(toy_bert=DIR)`, a BertForMaskedLM directory of the toy
+                                model's shape): what the paper's BERT is to REALM. Not yet by
+                                default: the toy BERT (realm_jax.toy_bert) is not shipped yet,
+                                see docs/toy_bert.md; without one every tower starts random
+  1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin (towers
+                                from the BERT, when given)
   2. first index                python -m realm_jax.build_index --once (from the ICT checkpoint)
   3. REALM pretraining          python -m realm_jax.train   experiments/toy_pretrain.gin
+                                (the retriever from ICT, the encoder from the BERT)
      + the index builder        python -m realm_jax.build_index (follows the checkpoints), both
                                 started by `realm_jax_launch.local.run_local`
   4. frozen fine-tuning index   python -m realm_jax.build_index --once (final pretraining
                                 checkpoint)
   5. open-QA fine-tuning        python -m realm_jax.train   experiments/toy_finetune.gin
+     REALM                      from the pretrained checkpoint (reader from its encoder)
+     ORQA-style baseline        no REALM pretraining: the ICT retriever and its index, the
+                                reader from the BERT (the paper's comparison with ORQA)
   6. evaluation                 python -m realm_jax.evaluate (retrieval recall before and after
-                                pretraining, EM on the toy QA test split)
+                                pretraining, EM on the toy QA test split of both)
 
 and ends with a table (also written to `<out>/summary.md` and `summary.json`):
 
   * masked salient-span accuracy of the pretrained model, with REALM's retrieval and with the
     null document only (what the encoder knows without evidence: retrieval's contribution);
-  * toy QA test EM with REALM; without retrieval (the null document only) an extractive reader
-    has no text to take an answer from, so that EM is 0 by construction;
+  * toy QA test EM with REALM and with the ORQA-style baseline; without retrieval (the null
+    document only) an extractive reader has no text to take an answer from, so that EM is 0 by
+    construction;
   * retrieval recall@5 of the toy QA test questions (an answer in the top 5 blocks) with the
     ICT index (before pretraining) and the final pretraining index (after);
   * index refreshes picked up during pretraining and their mean staleness (steps);
@@ -119,19 +130,31 @@ def _gin(*args: str) -> list[str]:
   return [f"--gin.{a}" for a in args]
 
 
+def _quoted(path: Optional[str]) -> str:
+  """A gin value: a quoted path, or None."""
+  return "None" if path is None else f"'{path}'"
+
+
 class Recipe:
   """The stages (see the module docstring) over one output directory."""
 
   def __init__(self, out: str, store: str, *, ict_dir: Optional[str] = None,
-               pretrain_bindings: Sequence[str] = (), finetune_bindings: Sequence[str] = (),
-               with_builder: bool = True, eval_split: str = "test"):
+               toy_bert: Optional[str] = None, pretrain_bindings: Sequence[str] = (),
+               finetune_bindings: Sequence[str] = (), with_builder: bool = True,
+               eval_split: str = "test", baseline: bool = True):
     """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
-    run to start from (None: train one in `<out>/ict`); pretrain_bindings, finetune_bindings:
-    extra `KEY=VALUE` gin bindings of those stages (the ablations); with_builder: refresh the
-    index during pretraining (False: the index stays the ICT one); eval_split: the toy QA
-    split of the recall and EM evaluations."""
+    run to start from (None: train one in `<out>/ict`); toy_bert: the BertForMaskedLM directory
+    ICT's towers, the pretraining encoder and the baseline's reader start from (None: random
+    weights); pretrain_bindings, finetune_bindings: extra `KEY=VALUE` gin bindings of those
+    stages (the ablations); with_builder: refresh the index during pretraining (False: the
+    index stays the ICT one); eval_split: the toy QA split of the recall and EM evaluations;
+    baseline: also fine-tune and evaluate the ORQA-style baseline."""
     self.out = os.path.abspath(out)
     self.store = store
+    self.toy_bert = toy_bert
+    self.baseline = baseline
+    self.bert = os.path.join(self.out, "toy_bert")
+    self.orqa = os.path.join(self.out, "orqa")
     self.pretrain_bindings = list(pretrain_bindings)
     self.finetune_bindings = list(finetune_bindings)
     self.with_builder = with_builder
@@ -187,9 +210,11 @@ class Recipe:
     from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
     import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
 
+    bert = self._bert_checkpoint()
     self.stage("1 ICT warm start", self.trained(self.ict), lambda: run_child(
         python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
-                *_gin(f"RUN_DIR='{self.ict}'")), os.path.join(self.logs, "ict.log")))
+                *_gin(f"RUN_DIR='{self.ict}'", f"INIT_CHECKPOINT={_quoted(bert)}")),
+        os.path.join(self.logs, "ict.log")))
     self.stage("2 first index (from the ICT checkpoint)",
                 store_lib.latest_index_step(self.pretrain) is not None,
                 lambda: self._build_once(self.pretrain, self._ict_checkpoint(), "index_0.log"))
@@ -201,6 +226,7 @@ class Recipe:
       trainer = python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_pretrain.gin",
                         *_gin(f"RUN_DIR='{self.pretrain}'",
                               f"INIT_CHECKPOINT='{self._ict_checkpoint()}'",
+                              f"ENCODER_CHECKPOINT={_quoted(bert)}",
                               *self.pretrain_bindings))
       builder = None
       if self.with_builder:
@@ -222,24 +248,54 @@ class Recipe:
                 store_lib.latest_index_step(self.finetune) is not None,
                 lambda: self._build_once(self.finetune, self._pretrain_checkpoint(),
                                          "index_finetune.log"))
-    self.stage("5 open-QA fine-tuning", self.trained(self.finetune), lambda: run_child(
-        python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
-                *_gin(f"RUN_DIR='{self.finetune}'",
-                      f"INIT_CHECKPOINT='{self._pretrain_checkpoint()}'",
-                      *self.finetune_bindings)),
-        os.path.join(self.logs, "finetune.log")))
-    predictions = os.path.join(self.evals, f"toy_qa_{self.eval_split}.jsonl")
-    self.stage(f"6 evaluation on the toy QA {self.eval_split} split",
-                os.path.exists(predictions.replace(".jsonl", ".metrics.json")), lambda: run_child(
-                    python_module("realm_jax.evaluate",
-                            "--gin_file=gin_configs/experiments/toy_eval.gin",
-                            *_gin(f"RUN_DIR='{self.finetune}'",
-                                  f"evaluate_main.split='{self.eval_split}'",
-                                  f"evaluate_main.output='{predictions}'")),
-                    os.path.join(self.logs, "evaluate.log")))
-    return self.summary(before, after, predictions.replace(".jsonl", ".metrics.json"))
+    self.stage("5 open-QA fine-tuning (REALM)", self.trained(self.finetune),
+               lambda: self._finetune(self.finetune, self._pretrain_checkpoint(), "finetune"))
+    qa = self._evaluate(self.finetune, "toy_qa", "6 evaluation (REALM)")
+    orqa_qa = None
+    if self.baseline:
+      self.stage("5b frozen ICT index for the ORQA-style baseline",
+                 store_lib.latest_index_step(self.orqa) is not None,
+                 lambda: self._build_once(self.orqa, self._ict_checkpoint(), "index_orqa.log"))
+      self.stage("5b open-QA fine-tuning (ORQA-style baseline: no REALM pretraining)",
+                 self.trained(self.orqa),
+                 lambda: self._finetune(self.orqa, self._ict_checkpoint(), "finetune_orqa",
+                                        f"ENCODER_CHECKPOINT={_quoted(bert)}"))
+      orqa_qa = self._evaluate(self.orqa, "toy_qa_orqa", "6b evaluation (ORQA-style baseline)")
+    return self.summary(before, after, qa, orqa_qa)
 
-  def summary(self, before: str, after: str, qa: str) -> dict:
+  def _bert_checkpoint(self) -> Optional[str]:
+    """The recipe's BERT as step 0 of `<out>/toy_bert` (converted once), or None (random)."""
+    if self.toy_bert is None:
+      return None
+    step_dir = os.path.join(self.bert, "checkpoints", "0")
+    self.stage("0 the BERT (converted from its BertForMaskedLM files)",
+               _latest_step(self.bert) == 0, lambda: run_child(
+                   python_module("realm_jax.convert.hf", f"--hf_dir={self.toy_bert}",
+                                 f"--run_dir={self.bert}"),
+                   os.path.join(self.logs, "toy_bert.log")))
+    return step_dir
+
+  def _finetune(self, run_dir: str, init_checkpoint: str, log: str, *bindings: str) -> None:
+    run_child(python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
+                            *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT='{init_checkpoint}'",
+                                  *bindings, *self.finetune_bindings)),
+              os.path.join(self.logs, f"{log}.log"))
+
+  def _evaluate(self, run_dir: str, name: str, stage: str) -> str:
+    """EM on the toy QA split; returns the metrics file."""
+    predictions = os.path.join(self.evals, f"{name}_{self.eval_split}.jsonl")
+    metrics = predictions.replace(".jsonl", ".metrics.json")
+    self.stage(f"{stage} on the toy QA {self.eval_split} split", os.path.exists(metrics),
+               lambda: run_child(
+                   python_module("realm_jax.evaluate",
+                                 "--gin_file=gin_configs/experiments/toy_eval.gin",
+                                 *_gin(f"RUN_DIR='{run_dir}'",
+                                       f"evaluate_main.split='{self.eval_split}'",
+                                       f"evaluate_main.output='{predictions}'")),
+                   os.path.join(self.logs, f"evaluate_{name}.log")))
+    return metrics
+
+  def summary(self, before: str, after: str, qa: str, orqa_qa: Optional[str] = None) -> dict:
     scalars = read_scalars(os.path.join(self.pretrain, "tensorboard"))
 
     def last(tag):
@@ -256,6 +312,8 @@ class Recipe:
         "retrieval_utility_last": last("eval/retrieval/utility"),
         "qa_em_null_only": 0.0,
         "qa_em_realm": qa_metrics["metrics"]["exact_match"],
+        "qa_em_orqa": (_metrics_json(orqa_qa)["metrics"]["exact_match"] if orqa_qa
+                       else float("nan")),
         "recall@5_before": _metrics_json(before)["metrics"]["recall@5"],
         "recall@5_after": _metrics_json(after)["metrics"]["recall@5"],
         "refreshes": last("retrieval/refreshes"),
@@ -275,6 +333,8 @@ def format_table(summary: dict, wall_seconds: float) -> str:
        f"{summary['retrieval_utility_first']:.3f} -> {summary['retrieval_utility_last']:.3f}"),
       ("toy QA test EM, null document only (extractive reader: 0 by construction)",
        f"{summary['qa_em_null_only']:.3f}"),
+      ("toy QA test EM, ORQA-style baseline (ICT retriever, no REALM pretraining)",
+       f"{summary['qa_em_orqa']:.3f}"),
       ("toy QA test EM, REALM", f"{summary['qa_em_realm']:.3f}"),
       ("retrieval recall@5 (toy QA test), before pretraining (ICT index)",
        f"{summary['recall@5_before']:.3f}"),

@@ -23,16 +23,19 @@ def test_progress_filter_keeps_progress_lines_only_and_strips_log_prefixes():
 def test_table_lists_every_figure_the_main_job_promises():
   summary = {"mlm_accuracy_null_only": 0.05, "mlm_accuracy_realm": 0.61,
              "retrieval_utility_first": 0.01, "retrieval_utility_last": 1.5,
-             "qa_em_null_only": 0.0, "qa_em_realm": 0.42, "recall@5_before": 0.3,
+             "qa_em_null_only": 0.0, "qa_em_realm": 0.42, "qa_em_orqa": 0.25,
+             "recall@5_before": 0.3,
              "recall@5_after": 0.5, "refreshes": 7.0, "mean_staleness_steps": 11.25,
              "stage_seconds": {}}
   table = recipe.format_table(summary, wall_seconds=600)
   lines = table.splitlines()
-  assert len(lines) == 12 and all(line.startswith("|") and line.endswith("|") for line in lines)
+  assert len(lines) == 13 and all(line.startswith("|") and line.endswith("|") for line in lines)
   for label, value in [("null document only (no retrieval)", "0.050"),
                        ("REALM (marginal over retrieved blocks)", "0.610"),
                        ("first -> last checkpoint", "0.010 -> 1.500"),
-                       ("toy QA test EM, REALM", "0.420"), ("before pretraining", "0.300"),
+                       ("toy QA test EM, REALM", "0.420"),
+                       ("ORQA-style baseline (ICT retriever, no REALM pretraining)", "0.250"),
+                       ("before pretraining", "0.300"),
                        ("after pretraining", "0.500"), ("refreshes picked up", "7"),
                        ("staleness (steps)", "11.2"), ("wall time", "10.0 min")]:
     assert any(label in line and f"| {value} |" in line for line in lines), (label, table)
