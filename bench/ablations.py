@@ -1,28 +1,31 @@
-r"""Ablations like the paper's Table 2, on the toy world, every row in one run.
+r"""Ablations like the paper's Table 2, on the toy world, every row with several seeds in one run.
 
   python bench/ablations.py [--out /tmp/realm_ablations] [--write] [--only NAME ...]
-      [--pretrain_steps 100] [--finetune_steps 150] [--ict_dir /tmp/realm_toy/ict]
+      [--seeds 0 1 2] [--pretrain_steps N] [--finetune_steps N]
 
 Each row is the whole toy recipe (`realm_jax.recipe.Recipe`: pretraining with the index builder
-alongside, a frozen index of the final checkpoint, open-QA fine-tuning, evaluation; shorter
-than the recipe by default) with one
-gin override of the pretraining stage, all from the same ICT warm start (trained once, in
-`<out>/shared/ict`, or `--ict_dir`) unless the row removes it:
+alongside, a frozen index of the final checkpoint, open-QA fine-tuning,
+evaluation) with one change, repeated for every seed (`train_main.seed` of every stage: the
+initialisation, dropout and the data order). For each seed, all rows but the last share one ICT
+warm start, trained with that seed in `<out>/seed<s>/shared/ict` (from the recipe's BERT when it
+is given one; random weights until the toy BERT ships, docs/toy_bert.md):
 
   REALM                      salient-span masking, null document, index refreshed, ICT start
   random-span masking        --gin.TASK='realm_toy_random_span'
   random-token masking       --gin.TASK='realm_toy_random_token'
   without the null document  --gin.train_main.null_document=False
   index never refreshed      no index builder: pretraining retrieves from the ICT index
-  without ICT warm start     the retriever starts from random weights (an "ICT" run of one
-                             step at learning rate 0 provides that checkpoint and its index)
+  without ICT warm start     the retriever starts as ICT would (from the BERT, else random): an
+                             "ICT" run of one step at learning rate 0 provides that checkpoint
 
 Columns, as the paper's (NQ dev EM; zero-shot retrieval recall@5) plus what the toy shows:
 toy QA dev EM after fine-tuning, recall@5 of the toy QA dev questions with the pretrained
 retriever before fine-tuning, masked salient-span accuracy with retrieval at the end of
-pretraining (on the row's own kind of masks), retrieval utility (undefined
-without the null document) and index refreshes. `--write` puts the table into
-docs/benchmarks.md.
+pretraining (on the row's own kind of masks), retrieval utility (undefined without the null
+document) and index refreshes; each cell is the mean over the seeds with their standard
+deviation. Below the table, each of the paper's directions is checked: it "holds beyond the
+seed spread" when the difference of the means exceeds the sum of the two standard deviations.
+`--write` puts the table into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import math
 import os
 import sys
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -49,66 +54,108 @@ VARIANTS = (
     ("no_null", "without the null document",
      {"pretrain_bindings": ["train_main.null_document=False"]}),
     ("never_refresh", "index never refreshed", {"with_builder": False}),
-    ("no_ict", "without ICT warm start", {"ict": "random"}),
+    ("no_ict", "without ICT warm start", {"ict": "bert"}),
 )
+# The paper's Table 2 directions: (better row, worse row, column key, what it says).
+DIRECTIONS = (
+    ("realm", "random_span", "qa_em_realm", "salient-span masking > random-span masking"),
+    ("random_span", "random_token", "qa_em_realm", "random-span masking > random-token masking"),
+    ("realm", "no_null", "qa_em_realm", "the null document helps"),
+    ("realm", "never_refresh", "qa_em_realm", "refreshing beats a never-refreshed index"),
+    ("realm", "no_ict", "qa_em_realm", "the ICT warm start helps"),
+)
+COLUMNS = (("qa_em_realm", "toy QA dev EM"), ("recall@5_after", "zero-shot recall@5 (dev)"),
+           ("mlm_accuracy_realm", "masked-span accuracy"),
+           ("retrieval_utility_last", "retrieval utility"), ("refreshes", "refreshes"))
 
 
-def _random_ict(out: str) -> str:
-  """An ICT run of one step at learning rate 0: its checkpoint is the random initialisation
-  (Adam's update and the decoupled weight decay are both scaled by the learning rate)."""
-  run_dir = os.path.join(out, "ict_random")
+def _bert_only_ict(out: str, seed: int, bert: str | None) -> str:
+  """An ICT run of one step at learning rate 0: its checkpoint is the towers as they start (the
+  BERT under a fresh pooler and projection, or random weights without one), the retriever REALM
+  would have without ICT (Adam's update and the decoupled weight decay are both scaled by the
+  learning rate)."""
+  run_dir = os.path.join(out, "ict_bert_only")
   recipe_lib.run_child(
       recipe_lib.python_module(
           "realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
           f"--gin.RUN_DIR='{run_dir}'", "--gin.NUM_STEPS=1", "--gin.LEARNING_RATE=0.0",
-          "--gin.train_main.checkpoint_every=1"),
-      os.path.join(out, "ict_random.log"))
+          "--gin.train_main.checkpoint_every=1", f"--gin.train_main.seed={seed}",
+          f"--gin.INIT_CHECKPOINT={recipe_lib._quoted(bert)}"),  # pylint: disable=protected-access
+      os.path.join(out, "ict_bert_only.log"))
   return run_dir
 
 
-def _cell(value: float, digits: int = 3) -> str:
-  return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else (
-      f"{value:.{digits}f}")
+def _cell(values: list[float], digits: int = 3) -> str:
+  values = [v for v in values if v is not None and not math.isnan(v)]
+  if not values:
+    return "n/a"
+  return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
 
 
-def run(out: str, only: tuple[str, ...], *, pretrain_steps: int, finetune_steps: int,
-        ict_dir: str | None = None) -> list[tuple[str, dict, float]]:
+def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
+        finetune_steps: int | None) -> dict[str, list[dict]]:
+  """{row name: [summary of each seed]}; every row's summary has its "minutes"."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   store = realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
-  shared = recipe_lib.Recipe(os.path.join(out, "shared"), store, ict_dir=ict_dir)
-  print("ablations: the shared ICT warm start ...", flush=True)
-  shared.stage("ICT warm start", shared.trained(shared.ict), lambda: recipe_lib.run_child(
-      recipe_lib.python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
-                         f"--gin.RUN_DIR='{shared.ict}'"),
-      os.path.join(shared.logs, "ict.log")))
-  rows = []
-  for name, description, kwargs in VARIANTS:
-    if only and name not in only:
-      continue
-    kwargs = dict(kwargs)
-    ict = kwargs.pop("ict", None)
-    ict_dir = _random_ict(out) if ict == "random" else shared.ict
-    print(f"\nablations: {description} ...", flush=True)
-    start = time.monotonic()
-    kwargs["pretrain_bindings"] = [f"NUM_STEPS={pretrain_steps}",
-                                   *kwargs.get("pretrain_bindings", [])]
-    kwargs["finetune_bindings"] = [f"NUM_STEPS={finetune_steps}"]
-    summary = recipe_lib.Recipe(os.path.join(out, name), store, ict_dir=ict_dir,
-                                eval_split="dev", **kwargs).run()
-    rows.append((description, summary, time.monotonic() - start))
+  rows: dict[str, list[dict]] = {}
+  for seed in seeds:
+    seed_out = os.path.join(out, f"seed{seed}")
+    seed_binding = f"train_main.seed={seed}"
+    shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, baseline=False)
+    bert = shared._bert_checkpoint()  # pylint: disable=protected-access
+    print(f"ablations: seed {seed}: the shared ICT warm start ...", flush=True)
+    shared.stage("ICT warm start", shared.trained(shared.ict), lambda: recipe_lib.run_child(
+        recipe_lib.python_module(
+            "realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
+            f"--gin.RUN_DIR='{shared.ict}'", f"--gin.{seed_binding}",
+            f"--gin.INIT_CHECKPOINT={recipe_lib._quoted(bert)}"),  # pylint: disable=protected-access
+        os.path.join(shared.logs, "ict.log")))
+    for name, description, kwargs in VARIANTS:
+      if only and name not in only:
+        continue
+      kwargs = dict(kwargs)
+      ict = kwargs.pop("ict", None)
+      ict_dir = _bert_only_ict(seed_out, seed, bert) if ict == "bert" else shared.ict
+      print(f"\nablations: seed {seed}: {description} ...", flush=True)
+      start = time.monotonic()
+      steps = lambda n: [f"NUM_STEPS={n}"] if n is not None else []
+      kwargs["pretrain_bindings"] = [*steps(pretrain_steps), seed_binding,
+                                     *kwargs.get("pretrain_bindings", [])]
+      kwargs["finetune_bindings"] = [*steps(finetune_steps), seed_binding]
+      summary = recipe_lib.Recipe(os.path.join(seed_out, name), store, ict_dir=ict_dir,
+                                  eval_split="dev", baseline=False, **kwargs).run()
+      summary["minutes"] = (time.monotonic() - start) / 60
+      rows.setdefault(name, []).append(summary)
   return rows
 
 
-def table(rows) -> str:
-  lines = ["| pretraining | toy QA dev EM | zero-shot recall@5 (dev) | masked-span accuracy "
-           "| retrieval utility | refreshes | minutes |",
-           "|---|---|---|---|---|---|---|"]
-  for description, s, seconds in rows:
-    lines.append(
-        f"| {description} | {_cell(s['qa_em_realm'])} | {_cell(s['recall@5_after'])} | "
-        f"{_cell(s['mlm_accuracy_realm'])} | {_cell(s['retrieval_utility_last'])} | "
-        f"{s['refreshes']:.0f} | {seconds / 60:.1f} |")
+def table(rows: dict[str, list[dict]]) -> str:
+  lines = ["| pretraining | " + " | ".join(title for _, title in COLUMNS) + " | minutes |",
+           "|---" * (len(COLUMNS) + 2) + "|"]
+  for name, description, _ in VARIANTS:
+    if name not in rows:
+      continue
+    cells = [_cell([s[key] for s in rows[name]], 1 if key == "refreshes" else 3)
+             for key, _ in COLUMNS]
+    minutes = np.mean([s["minutes"] for s in rows[name]])
+    lines.append(f"| {description} | " + " | ".join(cells) + f" | {minutes:.1f} |")
+  return "\n".join(lines)
+
+
+def directions(rows: dict[str, list[dict]]) -> str:
+  """Whether each of the paper's directions holds beyond the seed spread."""
+  lines = []
+  for better, worse, key, says in DIRECTIONS:
+    if better not in rows or worse not in rows:
+      continue
+    a = np.array([s[key] for s in rows[better]])
+    b = np.array([s[key] for s in rows[worse]])
+    gap, spread = a.mean() - b.mean(), a.std() + b.std()
+    verdict = ("holds beyond the seed spread" if gap > spread else
+               "same direction, within the seed spread" if gap > 0 else "does not hold")
+    lines.append(f"* {says}: {verdict} (toy QA dev EM {a.mean():.3f} vs {b.mean():.3f}, "
+                 f"difference {gap:+.3f}, spreads {a.std():.3f} + {b.std():.3f})")
   return "\n".join(lines)
 
 
@@ -118,34 +165,34 @@ def main() -> int:
   parser.add_argument("--out", default="/tmp/realm_ablations")
   parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
   parser.add_argument("--only", nargs="*", default=(), choices=[v[0] for v in VARIANTS])
-  parser.add_argument("--pretrain_steps", type=int, default=100,
-                      help="pretraining steps per row (the recipe: 200)")
-  parser.add_argument("--finetune_steps", type=int, default=150,
-                      help="fine-tuning steps per row (the recipe: 300)")
-  parser.add_argument("--ict_dir", default=None,
-                      help="reuse this toy ICT run (e.g. /tmp/realm_toy/ict) as the shared warm "
-                           "start instead of training one")
+  parser.add_argument("--seeds", nargs="+", type=int, default=(0, 1, 2),
+                      help="seeds of every row (default: 0 1 2)")
+  parser.add_argument("--pretrain_steps", type=int, default=None,
+                      help="pretraining steps per row (default: the recipe's)")
+  parser.add_argument("--finetune_steps", type=int, default=None,
+                      help="fine-tuning steps per row (default: the recipe's)")
   args = parser.parse_args()
   os.chdir(REPO)
   start = time.monotonic()
-  rows = run(os.path.abspath(args.out), tuple(args.only), pretrain_steps=args.pretrain_steps,
-             finetune_steps=args.finetune_steps,
-             ict_dir=os.path.abspath(args.ict_dir) if args.ict_dir else None)
-  text = table(rows)
+  rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
+             pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps)
+  text = table(rows) + "\n\n" + directions(rows)
   print("\n" + text)
   if args.write:
+    steps = lambda n: "the recipe's" if n is None else str(n)
     body = (
-        "Toy world, tiny model (gin_configs/experiments/toy_*.gin), every row measured in one "
-        f"run of `python bench/ablations.py --write` ({(time.monotonic() - start) / 60:.0f} "
-        f"minutes). Each row repeats pretraining ({args.pretrain_steps} steps, batch 8), the "
-        f"frozen fine-tuning index, fine-tuning ({args.finetune_steps} steps, batch 16) and "
-        "evaluation with one change; all rows but the last share one ICT warm start (600 "
-        "steps). Zero-shot recall@5: an answer in the top 5 "
-        "blocks the pretrained retriever finds for a toy QA dev question (before fine-tuning). "
-        "Masked-span accuracy: masked salient-span wordpieces predicted exactly by REALM's "
-        "marginal at the last pretraining checkpoint (for the random-span and random-token "
-        "rows, on their own kind of masks). Retrieval utility is undefined without the null "
-        "document. One seed per row: differences of a few points are within noise.\n\n" + text)
+        "Toy world (gin_configs/experiments/toy_*.gin), every row measured "
+        f"with seeds {', '.join(map(str, args.seeds))} in one run of `python "
+        f"bench/ablations.py --write` ({(time.monotonic() - start) / 60:.0f} minutes). Each row "
+        f"repeats pretraining ({steps(args.pretrain_steps)} steps), the frozen fine-tuning "
+        f"index, fine-tuning ({steps(args.finetune_steps)} steps) and evaluation with one "
+        "change; all rows of a seed but the last share one ICT warm start. "
+        "Cells: mean ± standard deviation over the seeds. Zero-shot recall@5: an answer in the "
+        "top 5 blocks the pretrained retriever finds for a toy QA dev question (before "
+        "fine-tuning). Masked-span accuracy: masked salient-span wordpieces predicted exactly "
+        "by REALM's marginal at the last pretraining checkpoint (for the random-span and "
+        "random-token rows, on their own kind of masks). Retrieval utility is undefined "
+        "without the null document.\n\n" + text)
     report.write_section("Ablations on the toy world (paper Table 2)", body)
   return 0
 
