@@ -24,6 +24,7 @@ from realm_jax.training import partitioning
 from realm_jax.training import trainer
 
 import train_child
+from test_partitioning import _pretrain_batch
 
 CONFIG = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=60), proj_size=16)
 PEAK_LR, TOTAL_STEPS, WARMUP = 1e-3, 8, 2
@@ -237,27 +238,6 @@ def test_host_metadata_stays_on_the_host(setup, tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def _pretrain_batch(batch=4, candidates=3, masks=3, query_len=8, block_len=10, seed=0):
-  rng = np.random.default_rng(seed)
-  ints = lambda *shape: rng.integers(1, 60, shape).astype(np.int32)
-  reader_len = query_len + block_len
-  return {
-      "query_ids": ints(batch, query_len),
-      "query_type_ids": np.zeros((batch, query_len), np.int32),
-      "query_mask": np.ones((batch, query_len), np.int32),
-      "candidate_input_ids": ints(batch, candidates, block_len),
-      "candidate_type_ids": np.zeros((batch, candidates, block_len), np.int32),
-      "candidate_mask": np.ones((batch, candidates, block_len), np.int32),
-      "reader_ids": ints(batch, candidates, reader_len),
-      "reader_type_ids": np.zeros((batch, candidates, reader_len), np.int32),
-      "reader_mask": np.ones((batch, candidates, reader_len), np.int32),
-      "mlm_positions": np.tile(np.array([1, 2, 3], np.int32), (batch, 1)),
-      "mlm_targets": ints(batch, masks),
-      "mlm_weights": np.ones((batch, masks), np.float32),
-      "example_mask": np.ones((batch,), np.float32),
-  }
-
-
 def test_per_tower_grad_norms_match_numpy():
   """train/grad_norm/<key> for REALM pretraining's two towers: the L2 norm of each top-level
   subtree's raw (unclipped) gradient, here from `jax.grad` of the loss and NumPy."""
@@ -271,7 +251,7 @@ def test_per_tower_grad_norms_match_numpy():
   state = step.init_state(0)
   # Host copies before the step donates the state's buffers.
   params, rng = jax.device_get(state.params), jax.device_get(state.rng)
-  batch = _pretrain_batch()
+  batch = _pretrain_batch(batch=4, candidates=3)
   _, metrics = step(state, partitioning.shard_batch(batch, mesh))
   metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
 
