@@ -95,15 +95,15 @@ def _copy_row(query: masking.MaskedQuery, store: corpus_lib.BlockStore, block_id
               reader_len: int) -> dict:
   """`[CLS] masked sentence [SEP] sentence body [SEP]`: the "copy" context (the body cut at its
   end to fit, as `reader_inputs` cuts it)."""
-  from realm_jax.data.vocab import PAD_ID, SEP_ID  # pylint: disable=g-import-not-at-top
   query_len = int(query.query_mask.sum())
   real = query.mlm_weights > 0
   sentence = query.query_ids[:query_len].copy()  # [CLS] s [SEP] with its masks
   sentence[query.mlm_positions[real]] = query.mlm_targets[real]  # the words themselves
   context = np.concatenate([sentence[1:-1], store.body_tokens(block_id)])
   context = context[:reader_len - query_len - 1]
-  row = np.concatenate([query.query_ids[:query_len], context, [SEP_ID]]).astype(np.int32)
-  ids = np.full([reader_len], PAD_ID, np.int32)
+  row = np.concatenate([query.query_ids[:query_len], context,
+                        [vocab_lib.SEP_ID]]).astype(np.int32)
+  ids = np.full([reader_len], vocab_lib.PAD_ID, np.int32)
   ids[:row.size] = row
   type_ids = np.zeros([reader_len], np.int32)
   type_ids[query_len:row.size] = 1

@@ -113,8 +113,8 @@ def mlm_token_log_probs(mlm_logits: Array, mlm_targets: Array) -> Array:
   # The same targets for every candidate.
   targets = jnp.broadcast_to(mlm_targets[:, None, :],
                              (mlm_targets.shape[0], num_candidates, mlm_targets.shape[1]))
-  return _target_log_softmax(logits, targets)
   # [batch, candidates, masks]
+  return _target_log_softmax(logits, targets)
 
 
 def _log_softmax_parts(logits: Array) -> tuple[Array, Array]:
@@ -141,9 +141,7 @@ def _target_log_softmax(logits: Array, targets: Array) -> Array:
   Returns:
     float32 [...].
   """
-  x_max, shifted_logsumexp = _log_softmax_parts(logits)
-  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)
-  return ((target_logits - x_max) - shifted_logsumexp)[..., 0]
+  return _target_log_softmax_fwd(logits, targets)[0]
 
 
 def _target_log_softmax_fwd(logits, targets):
