@@ -7,8 +7,8 @@ Each row is the whole toy recipe (`realm_jax.recipe.Recipe`: pretraining with th
 alongside, a frozen index of the final checkpoint, open-QA fine-tuning,
 evaluation) with one change, repeated for every seed (`train_main.seed` of every stage: the
 initialisation, dropout and the data order). For each seed, all rows but the last share one ICT
-warm start, trained with that seed in `<out>/seed<s>/shared/ict` (from the recipe's BERT when it
-is given one; random weights until the toy BERT ships, docs/toy_bert.md):
+warm start, trained with that seed in `<out>/seed<s>/shared/ict` (from the toy BERT with
+`--toy_bert`, as the recipe's; random weights by default until the toy BERT ships):
 
   REALM                      salient-span masking, null document, index refreshed, ICT start
   random-span masking        --gin.TASK='realm_toy_random_span'
@@ -93,7 +93,7 @@ def _cell(values: list[float], digits: int = 3) -> str:
 
 
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
-        finetune_steps: int | None) -> dict[str, list[dict]]:
+        finetune_steps: int | None, toy_bert: str | None = None) -> dict[str, list[dict]]:
   """{row name: [summary of each seed]}; every row's summary has its "minutes"."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   store = realm_jax_tasks.toy_block_store_dir()
@@ -102,7 +102,8 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
   for seed in seeds:
     seed_out = os.path.join(out, f"seed{seed}")
     seed_binding = f"train_main.seed={seed}"
-    shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, baseline=False)
+    shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
+                               baseline=False)
     bert = shared._bert_checkpoint()  # pylint: disable=protected-access
     print(f"ablations: seed {seed}: the shared ICT warm start ...", flush=True)
     shared.stage("ICT warm start", shared.trained(shared.ict), lambda: recipe_lib.run_child(
@@ -124,7 +125,8 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
                                      *kwargs.get("pretrain_bindings", [])]
       kwargs["finetune_bindings"] = [*steps(finetune_steps), seed_binding]
       summary = recipe_lib.Recipe(os.path.join(seed_out, name), store, ict_dir=ict_dir,
-                                  eval_split="dev", baseline=False, **kwargs).run()
+                                  toy_bert=toy_bert, eval_split="dev", baseline=False,
+                                  **kwargs).run()
       summary["minutes"] = (time.monotonic() - start) / 60
       rows.setdefault(name, []).append(summary)
   return rows
@@ -171,11 +173,19 @@ def main() -> int:
                       help="pretraining steps per row (default: the recipe's)")
   parser.add_argument("--finetune_steps", type=int, default=None,
                       help="fine-tuning steps per row (default: the recipe's)")
+  parser.add_argument("--toy_bert", default="none",
+                      help="what every tower starts from, as the recipe's --toy_bert: 'none' "
+                           "(default, random weights), 'shipped' or a BertForMaskedLM directory")
   args = parser.parse_args()
+  try:
+    toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)
+  except ValueError as e:
+    parser.error(str(e))
   os.chdir(REPO)
   start = time.monotonic()
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
-             pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps)
+             pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
+             toy_bert=toy_bert)
   text = table(rows) + "\n\n" + directions(rows)
   print("\n" + text)
   if args.write:

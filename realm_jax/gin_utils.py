@@ -121,9 +121,14 @@ def report_error(prog: str, error: BaseException, expected: tuple[type, ...]) ->
 
 
 def setup_logging() -> None:
-  """INFO logs on stderr with time and logger name; absl (Orbax's INFO chatter) at WARNING."""
+  """INFO logs on stderr with time and logger name; absl (Orbax's INFO chatter) at WARNING.
+
+  Call it before importing Orbax: a warning logged while importing it installs a root handler
+  at WARNING, after which `basicConfig` does nothing; the level is set regardless, so progress
+  lines show either way."""
   logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.getLogger().setLevel(logging.INFO)
   logging.getLogger("absl").setLevel(logging.WARNING)
 
 

@@ -1,15 +1,16 @@
 r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job.
 
-  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh]
+  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--toy_bert none|shipped|DIR]
 
 Stages, each one of the project's own entry points run as a child process (so the index
 builder really is a second process next to the trainer, as on a pod):
 
-  0. a BERT                     python -m realm_jax.convert.hf, when the recipe is given one
-                                (`Recipe(toy_bert=DIR)`, a BertForMaskedLM directory of the toy
-                                model's shape): what the paper's BERT is to REALM. Not yet by
-                                default: the toy BERT (realm_jax.toy_bert) is not shipped yet,
-                                see docs/toy_bert.md; without one every tower starts random
+  0. a BERT                     python -m realm_jax.convert.hf, with `--toy_bert DIR` (a
+                                BertForMaskedLM directory of the toy model's shape) or
+                                `--toy_bert shipped` (realm_jax.toy_bert, docs/toy_bert.md):
+                                what the paper's BERT is to REALM. Not yet by default: the toy
+                                BERT does not read yet; by default every tower starts from
+                                random weights
   1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin (towers
                                 from the BERT, when given)
   2. first index                python -m realm_jax.build_index --once (from the ICT checkpoint)
@@ -133,6 +134,16 @@ def _gin(*args: str) -> list[str]:
 def _quoted(path: Optional[str]) -> str:
   """A gin value: a quoted path, or None."""
   return "None" if path is None else f"'{path}'"
+
+
+def toy_bert_dir(choice: str) -> Optional[str]:
+  """`--toy_bert`: 'shipped' (realm_jax/data/assets/toy_bert), 'none' (None: random weights)
+  or a BertForMaskedLM directory; ValueError when it has no weights."""
+  from realm_jax import toy_bert  # pylint: disable=g-import-not-at-top
+  directory = {"shipped": toy_bert.SHIPPED_DIR, "none": None}.get(choice, choice)
+  if directory is not None and not os.path.isfile(os.path.join(directory, "model.safetensors")):
+    raise ValueError(f"--toy_bert {choice}: no model.safetensors in {directory}")
+  return directory
 
 
 class Recipe:
@@ -354,7 +365,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
   parser.add_argument("--fresh", action="store_true", help="delete --out first")
+  parser.add_argument("--toy_bert", default="none",
+                      help="the BertForMaskedLM directory every tower starts from: 'none' "
+                           "(default: random weights, until the toy BERT ships), 'shipped' (the "
+                           "toy BERT in realm_jax/data/assets/toy_bert) or a directory of the "
+                           "toy model's shape")
   args = parser.parse_args(argv)
+  try:
+    bert = toy_bert_dir(args.toy_bert)
+  except ValueError as e:
+    parser.error(str(e))
   if args.fresh and os.path.exists(args.out):
     shutil.rmtree(args.out)
   # The gin files are addressed from the repository root, where the children run.
@@ -363,7 +383,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   import realm_jax_tasks  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
   print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
-  recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir())
+  recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=bert)
   try:
     summary = recipe.run()
   except KeyboardInterrupt:

@@ -7,10 +7,12 @@ no name with the toy world (realm_jax.data.reading). It ships in transformers' B
 layout in `realm_jax/data/assets/toy_bert/` and is loaded through `realm_jax.convert.hf`
 exactly like a user's real BERT.
 
-  python -m realm_jax.toy_bert --work_dir /tmp/toy_bert [--out DIR] [--steps N]
+  python -m realm_jax.toy_bert --work_dir /tmp/toy_bert [--out DIR] [--copy_steps N] [--steps N]
 
-runs the `mlm` train job of `experiments/toy_bert.gin` in `<work_dir>/run` (resumable: run the
-same command again after an interruption), writes the final encoder as `config.json` +
+runs two `mlm` train jobs, copying (`experiments/toy_bert_copy.gin`, in `<work_dir>/copy`) then
+reading (`experiments/toy_bert.gin`, in `<work_dir>/run`, continuing from the first's last
+checkpoint); both resume after an interruption (run the same command again). It writes the
+final encoder as `config.json` +
 `model.safetensors` into `--out` (default: the shipped directory), measures its reading
 accuracy on a held-out reading world and prints the sha256 of the weights.
 
@@ -33,6 +35,7 @@ import numpy as np
 
 PROG = "toy_bert"
 GIN_FILE = "gin_configs/experiments/toy_bert.gin"
+COPY_GIN_FILE = "gin_configs/experiments/toy_bert_copy.gin"
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "assets",
                            "toy_bert")
 # Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).
@@ -133,20 +136,34 @@ def weights_sha256(directory: str) -> str:
   return fileio.sha256_file(os.path.join(directory, "model.safetensors"))
 
 
-def build(work_dir: str, out: str, *, steps: Optional[int] = None,
-          bindings: Sequence[str] = ()) -> str:
-  """Trains (or resumes) the toy BERT in `<work_dir>/run` and writes it to `out`."""
+def _train(gin_file: str, run_dir: str, steps: Optional[int], bindings: Sequence[str]) -> str:
+  """Runs (or resumes) one phase's train job, unless it is finished; returns its last
+  checkpoint step directory."""
   from realm_jax import train  # pylint: disable=g-import-not-at-top
-  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
-  run_dir = os.path.join(os.path.abspath(work_dir), "run")
-  argv = [f"python -m realm_jax.{PROG}", f"--gin_file={GIN_FILE}", f"--gin.RUN_DIR='{run_dir}'",
+  if checkpoints.training_done(run_dir):
+    print(f"{PROG}: {run_dir} is finished; not run again", flush=True)
+    return os.path.join(run_dir, "checkpoints", str(checkpoints.latest_checkpoint_step(run_dir)))
+  argv = [f"python -m realm_jax.{PROG}", f"--gin_file={gin_file}", f"--gin.RUN_DIR='{run_dir}'",
           *bindings]
   if steps is not None:
     argv.append(f"--gin.NUM_STEPS={steps}")
   code = train.main(argv)
   if code:
-    raise RuntimeError(f"the toy BERT's train job exited with status {code}")
+    raise RuntimeError(f"the toy BERT's train job ({gin_file}) exited with status {code}")
+  return os.path.join(run_dir, "checkpoints", str(checkpoints.latest_checkpoint_step(run_dir)))
+
+
+def build(work_dir: str, out: str, *, steps: Optional[int] = None,
+          copy_steps: Optional[int] = None, bindings: Sequence[str] = ()) -> str:
+  """Trains (or resumes) the toy BERT's two phases, copying in `<work_dir>/copy` then reading
+  in `<work_dir>/run` (from the first's last checkpoint), and writes it to `out`."""
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  work_dir = os.path.abspath(work_dir)
+  copied = _train(COPY_GIN_FILE, os.path.join(work_dir, "copy"), copy_steps, bindings)
+  run_dir = os.path.join(work_dir, "run")
+  _train(GIN_FILE, run_dir, steps, [f"--gin.INIT_CHECKPOINT='{copied}'", *bindings])
   params, config, _ = checkpoints.restore_params(run_dir)
   hf.write_bert_mlm(out, params["encoder"], config.bert)
   return out
@@ -160,19 +177,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--out", default=SHIPPED_DIR,
                       help="where config.json + model.safetensors go (default: the shipped "
                            "realm_jax/data/assets/toy_bert)")
+  parser.add_argument("--copy_steps", type=int, default=None,
+                      help="steps of the first phase, copying (default: NUM_STEPS of "
+                           f"{COPY_GIN_FILE})")
   parser.add_argument("--steps", type=int, default=None,
-                      help="training steps (default: NUM_STEPS of the gin file)")
+                      help=f"steps of the second phase, reading (default: NUM_STEPS of {GIN_FILE})")
   parser.add_argument("--measure_only", action="store_true",
                       help="only measure the reading accuracy of --out")
   parser.add_argument("--examples", type=int, default=1000,
                       help="held-out examples for the reading accuracy (default %(default)s)")
   args, gin_args = parser.parse_known_args(argv)
   from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  gin_utils.setup_logging()  # before build() imports Orbax: the train job's progress lines
   os.chdir(gin_utils.REPO_ROOT)  # the gin file is addressed from the repository root
   start = time.monotonic()
   if not args.measure_only:
     try:
-      build(args.work_dir, args.out, steps=args.steps, bindings=gin_args)
+      build(args.work_dir, args.out, steps=args.steps, copy_steps=args.copy_steps,
+            bindings=gin_args)
     except (RuntimeError, OSError, ValueError) as e:
       print(f"{PROG}: error: {gin_utils.one_line(e)}", file=sys.stderr)
       return 1

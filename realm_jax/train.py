@@ -23,7 +23,9 @@ Jobs (`train_main.job`):
   mlm       BertMlmModel on an `mlm_<corpus>` task: masked language modelling of the encoder, a
             stand-in for BERT where there is none (the toy world; REALM starts both its encoder
             and its retriever from BERT: at paper scale, convert BERT with
-            `python -m realm_jax.convert.hf`).
+            `python -m realm_jax.convert.hf`); continues from `init_checkpoint`'s encoder (a
+            converted BERT or an mlm checkpoint) when one is given (the toy BERT's second
+            phase).
   ict       IctModel on an `ict_<corpus>` task (REALM_SPEC 14); the towers' BERT warm-starts from
             `init_checkpoint` (a converted BERT or an mlm checkpoint) when one is given.
   pretrain  RealmPretrainModel on a `realm_<corpus>_<strategy>` task; candidates from the run's
@@ -147,7 +149,8 @@ def _bert_from_encoder(tower: dict, encoder: dict) -> dict:
 def _warm_start(job: str, checkpoint: dict, fresh: dict, source: str) -> tuple[dict, str]:
   """The parameters a run starts from: `fresh` with the subtrees `checkpoint` provides.
 
-  ict: every retriever tower's BERT from the checkpoint's encoder (a converted BERT or an `mlm`
+  mlm: the encoder (continued masked language modelling). ict: every retriever tower's BERT
+  from the checkpoint's encoder (a converted BERT or an `mlm`
   checkpoint: REALM warm-starts ICT from BERT). pretrain: the retriever (an ICT checkpoint, or any
   checkpoint with one), and the encoder when the checkpoint has one. finetune: the retriever, and
   the reader (a fine-tuning checkpoint's reader, or a pretraining checkpoint's encoder BERT under a
@@ -155,6 +158,12 @@ def _warm_start(job: str, checkpoint: dict, fresh: dict, source: str) -> tuple[d
   (params, what was warm-started, for the log).
   """
   params = dict(fresh)
+  if job == "mlm":
+    if "encoder" not in checkpoint:
+      raise ConfigError(f"init_checkpoint {source}: no encoder params to continue from (has "
+                        f"{sorted(checkpoint)})")
+    params["encoder"] = checkpoint["encoder"]
+    return params, "encoder (BERT and MLM head)"
   if job == "ict":
     if "encoder" not in checkpoint:
       raise ConfigError(f"init_checkpoint {source}: no encoder params to start the towers' BERT "
@@ -266,7 +275,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     mesh_shape: (data, model) sizes of the device mesh; -1 takes the rest.
     rules: logical axis rules (None: partitioning.DEFAULT_RULES).
     seed: parameter init, dropout and data seed.
-    init_checkpoint: ict/pretrain/finetune: a checkpoint step directory to warm-start from
+    init_checkpoint: a checkpoint step directory to warm-start from (mlm: its encoder)
       (model size checked; ignored when resuming); see `_warm_start`.
     encoder_checkpoint: pretrain: a checkpoint step directory (a converted BERT's or an mlm run's)
       whose encoder the knowledge-augmented encoder starts from (None: random, or
@@ -336,8 +345,6 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
   _register_corpus_tasks(job, str(task), block_store, pretrain_records)
   _check_task(job, str(task))
-  if init_checkpoint is not None and job == "mlm":
-    raise ConfigError("train_main.init_checkpoint is for jobs 'ict', 'pretrain' and 'finetune'")
   if encoder_checkpoint is not None and job not in ("pretrain", "finetune"):
     raise ConfigError("train_main.encoder_checkpoint is a 'pretrain' and 'finetune' option")
   if train_document_tower and job != "finetune":
@@ -359,7 +366,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"({data_size})")
   if init_checkpoint is not None:
     # ICT starts its towers from a BERT: only BERT's shape must match.
-    _check_init_checkpoint(init_checkpoint, model_config, bert_only=job == "ict")
+    _check_init_checkpoint(init_checkpoint, model_config, bert_only=job in ("mlm", "ict"))
   if encoder_checkpoint is not None:
     _check_init_checkpoint(encoder_checkpoint, model_config, "encoder_checkpoint",
                            bert_only=True)
@@ -459,7 +466,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     # Sizes were checked above (_check_init_checkpoint): a BERT warm start's heads may differ.
     if init_checkpoint is not None:
       checkpoint, _, _ = ckpt_lib.restore_checkpoint_dir(
-          init_checkpoint, expected_config=None if job == "ict" else model_config)
+          init_checkpoint, expected_config=None if job in ("mlm", "ict") else model_config)
     if encoder_checkpoint is not None:
       encoder, _, _ = ckpt_lib.restore_checkpoint_dir(encoder_checkpoint)
     fresh_init = train_step.init_state

@@ -6,6 +6,7 @@
     realm_toy_salient_span, realm_toy_random_span, realm_toy_random_token   REALM pretraining
     ict_toy                                                                ICT warm start
     mlm_toy                                   MLM over the toy world's own blocks
+    mlm_toy_copy                the toy BERT's first phase (experiments/toy_bert_copy.gin)
     mlm_toy_reading                    the toy BERT's reading examples (experiments/toy_bert.gin)
     toy_qa                                                                 open-QA
   benchmarks (files under $REALM_JAX_QA_DATA/<name>/, see realm_jax.data.open_qa):

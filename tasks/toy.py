@@ -19,7 +19,7 @@ from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretrainin
                                          register_reading_task)
 
 TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + (
-    "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_reading")
+    "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_copy", "mlm_toy_reading")
 # Block length of the toy BlockStore and of the toy ICT blocks, in wordpieces. REALM uses 288
 # (REALM_SPEC 7); toy documents are short (median 54 wordpieces with title, 99% under 180), so
 # 288-wordpiece rows would be mostly padding, and attention over padding is most of a CPU
@@ -40,8 +40,21 @@ TOY_ICT_REMOVE_PROBABILITY = 0.0
 TOY_BERT_READING_SEEDS = tuple(range(1, 9))
 TOY_BERT_HELDOUT_SEED = 100
 # The toy BERT's mix of examples (realm_jax.data.reading.ReadingMix).
-TOY_BERT_MIX = reading.ReadingMix(random_token_fraction=0.3, distractor_fraction=0.1,
-                                  null_fraction=0.05, copy_fraction=0.3)
+TOY_BERT_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction=0.05,
+                                  null_fraction=0.05, copy_fraction=0.7,
+                                  body_mask_probability=0.15)
+# Target slots of a toy BERT row: the sentence's masks and the body's (0.15 of up to 128).
+TOY_BERT_MAX_MASKS = 32
+# The toy BERT's first phase (`experiments/toy_bert_copy.gin`): every sentence read beside its
+# own verbatim repeat, half of them with BERT's random tokens masked, in short rows (48 + 80
+# wordpieces). Copying a word from where it stands again is what reading starts from; rows
+# where it is the only way to lower the loss, and many targets per row, teach it in a couple of
+# thousand steps. Trained on the full mix from the start, the model spent thousands of steps
+# learning what names look like before its context began to help (docs/toy_bert.md).
+TOY_BERT_COPY_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction=0.0,
+                                       null_fraction=0.0, copy_fraction=1.0,
+                                       body_mask_probability=0.15)
+TOY_BERT_COPY_QUERY_LEN, TOY_BERT_COPY_BLOCK_LEN = 48, 80
 
 
 def toy_block_store_dir() -> str:
@@ -92,6 +105,9 @@ def register_toy_tasks() -> tuple[str, ...]:
                              pretrain_records=_toy_pretrain_records, block_len=TOY_BLOCK_LEN,
                              ict_remove_probability=TOY_ICT_REMOVE_PROBABILITY)
   register_qa_task("toy_qa", _toy_qa_split)
+  register_reading_task("mlm_toy_copy", worlds=_reading_worlds,
+                        query_len=TOY_BERT_COPY_QUERY_LEN, block_len=TOY_BERT_COPY_BLOCK_LEN,
+                        max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_COPY_MIX)
   register_reading_task("mlm_toy_reading", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN,
-                        mix=TOY_BERT_MIX)
+                        max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_MIX)
   return TOY_TASKS

@@ -196,7 +196,7 @@ def test_build_index_config_error_is_one_line(capsys):
     ("toy_ict", "TASK='mlm_toy'", "does not fit job 'ict'"),
     ("toy_finetune", "TASK='ict_toy'", "is not a QA task"),
     ("toy_finetune", "TASK='toy_qaa'", "unknown seqio task or mixture 'toy_qaa'"),
-    ("toy_bert", "train_main.init_checkpoint='/x'", "init_checkpoint is for jobs 'ict'"),
+    ("toy_bert", "train_main.init_checkpoint='/x'", "init_checkpoint: /x"),
     ("toy_ict", "train_main.encoder_checkpoint='/x'",
      "encoder_checkpoint is a 'pretrain' and 'finetune' option"),
     ("toy_ict", "train_main.freeze_retriever_steps=100",
@@ -250,6 +250,17 @@ def test_ict_towers_start_from_an_mlm_encoders_bert():
   assert _leaves_equal(tower["projection"], fresh_tower["projection"])
   with pytest.raises(gin_utils.ConfigError, match="no encoder params"):
     train._warm_start("ict", {"retriever": fresh["retriever"]}, fresh, "ict/5")
+
+
+def test_mlm_continues_from_a_checkpoints_encoder():
+  """The toy BERT's second phase: BERT and MLM head from the first phase's checkpoint."""
+  first, fresh = _tiny_params("BertMlmModel", 1), _tiny_params("BertMlmModel", 2)
+  params, taken = train._warm_start("mlm", first, fresh, "copy/2000")
+  assert taken == "encoder (BERT and MLM head)"
+  assert _leaves_equal(params["encoder"], first["encoder"])
+  assert not _leaves_equal(fresh["encoder"], first["encoder"])
+  with pytest.raises(gin_utils.ConfigError, match="init_checkpoint ict/5: no encoder params"):
+    train._warm_start("mlm", _tiny_params("IctModel", 3), fresh, "ict/5")
 
 
 def test_pretraining_takes_the_encoder_from_an_mlm_checkpoint():

@@ -55,10 +55,15 @@ def test_reading_accuracy_counts_argmax_hits_per_wordpiece_and_per_span():
   assert 0.4 <= result["span_accuracy"] < 1.0
 
 
-def test_build_writes_the_trained_encoder_as_a_bert_for_masked_lm(tmp_path, clean_gin):
+def test_build_writes_the_trained_encoder_as_a_bert_for_masked_lm(tmp_path, clean_gin, capsys):
   out = str(tmp_path / "toy_bert")
-  toy_bert.build(str(tmp_path / "work"), out, steps=2,
+  toy_bert.build(str(tmp_path / "work"), out, steps=2, copy_steps=2,
                  bindings=["--gin.BATCH_SIZE=8", "--gin.train_main.checkpoint_every=2"])
+  # The reading phase continued from the copying phase's last checkpoint.
+  copied = tmp_path / "work" / "copy" / "checkpoints" / "2"
+  printed = capsys.readouterr().out
+  assert copied.is_dir() and "job mlm, task mlm_toy_copy" in printed
+  assert "job mlm, task mlm_toy_reading" in printed and f"warm start from {copied}" in printed
   with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
     hf_config = json.load(f)
   assert hf_config["architectures"] == ["BertForMaskedLM"]

@@ -44,16 +44,20 @@ CONTEXTS = ("own", "copy", "distractor", "null")
 
 @dataclasses.dataclass(frozen=True)
 class ReadingMix:
-  """How often each kind of example is drawn (the rest: salient span read with its own block)."""
+  """How often each kind of example is drawn (the rest: salient span read with its own block),
+  and `body_mask_probability`: BERT's random-token masking of the body as well (every body
+  wordpiece masked independently, into the target slots the sentence left free), which gives a
+  row many more targets, most of them words that stand elsewhere in the row."""
 
   random_token_fraction: float = 0.3
   distractor_fraction: float = 0.1
   null_fraction: float = 0.05
   copy_fraction: float = 0.0
+  body_mask_probability: float = 0.0
 
   def __post_init__(self):
     fractions = ("random_token_fraction", "distractor_fraction", "null_fraction",
-                 "copy_fraction")
+                 "copy_fraction", "body_mask_probability")
     for name in fractions:
       if not 0.0 <= getattr(self, name) <= 1.0:
         raise ValueError(f"ReadingMix: {name}={getattr(self, name)} is not in [0, 1].")
@@ -113,6 +117,26 @@ def _copy_row(query: masking.MaskedQuery, store: corpus_lib.BlockStore, block_id
           "mlm_weights": query.mlm_weights, "context": "copy"}
 
 
+def _mask_body(row: dict, rng: np.random.Generator, probability: float) -> dict:
+  """Masks every body wordpiece of `row` with `probability` (all become [MASK], REALM's
+  convention), as targets in the slots the sentence left free (the first ones, in order, when
+  more are drawn than fit)."""
+  if probability == 0.0:
+    return row
+  ids = row["input_ids"].copy()
+  # [reader_len] body wordpieces: segment 1 less its closing [SEP]
+  body = (row["type_ids"] == 1) & (row["input_mask"] == 1) & (ids != vocab_lib.SEP_ID)
+  free = np.flatnonzero(row["mlm_weights"] == 0)  # [F] target slots
+  drawn = np.flatnonzero(body & (rng.random(ids.size) < probability))[:free.size]
+  positions, targets, weights = (row[k].copy() for k in
+                                 ("mlm_positions", "mlm_targets", "mlm_weights"))
+  slots = free[:drawn.size]
+  positions[slots], targets[slots], weights[slots] = drawn, ids[drawn], 1.0
+  ids[drawn] = vocab_lib.MASK_ID
+  return {**row, "input_ids": ids, "mlm_positions": positions, "mlm_targets": targets,
+          "mlm_weights": weights}
+
+
 def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore,
                          title_blocks: Mapping[str, Sequence[int]], *, rng: np.random.Generator,
                          mix: ReadingMix = ReadingMix(), query_len: int, reader_len: int,
@@ -159,7 +183,8 @@ def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore
     return None
   targets = query.mlm_targets[query.mlm_weights > 0]
   if context == "copy":
-    return _copy_row(query, store, own_block(store, own_blocks, targets), reader_len)
+    row = _copy_row(query, store, own_block(store, own_blocks, targets), reader_len)
+    return _mask_body(row, rng, mix.body_mask_probability)
   if context == "own":
     block_id = own_block(store, own_blocks, targets)
   elif context == "distractor":
@@ -172,6 +197,7 @@ def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore
   # [1, 1, reader_len] each: `[CLS] masked sentence [SEP] body [SEP]`
   ids, type_ids, mask = candidates_lib.reader_inputs(
       store, query.query_ids[None], query.query_mask[None], [[block_id]], reader_len=reader_len)
-  return {"input_ids": ids[0, 0], "type_ids": type_ids[0, 0], "input_mask": mask[0, 0],
-          "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,
-          "mlm_weights": query.mlm_weights, "context": context}
+  row = {"input_ids": ids[0, 0], "type_ids": type_ids[0, 0], "input_mask": mask[0, 0],
+         "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,
+         "mlm_weights": query.mlm_weights, "context": context}
+  return _mask_body(row, rng, mix.body_mask_probability)

@@ -29,11 +29,11 @@ def world(tmp_path_factory):
   return store, reading.blocks_by_title(store), records
 
 
-def _example(world, index, **kwargs):
+def _example(world, index, max_masks=MAX_MASKS, **kwargs):
   store, title_blocks, records = world
   return reading.make_reading_example(
       records[index], store, title_blocks, rng=np.random.default_rng([index]),
-      query_len=QUERY_LEN, reader_len=READER_LEN, max_masks=MAX_MASKS, **kwargs)
+      query_len=QUERY_LEN, reader_len=READER_LEN, max_masks=max_masks, **kwargs)
 
 
 def _split_row(example):
@@ -134,6 +134,43 @@ def test_the_mix_draws_each_kind_at_its_rate(world):
   assert abs(contexts["copy"] / n - 0.25) < 0.05
   # Not every random-token draw looks non-contiguous (one masked token is a run of one).
   assert 0.15 < random_token / n < 0.35
+
+
+@pytest.mark.parametrize("context", ["own", "copy", "null"])
+def test_body_masking_masks_body_wordpieces_into_free_slots(world, context):
+  store, title_blocks, records = world
+  masked = body_wordpieces = 0
+  for index in range(40):
+    for strategy in ("salient_span", "random_token"):
+      # The draws of the row come first, so the same seed gives the same row before masking.
+      plain = _example(world, index, strategy=strategy, context=context, max_masks=48)
+      example = _example(world, index, strategy=strategy, context=context, max_masks=48,
+                         mix=reading.ReadingMix(body_mask_probability=0.3))
+      ids, plain_ids = example["input_ids"], plain["input_ids"]
+      changed = np.flatnonzero(ids != plain_ids)
+      # Only body wordpieces change, and only to [MASK]; [SEP], padding and the query do not.
+      assert (ids[changed] == MASK_ID).all()
+      assert (example["type_ids"][changed] == 1).all()
+      assert (plain_ids[changed] != SEP_ID).all() and (example["input_mask"][changed] == 1).all()
+      real, plain_real = example["mlm_weights"] > 0, plain["mlm_weights"] > 0
+      # The sentence's targets keep their slots; each masked body wordpiece is a target with its
+      # own id, in a slot the sentence left free.
+      np.testing.assert_array_equal(example["mlm_positions"][plain_real],
+                                    plain["mlm_positions"][plain_real])
+      np.testing.assert_array_equal(example["mlm_targets"][plain_real],
+                                    plain["mlm_targets"][plain_real])
+      new = real & ~plain_real
+      np.testing.assert_array_equal(np.sort(example["mlm_positions"][new]), changed)
+      np.testing.assert_array_equal(example["mlm_targets"][new],
+                                    plain_ids[example["mlm_positions"][new]])
+      if real.sum() < 48:  # no slot ran out: every draw was kept
+        body = (plain["type_ids"] == 1) & (plain["input_mask"] == 1) & (plain_ids != SEP_ID)
+        masked += changed.size
+        body_wordpieces += body.sum()
+  if context == "null":
+    assert body_wordpieces == 0
+  else:
+    assert body_wordpieces > 1000 and abs(masked / body_wordpieces - 0.3) < 0.05
 
 
 def test_bad_mix_and_unknown_title():
