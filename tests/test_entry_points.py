@@ -31,6 +31,7 @@ def _stderr_lines(capsys):
 
 DRY_RUNS = {
     "toy_bert": ["--gin_file=gin_configs/experiments/toy_bert.gin"],
+    "toy_bert_copy": ["--gin_file=gin_configs/experiments/toy_bert_copy.gin"],
     "runs_mlm": ["--gin_file=gin_configs/models/tiny.gin", "--gin_file=gin_configs/runs/mlm.gin",
                  "--gin.TASK='mlm_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
                  "--gin.train_main.mesh_shape=(4, 2)"],
@@ -71,7 +72,7 @@ DRY_RUNS = {
                     "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
 }
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
-        "toy_bert": "mlm", "runs_mlm": "mlm"}
+        "toy_bert": "mlm", "toy_bert_copy": "mlm", "runs_mlm": "mlm"}
 
 
 def _resolved(args):
