@@ -45,20 +45,100 @@ def param_init(config: BertConfig, names: tuple[str | None, ...]):
       nn.initializers.truncated_normal(config.initializer_range), names)
 
 
-def sinusoidal_init(std: float):
-  """The Transformer's position table (sin on the first half of the features, cos on the
-  second, wavelengths 2*pi .. 10000*2*pi) scaled to standard deviation `std`."""
+# Golden ratio: the local frequencies pi * frac(k * phi), k = 1, 2, ..., spread evenly over
+# (0, pi) for any count, so their cosines cancel at every nonzero integer offset.
+_PHI = (1 + math.sqrt(5)) / 2
+
+
+def position_frequencies(features: int, kind: str) -> np.ndarray:
+  """Angular frequencies (radians per position) of a sin/cos position table, [features // 2].
+
+  "sinusoidal": the Transformer's geometric 1 .. 1/10000. "neighbours": half of them those
+  (1 .. 1/10000 over features // 4 steps), then `features // 2 - features // 4` local
+  frequencies pi * frac(k * phi) in (0, pi): with the geometric ones alone (the highest 1
+  radian per position) no linear read-out tells a position from its neighbour, with these a
+  query/key pair attends to exactly the previous or the next one (`neighbour_kernel_init`).
+  """
+  pairs = features // 2
+  if kind == "sinusoidal":
+    return 1.0 / 10000.0 ** (2 * np.arange(pairs) / features)
+  geometric = features // 4
+  local = np.pi * np.mod(np.arange(1, pairs - geometric + 1) * _PHI, 1.0)
+  return np.concatenate([1.0 / 10000.0 ** (np.arange(geometric) / max(geometric, 1)), local])
+
+
+def _raw_position_table(positions: int, frequencies: np.ndarray) -> np.ndarray:
+  """sin(p * w_i) on the first len(w) features, cos(p * w_i) on the next: [positions, 2 len(w)]."""
+  # [positions, len(frequencies)]
+  angles = np.arange(positions)[:, None] * frequencies[None]
+  return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+
+
+def sinusoidal_init(std: float, kind: str = "sinusoidal"):
+  """A sin/cos position table (`position_frequencies(features, kind)`: sin on the first half
+  of the features, cos on the second) scaled to standard deviation `std`."""
 
   def init(key, shape, dtype=jnp.float32):
     del key  # deterministic
     positions, features = shape
-    # [positions, features // 2]
-    angles = (np.arange(positions)[:, None]
-              / 10000.0 ** (2 * np.arange(features // 2)[None] / features))
     table = np.zeros(shape)
-    table[:, :features // 2], table[:, features // 2:2 * (features // 2)] = (np.sin(angles),
-                                                                             np.cos(angles))
+    raw = _raw_position_table(positions, position_frequencies(features, kind))
+    table[:, :raw.shape[1]] = raw
     return jnp.asarray(table * std / table.std(), dtype)
+
+  return init
+
+
+# Layer 0's neighbour heads (position_init="neighbours"): head i attends to position p + offset.
+NEIGHBOUR_OFFSETS = (-1, 1)
+# Their attention logit at the neighbour, before the other positions' (about zero) are
+# subtracted: exp(10) against ~row length others puts ~0.9 of the mass on the neighbour.
+NEIGHBOUR_LOGIT = 10.0
+
+
+def neighbour_kernel_init(config: BertConfig, role: str):
+  """Layer 0's query ("query") or key ("key") kernel [embed, heads, kv] when
+  position_init="neighbours": head i attends to position p + NEIGHBOUR_OFFSETS[i].
+
+  Both read only the local frequencies of the position table: the key at position p' is
+  g (cos w p', sin w p') per local frequency w, the query at p that pair rotated by the offset,
+  g (cos w (p + d), sin w (p + d)), so their product sums cos(w (p' - p - d)), which peaks at
+  p' = p + d and cancels elsewhere. The embeddings' LayerNorm divides the sum of three
+  std-`initializer_range` tables by about initializer_range * sqrt(3), which g undoes.
+  Heads past the offsets keep BERT's truncated normal; the biases stay zero.
+  """
+  normal = nn.initializers.truncated_normal(config.initializer_range)
+  features, head_dim = config.hidden_size, config.head_dim
+
+  def init(key, shape, dtype=jnp.float32):
+    # The neighbour heads' columns, deterministic: [embed, heads, kv].
+    fixed = np.zeros((features, config.num_heads, head_dim))
+    frequencies = position_frequencies(features, "neighbours")
+    geometric, pairs = features // 4, features // 2
+    local = frequencies[geometric:][:head_dim // 2]  # [L]
+    raw_std = _raw_position_table(config.max_position_embeddings, frequencies).std()
+    # The LayerNorm'd table: raw value * (initializer_range / raw_std) / (initializer_range * sqrt 3).
+    unit = 1.0 / (raw_std * math.sqrt(3.0))
+    # q . k / sqrt(head_dim) = NEIGHBOUR_LOGIT at the neighbour: g^2 L / sqrt(head_dim).
+    g = math.sqrt(NEIGHBOUR_LOGIT * math.sqrt(head_dim) / len(local))
+    sin_rows = geometric + np.arange(len(local))  # embedding features of sin(w p)
+    cos_rows = pairs + sin_rows
+    cos_cols, sin_cols = 2 * np.arange(len(local)), 2 * np.arange(len(local)) + 1
+    for head, offset in enumerate(NEIGHBOUR_OFFSETS):
+      if role == "key":
+        fixed[cos_rows, head, cos_cols] = g / unit
+        fixed[sin_rows, head, sin_cols] = g / unit
+      else:  # cos(a + b) = cos a cos b - sin a sin b; sin(a + b) = sin a cos b + cos a sin b
+        cos_d, sin_d = np.cos(local * offset), np.sin(local * offset)
+        fixed[cos_rows, head, cos_cols] = g / unit * cos_d
+        fixed[sin_rows, head, cos_cols] = -g / unit * sin_d
+        fixed[sin_rows, head, sin_cols] = g / unit * cos_d
+        fixed[cos_rows, head, sin_cols] = g / unit * sin_d
+    is_fixed = np.zeros(fixed.shape, bool)
+    is_fixed[:, :len(NEIGHBOUR_OFFSETS)] = True
+    # DenseGeneral asks for the kernel flattened to [embed, heads * kv]; init runs under jit.
+    return jnp.where(is_fixed.reshape(shape), jnp.asarray(fixed.reshape(shape), dtype),
+                     normal(key, shape, dtype))
 
   return init
 
@@ -136,8 +216,9 @@ class BertEmbeddings(nn.Module):
     self.word_embeddings = embed(
         cfg.vocab_size, embedding_init=param_init(cfg, ("vocab", "embed")))
     position_init = (param_init(cfg, (None, "embed")) if cfg.position_init == "normal" else
-                     nn.with_logical_partitioning(sinusoidal_init(cfg.initializer_range),
-                                                  (None, "embed")))
+                     nn.with_logical_partitioning(
+                         sinusoidal_init(cfg.initializer_range, cfg.position_init),
+                         (None, "embed")))
     self.position_embeddings = embed(cfg.max_position_embeddings,
                                      embedding_init=position_init)
     self.token_type_embeddings = embed(
@@ -175,18 +256,24 @@ class SelfAttention(nn.Module):
   """Multi-head self-attention; scores and softmax in float32 for bfloat16 stability."""
 
   config: BertConfig
+  # Start the query and key kernels as neighbour heads (layer 0 under
+  # position_init="neighbours"; see neighbour_kernel_init).
+  neighbour_heads: bool = False
 
   @nn.compact
   def __call__(self, x: Array, attention_mask: Array, *, deterministic: bool) -> Array:
     cfg = self.config
+    names = ("embed", "heads", "kv")
     projection = functools.partial(
         nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
         dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
-        kernel_init=param_init(cfg, ("embed", "heads", "kv")),
-        bias_init=zeros_init(("heads", "kv")))
+        kernel_init=param_init(cfg, names), bias_init=zeros_init(("heads", "kv")))
+    qk_init = {role: (nn.with_logical_partitioning(neighbour_kernel_init(cfg, role), names)
+                      if self.neighbour_heads else param_init(cfg, names))
+               for role in ("query", "key")}
     # [batch, length, heads, kv]
-    query = projection(name="query")(x)
-    key = projection(name="key")(x)
+    query = projection(name="query", kernel_init=qk_init["query"])(x)
+    key = projection(name="key", kernel_init=qk_init["key"])(x)
     value = projection(name="value")(x)
     query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
     key = nn.with_logical_constraint(key, ("batch", "length", "heads", "kv"))
@@ -215,14 +302,15 @@ class TransformerLayer(nn.Module):
   """One post-LN BERT layer."""
 
   config: BertConfig
+  neighbour_heads: bool = False  # see SelfAttention
 
   @nn.compact
   def __call__(self, x: Array, attention_mask: Array, *, deterministic: bool) -> Array:
     cfg = self.config
     dropout = nn.Dropout(cfg.hidden_dropout)
     # [batch, length, embed]
-    attended = SelfAttention(cfg, name="attention")(x, attention_mask,
-                                                    deterministic=deterministic)
+    attended = SelfAttention(cfg, self.neighbour_heads, name="attention")(
+        x, attention_mask, deterministic=deterministic)
     x = layer_norm(cfg.layer_norm_eps, cfg, name="attention_layer_norm")(
         x + dropout(attended, deterministic=deterministic))
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
@@ -254,7 +342,9 @@ class BertModel(nn.Module):
   def setup(self):
     cfg = self.config
     self.embeddings = BertEmbeddings(cfg)
-    self.layers = [TransformerLayer(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
+    self.layers = [
+        TransformerLayer(cfg, i == 0 and cfg.position_init == "neighbours", name=f"layer_{i}")
+        for i in range(cfg.num_layers)]
     if self.use_pooler:
       # A square embed->embed matrix; its output dim is named "mlp" so a model-parallel mesh
       # shards it like the first FFN matrix.

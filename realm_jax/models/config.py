@@ -14,7 +14,7 @@ import jax.numpy as jnp
 # Activation names as transformers' `hidden_act` spells them. REALM uses `gelu_new` (the tanh
 # approximation); plain BERT checkpoints such as all-MiniLM use `gelu` (the exact erf form).
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
-POSITION_INITS = ("normal", "sinusoidal")
+POSITION_INITS = ("normal", "sinusoidal", "neighbours")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +39,12 @@ class BertConfig:
     position_init: how the learned position embeddings start: "normal" (BERT's truncated
       normal) or "sinusoidal" (the Transformer's sine/cosine table scaled to the same std), which
       gives a BERT trained from scratch the relative-position structure that attending to a
-      neighbouring token needs from its first step (the toy BERT; see
-      experiments/toy_bert.gin). Only the initialisation differs; the parameters are the same.
+      neighbouring token needs from its first step, or "neighbours" (the toy BERT; see
+      experiments/toy_bert_copy.gin): a sin/cos table whose upper half of frequencies reaches
+      pi per position, with layer 0's first two heads started as heads attending to the
+      previous and the next position (models.bert.neighbour_kernel_init), the first step of
+      copying a word that stands elsewhere in the row. Only the initialisation differs; the
+      parameters are the same.
   """
 
   vocab_size: int = 30522
@@ -70,6 +74,11 @@ class BertConfig:
     if self.position_init not in POSITION_INITS:
       raise ValueError(f"BertConfig: position_init={self.position_init!r} is not one of "
                        f"{POSITION_INITS}.")
+    if self.position_init == "neighbours" and (
+        self.num_heads < 2 or self.head_dim < 2 or self.hidden_size < 8):
+      raise ValueError(f"BertConfig: position_init='neighbours' needs at least 2 heads of "
+                       f"width >= 2 and hidden_size >= 8 (num_heads={self.num_heads}, "
+                       f"hidden_size={self.hidden_size}).")
     for field in ("dtype", "param_dtype"):
       value = getattr(self, field)
       if value not in ("float32", "bfloat16", "float16"):

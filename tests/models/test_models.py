@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from realm_jax.models import config as model_config
+from realm_jax.models import bert
 from realm_jax.models.bert import BertModel
 from realm_jax.models.reader import (RealmKnowledgeAugEncoder, RealmReader, enumerate_spans,
                                      gather_positions, predict_span, span_correctness)
@@ -264,3 +265,59 @@ def test_sinusoidal_position_init_is_the_transformer_table_at_bert_scale():
       2 * normal.initializer_range)  # truncated at two standard deviations
   with pytest.raises(ValueError, match="position_init"):
     model_config.tiny_bert(position_init="rotary")
+
+
+def _layer0_attention_numpy(params, ids, eps):
+  """Layer 0's attention probabilities [heads, length, length] of one row, in NumPy."""
+  emb = params["embeddings"]
+  x = (np.asarray(emb["word_embeddings"]["embedding"])[ids]
+       + np.asarray(emb["position_embeddings"]["embedding"])[:len(ids)]
+       + np.asarray(emb["token_type_embeddings"]["embedding"])[0])
+  x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + eps)
+  x = x * np.asarray(emb["layer_norm"]["scale"]) + np.asarray(emb["layer_norm"]["bias"])
+  att = params["layer_0"]["attention"]
+  # [length, heads, kv]
+  q = np.einsum("le,ehk->lhk", x, att["query"]["kernel"]) + np.asarray(att["query"]["bias"])
+  k = np.einsum("le,ehk->lhk", x, att["key"]["kernel"]) + np.asarray(att["key"]["bias"])
+  scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(q.shape[-1])
+  scores -= scores.max(-1, keepdims=True)
+  return np.exp(scores) / np.exp(scores).sum(-1, keepdims=True)
+
+
+def test_neighbour_position_init_starts_layer_0_as_previous_and_next_position_heads():
+  """`position_init='neighbours'` (the toy BERT): half the table's frequencies reach pi per
+  position, and on random words layer 0's head 0 attends to the previous position and head 1
+  to the next (NumPy forward of the initialised weights), at any position of the row, while
+  the normal init spreads attention about uniformly; layer 1 and the other tables keep BERT's
+  init."""
+  cfg = model_config.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512,
+                               position_init="neighbours")
+  length = 128
+  ids = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (1, length), 1000, 30000))
+  params = nn.unbox(BertModel(cfg).init(jax.random.PRNGKey(0), jnp.asarray(ids))["params"])
+  table = np.asarray(params["embeddings"]["position_embeddings"]["embedding"])
+  assert abs(table.std() - cfg.initializer_range) < 1e-6
+  # Frequencies (radians per position) from position 1's sin and cos halves: the geometric
+  # 1 .. 1/10000 over 32 steps, then pi * frac(k * golden ratio), k = 1..32.
+  frequencies = np.arctan2(table[1, :64], table[1, 64:])
+  np.testing.assert_allclose(frequencies[:32], 10000.0 ** (-np.arange(32) / 32), rtol=1e-4)
+  golden = (1 + 5 ** 0.5) / 2
+  np.testing.assert_allclose(frequencies[32:], np.pi * ((np.arange(1, 33) * golden) % 1),
+                             rtol=1e-4)
+  probs = _layer0_attention_numpy(params, ids[0], cfg.layer_norm_eps)
+  inner = np.arange(1, length - 1)
+  for head, offset in enumerate(bert.NEIGHBOUR_OFFSETS):
+    # The words' own embeddings add noise to the position read-out: most, not all, positions
+    # put most of their mass on the neighbour (0.75-0.85 mean over seeds).
+    mass = probs[head, inner, inner + offset]
+    assert mass.mean() > 0.7, (head, mass.mean())
+    assert (probs[head, inner].argmax(-1) == inner + offset).mean() > 0.8
+  normal = nn.unbox(BertModel(dataclasses.replace(cfg, position_init="normal")).init(
+      jax.random.PRNGKey(0), jnp.asarray(ids))["params"])
+  base = _layer0_attention_numpy(normal, ids[0], cfg.layer_norm_eps)
+  assert base[0, inner, inner - 1].mean() < 0.05
+  np.testing.assert_array_equal(params["layer_1"]["attention"]["query"]["kernel"],
+                                normal["layer_1"]["attention"]["query"]["kernel"])
+  with pytest.raises(ValueError, match="neighbours"):
+    model_config.tiny_bert(hidden_size=128, num_heads=1, intermediate_size=512,
+                           position_init="neighbours")
