@@ -38,6 +38,8 @@ GIN_FILE = "gin_configs/experiments/toy_bert.gin"
 COPY_GIN_FILE = "gin_configs/experiments/toy_bert_copy.gin"
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "assets",
                            "toy_bert")
+# sha256 of the shipped model.safetensors, as the rebuild command prints it (docs/toy_bert.md).
+SHIPPED_SHA256 = "ab990fe92862a2a852d504e9ebb7f15f8f2ec7257addf79d3d28c0722033d893"
 # Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).
 QUERY_LEN = 64
 READER_LEN = 64 + 128
