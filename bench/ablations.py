@@ -8,7 +8,7 @@ alongside, a frozen index of the final checkpoint, open-QA fine-tuning,
 evaluation) with one change, repeated for every seed (`train_main.seed` of every stage: the
 initialisation, dropout and the data order). For each seed, all rows but the last share one ICT
 warm start, trained with that seed in `<out>/seed<s>/shared/ict` (from the toy BERT with
-`--toy_bert`, as the recipe's; random weights by default until the toy BERT ships):
+the shipped toy BERT, as the recipe's; `--toy_bert` as the recipe's):
 
   REALM                      salient-span masking, null document, index refreshed, ICT start
   random-span masking        --gin.TASK='realm_toy_random_span'
@@ -173,9 +173,10 @@ def main() -> int:
                       help="pretraining steps per row (default: the recipe's)")
   parser.add_argument("--finetune_steps", type=int, default=None,
                       help="fine-tuning steps per row (default: the recipe's)")
-  parser.add_argument("--toy_bert", default="none",
-                      help="what every tower starts from, as the recipe's --toy_bert: 'none' "
-                           "(default, random weights), 'shipped' or a BertForMaskedLM directory")
+  parser.add_argument("--toy_bert", default="shipped",
+                      help="what every tower starts from, as the recipe's --toy_bert: 'shipped' "
+                           "(default, the toy BERT), 'none' (random weights) or a "
+                           "BertForMaskedLM directory")
   args = parser.parse_args()
   try:
     toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)

@@ -1,16 +1,15 @@
 r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job.
 
-  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--toy_bert none|shipped|DIR]
+  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--toy_bert shipped|none|DIR]
 
 Stages, each one of the project's own entry points run as a child process (so the index
 builder really is a second process next to the trainer, as on a pod):
 
-  0. a BERT                     python -m realm_jax.convert.hf, with `--toy_bert DIR` (a
-                                BertForMaskedLM directory of the toy model's shape) or
-                                `--toy_bert shipped` (realm_jax.toy_bert, docs/toy_bert.md):
-                                what the paper's BERT is to REALM. Not yet by default: the toy
-                                BERT does not read yet; by default every tower starts from
-                                random weights
+  0. a BERT                     python -m realm_jax.convert.hf of the shipped toy BERT
+                                (realm_jax.toy_bert, docs/toy_bert.md; `--toy_bert DIR` for
+                                another BertForMaskedLM directory of the toy model's shape,
+                                `--toy_bert none` for random weights): what the paper's BERT is
+                                to REALM
   1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin (towers
                                 from the BERT, when given)
   2. first index                python -m realm_jax.build_index --once (from the ICT checkpoint)
@@ -143,6 +142,11 @@ def toy_bert_dir(choice: str) -> Optional[str]:
   directory = {"shipped": toy_bert.SHIPPED_DIR, "none": None}.get(choice, choice)
   if directory is not None and not os.path.isfile(os.path.join(directory, "model.safetensors")):
     raise ValueError(f"--toy_bert {choice}: no model.safetensors in {directory}")
+  if choice == "shipped" and toy_bert.weights_sha256(directory) != toy_bert.SHIPPED_SHA256:
+    raise ValueError(f"--toy_bert shipped: {directory}/model.safetensors has sha256 "
+                     f"{toy_bert.weights_sha256(directory)}, not the shipped "
+                     f"{toy_bert.SHIPPED_SHA256} (docs/toy_bert.md); a partial checkout? "
+                     f"`python -m realm_jax.toy_bert` rebuilds it")
   return directory
 
 
@@ -365,10 +369,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
   parser.add_argument("--fresh", action="store_true", help="delete --out first")
-  parser.add_argument("--toy_bert", default="none",
-                      help="the BertForMaskedLM directory every tower starts from: 'none' "
-                           "(default: random weights, until the toy BERT ships), 'shipped' (the "
-                           "toy BERT in realm_jax/data/assets/toy_bert) or a directory of the "
+  parser.add_argument("--toy_bert", default="shipped",
+                      help="the BertForMaskedLM directory every tower starts from: 'shipped' "
+                           "(default: the toy BERT in realm_jax/data/assets/toy_bert, "
+                           "docs/toy_bert.md), 'none' (random weights) or a directory of the "
                            "toy model's shape")
   args = parser.parse_args(argv)
   try:

@@ -169,7 +169,9 @@ def test_warm_start_checkpoint_of_another_model_size(name, item, macro, tmp_path
 def test_bert_warm_start_needs_only_the_bert_shape(name, macro, tmp_path, capsys):
   """A converted BERT records transformers' defaults for REALM's heads ([CLS] pooling, span
   width 256); only its BERT shape has to match the run's, since the heads start fresh."""
-  bert = config_lib.RealmConfig(bert=config_lib.tiny_bert())  # the toy model's BERT shape
+  # The toy model's BERT shape (experiments/toy_model.gin).
+  bert = config_lib.RealmConfig(
+      bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512))
   assert bert.retriever_pooling == "cls" and bert.span_hidden_size == 256
   step_dir = checkpoints.save_checkpoint(
       str(tmp_path / "bert"), 0, {"encoder": {"w": np.zeros([2], np.float32)}}, config=bert)
@@ -181,7 +183,7 @@ def test_bert_warm_start_needs_only_the_bert_shape(name, macro, tmp_path, capsys
   line = _one_config_error(capsys, _train(
       *DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run2'}'", f"--gin.{macro}='{step_dir}'",
       "--dry_run"))
-  assert "another model size" in line and "hidden_size 64 vs 32" in line, line
+  assert "another model size" in line and "hidden_size 64 vs 128" in line, line
 
 
 def test_build_index_config_error_is_one_line(capsys):

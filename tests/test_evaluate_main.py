@@ -31,8 +31,9 @@ from realm_jax.training import checkpoints
 
 REPO = gin_utils.REPO_ROOT
 # = gin_configs/experiments/toy_model.gin (its dropout does not change parameter shapes).
-TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), span_hidden_size=64,
-                              retriever_pooling="mean")
+TINY = config_lib.RealmConfig(
+    bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512),
+    span_hidden_size=64, retriever_pooling="mean")
 STEP = 40
 NUM_DOCS = 400
 KS = (1, 5, 20, 100)
@@ -308,7 +309,7 @@ def _one_line(capsys, code, status, prefix):
 def other_runs(tmp_path_factory):
   """Runs whose checkpoints the qa mode must refuse: another model size; retriever only."""
   root = tmp_path_factory.mktemp("other_runs")
-  bigger = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64))
+  bigger = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64, num_heads=2))
   params = {"retriever": {"w": np.zeros([2], np.float32)}}
   checkpoints.save_checkpoint(str(root / "bigger"), 3, params, config=bigger)
   checkpoints.save_checkpoint(str(root / "ict"), 3, params, config=TINY)
@@ -346,7 +347,7 @@ def test_missing_run_dir_macro_is_a_config_error(capsys):
 def test_a_checkpoint_of_another_model_size_is_a_config_error(other_runs, dry_run, capsys):
   args = [f"--gin.RUN_DIR='{other_runs / 'bigger'}'"] + (["--dry_run"] if dry_run else [])
   line = _one_line(capsys, _main(*args), 2, "config error")
-  assert "another model size (hidden 64," in line and "this run's model is (hidden 32," in line
+  assert "another model size (hidden 64," in line and "this run's model is (hidden 128," in line
 
 
 def test_an_ict_checkpoint_has_no_reader_for_qa_mode(other_runs, capsys):

@@ -4,6 +4,8 @@ tested on its own (tests/test_entry_points.py, tests/test_evaluate_main.py, test
 
 import io
 
+import pytest
+
 from realm_jax import recipe
 
 
@@ -39,3 +41,15 @@ def test_table_lists_every_figure_the_main_job_promises():
                        ("after pretraining", "0.500"), ("refreshes picked up", "7"),
                        ("staleness (steps)", "11.2"), ("wall time", "10.0 min")]:
     assert any(label in line and f"| {value} |" in line for line in lines), (label, table)
+
+
+def test_toy_bert_choice_checks_the_shipped_weights(tmp_path, monkeypatch):
+  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
+  assert recipe.toy_bert_dir("shipped") == toy_bert.SHIPPED_DIR
+  assert recipe.toy_bert_dir("none") is None
+  with pytest.raises(ValueError, match="no model.safetensors"):
+    recipe.toy_bert_dir(str(tmp_path))
+  # A shipped file that is not the documented one (a partial checkout, a Git LFS pointer).
+  monkeypatch.setattr(toy_bert, "SHIPPED_SHA256", "0" * 64)
+  with pytest.raises(ValueError, match="sha256 .* not the shipped 0000"):
+    recipe.toy_bert_dir("shipped")
