@@ -102,10 +102,6 @@ JOBS = {
 # Feature lengths of the jobs' tasks (realm_jax/train.py `_abstract_batch`, tasks/toy.py).
 MLM_QUERY_LEN, BLOCK_LEN, MAX_MASKS = 64, 128, 10
 _CAPTURE = None  # the gin configurable that reads the run gin's macros (registered once)
-# Both steps at the toy BERT's shape (experiments/toy_bert.gin), the shape the toy recipe runs at
-# once it starts from the toy BERT (toy_model.gin keeps the narrower model until then).
-TOY_BERT_SHAPE = ["model_config.tiny_bert.hidden_size = 128", "model_config.tiny_bert.num_heads = 2",
-                  "model_config.tiny_bert.intermediate_size = 512"]
 # glibc malloc settings of `--allocator_env`: one arena, no mmap, no trimming, so that freed
 # memory is reused instead of returned to the kernel (see the module docstring).
 ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
@@ -140,7 +136,7 @@ def read_job(job: str) -> dict:
         ["RUN_DIR = '/nonexistent'", "INIT_CHECKPOINT = None",
          "toy_step_bench.model_config = %MODEL_CONFIG", "toy_step_bench.batch_size = %BATCH_SIZE",
          "toy_step_bench.learning_rate = %LEARNING_RATE",
-         "toy_step_bench.num_steps = %NUM_STEPS", *TOY_BERT_SHAPE])
+         "toy_step_bench.num_steps = %NUM_STEPS"])
   finally:
     os.chdir(cwd)
   settings = capture()

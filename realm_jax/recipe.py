@@ -142,11 +142,11 @@ def toy_bert_dir(choice: str) -> Optional[str]:
   directory = {"shipped": toy_bert.SHIPPED_DIR, "none": None}.get(choice, choice)
   if directory is not None and not os.path.isfile(os.path.join(directory, "model.safetensors")):
     raise ValueError(f"--toy_bert {choice}: no model.safetensors in {directory}")
-  if choice == "shipped" and toy_bert.weights_sha256(directory) != toy_bert.SHIPPED_SHA256:
-    raise ValueError(f"--toy_bert shipped: {directory}/model.safetensors has sha256 "
-                     f"{toy_bert.weights_sha256(directory)}, not the shipped "
-                     f"{toy_bert.SHIPPED_SHA256} (docs/toy_bert.md); a partial checkout? "
-                     f"`python -m realm_jax.toy_bert` rebuilds it")
+  sha256 = toy_bert.weights_sha256(directory) if choice == "shipped" else None
+  if sha256 is not None and sha256 != toy_bert.SHIPPED_SHA256:
+    raise ValueError(f"--toy_bert shipped: {directory}/model.safetensors has sha256 {sha256}, "
+                     f"not the shipped {toy_bert.SHIPPED_SHA256} (docs/toy_bert.md); a "
+                     f"partial checkout? `python -m realm_jax.toy_bert` rebuilds it")
   return directory
 
 

@@ -89,14 +89,12 @@ def test_the_shipped_toy_bert_is_the_documented_one_and_reads():
   training) they read: masked names and dates are right far more often beside the block that
   states them than with the null document. Thresholds: measured 200-example accuracies (docs)
   less a margin for the sample."""
-  assert toy_bert.weights_sha256(toy_bert.SHIPPED_DIR) == toy_bert.SHIPPED_SHA256
-  config, params, _ = hf.load_checkpoint(toy_bert.SHIPPED_DIR)
+  config, _, _ = hf.load_checkpoint(toy_bert.SHIPPED_DIR)
   assert (config.bert.hidden_size, config.bert.num_layers, config.bert.num_heads,
           config.bert.intermediate_size, config.bert.vocab_size) == (128, 2, 2, 512, 30522)
-  with_context = toy_bert.reading_accuracy(params, config,
-                                           toy_bert.heldout_examples(200, context="own"))
-  without = toy_bert.reading_accuracy(params, config,
-                                      toy_bert.heldout_examples(200, context="null"))
+  measured = toy_bert.measure(toy_bert.SHIPPED_DIR, 200)
+  assert measured["sha256"] == toy_bert.SHIPPED_SHA256
+  with_context, without = measured["with_context"], measured["without_context"]
   assert with_context["wordpiece_accuracy"] > READS_WITH_CONTEXT, with_context
   assert with_context["wordpiece_accuracy"] > 2 * without["wordpiece_accuracy"], (with_context,
                                                                                   without)

@@ -62,9 +62,14 @@ def position_frequencies(features: int, kind: str) -> np.ndarray:
   pairs = features // 2
   if kind == "sinusoidal":
     return 1.0 / 10000.0 ** (2 * np.arange(pairs) / features)
-  geometric = features // 4
+  geometric = _geometric_pairs(features)
   local = np.pi * np.mod(np.arange(1, pairs - geometric + 1) * _PHI, 1.0)
-  return np.concatenate([1.0 / 10000.0 ** (np.arange(geometric) / max(geometric, 1)), local])
+  return np.concatenate([1.0 / 10000.0 ** (np.arange(geometric) / geometric), local])
+
+
+def _geometric_pairs(features: int) -> int:
+  """How many of a "neighbours" table's frequencies are geometric (the local ones follow)."""
+  return features // 4
 
 
 def _raw_position_table(positions: int, frequencies: np.ndarray) -> np.ndarray:
@@ -107,35 +112,35 @@ def neighbour_kernel_init(config: BertConfig, role: str):
   std-`initializer_range` tables by about initializer_range * sqrt(3), which g undoes.
   Heads past the offsets keep BERT's truncated normal; the biases stay zero.
   """
-  normal = nn.initializers.truncated_normal(config.initializer_range)
   features, head_dim = config.hidden_size, config.head_dim
+  # The neighbour heads' columns, deterministic (no key): [embed, heads, kv].
+  fixed = np.zeros((features, config.num_heads, head_dim))
+  frequencies = position_frequencies(features, "neighbours")
+  geometric = _geometric_pairs(features)
+  local = frequencies[geometric:][:head_dim // 2]  # [L]
+  raw_std = _raw_position_table(config.max_position_embeddings, frequencies).std()
+  # The LayerNorm'd table: raw value * (initializer_range / raw_std) / (initializer_range * sqrt 3).
+  unit = 1.0 / (raw_std * math.sqrt(3.0))
+  # q . k / sqrt(head_dim) = NEIGHBOUR_LOGIT at the neighbour: g^2 L / sqrt(head_dim).
+  g = math.sqrt(NEIGHBOUR_LOGIT * math.sqrt(head_dim) / len(local))
+  sin_rows = geometric + np.arange(len(local))  # embedding features of sin(w p)
+  cos_rows = features // 2 + sin_rows
+  cos_cols, sin_cols = 2 * np.arange(len(local)), 2 * np.arange(len(local)) + 1
+  for head, offset in enumerate(NEIGHBOUR_OFFSETS):
+    if role == "key":
+      fixed[cos_rows, head, cos_cols] = g / unit
+      fixed[sin_rows, head, sin_cols] = g / unit
+    else:  # cos(a + b) = cos a cos b - sin a sin b; sin(a + b) = sin a cos b + cos a sin b
+      cos_d, sin_d = np.cos(local * offset), np.sin(local * offset)
+      fixed[cos_rows, head, cos_cols] = g / unit * cos_d
+      fixed[sin_rows, head, cos_cols] = -g / unit * sin_d
+      fixed[sin_rows, head, sin_cols] = g / unit * cos_d
+      fixed[cos_rows, head, sin_cols] = g / unit * sin_d
+  is_fixed = np.zeros(fixed.shape, bool)
+  is_fixed[:, :len(NEIGHBOUR_OFFSETS)] = True
+  normal = nn.initializers.truncated_normal(config.initializer_range)
 
   def init(key, shape, dtype=jnp.float32):
-    # The neighbour heads' columns, deterministic: [embed, heads, kv].
-    fixed = np.zeros((features, config.num_heads, head_dim))
-    frequencies = position_frequencies(features, "neighbours")
-    geometric, pairs = features // 4, features // 2
-    local = frequencies[geometric:][:head_dim // 2]  # [L]
-    raw_std = _raw_position_table(config.max_position_embeddings, frequencies).std()
-    # The LayerNorm'd table: raw value * (initializer_range / raw_std) / (initializer_range * sqrt 3).
-    unit = 1.0 / (raw_std * math.sqrt(3.0))
-    # q . k / sqrt(head_dim) = NEIGHBOUR_LOGIT at the neighbour: g^2 L / sqrt(head_dim).
-    g = math.sqrt(NEIGHBOUR_LOGIT * math.sqrt(head_dim) / len(local))
-    sin_rows = geometric + np.arange(len(local))  # embedding features of sin(w p)
-    cos_rows = pairs + sin_rows
-    cos_cols, sin_cols = 2 * np.arange(len(local)), 2 * np.arange(len(local)) + 1
-    for head, offset in enumerate(NEIGHBOUR_OFFSETS):
-      if role == "key":
-        fixed[cos_rows, head, cos_cols] = g / unit
-        fixed[sin_rows, head, sin_cols] = g / unit
-      else:  # cos(a + b) = cos a cos b - sin a sin b; sin(a + b) = sin a cos b + cos a sin b
-        cos_d, sin_d = np.cos(local * offset), np.sin(local * offset)
-        fixed[cos_rows, head, cos_cols] = g / unit * cos_d
-        fixed[sin_rows, head, cos_cols] = -g / unit * sin_d
-        fixed[sin_rows, head, sin_cols] = g / unit * cos_d
-        fixed[cos_rows, head, sin_cols] = g / unit * sin_d
-    is_fixed = np.zeros(fixed.shape, bool)
-    is_fixed[:, :len(NEIGHBOUR_OFFSETS)] = True
     # DenseGeneral asks for the kernel flattened to [embed, heads * kv]; init runs under jit.
     return jnp.where(is_fixed.reshape(shape), jnp.asarray(fixed.reshape(shape), dtype),
                      normal(key, shape, dtype))
