@@ -7,16 +7,17 @@ Each row is the whole toy recipe (`realm_jax.recipe.Recipe`: pretraining with th
 alongside, a frozen index of the final checkpoint, open-QA fine-tuning,
 evaluation) with one change, repeated for every seed (`train_main.seed` of every stage: the
 initialisation, dropout and the data order). For each seed, all rows but the last share one ICT
-warm start, trained with that seed in `<out>/seed<s>/shared/ict` (from the toy BERT with
-the shipped toy BERT, as the recipe's; `--toy_bert` as the recipe's):
+warm start, trained with that seed in `<out>/seed<s>/shared/ict` (`--toy_bert` and
+`--ict_from` as the recipe's):
 
   REALM                      salient-span masking, null document, index refreshed, ICT start
   random-span masking        --gin.TASK='realm_toy_random_span'
   random-token masking       --gin.TASK='realm_toy_random_token'
   without the null document  --gin.train_main.null_document=False
   index never refreshed      no index builder: pretraining retrieves from the ICT index
-  without ICT warm start     the retriever starts as ICT would (from the BERT, else random): an
-                             "ICT" run of one step at learning rate 0 provides that checkpoint
+  without ICT warm start     the retriever starts as ICT would (random, or the BERT with
+                             `--ict_from bert`): an "ICT" run of one step at learning rate 0
+                             provides that checkpoint
 
 Columns, as the paper's (NQ dev EM; zero-shot retrieval recall@5) plus what the toy shows:
 toy QA dev EM after fine-tuning, recall@5 of the toy QA dev questions with the pretrained
@@ -54,7 +55,7 @@ VARIANTS = (
     ("no_null", "without the null document",
      {"pretrain_bindings": ["train_main.null_document=False"]}),
     ("never_refresh", "index never refreshed", {"with_builder": False}),
-    ("no_ict", "without ICT warm start", {"ict": "bert"}),
+    ("no_ict", "without ICT warm start", {"ict": "untrained"}),
 )
 # The paper's Table 2 directions: (better row, worse row, column key, what it says).
 DIRECTIONS = (
@@ -69,19 +70,15 @@ COLUMNS = (("qa_em_realm", "toy QA dev EM"), ("recall@5_after", "zero-shot recal
            ("retrieval_utility_last", "retrieval utility"), ("refreshes", "refreshes"))
 
 
-def _bert_only_ict(out: str, seed: int, bert: str | None) -> str:
-  """An ICT run of one step at learning rate 0: its checkpoint is the towers as they start (the
-  BERT under a fresh pooler and projection, or random weights without one), the retriever REALM
-  would have without ICT (Adam's update and the decoupled weight decay are both scaled by the
-  learning rate)."""
-  run_dir = os.path.join(out, "ict_bert_only")
-  recipe_lib.run_child(
-      recipe_lib.python_module(
-          "realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
-          f"--gin.RUN_DIR='{run_dir}'", "--gin.NUM_STEPS=1", "--gin.LEARNING_RATE=0.0",
-          "--gin.train_main.checkpoint_every=1", f"--gin.train_main.seed={seed}",
-          f"--gin.INIT_CHECKPOINT={recipe_lib._quoted(bert)}"),  # pylint: disable=protected-access
-      os.path.join(out, "ict_bert_only.log"))
+def _untrained_ict(shared: recipe_lib.Recipe, seed: int) -> str:
+  """An ICT run of one step at learning rate 0: its checkpoint is the towers as ICT starts them
+  (random weights, or the BERT under a fresh pooler and projection with `--ict_from bert`), the
+  retriever REALM would have without ICT (Adam's update and the decoupled weight decay are both
+  scaled by the learning rate)."""
+  run_dir = os.path.join(os.path.dirname(shared.out), "ict_untrained")
+  if not shared.trained(run_dir):
+    shared.train_ict(run_dir, "ict_untrained.log", "NUM_STEPS=1", "LEARNING_RATE=0.0",
+                     "train_main.checkpoint_every=1", f"train_main.seed={seed}")
   return run_dir
 
 
@@ -93,7 +90,8 @@ def _cell(values: list[float], digits: int = 3) -> str:
 
 
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
-        finetune_steps: int | None, toy_bert: str | None = None) -> dict[str, list[dict]]:
+        finetune_steps: int | None, toy_bert: str | None = None,
+        ict_from_bert: bool = False) -> dict[str, list[dict]]:
   """{row name: [summary of each seed]}; every row's summary has its "minutes"."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   store = realm_jax_tasks.toy_block_store_dir()
@@ -103,21 +101,16 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     seed_out = os.path.join(out, f"seed{seed}")
     seed_binding = f"train_main.seed={seed}"
     shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
-                               baseline=False)
-    bert = shared._bert_checkpoint()  # pylint: disable=protected-access
+                               ict_from_bert=ict_from_bert, baseline=False)
     print(f"ablations: seed {seed}: the shared ICT warm start ...", flush=True)
-    shared.stage("ICT warm start", shared.trained(shared.ict), lambda: recipe_lib.run_child(
-        recipe_lib.python_module(
-            "realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
-            f"--gin.RUN_DIR='{shared.ict}'", f"--gin.{seed_binding}",
-            f"--gin.INIT_CHECKPOINT={recipe_lib._quoted(bert)}"),  # pylint: disable=protected-access
-        os.path.join(shared.logs, "ict.log")))
+    shared.stage("ICT warm start", shared.trained(shared.ict),
+                 lambda: shared.train_ict(shared.ict, "ict.log", seed_binding))
     for name, description, kwargs in VARIANTS:
       if only and name not in only:
         continue
       kwargs = dict(kwargs)
       ict = kwargs.pop("ict", None)
-      ict_dir = _bert_only_ict(seed_out, seed, bert) if ict == "bert" else shared.ict
+      ict_dir = _untrained_ict(shared, seed) if ict == "untrained" else shared.ict
       print(f"\nablations: seed {seed}: {description} ...", flush=True)
       start = time.monotonic()
       steps = lambda n: [f"NUM_STEPS={n}"] if n is not None else []
@@ -125,7 +118,8 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
                                      *kwargs.get("pretrain_bindings", [])]
       kwargs["finetune_bindings"] = [*steps(finetune_steps), seed_binding]
       summary = recipe_lib.Recipe(os.path.join(seed_out, name), store, ict_dir=ict_dir,
-                                  toy_bert=toy_bert, eval_split="dev", baseline=False,
+                                  toy_bert=toy_bert, ict_from_bert=ict_from_bert,
+                                  eval_split="dev", baseline=False,
                                   **kwargs).run()
       summary["minutes"] = (time.monotonic() - start) / 60
       rows.setdefault(name, []).append(summary)
@@ -177,6 +171,8 @@ def main() -> int:
                       help="what every tower starts from, as the recipe's --toy_bert: 'shipped' "
                            "(default, the toy BERT), 'none' (random weights) or a "
                            "BertForMaskedLM directory")
+  parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
+                      help="what ICT's towers start from, as the recipe's --ict_from")
   args = parser.parse_args()
   try:
     toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)
@@ -186,7 +182,7 @@ def main() -> int:
   start = time.monotonic()
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
-             toy_bert=toy_bert)
+             toy_bert=toy_bert, ict_from_bert=args.ict_from == "bert")
   text = table(rows) + "\n\n" + directions(rows)
   print("\n" + text)
   if args.write:

@@ -93,6 +93,7 @@ for _root in (REPO_ROOT, _CODE_ROOT):  # the second ends up first on the path
   sys.path.insert(0, _root)
 
 import numpy as np  # noqa: E402
+from realm_jax_launch import local as launch_local  # noqa: E402
 
 SECTION = "Toy training steps"
 JOBS = {
@@ -102,10 +103,8 @@ JOBS = {
 # Feature lengths of the jobs' tasks (realm_jax/train.py `_abstract_batch`, tasks/toy.py).
 MLM_QUERY_LEN, BLOCK_LEN, MAX_MASKS = 64, 128, 10
 _CAPTURE = None  # the gin configurable that reads the run gin's macros (registered once)
-# glibc malloc settings of `--allocator_env`: one arena, no mmap, no trimming, so that freed
-# memory is reused instead of returned to the kernel (see the module docstring).
-ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
-                 "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+# glibc malloc settings of `--allocator_env` (see the module docstring): the launcher's.
+ALLOCATOR_ENV = launch_local.ALLOCATOR_ENV
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job.
 
   python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--toy_bert shipped|none|DIR]
+      [--ict_from random|bert]
 
 Stages, each one of the project's own entry points run as a child process (so the index
 builder really is a second process next to the trainer, as on a pod):
@@ -11,7 +12,8 @@ builder really is a second process next to the trainer, as on a pod):
                                 `--toy_bert none` for random weights): what the paper's BERT is
                                 to REALM
   1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin (towers
-                                from the BERT, when given)
+                                from random weights; `--ict_from bert` from the BERT, as
+                                REALM's: a toy-world deviation, docs/architecture.md)
   2. first index                python -m realm_jax.build_index --once (from the ICT checkpoint)
   3. REALM pretraining          python -m realm_jax.train   experiments/toy_pretrain.gin
                                 (the retriever from ICT, the encoder from the BERT)
@@ -91,11 +93,19 @@ def python_module(module: str, *args: str) -> list[str]:
   return [sys.executable, "-m", module, *args]
 
 
+def child_env() -> dict[str, str]:
+  """The children's settings on top of this environment: the launcher's allocator settings
+  (`realm_jax_launch.local.ALLOCATOR_ENV`, 0.74x the toy step's time), unless set already."""
+  import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
+  return {key: value for key, value in launcher.ALLOCATOR_ENV.items() if key not in os.environ}
+
+
 def run_child(cmd: Sequence[str], log_path: str) -> None:
   """Runs one child to completion: full output to `log_path`, progress lines to the console."""
   console = _Progress(sys.stdout)
   with open(log_path, "a", encoding="utf-8") as log, subprocess.Popen(
-      list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
+      list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      env={**os.environ, **child_env()}) as child:
     for line in child.stdout:
       log.write(line)
       console.write(line)
@@ -154,7 +164,8 @@ class Recipe:
   """The stages (see the module docstring) over one output directory."""
 
   def __init__(self, out: str, store: str, *, ict_dir: Optional[str] = None,
-               toy_bert: Optional[str] = None, pretrain_bindings: Sequence[str] = (),
+               toy_bert: Optional[str] = None, ict_from_bert: bool = False,
+               pretrain_bindings: Sequence[str] = (),
                finetune_bindings: Sequence[str] = (), with_builder: bool = True,
                eval_split: str = "test", baseline: bool = True):
     """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
@@ -167,6 +178,7 @@ class Recipe:
     self.out = os.path.abspath(out)
     self.store = store
     self.toy_bert = toy_bert
+    self.ict_from_bert = ict_from_bert
     self.baseline = baseline
     self.bert = os.path.join(self.out, "toy_bert")
     self.orqa = os.path.join(self.out, "orqa")
@@ -226,10 +238,8 @@ class Recipe:
     import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
 
     bert = self._bert_checkpoint()
-    self.stage("1 ICT warm start", self.trained(self.ict), lambda: run_child(
-        python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
-                *_gin(f"RUN_DIR='{self.ict}'", f"INIT_CHECKPOINT={_quoted(bert)}")),
-        os.path.join(self.logs, "ict.log")))
+    self.stage("1 ICT warm start", self.trained(self.ict),
+               lambda: self.train_ict(self.ict, "ict.log"))
     self.stage("2 first index (from the ICT checkpoint)",
                 store_lib.latest_index_step(self.pretrain) is not None,
                 lambda: self._build_once(self.pretrain, self._ict_checkpoint(), "index_0.log"))
@@ -249,7 +259,8 @@ class Recipe:
                           *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
                                 "build_index_main.poll_seconds=2.0"))
       code = launcher.run_local(trainer, builder, log_dir=self.logs,
-                                console=_Progress(sys.stdout))
+                                console=_Progress(sys.stdout), env_trainer=child_env(),
+                                env_builder=child_env())
       if code:
         raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
 
@@ -277,6 +288,15 @@ class Recipe:
                                         f"ENCODER_CHECKPOINT={_quoted(bert)}"))
       orqa_qa = self._evaluate(self.orqa, "toy_qa_orqa", "6b evaluation (ORQA-style baseline)")
     return self.summary(before, after, qa, orqa_qa)
+
+  def train_ict(self, run_dir: str, log: str, *bindings: str) -> None:
+    """ICT (experiments/toy_ict.gin) into `run_dir`, its towers from the BERT when
+    `ict_from_bert`, else from random weights; `bindings` are extra gin bindings."""
+    bert = self._bert_checkpoint() if self.ict_from_bert else None
+    run_child(python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
+                            *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT={_quoted(bert)}",
+                                  *bindings)),
+              os.path.join(self.logs, log))
 
   def _bert_checkpoint(self) -> Optional[str]:
     """The recipe's BERT as step 0 of `<out>/toy_bert` (converted once), or None (random)."""
@@ -374,6 +394,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            "(default: the toy BERT in realm_jax/data/assets/toy_bert, "
                            "docs/toy_bert.md), 'none' (random weights) or a directory of the "
                            "toy model's shape")
+  parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
+                      help="what ICT's towers start from: 'random' (default) weights, or the "
+                           "--toy_bert BERT as REALM's start from BERT. A toy-world deviation: "
+                           "the toy BERT's hidden states keep too little of which name a "
+                           "wordpiece sequence spells for ICT to learn the toy world's name "
+                           "matching from them (docs/architecture.md)")
   args = parser.parse_args(argv)
   try:
     bert = toy_bert_dir(args.toy_bert)
@@ -387,7 +413,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   import realm_jax_tasks  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
   print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
-  recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=bert)
+  recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=bert,
+                  ict_from_bert=args.ict_from == "bert")
   try:
     summary = recipe.run()
   except KeyboardInterrupt:

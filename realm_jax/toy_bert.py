@@ -8,18 +8,21 @@ layout in `realm_jax/data/assets/toy_bert/` and is loaded through `realm_jax.con
 exactly like a user's real BERT.
 
   python -m realm_jax.toy_bert --work_dir /tmp/toy_bert [--out DIR] [--copy_steps N] [--steps N]
+      [--distract_steps N]
 
-runs two `mlm` train jobs, copying (`experiments/toy_bert_copy.gin`, in `<work_dir>/copy`) then
-reading (`experiments/toy_bert.gin`, in `<work_dir>/run`, continuing from the first's last
-checkpoint); both resume after an interruption (run the same command again). It writes the
-final encoder as `config.json` +
+runs three `mlm` train jobs, each continuing from the last checkpoint of the one before:
+copying (`experiments/toy_bert_copy.gin`, in `<work_dir>/copy`), reading
+(`experiments/toy_bert.gin`, in `<work_dir>/run`) and reading among distractors
+(`experiments/toy_bert_distract.gin`, in `<work_dir>/distract`); each resumes after an
+interruption (run the same command again). It writes the final encoder as `config.json` +
 `model.safetensors` into `--out` (default: the shipped directory), measures its reading
 accuracy on a held-out reading world and prints the sha256 of the weights.
 
 Reading accuracy: masked salient spans (names and dates) of the held-out world's pretraining
 text, read beside the block of the document that states them ("with context") and with the
-null document, `[CLS] sentence [SEP] [SEP]` ("without context"). Reported per masked wordpiece
-and per whole span (every wordpiece right).
+null document, `[CLS] sentence [SEP] [SEP]` ("without context"), and beside another
+document's block ("with distractor": most of REALM's candidates). Reported per masked
+wordpiece and per whole span (every wordpiece right).
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ import numpy as np
 PROG = "toy_bert"
 GIN_FILE = "gin_configs/experiments/toy_bert.gin"
 COPY_GIN_FILE = "gin_configs/experiments/toy_bert_copy.gin"
+DISTRACT_GIN_FILE = "gin_configs/experiments/toy_bert_distract.gin"
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "assets",
                            "toy_bert")
 # sha256 of the shipped model.safetensors, as the rebuild command prints it (docs/toy_bert.md).
-SHIPPED_SHA256 = "ab990fe92862a2a852d504e9ebb7f15f8f2ec7257addf79d3d28c0722033d893"
+SHIPPED_SHA256 = "3a4fca6c8c6671e3d7d27d7e1ac61b47100114cc78fea4ace1c0b5e26cbf1299"
 # Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).
 QUERY_LEN = 64
 READER_LEN = 64 + 128
@@ -54,8 +58,8 @@ def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
     num_examples: how many (the first passages of the world, one masked span each).
     seed: the reading world (default: `realm_jax_tasks.toy.TOY_BERT_HELDOUT_SEED`, which the
       toy BERT never reads in training).
-    context: "own" (the block stating the span) or "null" (no block); the same masked
-      sentences either way.
+    context: "own" (the block stating the span), "distractor" (another document's block) or
+      "null" (no block); the same masked sentences in each.
 
   Returns:
     input_ids, type_ids, input_mask [N, READER_LEN]; mlm_positions, mlm_targets, mlm_weights
@@ -122,11 +126,13 @@ def reading_accuracy(encoder_params: Any, config: Any, examples: dict[str, np.nd
 
 
 def measure(directory: str, num_examples: int = 1000) -> dict[str, Any]:
-  """Reading accuracy of the BertForMaskedLM in `directory`, with and without context."""
+  """Reading accuracy of the BertForMaskedLM in `directory`: with the block that states the
+  masked span, without context (the null document), and beside another document's block."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   config, params, _ = hf.load_checkpoint(directory)
   result = {"sha256": weights_sha256(directory)}
-  for name, context in (("with_context", "own"), ("without_context", "null")):
+  for name, context in (("with_context", "own"), ("without_context", "null"),
+                        ("with_distractor", "distractor")):
     result[name] = reading_accuracy(params, config, heldout_examples(num_examples,
                                                                      context=context))
   return result
@@ -157,15 +163,19 @@ def _train(gin_file: str, run_dir: str, steps: Optional[int], bindings: Sequence
 
 
 def build(work_dir: str, out: str, *, steps: Optional[int] = None,
-          copy_steps: Optional[int] = None, bindings: Sequence[str] = ()) -> str:
-  """Trains (or resumes) the toy BERT's two phases, copying in `<work_dir>/copy` then reading
-  in `<work_dir>/run` (from the first's last checkpoint), and writes it to `out`."""
+          copy_steps: Optional[int] = None, distract_steps: Optional[int] = None,
+          bindings: Sequence[str] = ()) -> str:
+  """Trains (or resumes) the toy BERT's three phases, copying in `<work_dir>/copy`, reading in
+  `<work_dir>/run` and reading among distractors in `<work_dir>/distract` (each from the one
+  before's last checkpoint), and writes the last to `out`."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
   work_dir = os.path.abspath(work_dir)
   copied = _train(COPY_GIN_FILE, os.path.join(work_dir, "copy"), copy_steps, bindings)
-  run_dir = os.path.join(work_dir, "run")
-  _train(GIN_FILE, run_dir, steps, [f"--gin.INIT_CHECKPOINT='{copied}'", *bindings])
+  read = _train(GIN_FILE, os.path.join(work_dir, "run"), steps,
+                [f"--gin.INIT_CHECKPOINT='{copied}'", *bindings])
+  run_dir = os.path.join(work_dir, "distract")
+  _train(DISTRACT_GIN_FILE, run_dir, distract_steps, [f"--gin.INIT_CHECKPOINT='{read}'", *bindings])
   params, config, _ = checkpoints.restore_params(run_dir)
   hf.write_bert_mlm(out, params["encoder"], config.bert)
   return out
@@ -175,7 +185,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(prog=f"python -m realm_jax.{PROG}", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--work_dir", default="/tmp/toy_bert",
-                      help="training run (resumable) under <work_dir>/run (default %(default)s)")
+                      help="the three phases' runs (resumable): <work_dir>/copy, run, distract "
+                           "(default %(default)s)")
   parser.add_argument("--out", default=SHIPPED_DIR,
                       help="where config.json + model.safetensors go (default: the shipped "
                            "realm_jax/data/assets/toy_bert)")
@@ -184,6 +195,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                            f"{COPY_GIN_FILE})")
   parser.add_argument("--steps", type=int, default=None,
                       help=f"steps of the second phase, reading (default: NUM_STEPS of {GIN_FILE})")
+  parser.add_argument("--distract_steps", type=int, default=None,
+                      help="steps of the third phase, reading among distractors (default: "
+                           f"NUM_STEPS of {DISTRACT_GIN_FILE})")
   parser.add_argument("--measure_only", action="store_true",
                       help="only measure the reading accuracy of --out")
   parser.add_argument("--examples", type=int, default=1000,
@@ -196,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if not args.measure_only:
     try:
       build(args.work_dir, args.out, steps=args.steps, copy_steps=args.copy_steps,
-            bindings=gin_args)
+            distract_steps=args.distract_steps, bindings=gin_args)
     except (RuntimeError, OSError, ValueError) as e:
       print(f"{PROG}: error: {gin_utils.one_line(e)}", file=sys.stderr)
       return 1

@@ -19,7 +19,7 @@ from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretrainin
                                          register_reading_task)
 
 TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + (
-    "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_copy", "mlm_toy_reading")
+    "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_copy", "mlm_toy_reading", "mlm_toy_distract")
 # Block length of the toy BlockStore and of the toy ICT blocks, in wordpieces. REALM uses 288
 # (REALM_SPEC 7); toy documents are short (median 54 wordpieces with title, 99% under 180), so
 # 288-wordpiece rows would be mostly padding, and attention over padding is most of a CPU
@@ -43,6 +43,16 @@ TOY_BERT_HELDOUT_SEED = 100
 TOY_BERT_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction=0.05,
                                   null_fraction=0.05, copy_fraction=0.7,
                                   body_mask_probability=0.15)
+# The toy BERT's third phase (`experiments/toy_bert_distract.gin`): reading as REALM's encoder
+# reads, beside retrieved candidates most of which do not state the answer. After phase 2 (70%
+# verbatim repeats, 5% distractors) the toy BERT trusts whatever block it reads: beside another
+# document's block it gets 1.5% of the toy world's masked name and date wordpieces right, fewer
+# than the 3.7% it gets with the null document, and most of REALM's candidates are another
+# document's blocks, so REALM pretraining taught it to ignore its blocks altogether. Here a
+# block is another document's as often as its own, and never a verbatim repeat.
+TOY_BERT_DISTRACT_MIX = reading.ReadingMix(random_token_fraction=0.3, distractor_fraction=0.45,
+                                           null_fraction=0.1, copy_fraction=0.0,
+                                           body_mask_probability=0.15)
 # Target slots of a toy BERT row: the sentence's masks and the body's (0.15 of up to 128).
 TOY_BERT_MAX_MASKS = 32
 # The toy BERT's first phase (`experiments/toy_bert_copy.gin`): every sentence read beside its
@@ -110,4 +120,6 @@ def register_toy_tasks() -> tuple[str, ...]:
                         max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_COPY_MIX)
   register_reading_task("mlm_toy_reading", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN,
                         max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_MIX)
+  register_reading_task("mlm_toy_distract", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN,
+                        max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_DISTRACT_MIX)
   return TOY_TASKS

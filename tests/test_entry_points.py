@@ -32,6 +32,7 @@ def _stderr_lines(capsys):
 DRY_RUNS = {
     "toy_bert": ["--gin_file=gin_configs/experiments/toy_bert.gin"],
     "toy_bert_copy": ["--gin_file=gin_configs/experiments/toy_bert_copy.gin"],
+    "toy_bert_distract": ["--gin_file=gin_configs/experiments/toy_bert_distract.gin"],
     "runs_mlm": ["--gin_file=gin_configs/models/tiny.gin", "--gin_file=gin_configs/runs/mlm.gin",
                  "--gin.TASK='mlm_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
                  "--gin.train_main.mesh_shape=(4, 2)"],

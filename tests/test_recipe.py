@@ -1,4 +1,5 @@
-"""The main job's driver (`python -m realm_jax.recipe`): its console filter and its result table.
+"""The main job's driver (`python -m realm_jax.recipe`): its console filter, its result table,
+what ICT starts from and the children's environment.
 The recipe itself runs for minutes (README command one); its stages are the entry points, each
 tested on its own (tests/test_entry_points.py, tests/test_evaluate_main.py, tests/index)."""
 
@@ -53,3 +54,30 @@ def test_toy_bert_choice_checks_the_shipped_weights(tmp_path, monkeypatch):
   monkeypatch.setattr(toy_bert, "SHIPPED_SHA256", "0" * 64)
   with pytest.raises(ValueError, match="sha256 .* not the shipped 0000"):
     recipe.toy_bert_dir("shipped")
+
+
+def test_ict_starts_from_random_weights_unless_asked_to_start_from_the_bert(tmp_path,
+                                                                           monkeypatch):
+  commands = []
+  monkeypatch.setattr(recipe, "run_child", lambda cmd, log: commands.append(list(cmd)))
+  for ict_from_bert in (False, True):
+    run = recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert="/the/bert",
+                        ict_from_bert=ict_from_bert)
+    monkeypatch.setattr(run, "_bert_checkpoint", lambda: "/converted/checkpoints/0")
+    run.train_ict(str(tmp_path / "ict"), "ict.log", "NUM_STEPS=3")
+  random_start, bert_start = commands
+  assert "--gin.INIT_CHECKPOINT=None" in random_start
+  assert "--gin.INIT_CHECKPOINT='/converted/checkpoints/0'" in bert_start
+  for command in commands:
+    assert "--gin_file=gin_configs/experiments/toy_ict.gin" in command
+    assert f"--gin.RUN_DIR='{tmp_path / 'ict'}'" in command and "--gin.NUM_STEPS=3" in command
+
+
+def test_children_get_the_launchers_allocator_settings_unless_the_user_set_them(monkeypatch):
+  expected = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+              "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+  for key in expected:
+    monkeypatch.delenv(key, raising=False)
+  assert recipe.child_env() == expected
+  monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+  assert recipe.child_env() == {k: v for k, v in expected.items() if k != "MALLOC_ARENA_MAX"}
