@@ -73,7 +73,8 @@ DRY_RUNS = {
                     "--gin.BLOCK_STORE=@toy()", "--gin.INIT_CHECKPOINT=None"],
 }
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
-        "toy_bert": "mlm", "toy_bert_copy": "mlm", "runs_mlm": "mlm"}
+        "toy_bert": "mlm", "toy_bert_copy": "mlm", "toy_bert_distract": "mlm",
+        "runs_mlm": "mlm"}
 
 
 def _resolved(args):
