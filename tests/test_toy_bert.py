@@ -26,10 +26,18 @@ NOT_MISLED_BY_A_DISTRACTOR = 0.8  # with another document's block / without cont
 def test_heldout_examples_read_the_same_sentences_with_and_without_context():
   own = toy_bert.heldout_examples(16, context="own")
   null = toy_bert.heldout_examples(16, context="null")
+  distractor = toy_bert.heldout_examples(16, context="distractor")
   assert own["input_ids"].shape == (16, toy_bert.READER_LEN)
   assert own["mlm_positions"].shape == (16, toy_bert.MAX_MASKS)
   for key in ("mlm_positions", "mlm_targets", "mlm_weights"):
     np.testing.assert_array_equal(own[key], null[key])
+    np.testing.assert_array_equal(own[key], distractor[key])
+  # The same queries, another body: the rows agree up to the query's [SEP] and differ after.
+  query_end = (own["type_ids"] == 1).argmax(1)  # [16]: the body's first position
+  for i in range(16):
+    np.testing.assert_array_equal(own["input_ids"][i, :query_end[i]],
+                                  distractor["input_ids"][i, :query_end[i]])
+  assert (own["input_ids"] != distractor["input_ids"]).any(1).all()
   # The null rows are `[CLS] q [SEP] [SEP]`: the own rows minus the body.
   assert (null["input_mask"].sum(1) < own["input_mask"].sum(1)).all()
   assert (null["type_ids"].sum(1) == 1).all()
