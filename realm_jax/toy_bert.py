@@ -171,12 +171,14 @@ def build(work_dir: str, out: str, *, steps: Optional[int] = None,
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
   work_dir = os.path.abspath(work_dir)
-  copied = _train(COPY_GIN_FILE, os.path.join(work_dir, "copy"), copy_steps, bindings)
-  read = _train(GIN_FILE, os.path.join(work_dir, "run"), steps,
-                [f"--gin.INIT_CHECKPOINT='{copied}'", *bindings])
-  run_dir = os.path.join(work_dir, "distract")
-  _train(DISTRACT_GIN_FILE, run_dir, distract_steps, [f"--gin.INIT_CHECKPOINT='{read}'", *bindings])
-  params, config, _ = checkpoints.restore_params(run_dir)
+  phases = ((COPY_GIN_FILE, "copy", copy_steps), (GIN_FILE, "run", steps),
+            (DISTRACT_GIN_FILE, "distract", distract_steps))
+  warm_start = []  # the first phase starts from its gin's initialisation
+  for gin_file, name, phase_steps in phases:
+    run_dir = os.path.join(work_dir, name)
+    last = _train(gin_file, run_dir, phase_steps, [*warm_start, *bindings])
+    warm_start = [f"--gin.INIT_CHECKPOINT='{last}'"]
+  params, config, _ = checkpoints.restore_params(run_dir)  # the last phase's
   hf.write_bert_mlm(out, params["encoder"], config.bert)
   return out
 
