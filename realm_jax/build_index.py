@@ -108,7 +108,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   # Runtime errors that explain themselves: CheckpointError, BlockStoreError, IndexLoadError...
   return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
                            interrupted="nothing partial was published",
-                           expected=(ValueError, OSError, BlockStoreError))
+                           expected=(ValueError, OSError, BlockStoreError),
+                           doc=__doc__, configurables=(build_index_main,))
 
 
 if __name__ == "__main__":

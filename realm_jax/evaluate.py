@@ -674,7 +674,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   # Runtime errors that explain themselves: CheckpointError, IndexLoadError, FileNotFoundError...
   return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
-                           interrupted="nothing partial was written")
+                           interrupted="nothing partial was written",
+                           doc=__doc__, configurables=(evaluate_main,))
 
 
 if __name__ == "__main__":

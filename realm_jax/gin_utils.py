@@ -12,10 +12,13 @@ Used by `realm_jax.build_index` and `realm_jax.train`:
 
 from __future__ import annotations
 
+import glob
+import inspect
 import logging
 import os
 import re
 import sys
+import textwrap
 from typing import Callable, Mapping, Optional, Sequence
 
 import gin
@@ -23,12 +26,22 @@ from absl import flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["ConfigError", "REPO_ROOT", "one_line", "parse_flags", "parse_gin",
-           "resolve_gin_file", "run_job", "setup_logging", "split_gin_args"]
+__all__ = ["ConfigError", "HelpRequested", "REPO_ROOT", "help_text", "one_line", "parse_flags",
+           "parse_gin", "resolve_gin_file", "run_job", "setup_logging", "split_gin_args"]
+
+HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull")
 
 
 class ConfigError(ValueError):
   """A configuration mistake; entry points print it as one line and exit with status 2."""
+
+
+class HelpRequested(Exception):
+  """`--help` on the command line: `run_job` prints the entry point's help and exits 0."""
+
+  def __init__(self, values: flags.FlagValues):
+    super().__init__("--help")
+    self.values = values
 
 
 def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -73,17 +86,20 @@ def parse_flags(argv: Sequence[str], booleans: Optional[Mapping[str, str]] = Non
   repeatable string flags ({name: help}, e.g. evaluate's --question).
 
   Uses a private FlagValues, so an entry point's main() can run many times in one process.
-  `argv[0]` is the program name. Raises ConfigError (one line) on an unknown or bad flag.
+  `argv[0]` is the program name. Raises ConfigError (one line) on an unknown or bad flag, and
+  HelpRequested on `--help` (or -h).
   """
   values = flags.FlagValues()
   flags.DEFINE_multi_string("gin_file", [], "Gin files (repeatable); relative paths are also "
                             "looked up from the repository root.", flag_values=values)
   flags.DEFINE_multi_string("gin_bindings", [], "Gin bindings, e.g. 'RUN_DIR = \"/x\"' "
                             "(repeatable).", flag_values=values)
-  for name, help_text in (booleans or {}).items():
-    flags.DEFINE_boolean(name, False, help_text, flag_values=values)
-  for name, help_text in (multi_strings or {}).items():
-    flags.DEFINE_multi_string(name, [], help_text, flag_values=values)
+  for name, text in (booleans or {}).items():
+    flags.DEFINE_boolean(name, False, text, flag_values=values)
+  for name, text in (multi_strings or {}).items():
+    flags.DEFINE_multi_string(name, [], text, flag_values=values)
+  if any(arg in HELP_FLAGS for arg in argv[1:]):
+    raise HelpRequested(values)
   try:
     values(list(argv))
   except flags.Error as e:
@@ -132,20 +148,86 @@ def setup_logging() -> None:
   logging.getLogger("absl").setLevel(logging.WARNING)
 
 
+def _argument_docs(fn: Callable) -> dict[str, str]:
+  """{argument: its description} from the "Args:" section of `fn`'s (Google-style) docstring."""
+  docs: dict[str, str] = {}
+  name, in_args = None, False
+  for line in (inspect.getdoc(fn) or "").splitlines():
+    if line.strip() == "Args:":
+      in_args = True
+    elif in_args and line and not line.startswith(" "):
+      break  # the next section (Returns:, Raises:)
+    elif in_args:
+      match = re.match(r"^  (\w+)(?: \([^)]*\))?: ?(.*)$", line)
+      if match:
+        name = match.group(1)
+        docs[name] = match.group(2).strip()
+      elif name and line.strip():
+        docs[name] += " " + line.strip()
+  return docs
+
+
+def help_text(doc: str, values: flags.FlagValues, configurables: Sequence[Callable]) -> str:
+  """An entry point's `--help`: its module docstring, its flags, every setting of its
+  gin-configurable functions (default and description) and the gin files that bind them."""
+  wrap = lambda text, indent: textwrap.fill(text, 100, initial_indent=indent,
+                                            subsequent_indent=indent)
+  parts = [textwrap.dedent(doc).strip(), "", "Flags:"]
+  for name in sorted(values):
+    flag = values[name]
+    if flag.name != name:  # absl lists a flag under its short name too
+      continue
+    # absl appends "; repeat this option ..." to a repeatable flag's help: said by ours.
+    text = re.sub(r";\s*repeat this option to specify a list of values$", "", flag.help)
+    parts += [f"  --{name}" + (f" (default {flag.default!r})" if flag.default not in (None, [])
+                               else ""), wrap(text, "      ")]
+  parts.append("  --gin.KEY=VALUE  the same as --gin_bindings='KEY = VALUE'")
+  for fn in configurables:
+    parts += ["", wrap(f"Gin-configurable settings of {fn.__name__} (bind them in a gin file or "
+                       f"with --gin.{fn.__name__}.NAME=VALUE; strings need inner quotes, "
+                       f"--gin.{fn.__name__}.NAME=\"'text'\"):", "")]
+    docs = _argument_docs(fn)
+    for name, parameter in inspect.signature(fn).parameters.items():
+      default = parameter.default
+      if default is gin.REQUIRED:
+        shown = " (required: a gin file or a macro sets it)"
+      elif default is inspect.Parameter.empty:
+        shown = ""
+      else:
+        shown = f" = {default!r}"
+      parts.append(f"  {name}{shown}")
+      if docs.get(name):
+        parts.append(wrap(docs[name], "      "))
+  gin_dirs = [os.path.join("gin_configs", sub) for sub in ("runs", "experiments", "models")]
+  parts += ["", wrap("Gin files (a relative path is also looked up from the repository root; "
+                     "each one's header says what it needs):", "")]
+  for directory in gin_dirs:
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO_ROOT, directory,
+                                                                       "*.gin")))
+    if names:
+      parts.append(wrap(f"{directory}/: " + ", ".join(names), "  "))
+  return "\n".join(parts) + "\n"
+
+
 def run_job(prog: str, job: Callable[[], int], *, started: Callable[[], bool],
-            interrupted: str, expected: tuple[type, ...] = (ValueError, OSError, RuntimeError)
-            ) -> int:
+            interrupted: str, expected: tuple[type, ...] = (ValueError, OSError, RuntimeError),
+            doc: str = "", configurables: Sequence[Callable] = ()) -> int:
   """Runs an entry point's `job()` (flag and gin parsing, then its gin-configured main) and
   turns what it raises into one line on stderr and the exit status.
 
-  Exit statuses: job's own (0 done); 2 a ConfigError, or any error before `started()` is true
-  (gin refused the call: an unknown or missing binding, a bad macro value); 130 interrupted
-  (`interrupted` says what that means for this job); 1 any other error (`report_error`, with a
-  traceback in the log unless it is one of the `expected` types).
+  Exit statuses: job's own (0 done); 0 after printing the help (`doc`, the flags and the
+  settings of `configurables`) on `--help`; 2 a ConfigError, or any error before `started()` is
+  true (gin refused the call: an unknown or missing binding, a bad macro value); 130
+  interrupted (`interrupted` says what that means for this job); 1 any other error
+  (`report_error`, with a traceback in the log unless it is one of the `expected` types).
   """
   try:
     try:
       return job()
+    except HelpRequested as e:
+      sys.stdout.write(help_text(doc, e.values, configurables))
+      sys.stdout.flush()
+      return 0
     except ConfigError:
       raise
     except Exception as e:  # noqa: BLE001

@@ -590,7 +590,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   # Runtime errors that explain themselves: NonFiniteLossError, CheckpointError, NoIndexError...
   return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
-                           interrupted="resume by running the same command")
+                           interrupted="resume by running the same command",
+                           doc=__doc__, configurables=(train_main,))
 
 
 if __name__ == "__main__":

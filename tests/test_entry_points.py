@@ -2,6 +2,7 @@
 training), and config mistakes are one line on stderr with exit status 2. In-process (not
 subprocesses), gin's config cleared around each test."""
 
+import inspect
 import os
 
 import gin
@@ -186,6 +187,32 @@ def test_bert_warm_start_needs_only_the_bert_shape(name, macro, tmp_path, capsys
       *DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run2'}'", f"--gin.{macro}='{step_dir}'",
       "--dry_run"))
   assert "another model size" in line and "hidden_size 64 vs 128" in line, line
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_usage_flags_settings_and_gins(flag, capsys):
+  from realm_jax import evaluate  # pylint: disable=import-outside-toplevel
+  for main, configurable, extra_flag in ((train.main, train.train_main, "--dry_run"),
+                                         (build_index.main, build_index.build_index_main,
+                                          "--once"),
+                                         (evaluate.main, evaluate.evaluate_main, "--question")):
+    # --help wins over anything else on the line, even a missing --gin_file.
+    assert main(["prog", "--gin.RUN_DIR='/x'", flag]) == 0
+    out, err = capsys.readouterr()
+    assert not err.strip(), err
+    assert out.startswith(main.__globals__["__doc__"].strip().splitlines()[0]), out[:200]
+    assert f"  {extra_flag}" in out and "  --gin_file" in out
+    # Every parameter of the configurable, with its default or "required".
+    settings = out.split(f"Gin-configurable settings of {configurable.__name__}")[1]
+    for name, parameter in inspect.signature(configurable).parameters.items():
+      line = f"  {name} (required" if parameter.default is gin.REQUIRED else (
+          f"  {name} = {parameter.default!r}")
+      assert line in settings, (configurable.__name__, line)
+    assert "gin_configs/runs/: build_index.gin, eval.gin, finetune.gin, ict.gin" in out
+  # A description from the docstring's Args section follows its setting.
+  train.main(["train", flag])
+  out = capsys.readouterr().out
+  assert "  checkpoint_every = 1000\n      checkpoint (and evaluate) every this many steps" in out
 
 
 def test_build_index_config_error_is_one_line(capsys):
