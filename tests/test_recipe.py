@@ -81,3 +81,32 @@ def test_children_get_the_launchers_allocator_settings_unless_the_user_set_them(
   assert recipe.child_env() == expected
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
   assert recipe.child_env() == {k: v for k, v in expected.items() if k != "MALLOC_ARENA_MAX"}
+
+
+def test_children_side_by_side_each_log_their_own_output_and_failures_are_named(
+    tmp_path, capsys):
+  import sys  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  # Each child waits for the other's file: one after the other, neither would ever finish.
+  script = ("import os, sys, time\n"
+            "open(sys.argv[1], 'w').close()\n"
+            "deadline = time.time() + 20\n"
+            "while not os.path.exists(sys.argv[2]) and time.time() < deadline: time.sleep(0.01)\n"
+            "print('step 1/1 (100.0%)' if os.path.exists(sys.argv[2]) else 'alone')\n"
+            "print('chatter')\n")
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  start = time.monotonic()
+  recipe.run_children([([sys.executable, "-c", script, a, b], str(tmp_path / "one.log")),
+                       ([sys.executable, "-c", script, b, a], str(tmp_path / "two.log"))])
+  assert time.monotonic() - start < 15
+  for name in ("one", "two"):
+    assert (tmp_path / f"{name}.log").read_text().splitlines() == ["step 1/1 (100.0%)",
+                                                                   "chatter"]
+  # The console: progress lines only, each with its child's name.
+  assert sorted(capsys.readouterr().out.splitlines()) == ["[one] step 1/1 (100.0%)",
+                                                          "[two] step 1/1 (100.0%)"]
+  fail = "import sys; sys.exit(3)"
+  with pytest.raises(RuntimeError, match=r"exited with status 3; see .*bad\.log") as error:
+    recipe.run_children([([sys.executable, "-c", "pass"], str(tmp_path / "good.log")),
+                         ([sys.executable, "-c", fail], str(tmp_path / "bad.log"))])
+  assert "good.log" not in str(error.value)
