@@ -2,10 +2,11 @@
 
 REALM_SPEC 20-22. The refresher is a separate job that follows the trainer's *latest*
 checkpoint, re-embeds the whole knowledge corpus in eval mode (no dropout) and commits the
-result atomically (`realm_jax.index.store`); it keeps the newest few indexes and exits when the
-trainer writes its training-done marker. The first index comes from the ICT warm-start
-checkpoint (`checkpoint_dir`, published as index step 0). Unlike the release's refresher, which
-waited forever and silently when no export existed yet, `follow` says so at every poll.
+result atomically (`realm_jax.index.store`); it keeps the newest few indexes (and the first, for
+the run's record) and exits when the trainer writes its training-done marker. The first index
+comes from the ICT warm-start checkpoint (`checkpoint_dir`, published as index step 0). Unlike
+the release's refresher, which waited forever and silently when no export existed yet, `follow`
+says so at every poll.
 
 Three layers:
 
@@ -15,8 +16,10 @@ Three layers:
   preparation of batch i+1 overlaps the device computation of batch i (JAX dispatch is
   asynchronous); each finished batch is streamed into a writer, so host memory holds one batch,
   never the [num_blocks, proj] matrix. Progress (blocks, blocks/s, ETA) every few seconds.
-* `build_index`: restore a checkpoint, embed, publish `<run_dir>/index/<step>/` (plus ScaNN
-  artifacts when asked).
+* `build_index`: restore a checkpoint, embed, publish `<run_dir>/index/<step>/` with the
+  checkpoint's query tower (so the trainer can search the index after pruning that checkpoint:
+  a builder slower than the checkpoint cadence is the normal case at paper scale) and ScaNN
+  artifacts when asked.
 * `follow`: the job's loop over the trainer's checkpoints.
 
 Multi-host (`jax.process_count() > 1`): each host embeds the contiguous slice
@@ -41,6 +44,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+import flax.serialization
 import jax
 import ml_dtypes
 import numpy as np
@@ -57,9 +61,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 128
 DATA_AXIS = "data"
-# The index published from an ICT (or any other run's) checkpoint: the trainer starts at step 0
-# with it, so its staleness is simply the train step.
-FIRST_INDEX_STEP = 0
 _PARTS_PREFIX = ".parts-"
 WAITING_LOG_SECONDS = 60.0  # "waiting for a first checkpoint" at most this often
 _PARTS_POLL_SECONDS = 1.0  # multi-host: how often hosts look for the others' parts / the index
@@ -134,6 +135,15 @@ def document_tower_params(params: Mapping[str, Any], config: RealmConfig) -> Any
     The RealmEmbedder params of the document side (the shared tower when tied).
   """
   return retriever_lib.tower_params(params, config, "document")[1]
+
+
+def query_tower_bytes(params: Mapping[str, Any], config: RealmConfig) -> bytes:
+  """The query tower of retriever params (any layout `document_tower_params` accepts) as the
+  index publishes it (`store.QUERY_TOWER`, flax msgpack): a RealmRetriever tree holding that
+  tower only ({"embedder"} tied, {"query_embedder"} untied). With it, the index can be
+  searched after the trainer has pruned the checkpoint it was built from."""
+  name, tower = retriever_lib.tower_params(params, config, "query")
+  return flax.serialization.to_bytes({name: jax.device_get(tower)})
 
 
 @functools.lru_cache(maxsize=8)
@@ -336,7 +346,7 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
     checkpoint_dir: embed this checkpoint step directory instead (e.g. the ICT run's
       `checkpoints/<step>` for the first index, REALM_SPEC 22).
     index_step: the step the index is published under; default: the checkpoint step, or
-      FIRST_INDEX_STEP (0) with `checkpoint_dir`.
+      `store.FIRST_INDEX_STEP` (0) with `checkpoint_dir`.
     keep: keep the newest `keep` published indexes.
     dtype: "float32" or "bfloat16" index.
     batch_size: blocks per jitted call (see `embed_blocks`).
@@ -356,7 +366,8 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
   start_time = time.monotonic()
   params, config, metadata, checkpoint = _restore(run_dir, step, checkpoint_dir)
   if index_step is None:
-    index_step = FIRST_INDEX_STEP if checkpoint_dir is not None else int(metadata["step"])
+    index_step = (store_lib.FIRST_INDEX_STEP if checkpoint_dir is not None
+                  else int(metadata["step"]))
   embed = embed_fn or embed_blocks
   dim = config.proj_size
   scann_builder = None
@@ -368,6 +379,7 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
            batch_size, (mesh.devices.size if mesh is not None else jax.local_device_count()),
            _process_count())
   embed_kwargs = dict(batch_size=batch_size, mesh=mesh, dtype=dtype, progress=progress)
+  query_tower = {store_lib.QUERY_TOWER: query_tower_bytes(params, config)}
 
   def extra(embed_seconds: float) -> dict:
     return {"checkpoint_step": int(metadata["step"]), "model_kind": metadata.get("model_kind"),
@@ -384,17 +396,20 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
       embed_seconds = time.monotonic() - embed_start
       path = writer.commit(block_store_id=store.store_id, checkpoint=checkpoint,
                            build_seconds=time.monotonic() - start_time,
-                           scann_builder=scann_builder, keep=keep, extra=extra(embed_seconds))
+                           scann_builder=scann_builder, keep=keep, extra=extra(embed_seconds),
+                           extra_files=query_tower)
   else:
     path = _build_multi_host(run_dir, index_step, params, config, store, checkpoint, dim, dtype,
-                             start_time, scann_builder, keep, extra, embed, embed_kwargs)
+                             start_time, scann_builder, keep, extra, embed, embed_kwargs,
+                             query_tower)
   log.info("published index %d at %s in %.1fs", index_step, path,
            time.monotonic() - start_time)
   return path
 
 
 def _build_multi_host(run_dir, index_step, params, config, store, checkpoint, dim, dtype,
-                      start_time, scann_builder, keep, extra, embed, embed_kwargs) -> str:
+                      start_time, scann_builder, keep, extra, embed, embed_kwargs,
+                      query_tower) -> str:
   """The multi-host path of `build_index` (see the module docstring)."""
   count, me = _process_count(), _process_index()
   parts_dir = os.path.join(store_lib.index_root(run_dir), f"{_PARTS_PREFIX}{index_step}")
@@ -425,7 +440,7 @@ def _build_multi_host(run_dir, index_step, params, config, store, checkpoint, di
       del rows
     path = writer.commit(block_store_id=store.store_id, checkpoint=checkpoint,
                          build_seconds=time.monotonic() - start_time, scann_builder=scann_builder,
-                         keep=keep, extra=extra(embed_seconds))
+                         keep=keep, extra=extra(embed_seconds), extra_files=query_tower)
   import shutil  # pylint: disable=g-import-not-at-top
   shutil.rmtree(parts_dir, ignore_errors=True)
   return path

@@ -14,6 +14,9 @@ On disk, under a run directory:
                                      "bfloat16" and `load_index` returns an ml_dtypes.bfloat16
                                      view). Row i embeds block i of the BlockStore.
     scann/                           optional ScaNN artifacts, written by a `scann_builder`
+    query_tower.msgpack              optional (`QUERY_TOWER`): the query tower of the checkpoint
+                                     the embeddings come from (flax msgpack), so the index can be
+                                     searched after the trainer has pruned that checkpoint
     manifest.json                    written last; its presence marks a complete index
   <run_dir>/index/.staging-<step>-<host>-<pid>-<random>/   a publish in progress (never loaded)
   <run_dir>/index/.trash-<step>-<host>-<pid>-<random>/     a pruned index being deleted
@@ -26,8 +29,8 @@ manifest.json:
   block_store_id           `BlockStore.store_id` of the corpus that was embedded
   num_blocks, dim, dtype   shape and dtype ("float32" | "bfloat16") of the embedding matrix
   sha256                   sha256 of embeddings.npy (the whole file, header included)
-  files                    {relative path: {"sha256", "bytes"}} for embeddings.npy and every
-                           file under scann/
+  files                    {relative path: {"sha256", "bytes"}} for embeddings.npy, every
+                           file under scann/ and query_tower.msgpack
   scann                    dict returned by the scann_builder (only when there was one)
   build_seconds            time the builder spent (embedding + writing), as it reports it
   created                  UTC ISO-8601 time of publishing
@@ -87,6 +90,10 @@ INDEX_SUBDIR = "index"
 MANIFEST = "manifest.json"
 EMBEDDINGS = "embeddings.npy"
 SCANN_DIR = "scann"
+QUERY_TOWER = "query_tower.msgpack"
+# The index built from the warm-start checkpoint (REALM_SPEC 22): the trainer starts at step 0
+# with it, so its staleness is simply the train step. Never pruned.
+FIRST_INDEX_STEP = 0
 STAGING_PREFIX = ".staging-"
 TRASH_PREFIX = ".trash-"
 
@@ -580,7 +587,8 @@ class IndexWriter:
 
   def commit(self, *, block_store_id: str, checkpoint: str = "", build_seconds: Optional[float]
              = None, scann_builder: Optional[Callable[[str, np.ndarray], dict]] = None,
-             keep: Optional[int] = 3, extra: Optional[dict] = None) -> str:
+             keep: Optional[int] = 3, extra: Optional[dict] = None,
+             extra_files: Optional[dict[str, bytes]] = None) -> str:
     """Finishes and publishes the index (see the module docstring for the protocol).
 
     Args:
@@ -594,6 +602,8 @@ class IndexWriter:
         None keeps all. Keep at least 2 when a trainer is running, so the index it may still be
         loading is not the one pruned.
       extra: free-form JSON dict for the manifest.
+      extra_files: {file name: contents} published (and hashed in the manifest) beside the
+        embeddings, e.g. {QUERY_TOWER: ...}.
 
     Returns:
       The published directory `<run_dir>/index/<step>`.
@@ -624,6 +634,15 @@ class IndexWriter:
       # A restarted builder re-publishing the same snapshot: skip the (expensive) ScaNN build.
       if os.path.lexists(self.dest) and self._same_as_published(sha, block_store_id):
         return self._finish_noop(keep)
+
+      for name, data in (extra_files or {}).items():
+        if name in files or name == MANIFEST or os.path.basename(name) != name:
+          raise ValueError(f"extra file {name!r}: not a plain file name of its own")
+        with open(os.path.join(self.staging, name), "wb") as f:
+          f.write(data)
+        _fsync_file(os.path.join(self.staging, name))
+        files[name] = {"sha256": _sha256_file(os.path.join(self.staging, name)),
+                       "bytes": len(data)}
 
       scann_info = None
       if scann_builder is not None:
@@ -773,7 +792,9 @@ def publish_index(run_dir: str, step: int, embeddings, *, block_store_id: str,
 
 def prune_indexes(run_dir: str, keep: Optional[int], *, protect: Optional[int] = None
                   ) -> list[int]:
-  """Deletes all but the newest `keep` published indexes (never `protect`).
+  """Deletes all but the newest `keep` published indexes (never `protect`, never the first,
+  FIRST_INDEX_STEP: the index of the warm start is the run's record of retrieval before
+  training, e.g. recall before pretraining, measured after the run).
 
   Each victim is first renamed to `.trash-*` (one atomic step that unlists it), then deleted,
   so a crash mid-delete never leaves a listed, half-deleted index. A trainer that has the
@@ -790,7 +811,7 @@ def prune_indexes(run_dir: str, keep: Optional[int], *, protect: Optional[int] =
   if keep is None:
     return []
   steps = list_indexes(run_dir)
-  victims = [s for s in steps[:max(len(steps) - keep, 0)] if s != protect]
+  victims = [s for s in steps[:max(len(steps) - keep, 0)] if s not in (protect, FIRST_INDEX_STEP)]
   root = index_root(run_dir)
   pruned = []
   for step in victims:
@@ -814,7 +835,8 @@ def prune_indexes(run_dir: str, keep: Optional[int], *, protect: Optional[int] =
 
 __all__ = [
     "DTYPES", "EMBEDDINGS", "FORMAT_NAME", "FORMAT_VERSION", "IndexExistsError",
-    "IndexLoadError", "IndexWriter", "LoadedIndex", "MANIFEST", "SCANN_DIR",
+    "FIRST_INDEX_STEP", "IndexLoadError", "IndexWriter", "LoadedIndex", "MANIFEST",
+    "QUERY_TOWER", "SCANN_DIR",
     "clean_stale_staging", "index_dir", "index_root", "latest_index_step", "list_indexes",
     "load_index", "prune_indexes", "publish_index",
 ]

@@ -72,6 +72,8 @@ import logging
 import os
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, Sequence, Union
 
+import flax.linen as nn
+import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,6 +86,7 @@ from realm_jax.index import search as search_lib
 from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmRetriever
+from realm_jax.models import realm as realm_lib
 from realm_jax.models import retriever as retriever_lib
 from realm_jax.training import checkpoints as ckpt_lib
 
@@ -97,9 +100,6 @@ MASKED_QUERY_KEYS = candidates_lib.MASKED_BATCH_KEYS
 BLOCK_MLM_KEYS = ("input_ids", "type_ids", "input_mask", "mlm_positions", "mlm_targets",
                   "mlm_weights")
 DEFAULT_SHUFFLE_BUFFER_SIZE = 10_000
-# Index step of the index built from the ICT warm-start (or any other run's) checkpoint; the
-# builder's FIRST_INDEX_STEP (not imported: builder.py pulls in the whole embedding job).
-FIRST_INDEX_STEP = 0
 # Keys of `SeqioBatches.state()` that must match on `restore` (a different value means a
 # different data stream, so the position would be meaningless).
 _MUST_MATCH = ("task", "split", "seed", "shuffle", "batch_size", "num_shards")
@@ -589,7 +589,7 @@ def index_checkpoint_dir(run_dir: str, loaded_index: store_lib.LoadedIndex, *,
     if os.path.isdir(recorded):
       return recorded
     tried.append(f"the manifest's checkpoint {recorded}")
-  if first_checkpoint_dir is not None and loaded_index.step == FIRST_INDEX_STEP:
+  if first_checkpoint_dir is not None and loaded_index.step == store_lib.FIRST_INDEX_STEP:
     if os.path.isdir(first_checkpoint_dir):
       return os.path.abspath(first_checkpoint_dir)
     tried.append(f"first_checkpoint_dir {first_checkpoint_dir}")
@@ -602,13 +602,49 @@ def index_checkpoint_dir(run_dir: str, loaded_index: store_lib.LoadedIndex, *,
       f"{'; '.join(tried)}); its query tower is needed to search it (REALM_SPEC 21)")
 
 
+def index_query_tower(loaded_index: store_lib.LoadedIndex, config: RealmConfig
+                      ) -> Optional[dict]:
+  """The query tower the index was published with (`store.QUERY_TOWER`, written by the
+  builder), as `query_tower_params` returns it; None for an index without one (published
+  before indexes carried it).
+
+  Raises:
+    CheckpointError: unreadable, or not of this model's shapes.
+  """
+  if store_lib.QUERY_TOWER not in (loaded_index.manifest.get("files") or {}):
+    return None
+  path = os.path.join(loaded_index.path, store_lib.QUERY_TOWER)
+  try:
+    with open(path, "rb") as f:
+      tower = flax.serialization.msgpack_restore(f.read())
+  except (OSError, ValueError) as e:
+    raise ckpt_lib.CheckpointError(f"{path}: unreadable ({e})") from e
+  # The shapes this model's query tower has (traced only, nothing allocated).
+  expected = query_tower_params(nn.unbox(jax.eval_shape(
+      lambda: realm_lib.init_retriever_params(config, jax.random.PRNGKey(0)))), config)
+  want = {jax.tree_util.keystr(p): leaf.shape
+          for p, leaf in jax.tree_util.tree_leaves_with_path(expected)}
+  have = ({jax.tree_util.keystr(p): np.shape(leaf)
+           for p, leaf in jax.tree_util.tree_leaves_with_path(tower)}
+          if isinstance(tower, Mapping) else {})
+  if have != want:
+    differ = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
+    first = differ[0]
+    raise ckpt_lib.CheckpointError(
+        f"{path}: a query tower of another model (first difference: {first} is "
+        f"{have.get(first, 'missing')}, this model's {want.get(first, 'absent')})")
+  return tower
+
+
 def make_index_loader(run_dir: str, config: RealmConfig, *, mesh: Optional[Mesh] = None,
                       first_checkpoint_dir: Optional[str] = None, backend: str = "exact",
                       **searcher_kwargs) -> Callable[[store_lib.LoadedIndex], IndexRetriever]:
   """The `load_fn` for `IndexWatcher`: an index plus the query tower of its checkpoint.
 
-  For each loaded index, finds the checkpoint it was built from (`index_checkpoint_dir`: the
-  manifest's "checkpoint" path first), restores that checkpoint's params on the host, checks
+  For each loaded index, takes the query tower published with it (`index_query_tower`: the
+  checkpoint it was built from may be pruned by now). For an index without one, finds the
+  checkpoint it was built from (`index_checkpoint_dir`: the manifest's "checkpoint" path
+  first), restores that checkpoint's params on the host, checks
   that it is the model size of this run and the step the builder recorded (the manifest's
   `extra["checkpoint_step"]`, when present), and returns an `IndexRetriever` with
   `params["retriever"]`'s query tower. Runs on the watcher's background thread for refreshes; a
@@ -628,6 +664,11 @@ def make_index_loader(run_dir: str, config: RealmConfig, *, mesh: Optional[Mesh]
   """
 
   def load(loaded: store_lib.LoadedIndex) -> IndexRetriever:
+    tower = index_query_tower(loaded, config)
+    if tower is not None:
+      log.info("index %d: query tower published with it (%s)", loaded.step,
+               loaded.manifest.get("checkpoint") or "checkpoint not recorded")
+      return IndexRetriever(loaded, tower, config, mesh=mesh, backend=backend, **searcher_kwargs)
     step_dir = index_checkpoint_dir(run_dir, loaded, first_checkpoint_dir=first_checkpoint_dir)
     params, _, metadata = ckpt_lib.restore_checkpoint_dir(step_dir, expected_config=config)
     recorded_step = (loaded.manifest.get("extra") or {}).get("checkpoint_step")

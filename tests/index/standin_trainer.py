@@ -32,6 +32,7 @@ from realm_jax.index import swap  # noqa: E402
 from realm_jax.models import config as config_lib  # noqa: E402
 from realm_jax.models.retriever import RealmRetriever  # noqa: E402
 from realm_jax.training import checkpoints as ckpt  # noqa: E402
+from realm_jax.training import inputs  # noqa: E402
 
 CONFIG = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=30522))
 
@@ -55,13 +56,17 @@ def main() -> int:
   parser.add_argument("--min_refreshes", type=int, default=3)
   parser.add_argument("--step_seconds", type=float, default=0.05)
   parser.add_argument("--timeout", type=float, default=120.0)
+  parser.add_argument("--keep", type=int, default=3, help="checkpoints kept, as the trainer's")
+  parser.add_argument("--query_tower", action="store_true",
+                      help="load each index with the trainer's loader (inputs.make_index_loader:"
+                           " the index plus the query tower it was built with)")
   args = parser.parse_args()
 
   deadline = time.monotonic() + args.timeout
   blocks = BlockStore.open(args.block_store, verify=False)
   params = random_params()
   rng = np.random.default_rng(1)
-  ckpt.save_checkpoint(args.run_dir, 0, {"retriever": params}, config=CONFIG, keep=3)
+  ckpt.save_checkpoint(args.run_dir, 0, {"retriever": params}, config=CONFIG, keep=args.keep)
   # REALM_SPEC 22: training retrieves from its first step, so wait for the first index.
   while store_lib.latest_index_step(args.run_dir) is None:
     if time.monotonic() > deadline:
@@ -69,7 +74,8 @@ def main() -> int:
       return 1
     time.sleep(0.05)
 
-  watcher = swap.IndexWatcher(args.run_dir, check_every_steps=1,
+  load_fn = inputs.make_index_loader(args.run_dir, CONFIG) if args.query_tower else None
+  watcher = swap.IndexWatcher(args.run_dir, check_every_steps=1, load_fn=load_fn,
                               block_store_id=blocks.store_id, num_blocks=blocks.num_blocks,
                               dim=CONFIG.proj_size)
   watcher.start()
@@ -85,13 +91,17 @@ def main() -> int:
       time.sleep(args.step_seconds)  # "the train step"
       # A "gradient update": the document embeddings change, so every index differs.
       params = jax.tree.map(lambda p: p + rng.normal(0, 0.01, p.shape).astype(p.dtype), params)
+      # Whether the checkpoint the current index was built from still exists.
       record = {"step": step, **watcher.metrics(step)}
+      record["checkpoint_present"] = os.path.isdir(ckpt.checkpoint_path(
+          args.run_dir, int(record["retrieval/index_step"])))
       log_file.write(json.dumps(record) + "\n")
       log_file.flush()
       if step % args.save_every == 0:
-        ckpt.save_checkpoint(args.run_dir, step, {"retriever": params}, config=CONFIG, keep=3)
+        ckpt.save_checkpoint(args.run_dir, step, {"retriever": params}, config=CONFIG,
+                             keep=args.keep)
   step += 1
-  ckpt.save_checkpoint(args.run_dir, step, {"retriever": params}, config=CONFIG, keep=3)
+  ckpt.save_checkpoint(args.run_dir, step, {"retriever": params}, config=CONFIG, keep=args.keep)
   ckpt.mark_training_done(args.run_dir)
   print(f"standin_trainer: done at step {step} after {watcher.refreshes} refreshes", flush=True)
   return 0

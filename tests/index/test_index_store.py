@@ -188,6 +188,9 @@ def test_keep_prunes_to_newest(tmp_path):
   assert store.list_indexes(run) == [0, 4, 5]
   publish(tmp_path, 6, keep=None)
   assert store.list_indexes(run) == [0, 4, 5, 6]
+  # The first index (the warm start's) is the run's record: never pruned.
+  publish(tmp_path, 7, keep=1)
+  assert store.list_indexes(run) == [0, 7]
   assert private_dirs(tmp_path) == []  # trash dirs are deleted after the rename
 
 

@@ -17,7 +17,9 @@ TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trai
 TIMEOUT = 90.0  # for the whole exchange; a normal run takes well under half of it
 
 
-def test_builder_and_standin_trainer_refresh_three_times(tmp_path):
+def _run_builder_and_trainer(tmp_path, *trainer_args):
+  """Runs the builder and the stand-in trainer to the end: (metrics records, builder output,
+  trainer output, run directory)."""
   src = tmp_path / "docs.jsonl"
   with open(src, "w", encoding="utf-8") as f:
     for i in range(6):
@@ -48,7 +50,7 @@ def test_builder_and_standin_trainer_refresh_three_times(tmp_path):
     trainer = subprocess.Popen(
         [sys.executable, TRAINER, "--run_dir", run_dir, "--block_store",
          str(tmp_path / "blocks"), "--metrics", metrics, "--min_refreshes", "3", "--timeout",
-         str(TIMEOUT)],
+         str(TIMEOUT), *trainer_args],
         cwd=REPO_ROOT, env=env, stdout=trainer_log, stderr=subprocess.STDOUT, text=True)
     for proc in (trainer, builder):
       proc.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -64,9 +66,18 @@ def test_builder_and_standin_trainer_refresh_three_times(tmp_path):
     trainer_log.close()
   assert trainer.returncode == 0, trainer_out[-3000:]
   assert builder.returncode == 0, builder_out[-3000:]
-
   records = [json.loads(line) for line in open(metrics, encoding="utf-8")]
   assert records, trainer_out
+  return records, builder_out, trainer_out, run_dir
+
+
+def _published_steps(builder_out):
+  return [int(line.split()[4]) for line in builder_out.splitlines()
+          if line.startswith("build_index: published index step")]
+
+
+def test_builder_and_standin_trainer_refresh_three_times(tmp_path):
+  records, builder_out, _, run_dir = _run_builder_and_trainer(tmp_path)
   index_steps = [r["retrieval/index_step"] for r in records]
   picked_up = sorted(set(index_steps))
   # The first index (built from the step-0 checkpoint) plus at least three refreshes.
@@ -85,8 +96,26 @@ def test_builder_and_standin_trainer_refresh_three_times(tmp_path):
   # checkpoint before exiting on TRAINING_DONE.
   assert ckpt.training_done(run_dir)
   assert "waiting for a first checkpoint in" in builder_out
-  published = [line for line in builder_out.splitlines()
-               if line.startswith("build_index: published index step")]
-  assert len(published) >= 4, builder_out[-3000:]
+  assert len(_published_steps(builder_out)) >= 4, builder_out[-3000:]
   assert store_lib.latest_index_step(run_dir) == ckpt.latest_checkpoint_step(run_dir)
   assert "build_index: done" in builder_out
+
+
+def test_a_builder_slower_than_the_checkpoint_cadence_still_refreshes(tmp_path):
+  # A checkpoint every step, only the newest kept: every index the builder publishes was built
+  # from a checkpoint the trainer has already pruned, as at paper scale, where embedding the
+  # corpus takes longer than the trainer's checkpoint interval. The trainer loads each index
+  # with its real loader, which needs the query tower the index was built with.
+  records, builder_out, trainer_out, _ = _run_builder_and_trainer(
+      tmp_path, "--save_every", "1", "--keep", "1", "--query_tower")
+  picked_up = sorted({r["retrieval/index_step"] for r in records})
+  assert len(picked_up) >= 4 and picked_up[0] == 0, picked_up
+  assert "Not swapping in index" not in trainer_out, trainer_out[-3000:]
+  # Every index published while the trainer was looking was swapped in, once the first load
+  # (which compiles the query tower) was done: the watcher takes the newest there is.
+  published = _published_steps(builder_out)
+  assert [s for s in published if picked_up[1] <= s <= picked_up[-1]] == picked_up[1:], (
+      published, picked_up)
+  # ... though the checkpoints of the refreshes were gone when they were in use.
+  refreshed = [r for r in records if r["retrieval/index_step"] > 0]
+  assert refreshed and not any(r["checkpoint_present"] for r in refreshed)

@@ -390,3 +390,38 @@ def test_index_loader_finds_the_checkpoint_and_refuses_a_mismatch(world, tmp_pat
   moved_first = dataclasses.replace(moved, step=0)
   assert inputs.index_checkpoint_dir(run_dir, moved_first,
                                      first_checkpoint_dir=ict_step_dir) == ict_step_dir
+
+
+def test_an_index_carries_its_query_tower_past_its_checkpoints_pruning(world, toy_store,
+                                                                       tmp_path):
+  # A builder slower than the trainer's checkpoint cadence: by the time the trainer loads the
+  # index of checkpoint 30, the trainer has pruned that checkpoint.
+  run_dir = str(tmp_path / "run")
+  params = {"retriever": random_params(IctModel(TINY).init, 4, std=0.5)["retriever"]}
+  ckpt.save_checkpoint(run_dir, 30, params, config=TINY)
+  path = builder.build_index(run_dir, 30, store=toy_store, batch_size=64, progress=None)
+  assert store_lib.QUERY_TOWER in store_lib.load_index(path).manifest["files"]
+  ckpt.save_checkpoint(run_dir, 40, world["run_params"], config=TINY, keep=1)
+  assert ckpt.list_checkpoint_steps(run_dir) == [40]
+  loaded = store_lib.load_index(path)  # verifies the tower's sha256 with the rest
+  with pytest.raises(ckpt.CheckpointError, match="cannot find the checkpoint"):
+    inputs.index_checkpoint_dir(run_dir, loaded)
+  retriever = inputs.make_index_loader(run_dir, TINY)(loaded)
+  batch = next(toy_masked_queries(batch_size=4, seed=0))
+  np.testing.assert_allclose(retriever.embed_queries(batch["query_ids"], batch["query_mask"]),
+                             reference_query_embeddings(params["retriever"], batch),
+                             rtol=1e-4, atol=1e-4)
+  # A tower of another model size is refused in one line, naming the file.
+  other = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64), proj_size=16)
+  with pytest.raises(ckpt.CheckpointError,
+                     match=r"query_tower\.msgpack: a query tower of another model"):
+    inputs.index_query_tower(loaded, other)
+  # A flipped byte in it is refused when the index is loaded.
+  tower_path = os.path.join(path, store_lib.QUERY_TOWER)
+  data = bytearray(open(tower_path, "rb").read())
+  data[len(data) // 2] ^= 0xFF
+  with open(tower_path, "wb") as f:
+    f.write(bytes(data))
+  with pytest.raises(store_lib.IndexLoadError, match="query_tower.msgpack does not match its "
+                                                     "sha256"):
+    store_lib.load_index(path)
