@@ -316,7 +316,7 @@ class Recipe:
     if self.baseline:
       runs.append((self.orqa, self._ict_checkpoint(), "finetune_orqa",
                    (f"ENCODER_CHECKPOINT={_quoted(self._bert_checkpoint())}",), "toy_qa_orqa"))
-    which = ("REALM and the ORQA-style baseline (no REALM pretraining) side by side"
+    which = ("REALM and the ORQA-style baseline, side by side"
              if self.baseline else "REALM")
     self.stage(f"4 frozen indexes for fine-tuning ({which})",
                all(store_lib.latest_index_step(run[0]) is not None for run in runs),
