@@ -27,13 +27,26 @@ document) and index refreshes; each cell is the mean over the seeds with their s
 deviation. Below the table, each of the paper's directions is checked: it "holds beyond the
 seed spread" when the difference of the means exceeds the sum of the two standard deviations.
 `--write` puts the table into docs/benchmarks.md.
+
+A whole run takes hours on 2 cores, longer than one sitting. Every finished cell (one row, one
+seed) is kept as `<cells>/seed<s>_<row>.json` (default `bench/results/ablations/`, kept with the
+repository): its summary, minutes, date, commit and a fingerprint of what decides its result
+(the toy gins, the toy BERT's sha256 and the step options). A later run reuses every cell whose
+fingerprint matches and runs the rest, so the table can be finished in another sitting or on
+another machine; a cell whose fingerprint differs is run again. The fingerprint does not cover
+the code: after a change that alters results, start over with `--fresh_cells`.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import glob
+import hashlib
+import json
 import math
 import os
+import subprocess
 import sys
 import time
 
@@ -82,6 +95,62 @@ def _untrained_ict(shared: recipe_lib.Recipe, seed: int) -> str:
   return run_dir
 
 
+DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "ablations")
+# What decides a cell's result besides the code: the gins every stage reads.
+FINGERPRINT_GINS = ("gin_configs/experiments/toy_*.gin", "gin_configs/runs/*.gin",
+                    "gin_configs/models/*.gin")
+
+
+def fingerprint(options: dict) -> str:
+  """sha256 over the gins every stage reads (comments aside) and `options` (the toy BERT's
+  sha256, steps...)."""
+  digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+  for pattern in FINGERPRINT_GINS:
+    for path in sorted(glob.glob(os.path.join(REPO, pattern))):
+      with open(path, encoding="utf-8") as f:
+        # Comments and blank lines do not decide results.
+        lines = [line.rstrip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+      digest.update(("\n".join([os.path.relpath(path, REPO), *lines]) + "\n\0").encode())
+  return digest.hexdigest()
+
+
+def _commit() -> str:
+  try:
+    return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def load_cell(path: str, expected_fingerprint: str) -> dict | None:
+  """The kept summary of a finished cell, or None when there is none or it is stale."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      cell = json.load(f)
+    summary, cell_fingerprint = cell["summary"], cell["fingerprint"]
+  except (OSError, ValueError, KeyError) as e:
+    print(f"ablations: {path}: unreadable ({e}); running the cell again", flush=True)
+    return None
+  if cell_fingerprint != expected_fingerprint:
+    print(f"ablations: {path}: made with other gins or options (commit {cell.get('commit')}); "
+          "running the cell again", flush=True)
+    return None
+  return summary
+
+
+def save_cell(path: str, summary: dict, cell_fingerprint: str) -> None:
+  """Writes a finished cell (atomically: a crash leaves the old file or none)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  record = {"summary": summary, "fingerprint": cell_fingerprint, "commit": _commit(),
+            "date": datetime.date.today().isoformat(), "machine": report.machine()}
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(record, f, indent=1, sort_keys=True)
+    f.write("\n")
+  os.replace(path + ".tmp", path)
+
+
 def _cell(values: list[float], digits: int = 3) -> str:
   values = [v for v in values if v is not None and not math.isnan(v)]
   if not values:
@@ -91,23 +160,34 @@ def _cell(values: list[float], digits: int = 3) -> str:
 
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
         finetune_steps: int | None, toy_bert: str | None = None,
-        ict_from_bert: bool = False) -> dict[str, list[dict]]:
-  """{row name: [summary of each seed]}; every row's summary has its "minutes"."""
+        ict_from_bert: bool = False, cells: str = DEFAULT_CELLS) -> dict[str, list[dict]]:
+  """{row name: [summary of each seed]}; every row's summary has its "minutes". Finished cells
+  are kept in `cells` and reused (see the module docstring)."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
   store = realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
+  cell_fingerprint = fingerprint({
+      "toy_bert_sha256": toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
+      "ict_from_bert": ict_from_bert, "pretrain_steps": pretrain_steps,
+      "finetune_steps": finetune_steps})
   rows: dict[str, list[dict]] = {}
   for seed in seeds:
     seed_out = os.path.join(out, f"seed{seed}")
     seed_binding = f"train_main.seed={seed}"
     shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
                                ict_from_bert=ict_from_bert, baseline=False)
-    print(f"ablations: seed {seed}: the shared ICT warm start ...", flush=True)
-    shared.stage("ICT warm start", shared.trained(shared.ict),
-                 lambda: shared.train_ict(shared.ict, "ict.log", seed_binding))
     for name, description, kwargs in VARIANTS:
       if only and name not in only:
         continue
+      cell_path = os.path.join(cells, f"seed{seed}_{name}.json")
+      kept = load_cell(cell_path, cell_fingerprint)
+      if kept is not None:
+        print(f"ablations: seed {seed}: {description}: kept in {cell_path}", flush=True)
+        rows.setdefault(name, []).append(kept)
+        continue
+      shared.stage(f"seed {seed}: the shared ICT warm start", shared.trained(shared.ict),
+                   lambda: shared.train_ict(shared.ict, "ict.log", seed_binding))
       kwargs = dict(kwargs)
       ict = kwargs.pop("ict", None)
       ict_dir = _untrained_ict(shared, seed) if ict == "untrained" else shared.ict
@@ -122,6 +202,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
                                   eval_split="dev", baseline=False,
                                   **kwargs).run()
       summary["minutes"] = (time.monotonic() - start) / 60
+      save_cell(cell_path, summary, cell_fingerprint)
       rows.setdefault(name, []).append(summary)
   return rows
 
@@ -173,24 +254,34 @@ def main() -> int:
                            "BertForMaskedLM directory")
   parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
                       help="what ICT's towers start from, as the recipe's --ict_from")
+  parser.add_argument("--cells", default=DEFAULT_CELLS,
+                      help="where finished cells are kept and reused (default: "
+                           "bench/results/ablations)")
+  parser.add_argument("--fresh_cells", action="store_true",
+                      help="delete the kept cells first (after a code change that alters "
+                           "results)")
   args = parser.parse_args()
   try:
     toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)
   except ValueError as e:
     parser.error(str(e))
+  cells = os.path.abspath(args.cells)
   os.chdir(REPO)
-  start = time.monotonic()
+  if args.fresh_cells:
+    for path in glob.glob(os.path.join(cells, "seed*_*.json")):
+      os.remove(path)
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
-             toy_bert=toy_bert, ict_from_bert=args.ict_from == "bert")
+             toy_bert=toy_bert, ict_from_bert=args.ict_from == "bert", cells=cells)
   text = table(rows) + "\n\n" + directions(rows)
   print("\n" + text)
   if args.write:
     steps = lambda n: "the recipe's" if n is None else str(n)
     body = (
         "Toy world (gin_configs/experiments/toy_*.gin), every row measured "
-        f"with seeds {', '.join(map(str, args.seeds))} in one run of `python "
-        f"bench/ablations.py --write` ({(time.monotonic() - start) / 60:.0f} minutes). Each row "
+        f"with seeds {', '.join(map(str, args.seeds))} by `python bench/ablations.py --write` "
+        f"({sum(s['minutes'] for r in rows.values() for s in r):.0f} minutes of runs in all; "
+        "the cells are kept in bench/results/ablations/ with their commit and date). Each row "
         f"repeats pretraining ({steps(args.pretrain_steps)} steps), the frozen fine-tuning "
         f"index, fine-tuning ({steps(args.finetune_steps)} steps) and evaluation with one "
         "change; all rows of a seed but the last share one ICT warm start. "

@@ -33,3 +33,32 @@ def test_a_direction_holds_only_beyond_the_sum_of_the_spreads():
   assert "holds beyond" in verdicts["random-span masking > random-token masking"]
   assert "does not hold" in verdicts["refreshing beats a never-refreshed index"]
   assert len(lines) == 3  # rows not measured (no_null, no_ict) are not judged
+
+
+def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_path,
+                                                                         monkeypatch, capsys):
+  fingerprint = ablations.fingerprint({"pretrain_steps": None})
+  assert fingerprint != ablations.fingerprint({"pretrain_steps": 100})
+  path = str(tmp_path / "cells" / "seed0_realm.json")
+  assert ablations.load_cell(path, fingerprint) is None  # nothing kept yet
+  ablations.save_cell(path, _row(0.25), fingerprint)
+  assert ablations.load_cell(path, fingerprint) == _row(0.25)
+  assert os.listdir(tmp_path / "cells") == ["seed0_realm.json"]  # no temporary left behind
+  # Another gin's contents change the fingerprint, and the kept cell is not reused.
+  gin_dir = tmp_path / "repo" / "gin_configs" / "experiments"
+  gin_dir.mkdir(parents=True)
+  (gin_dir / "toy_pretrain.gin").write_text("NUM_STEPS = 200\n")
+  monkeypatch.setattr(ablations, "REPO", str(tmp_path / "repo"))
+  before = ablations.fingerprint({})
+  (gin_dir / "toy_pretrain.gin").write_text("# How many steps.\n\nNUM_STEPS = 200\n")
+  assert ablations.fingerprint({}) == before  # comments do not decide results
+  (gin_dir / "toy_pretrain.gin").write_text("NUM_STEPS = 201\n")
+  assert ablations.fingerprint({}) != before
+  ablations.save_cell(path, _row(0.25), before)
+  capsys.readouterr()
+  assert ablations.load_cell(path, ablations.fingerprint({})) is None
+  assert "made with other gins or options" in capsys.readouterr().out
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("{not json")
+  assert ablations.load_cell(path, before) is None
+  assert f"{path}: unreadable" in capsys.readouterr().out
