@@ -1,2 +1,3 @@
-"""Launchers: the trainer and its index builder side by side, locally (`launch.local`) or on two
-TPU VM slices (`launch.tpu_pod`). Standard library only; see launch/README.md."""
+"""Launchers: the trainer and its index builder side by side, locally (`local`) or on two TPU VM
+slices (`tpu_pod`); installed as `realm_jax_launch`. Standard library only; see
+launch/README.md."""

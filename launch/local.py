@@ -1,6 +1,6 @@
 r"""Runs the REALM trainer and its index builder side by side on one machine.
 
-  python -m launch.local --run_dir=/tmp/realm_toy/pretrain \
+  python -m realm_jax_launch.local --run_dir=/tmp/realm_toy/pretrain \
       --trainer "python -m realm_jax.train --gin_file=gin_configs/experiments/toy_pretrain.gin \
                  --gin.RUN_DIR=\"'/tmp/realm_toy/pretrain'\" --gin.INIT_CHECKPOINT=None" \
       --builder "python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin \
@@ -55,6 +55,9 @@ DEFAULT_GRACE_SECONDS = 30.0
 # A paper-scale re-embedding of the final checkpoint takes hours; the toy world's, seconds.
 DEFAULT_BUILDER_TIMEOUT = 1800.0
 _POLL_SECONDS = 0.05
+# The trainer's training-done marker in its run directory (realm_jax.training.checkpoints;
+# named here so that the launcher does not import JAX).
+TRAINING_DONE = "TRAINING_DONE"
 _PUMP_JOIN_SECONDS = 5.0  # how long to wait for a child's last output once it has exited
 # glibc malloc settings for a JAX job on a CPU: one arena, no mmap, no trimming, so that the
 # memory XLA frees after a step is reused by the next instead of being returned to the kernel and
@@ -227,7 +230,9 @@ class _Launcher:
 
   def __init__(self, trainer: _Child, builder: Optional[_Child], *, grace_seconds: float,
                builder_timeout: Optional[float], stop_on_builder_failure: bool,
-               flag: _SignalFlag, lock: threading.Lock, err: IO[str]):
+               flag: _SignalFlag, lock: threading.Lock, err: IO[str],
+               run_dir: Optional[str] = None):
+    self.run_dir = run_dir
     self.trainer = trainer
     self.builder = builder
     self.children = [c for c in (trainer, builder) if c is not None]
@@ -277,8 +282,12 @@ class _Launcher:
     returncode = self.builder.proc.returncode
     if returncode == 0:
       if self.trainer.running():  # after the trainer, exiting is the builder's job
-        self.say("the builder exited (status 0) before the trainer finished; the index will "
-                 "not be refreshed any more")
+        if self.run_dir and os.path.exists(os.path.join(self.run_dir, TRAINING_DONE)):
+          self.say("the builder indexed the last checkpoint and exited (status 0); the trainer "
+                   "is finishing")
+        else:
+          self.say("the builder exited (status 0) while the trainer runs (a builder run with "
+                   "--once?); the index will not be refreshed any more")
       return None
     self.builder_failed = True
     banner = "!" * 72
@@ -338,7 +347,7 @@ def run_local(trainer_cmd: Sequence[str], builder_cmd: Optional[Sequence[str]] =
               grace_seconds: float = DEFAULT_GRACE_SECONDS,
               builder_timeout: Optional[float] = DEFAULT_BUILDER_TIMEOUT,
               stop_on_builder_failure: bool = False, console: Optional[IO[str]] = None,
-              err: Optional[IO[str]] = None) -> int:
+              err: Optional[IO[str]] = None, run_dir: Optional[str] = None) -> int:
   """Runs the trainer and (optionally) the index builder side by side until both are done.
 
   Args:
@@ -354,6 +363,8 @@ def run_local(trainer_cmd: Sequence[str], builder_cmd: Optional[Sequence[str]] =
     stop_on_builder_failure: a builder failure stops the trainer too (default: it goes on).
     console: where the prefixed child output goes (default sys.stdout).
     err: where the launcher's own messages and the summary go (default sys.stderr).
+    run_dir: the run directory, when known: the launcher then tells a builder that exits
+      because training is done from one that stopped early.
 
   Returns:
     The exit status (see the module docstring).
@@ -374,7 +385,7 @@ def run_local(trainer_cmd: Sequence[str], builder_cmd: Optional[Sequence[str]] =
     launcher = _Launcher(trainer, builder, grace_seconds=grace_seconds,
                          builder_timeout=builder_timeout,
                          stop_on_builder_failure=stop_on_builder_failure, flag=flag, lock=lock,
-                         err=err)
+                         err=err, run_dir=run_dir)
     running = []
     try:
       for child in started:
@@ -415,7 +426,7 @@ def _parse_env(assignments: Sequence[str], parser: argparse.ArgumentParser,
 def build_parser() -> argparse.ArgumentParser:
   """The command-line interface."""
   parser = argparse.ArgumentParser(
-      prog="python -m launch.local",
+      prog="python -m realm_jax_launch.local",
       description="Run the REALM trainer and its index builder side by side, output prefixed "
                   "and logged; Ctrl-C stops both.",
       epilog="Exit status: 0 done; the trainer's status if it failed; 130 interrupted; 3 the "
@@ -470,7 +481,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   timeout = None if args.builder_timeout < 0 else args.builder_timeout
   return run_local(trainer_cmd, builder_cmd, log_dir=log_dir, env_trainer=env_trainer,
                    env_builder=env_builder, grace_seconds=args.grace_seconds,
-                   builder_timeout=timeout, stop_on_builder_failure=args.stop_on_builder_failure)
+                   builder_timeout=timeout, stop_on_builder_failure=args.stop_on_builder_failure,
+                   run_dir=args.run_dir)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,17 @@
 r"""REALM pretraining on two Cloud TPU VM slices: the trainer on one, the index builder on the
 other, sharing one run directory.
 
-  python -m launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...] [--dry-run]
-  python -m launch.tpu_pod copy     --zone=europe-west4-a [--dry-run]
-  python -m launch.tpu_pod run      --zone=europe-west4-a --run_dir=/mnt/realm/pretrain \
+  python -m realm_jax_launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...] [--dry-run]
+  python -m realm_jax_launch.tpu_pod copy     --zone=europe-west4-a [--dry-run]
+  python -m realm_jax_launch.tpu_pod run      --zone=europe-west4-a --run_dir=/mnt/realm/pretrain \
       --block_store=/mnt/realm/wiki_blocks \
       --trainer_gin=gin_configs/experiments/wiki_pretrain.gin \
       --trainer_binding=INIT_CHECKPOINT="'/mnt/realm/ict/checkpoints/100000'" \
       --trainer_binding=ENCODER_CHECKPOINT="'/mnt/realm/bert/checkpoints/0'" \
       --trainer_binding=BATCH_SIZE=64 [--first_index_from=/mnt/realm/ict/checkpoints/100000] \
       [--detach] [--dry-run]
-  python -m launch.tpu_pod stop     --zone=europe-west4-a [--kill] [--dry-run]
-  python -m launch.tpu_pod teardown --zone=europe-west4-a [--dry-run]
+  python -m realm_jax_launch.tpu_pod stop     --zone=europe-west4-a [--kill] [--dry-run]
+  python -m realm_jax_launch.tpu_pod teardown --zone=europe-west4-a [--dry-run]
 
 Slices are `<name>-trainer` and `<name>-builder` (`--name`, default `realm`; or
 `--trainer_tpu` / `--builder_tpu`). Every subcommand prints each gcloud command it runs, one per
@@ -430,7 +430,7 @@ def _add_remote_paths(sub: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
   """The command-line interface."""
   parser = argparse.ArgumentParser(
-      prog="python -m launch.tpu_pod",
+      prog="python -m realm_jax_launch.tpu_pod",
       description="REALM pretraining on two TPU VM slices (trainer + index builder).")
   subparsers = parser.add_subparsers(dest="subcommand", required=True)
   common = _common_parser()

@@ -299,7 +299,7 @@ class Recipe:
                                 "build_index_main.poll_seconds=2.0"))
       code = launcher.run_local(trainer, builder, log_dir=self.logs,
                                 console=_Progress(sys.stdout), env_trainer=child_env(),
-                                env_builder=child_env())
+                                env_builder=child_env(), run_dir=self.pretrain)
       if code:
         raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
 

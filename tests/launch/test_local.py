@@ -201,11 +201,12 @@ def test_unknown_program(child, tmp_path, capfd):
 
 
 class _Launcher:
-  """`python -m launch.local ...` as a subprocess, its output collected line by line."""
+  """`python -m realm_jax_launch.local ...` as a subprocess, its output collected line by
+  line."""
 
   def __init__(self, args):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    self.proc = subprocess.Popen([sys.executable, "-m", "launch.local", *args], cwd=REPO,
+    self.proc = subprocess.Popen([sys.executable, "-m", "realm_jax_launch.local", *args], cwd=REPO,
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True)
     self.lines = queue.Queue()
@@ -341,3 +342,24 @@ def test_format_seconds():
   assert local.format_seconds(4.24) == "4.2s"
   assert local.format_seconds(187) == "3m07s"
   assert local.format_seconds(3723) == "1h02m03s"
+
+
+@pytest.mark.parametrize("training_done", [True, False])
+def test_a_builder_done_before_the_trainer_is_reported_for_what_it_is(child, tmp_path, capfd,
+                                                                      training_done):
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  if training_done:  # the trainer marked training done and is still finishing (final eval)
+    (run_dir / local.TRAINING_DONE).write_text("")
+  assert _run(tmp_path, child("trainer", 1.0), child("builder", 0), run_dir=str(run_dir)) == 0
+  err = capfd.readouterr().err
+  if training_done:
+    assert ("launch: the builder indexed the last checkpoint and exited (status 0); the trainer "
+            "is finishing") in err
+  else:
+    assert "exited (status 0) while the trainer runs (a builder run with --once?)" in err
+
+
+def test_the_launchers_marker_name_is_the_trainers():
+  from realm_jax.training import checkpoints  # pylint: disable=import-outside-toplevel
+  assert local.TRAINING_DONE == checkpoints.TRAINING_DONE
