@@ -13,13 +13,20 @@
     nq_open, web_questions, curated_trec
 
 Other corpora are registered with `register_pretraining_tasks` (e.g. Wikipedia blocks built with
-`python -m realm_jax.build_corpus`), other QA data with `register_qa_task`.
+`python -m realm_jax.build_corpus`; `register_corpus_for_task` does it from a task name, as
+`train` and `evaluate` do with a `block_store`), other QA data with `register_qa_task`.
 """
 
-from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV, register_qa_task,
-                                     register_benchmark_tasks)
-from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretraining_tasks)
-from realm_jax_tasks.toy import (TOY_BLOCK_LEN, TOY_TASKS, register_toy_tasks,
+from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
+
+# Before any dataset exists: TensorFlow feeds data and keeps off the accelerators.
+hide_accelerators_from_tensorflow()
+
+from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV,  # noqa: E402
+                                     register_qa_task, register_benchmark_tasks)
+from realm_jax_tasks.pretraining import (MASKING_STRATEGIES,  # noqa: E402
+                                         register_corpus_for_task, register_pretraining_tasks)
+from realm_jax_tasks.toy import (TOY_BLOCK_LEN, TOY_TASKS, register_toy_tasks,  # noqa: E402
                                  toy_block_store_dir)
 
 register_toy_tasks()

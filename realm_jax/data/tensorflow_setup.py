@@ -1,0 +1,65 @@
+"""TensorFlow only feeds data here (seqio, tf.data): keep it off the accelerators.
+
+`hide_accelerators_from_tensorflow()` makes TensorFlow see no GPU, as big_vision and t5x do, so
+it never takes GPU memory JAX needs. Listing the devices makes TensorFlow call `cuInit`; on a
+machine without an NVIDIA driver that call fails and TensorFlow logs a false alarm on stderr
+(`E ... cuda_platform.cc:51] failed call to cuInit: ... UNKNOWN ERROR (303)`) in every process.
+That one line is dropped on such machines; everything else TensorFlow says meanwhile is passed
+on, and on a machine with a driver nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+
+# What TensorFlow logs when no NVIDIA driver is installed.
+_FALSE_CUINIT = re.compile(r"cuda_platform\.cc:\d+\] failed call to cuInit")
+# Present on every Linux machine with an NVIDIA driver loaded.
+NVIDIA_DRIVER = "/proc/driver/nvidia"
+
+_done = False
+
+
+def hide_accelerators_from_tensorflow(driver_path: str = NVIDIA_DRIVER) -> None:
+  """Makes TensorFlow's runtime use the CPU only (once per process; imports TensorFlow)."""
+  global _done
+  if _done:
+    return
+  _done = True
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def hide():
+    try:
+      tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:  # the runtime is initialized already: too late, and nothing to hide
+      pass
+
+  if os.path.exists(driver_path):
+    hide()
+    return
+  # No driver: TensorFlow's C++ runtime writes straight to file descriptor 2, so capture that
+  # for the one call that initializes it, then pass on all but the false cuInit line.
+  sys.stderr.flush()
+  with tempfile.TemporaryFile() as captured:
+    saved = os.dup(2)
+    try:
+      os.dup2(captured.fileno(), 2)
+      try:
+        hide()
+      finally:
+        os.dup2(saved, 2)
+    finally:
+      os.close(saved)
+    captured.seek(0)
+    said = captured.read().decode("utf-8", errors="replace")
+  sys.stderr.write(without_false_alarm(said))
+  sys.stderr.flush()
+
+
+def without_false_alarm(text: str) -> str:
+  """`text` without TensorFlow's failed-cuInit lines (for a machine with no NVIDIA driver)."""
+  return "".join(line for line in text.splitlines(keepends=True)
+                 if not _FALSE_CUINIT.search(line))
