@@ -46,7 +46,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   parser.add_argument("--record_token_ids", choices=("verify", "ours"), default="verify",
                       help="REALM records with token ids: a mismatch with our tokenisation is "
                       "an error (verify) or is counted and ours kept (ours).")
-  parser.add_argument("--overwrite", action="store_true", help="Replace an existing --out.")
+  parser.add_argument("--overwrite", action="store_true",
+                      help="Replace an existing --out BlockStore (never anything else).")
   parser.add_argument("--progress_every", type=float, default=5.0,
                       help="Seconds between progress lines on stderr.")
   return parser.parse_args(argv)
@@ -69,6 +70,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     hint = ("; rerun with --on_error skip to count and skip such records"
             if getattr(e, "record", None) is not None else "")
     print(f"build_corpus: error: {e}{hint}", file=sys.stderr)
+    return 1
+  except OSError as e:  # e.g. a read-only --out: one line naming the path, not a traceback
+    print(f"build_corpus: error: {e}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:
     print("build_corpus: interrupted; nothing was written to --out", file=sys.stderr)

@@ -905,6 +905,16 @@ def _write_manifest(directory: str, manifest: dict) -> None:
   fileio.fsync_dir(directory)
 
 
+def _check_replaceable(dest: str) -> None:
+  """`overwrite` replaces a BlockStore only: never a file or a directory that is not one."""
+  if os.path.islink(dest) or not os.path.isdir(dest):
+    raise BlockStoreError(f"{dest}: exists and is not a directory; overwrite replaces only a "
+                          f"BlockStore (remove it yourself, or choose another output)")
+  if not os.path.isfile(os.path.join(dest, MANIFEST)):
+    raise BlockStoreError(f"{dest}: not a BlockStore (no {MANIFEST}); overwrite replaces only "
+                          f"a BlockStore (remove it yourself, or choose another output)")
+
+
 def _publish(staging: str, dest: str, overwrite: bool) -> None:
   """Renames the verified staging directory to `dest` (atomically when dest does not exist)."""
   parent = os.path.dirname(dest)
@@ -912,6 +922,7 @@ def _publish(staging: str, dest: str, overwrite: bool) -> None:
     if not overwrite:
       raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
                             f"replace it")
+    _check_replaceable(dest)  # again: it may have changed while the store was built
     # A directory cannot be replaced in one rename: move the old one aside first. dest is
     # briefly absent, but it never names a half-written store.
     old = _staging_name(dest, "old")
@@ -1064,9 +1075,11 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
                      f"max_block_len={max_block_len} (need max_title_len <= max_block_len - 4)")
   vocab = vocab or vocab_lib.default_vocabulary()
   dest = os.path.abspath(os.fspath(dest))
-  if os.path.lexists(dest) and not overwrite:
-    raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
-                          f"replace it")
+  if os.path.lexists(dest):
+    if not overwrite:
+      raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
+                            f"replace it")
+    _check_replaceable(dest)
   os.makedirs(os.path.dirname(dest), exist_ok=True)
   removed = clean_stale_staging(dest)
 
@@ -1189,8 +1202,12 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
         counts["blocks"] += 1
 
     if counts["blocks"] == 0:
+      description = getattr(source, "description", None) or {}  # a property of our sources
+      where = description.get("path") or description.get("name") or "the input"
+      if counts["documents_read"] == 0:
+        raise CorpusInputError(f"{where}: no blocks: the input has no records (an empty file?)")
       raise CorpusInputError(
-          f"no blocks: all {counts['documents_read']} input records were skipped "
+          f"{where}: no blocks: all {counts['documents_read']} input records were skipped "
           f"({ {k: v for k, v in counts['skipped'].items() if v} })")
     store_id = writer.close()
     writer = None

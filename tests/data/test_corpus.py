@@ -4,6 +4,7 @@ determinism, atomic builds, open() refusals, embedder inputs, and the CLI."""
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -462,6 +463,32 @@ def test_existing_dest_needs_overwrite(tmp_path):
   assert not leftovers(tmp_path)
 
 
+def test_overwrite_replaces_only_a_block_store(tmp_path):
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "thesis.tex").write_text("years of work")
+  a_file = tmp_path / "a_file"
+  a_file.write_text("data")
+  for dest, problem in ((notes, "not a BlockStore (no manifest.json)"),
+                        (a_file, "exists and is not a directory")):
+    with pytest.raises(corpus.BlockStoreError, match=re.escape(f"{dest}: {problem}")):
+      corpus.build_block_store([corpus.Document("A", "One.", "m:0")], str(dest), overwrite=True)
+  assert (notes / "thesis.tex").read_text() == "years of work" and a_file.read_text() == "data"
+
+
+def test_an_input_without_blocks_is_named(tmp_path):
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
+  with pytest.raises(corpus.CorpusInputError,
+                     match=re.escape(f"{empty}: no blocks: the input has no records")):
+    corpus.build_block_store(corpus.JsonlSource(str(empty)), str(tmp_path / "out"))
+  titles_only = write_jsonl(tmp_path / "t.jsonl", [{"title": "A", "text": ""}])
+  with pytest.raises(corpus.CorpusInputError,
+                     match=re.escape(f"{titles_only}: no blocks: all 1 input records were "
+                                     f"skipped")):
+    corpus.build_block_store(corpus.JsonlSource(titles_only), str(tmp_path / "out"))
+
+
 # ------------------------------------------------------------------------------ open()
 
 
@@ -565,3 +592,22 @@ def test_cli_end_to_end(tmp_path):
   assert store.store_id in done.stdout and str(out) in done.stdout
   assert "malformed_json 1" in done.stdout and f"{src}:2:" in done.stdout
   assert "documents read" in done.stderr and "blocks written" in done.stderr
+
+  # An output that cannot be written (under a file; in a read-only directory, unless this
+  # runs as root, who may write there anyway): one line naming the path, no traceback.
+  a_file = tmp_path / "a_file"
+  a_file.write_text("")
+  read_only = tmp_path / "read_only"
+  read_only.mkdir()
+  read_only.chmod(0o555)
+  unwritable = [a_file] + ([read_only] if not os.access(read_only, os.W_OK) else [])
+  try:
+    for parent in unwritable:
+      denied = subprocess.run(command[:-4] + ["--out", str(parent / "blocks"), "--on_error",
+                                              "skip"],
+                              capture_output=True, text=True, cwd=REPO_ROOT, env=env)
+      lines = denied.stderr.strip().splitlines()
+      assert denied.returncode == 1 and len(lines) == 1, denied.stderr
+      assert lines[0].startswith("build_corpus: error: ") and str(parent) in lines[0], lines
+  finally:
+    read_only.chmod(0o755)
