@@ -314,8 +314,10 @@ def _question_arrays_batches(examples: Sequence[Any], batch_size: int):
 # ------------------------------------------------------------------------------ the job
 
 
-def _load_published_index(run_dir: str, index_step: Optional[int], store: Any, config: Any):
-  """The index of `run_dir` (newest, or `index_step`), checked against the store and model."""
+def _load_published_index(run_dir: str, index_step: Optional[int], store: Any, config: Any, *,
+                          verify: bool | str = True):
+  """The index of `run_dir` (newest, or `index_step`), checked against the store and model
+  (`verify`: True re-hashes every file against its manifest, "fast" checks sizes only)."""
   from realm_jax.index import store as index_lib  # pylint: disable=g-import-not-at-top
   steps = index_lib.list_indexes(run_dir)
   root = index_lib.index_root(os.path.abspath(run_dir))
@@ -327,7 +329,7 @@ def _load_published_index(run_dir: str, index_step: Optional[int], store: Any, c
     raise FileNotFoundError(f"{root}: no published index of step {step} (published: "
                             f"{steps})")
   return index_lib.load_index(index_lib.index_dir(run_dir, step), block_store_id=store.store_id,
-                              num_blocks=store.num_blocks, dim=config.proj_size, verify="fast")
+                              num_blocks=store.num_blocks, dim=config.proj_size, verify=verify)
 
 
 def _searcher(loaded: Any, backend: str) -> Any:
@@ -350,12 +352,11 @@ def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
   return OpenQAModel(config, reader_beam=reader_beam), params
 
 
-def _run_qa(*, run_dir, config, task, split, step, why, index_run, index_step, store,
+def _run_qa(*, run_dir, config, task, split, step, why, loaded, store,
             batch_size, k_values, reader_beam, reader_len, backend, max_examples,
             output) -> int:
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
-  loaded = _load_published_index(index_run, index_step, store, config)
   searcher = _searcher(loaded, backend)
   model, params = _open_qa_model(run_dir, config, step, reader_beam)
   examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
@@ -381,21 +382,29 @@ def _run_qa(*, run_dir, config, task, split, step, why, index_run, index_step, s
   return 0
 
 
-def _run_retrieval(*, run_dir, config, task, kind, split, index_run, index_step, store,
+def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, store,
                    batch_size, k_values, backend, max_examples, output,
                    first_index_checkpoint_dir) -> int:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from realm_jax.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
-  loaded = _load_published_index(index_run, index_step, store, config)
-  step_dir = inputs.index_checkpoint_dir(index_run, loaded,
-                                         first_checkpoint_dir=first_index_checkpoint_dir)
-  # Size mismatch as a config error before restoring anything (the loader would refuse it too).
-  _checkpoint_metadata(step_dir, config, f"the checkpoint of index {loaded.step}")
-  retriever = inputs.make_index_loader(index_run, config,
-                                       first_checkpoint_dir=first_index_checkpoint_dir,
-                                       backend=backend)(loaded)
+  try:
+    tower = inputs.index_query_tower(loaded, config)
+  except ckpt_lib.CheckpointError as e:  # another model size: a config error
+    raise ConfigError(str(e)) from e
+  if tower is not None:  # published with the index: its checkpoint may be pruned by now
+    step_dir = loaded.manifest.get("checkpoint") or "its checkpoint (not recorded)"
+    retriever = inputs.IndexRetriever(loaded, tower, config, backend=backend)
+  else:
+    step_dir = inputs.index_checkpoint_dir(index_run, loaded,
+                                           first_checkpoint_dir=first_index_checkpoint_dir)
+    # Size mismatch as a config error before restoring anything (the loader refuses it too).
+    _checkpoint_metadata(step_dir, config, f"the checkpoint of index {loaded.step}")
+    retriever = inputs.make_index_loader(index_run, config,
+                                         first_checkpoint_dir=first_index_checkpoint_dir,
+                                         backend=backend)(loaded)
   ks = clip_k_values(k_values, store.num_blocks)
   progress = _Progress()
   if kind == "ict":
@@ -430,10 +439,9 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, index_step,
   return 0
 
 
-def _run_questions(*, run_dir, config, questions, step, why, index_run, index_step, store,
+def _run_questions(*, run_dir, config, questions, step, why, loaded, store,
                    reader_beam, reader_len, backend) -> int:
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
-  loaded = _load_published_index(index_run, index_step, store, config)
   searcher = _searcher(loaded, backend)
   model, params = _open_qa_model(run_dir, config, step, reader_beam)
   predictor = evaluate_lib.Predictor(model, params, searcher=searcher, store=store,
@@ -497,7 +505,8 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                   k_values: Sequence[int] = (1, 5, 20, 100), reader_beam: int = 5,
                   reader_len: int = 320, backend: str = "exact",
                   max_examples: Optional[int] = None, output: Optional[str] = None,
-                  questions: Sequence[str] = (), dry_run: bool = False) -> int:
+                  questions: Sequence[str] = (), verify_index: bool = True,
+                  dry_run: bool = False) -> int:
   """Evaluates a run (the only gin-configurable function of this job).
 
   Args:
@@ -505,7 +514,8 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin); checkpoints of
       another model size are refused.
     task: a seqio QA task (`toy_qa`, `nq_open`, ...) or, for mode "retrieval", an ICT task
-      (`ict_toy`). Not needed with `questions`.
+      (`ict_toy`; `ict_<corpus>` of your own corpus is registered over `block_store`, as
+      `train` does). Not needed with `questions`.
     split: the task split ("test"; the ICT tasks have only "train").
     mode: "qa" (reader predictions, EM, recall) or "retrieval" (recall of the index's own
       query tower, no reader).
@@ -528,6 +538,9 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       `<run_dir>/predictions/<task>_<split>_step<N>.jsonl` ("retrieval":
       `<task>_<split>_retrieval_index<N>.metrics.json`).
     questions: free-text questions to answer and show evidence for (overrides the task).
+    verify_index: re-hash every file of the index against its manifest before searching it
+      (as the trainer does: a flipped byte is refused); False checks file sizes only, for
+      speed on a large index.
     dry_run: check the configuration (and the run's checkpoint size, if any), print one line.
 
   Returns:
@@ -568,6 +581,9 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     if not isinstance(task, str) or not task:
       raise ConfigError(f"evaluate_main.task={task!r}: name a seqio task "
                         f"(--gin.TASK=\"'toy_qa'\"), or pass --question")
+    if block_store is not None and mode == "retrieval":
+      import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+      realm_jax_tasks.register_corpus_for_task(task, block_store)  # as train does
     _, kind = _resolve_task(task, mode, split)
   toy_store = False
   if block_store is None:
@@ -624,18 +640,20 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     block_store = realm_jax_tasks.toy_block_store_dir()
   store = corpus_lib.BlockStore.open(block_store, verify="fast")
   log.info("%s", what)
+  loaded = _load_published_index(index_run, index_step, store, model_config,
+                                 verify=True if verify_index else "fast")
   if questions:
     return _run_questions(run_dir=run_dir, config=model_config, questions=questions, step=step,
-                          why=why, index_run=index_run, index_step=index_step, store=store,
+                          why=why, loaded=loaded, store=store,
                           reader_beam=reader_beam, reader_len=reader_len, backend=backend)
   if mode == "qa":
     return _run_qa(run_dir=run_dir, config=model_config, task=task, split=split, step=step,
-                   why=why, index_run=index_run, index_step=index_step, store=store,
+                   why=why, loaded=loaded, store=store,
                    batch_size=batch_size, k_values=k_values, reader_beam=reader_beam,
                    reader_len=reader_len, backend=backend, max_examples=max_examples,
                    output=output)
   return _run_retrieval(run_dir=run_dir, config=model_config, task=task, kind=kind, split=split,
-                        index_run=index_run, index_step=index_step, store=store,
+                        index_run=index_run, loaded=loaded, store=store,
                         batch_size=batch_size,
                         k_values=k_values, backend=backend, max_examples=max_examples,
                         output=output, first_index_checkpoint_dir=first_index_checkpoint_dir)

@@ -9,6 +9,7 @@ world (its blocks are the toy store's first blocks, with the same uids), because
 
 import json
 import os
+import shutil
 import types
 
 import jax
@@ -379,3 +380,40 @@ def test_a_missing_run_dir_is_a_one_line_runtime_error(tmp_path, mode, capsys):
   line = _one_line(capsys, _main(f"--gin.RUN_DIR='{run_dir}'",
                                  f"--gin.evaluate_main.mode='{mode}'"), 1, "error")
   assert f"{run_dir}: no such run directory" in line
+
+
+def test_a_flipped_byte_in_the_index_is_refused_unless_the_user_opts_out(world, library_qa,
+                                                                        capsys, tmp_path):
+  run_dir = str(tmp_path / "flipped")
+  checkpoints.save_checkpoint(run_dir, STEP, world.params, config=TINY)
+  path = store_lib.publish_index(run_dir, STEP, world.embeddings,
+                                 block_store_id=world.store.store_id)
+  emb_path = os.path.join(path, store_lib.EMBEDDINGS)
+  data = bytearray(open(emb_path, "rb").read())
+  data[-3] ^= 0x01  # a low mantissa bit of the last embedding
+  with open(emb_path, "wb") as f:
+    f.write(bytes(data))
+  args = (f"--gin.RUN_DIR='{run_dir}'", f"--gin.evaluate_main.block_store='{world.store_dir}'",
+          "--gin.evaluate_main.max_examples=8")
+  line = _one_line(capsys, _main(*args), 1, "error")
+  assert f"{path}: embeddings.npy does not match its sha256 in the manifest" in line
+  assert _main(*args, "--gin.evaluate_main.verify_index=False") == 0, _output(capsys)[1]
+
+
+def test_retrieval_recall_of_an_index_whose_checkpoint_is_pruned(world, library_qa, capsys,
+                                                                  tmp_path):
+  """The builder publishes the query tower with the index: recall before pretraining can be
+  measured after the run, when the trainer has long pruned the checkpoint."""
+  run_dir = str(tmp_path / "pruned")
+  step_dir = checkpoints.save_checkpoint(run_dir, STEP, world.params, config=TINY)
+  builder.build_index(run_dir, STEP, store=world.store, batch_size=128, progress=None)
+  shutil.rmtree(step_dir)
+  code = _main(f"--gin.RUN_DIR='{run_dir}'", f"--gin.evaluate_main.block_store='{world.store_dir}'",
+               "--gin.evaluate_main.mode='retrieval'", "--gin.evaluate_main.max_examples=8")
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert f"index step {STEP} (query tower from {step_dir})" in out[0]
+  metrics = json.load(open(os.path.join(
+      run_dir, "predictions", f"toy_qa_test_retrieval_index{STEP}.metrics.json")))["metrics"]
+  for k in KS:
+    assert metrics[f"recall@{k}"] == library_qa.metrics[f"recall@{k}"]

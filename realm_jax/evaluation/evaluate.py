@@ -236,10 +236,11 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
 
   Returns:
     (metrics, predictions). metrics: {"exact_match" or "regex_match", "recall@k" for each k
-    (fractions in [0, 1]), "num_questions", "skipped_questions"}. predictions, one per
-    example, in order: {"question", "prediction", "answers", "block_ids", "block_scores",
-    "predicted_block_id", "correct"} (plus "skipped" for a skipped question); block ids and
-    scores are the first `num_evidence` retrieved blocks.
+    (fractions in [0, 1]), "num_questions", "skipped_questions"; in regex mode also
+    "invalid_answer_patterns", the answer patterns that do not compile (each a miss)}.
+    predictions, one per example, in order: {"question", "prediction", "answers", "block_ids",
+    "block_scores", "predicted_block_id", "correct"} (plus "skipped" for a skipped question);
+    block ids and scores are the first `num_evidence` retrieved blocks.
 
   Raises:
     ValueError: no examples, an unknown recall_match, examples mixing regex and plain answers,
@@ -315,6 +316,14 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
   results.update(metrics.top_k_recall(hits, k_values))
   results["num_questions"] = len(examples)
   results["skipped_questions"] = len(examples) - len(readable)
+  if answers_are_regex:
+    # REALM_SPEC 32: a pattern that does not compile is a miss, as in ORQA; counted and said.
+    invalid = [(e.question, p) for e in examples for p in metrics.invalid_patterns(e.answers)]
+    results["invalid_answer_patterns"] = len(invalid)
+    if invalid:
+      logging.warning("%d answer pattern(s) are not valid regular expressions and score as misses "
+                      "(REALM_SPEC 32); the first: %r, an answer to %r", len(invalid),
+                      invalid[0][1], invalid[0][0])
   return results, predictions
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "curated_trec_regex_match",
     "exact_match",
     "has_answer",
+    "invalid_patterns",
     "normalize_answer",
     "orqa_exact_match",
     "regex_match",
@@ -120,6 +121,11 @@ def _compile_or_none(pattern: str) -> re.Pattern[str] | None:
     return re.compile(pattern, _REGEX_FLAGS)
   except _PATTERN_ERRORS:
     return None
+
+
+def invalid_patterns(patterns: Sequence[str]) -> list[str]:
+  """The answer patterns that are not valid regular expressions (each scores as a miss)."""
+  return [p for p in patterns if _compile_or_none(p) is None]
 
 
 def regex_match(prediction: str, patterns: str | Sequence[str]) -> bool:

@@ -1,6 +1,7 @@
 """evaluate / answer_question / write_predictions_jsonl on a toy corpus whose retrieval and
 reader are rigged, so exact match and recall are known by hand."""
 
+import dataclasses
 import json
 
 import jax
@@ -93,7 +94,7 @@ def test_rigged_exact_match_and_recall(store, model, rigged_params, index, regex
   assert results == {name: pytest.approx(1 / 3), "recall@1": pytest.approx(1 / 3),
                      "recall@2": pytest.approx(1 / 3), "recall@3": pytest.approx(2 / 3),
                      "recall@4": pytest.approx(2 / 3), "num_questions": 3,
-                     "skipped_questions": 0}
+                     "skipped_questions": 0, **({"invalid_answer_patterns": 0} if regex else {})}
   assert [p["prediction"] for p in predictions] == ["Paris", "London", "Berlin"]
   assert [p["correct"] for p in predictions] == [True, False, False]
   assert [p["block_ids"] for p in predictions] == [[0, 1], [2, 0], [3, 2]]
@@ -101,6 +102,21 @@ def test_rigged_exact_match_and_recall(store, model, rigged_params, index, regex
   assert [p["predicted_block_id"] for p in predictions] == [0, 2, 3]
   assert predictions[0]["question"] == "What is the capital of France?"
   assert predictions[1]["answers"] == (["Rom."] if regex else ["Rome", "Roma"])
+
+
+def test_an_invalid_answer_pattern_is_a_counted_and_reported_miss(store, model, rigged_params,
+                                                                   index, caplog):
+  _, searcher = index
+  examples = _examples(regex=True)
+  # "Par[" does not compile; "Par.s" would have matched the prediction "Paris".
+  examples[0] = dataclasses.replace(examples[0], answers=("Par[", "Rome("))
+  results, predictions = evaluate_lib.evaluate(
+      model, rigged_params, examples, searcher=searcher, store=store, batch_size=2,
+      k_values=KS, embed_fn=embed_fn, reader_len=READER_LEN, question_len=16)
+  assert predictions[0]["prediction"] == "Paris" and not predictions[0]["correct"]
+  assert results["regex_match"] == 0.0 and results["invalid_answer_patterns"] == 2
+  assert "2 answer pattern(s) are not valid regular expressions" in caplog.text
+  assert "'Par['" in caplog.text
 
 
 def test_recall_by_orqa_substring_label_is_case_sensitive(store, model, rigged_params, index):
