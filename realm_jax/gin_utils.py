@@ -12,6 +12,7 @@ Used by `realm_jax.build_index` and `realm_jax.train`:
 
 from __future__ import annotations
 
+import difflib
 import glob
 import inspect
 import logging
@@ -107,8 +108,62 @@ def parse_flags(argv: Sequence[str], booleans: Optional[Mapping[str, str]] = Non
   return values
 
 
+def _unparsable_binding(bindings: Sequence[str]) -> Optional[ConfigError]:
+  """After gin refused a value ("Unable to parse value. (line 1)", naming nothing): the
+  command-line binding whose value does not parse, with the likely fix; None if none."""
+  for binding in bindings:
+    key, sep, value = binding.partition("=")
+    if not sep:
+      continue
+    try:
+      gin.config.parse_value(value.strip())
+    except SyntaxError as e:
+      return ConfigError(
+          f"cannot parse the value of {key.strip()} ({value.strip()!r}: {e}); a string needs "
+          f"quotes that reach gin, inside the shell's: --gin.{key.strip()}=\"'{value.strip()}'\"")
+    except Exception:  # noqa: BLE001 - e.g. a reference to a configurable: gin's to judge
+      continue
+  return None
+
+
+def _referenced_macros() -> set[str]:
+  """Names of the macros some binding of the parsed config refers to (`%NAME`)."""
+  names: set[str] = set()
+
+  def walk(value) -> None:
+    if isinstance(value, gin.config.ConfigurableReference):
+      selector = value.scoped_selector  # "NAME/gin.macro" for %NAME
+      if selector.endswith("/gin.macro"):
+        names.add(selector[:-len("/gin.macro")])
+    elif isinstance(value, (list, tuple, set)):
+      for item in value:
+        walk(item)
+    elif isinstance(value, dict):
+      for item in value.values():
+        walk(item)
+
+  for bound in gin.config._CONFIG.values():  # pylint: disable=protected-access
+    walk(bound)
+  return names
+
+
+def _check_macros_used(bindings: Sequence[str]) -> None:
+  """A macro set on the command line that no binding uses is a typo (`--gin.BATCHSIZE=16`
+  for BATCH_SIZE): refused, with the macros that are used."""
+  used = _referenced_macros()
+  for binding in bindings:
+    key = binding.partition("=")[0].strip()
+    if not key or "." in key or "/" in key or key in used:
+      continue  # a function's parameter (gin checks those), or a macro in use
+    close = difflib.get_close_matches(key, sorted(used), n=3)
+    raise ConfigError(f"macro {key} is set on the command line but no binding uses it"
+                      + (f" (did you mean {' or '.join(close)}?)" if close else
+                         f" (the macros in use: {', '.join(sorted(used)) or 'none'})"))
+
+
 def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
-  """Clears gin's config, then parses the files (resolved) and bindings; ConfigError on error."""
+  """Clears gin's config, then parses the files (resolved) and bindings; ConfigError on error,
+  also for a binding whose value does not parse and for a macro that nothing uses."""
   if not gin_files:
     raise ConfigError("no --gin_file given")
   gin.clear_config()
@@ -119,8 +174,11 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
     gin.parse_config_files_and_bindings([resolve_gin_file(f) for f in gin_files], list(bindings))
   except ConfigError:
     raise
+  except SyntaxError as e:
+    raise (_unparsable_binding(bindings) or ConfigError(one_line(e))) from e
   except Exception as e:  # noqa: BLE001 - gin raises ValueError, IOError, SyntaxError, ...
     raise ConfigError(one_line(e)) from e
+  _check_macros_used(bindings)
 
 
 def report_error(prog: str, error: BaseException, expected: tuple[type, ...]) -> int:

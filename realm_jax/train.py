@@ -202,25 +202,12 @@ def _warm_start_encoder(job: str, checkpoint: dict, params: dict, source: str) -
 
 def _register_corpus_tasks(job: str, task_name: str, block_store: Optional[str],
                            pretrain_records: Optional[str]) -> None:
-  """Registers `mlm_<corpus>`, `ict_<corpus>` and `realm_<corpus>_<strategy>` over `block_store`
-  (X = `pretrain_records`, or the corpus itself) when `task_name` names a corpus that is not
-  registered yet: how the paper-scale gins reach a BlockStore built by build_corpus."""
+  """For a job that reads a corpus, registers the corpus its task names over `block_store`
+  (`realm_jax_tasks.register_corpus_for_task`)."""
   if job == "finetune" or block_store is None:
     return
-  import seqio  # pylint: disable=g-import-not-at-top
   import realm_jax_tasks  # pylint: disable=g-import-not-at-top
-  if task_name in seqio.TaskRegistry.names():
-    return
-  corpus = None
-  if job in _INDEX_FREE_JOBS and task_name.startswith(f"{job}_"):
-    corpus = task_name[len(job) + 1:]
-  elif job == "pretrain" and task_name.startswith("realm_"):
-    for strategy in realm_jax_tasks.MASKING_STRATEGIES:
-      if task_name.endswith(f"_{strategy}"):
-        corpus = task_name[len("realm_"):-len(strategy) - 1]
-  if corpus:
-    realm_jax_tasks.register_pretraining_tasks(corpus, block_store=block_store,
-                                               pretrain_records=pretrain_records)
+  realm_jax_tasks.register_corpus_for_task(task_name, block_store, pretrain_records)
 
 
 def _check_task(job: str, task_name: str) -> None:

@@ -235,6 +235,38 @@ def _generator_source(generator_fn: Callable[[], Iterator[dict]],
   return seqio.FunctionDataSource(dataset_fn, splits=("train",))
 
 
+def register_corpus_for_task(task_name: str, block_store: str,
+                             pretrain_records: str | None = None) -> str | None:
+  """Registers the corpus that an unregistered `mlm_<corpus>`, `ict_<corpus>` or
+  `realm_<corpus>_<strategy>` task name names, over `block_store` (X = `pretrain_records`, or
+  the corpus itself): how the paper-scale gins, `train` and `evaluate` reach a BlockStore built
+  by `python -m realm_jax.build_corpus`. Says so in a warning (a misspelt task name would
+  otherwise silently become a corpus of its own).
+
+  Returns:
+    The corpus registered, or None (the task exists already, or the name names no corpus).
+  """
+  if task_name in seqio.TaskRegistry.names():
+    return None
+  corpus = None
+  for prefix in ("mlm_", "ict_"):
+    if task_name.startswith(prefix):
+      corpus = task_name[len(prefix):]
+  if task_name.startswith("realm_"):
+    for strategy in MASKING_STRATEGIES:
+      if task_name.endswith(f"_{strategy}"):
+        corpus = task_name[len("realm_"):-len(strategy) - 1]
+  if not corpus:
+    return None
+  known = sorted(n[len("ict_"):] for n in seqio.TaskRegistry.names() if n.startswith("ict_"))
+  log.warning("task %r is not registered: registering corpus %r over the BlockStore %s "
+              "(mlm_%s, ict_%s, realm_%s_<strategy>); if %r is a typo, fix the task name "
+              "(corpora registered so far: %s)", task_name, corpus, block_store, corpus, corpus,
+              corpus, task_name, ", ".join(known) or "none")
+  register_pretraining_tasks(corpus, block_store=block_store, pretrain_records=pretrain_records)
+  return corpus
+
+
 def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
                                pretrain_records: PathOrFn | None = None,
                                annotator: str = "union", seed: int = 0, query_len: int = 96,

@@ -145,6 +145,20 @@ def test_unregistered_task(tmp_path, capsys):
   assert "unknown seqio task or mixture 'ict_toyy'" in line and "ict_toy" in line
 
 
+def test_a_macro_nothing_uses_is_named_with_the_likely_one(tmp_path, capsys):
+  line = _one_config_error(capsys, _train(*DRY_RUNS["toy_ict"], f"--gin.RUN_DIR='{tmp_path}'",
+                                          "--gin.BATCHSIZE=16", "--dry_run"))
+  assert "macro BATCHSIZE is set on the command line but no binding uses it" in line
+  assert "did you mean BATCH_SIZE" in line
+
+
+def test_an_unquoted_string_value_says_how_to_quote_it(capsys):
+  line = _one_config_error(capsys, _train(*DRY_RUNS["toy_ict"], "--gin.RUN_DIR=/tmp/x",
+                                          "--dry_run"))
+  assert "cannot parse the value of RUN_DIR ('/tmp/x'" in line
+  assert "--gin.RUN_DIR=\"'/tmp/x'\"" in line
+
+
 def test_unknown_flag(capsys):
   line = _one_config_error(capsys, _train(*DRY_RUNS["toy_ict"], "--no_such_flag"))
   assert "no_such_flag" in line

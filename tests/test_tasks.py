@@ -112,6 +112,23 @@ def test_pretraining_on_the_corpus_itself_excludes_each_examples_own_block(tmp_p
   assert np.all(np.isin(batch["source_uid"], uids))
 
 
+def test_a_corpus_is_registered_from_a_task_name_and_said(caplog):
+  store = realm_jax_tasks.toy_block_store_dir()
+  for name in ("toy_qa", "ict_toy", "nq_open_like"):  # registered already, or no corpus named
+    assert realm_jax_tasks.register_corpus_for_task(name, store) is None
+  assert realm_jax_tasks.register_corpus_for_task("realm_mine_random_span", store) == "mine"
+  assert {"mlm_mine", "ict_mine", "realm_mine_salient_span"} <= set(seqio.TaskRegistry.names())
+  assert realm_jax_tasks.register_corpus_for_task("ict_mine", store) is None  # now it exists
+  assert realm_jax_tasks.register_corpus_for_task("ict_mnie", store) == "mnie"
+  warnings = [r.getMessage() for r in caplog.records if "is not registered" in r.getMessage()]
+  assert len(warnings) == 2 and "if 'ict_mnie' is a typo" in warnings[1]
+  assert "mine" in warnings[1].split("corpora registered so far: ")[1]
+  for corpus in ("mine", "mnie"):
+    for task in list(seqio.TaskRegistry.names()):
+      if corpus in task:
+        seqio.TaskRegistry.remove(task)
+
+
 @pytest.fixture
 def qa_data(tmp_path, monkeypatch):
   """The toy QA splits laid out as each benchmark's (already split) data directory."""
