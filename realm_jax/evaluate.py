@@ -515,7 +515,8 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       another model size are refused.
     task: a seqio QA task (`toy_qa`, `nq_open`, ...) or, for mode "retrieval", an ICT task
       (`ict_toy`; `ict_<corpus>` of your own corpus is registered over `block_store`, as
-      `train` does). Not needed with `questions`.
+      `train` does); or your own QA files, a path (`regex:<path>` for regex answers; see
+      `realm_jax_tasks.register_qa_files`). Not needed with `questions`.
     split: the task split ("test"; the ICT tasks have only "train").
     mode: "qa" (reader predictions, EM, recall) or "retrieval" (recall of the index's own
       query tower, no reader).
@@ -581,8 +582,13 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     if not isinstance(task, str) or not task:
       raise ConfigError(f"evaluate_main.task={task!r}: name a seqio task "
                         f"(--gin.TASK=\"'toy_qa'\"), or pass --question")
-    if block_store is not None and mode == "retrieval":
-      import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    if realm_jax_tasks.is_qa_path(task):  # your own question files
+      try:
+        task = realm_jax_tasks.register_qa_files(task)
+      except ValueError as e:
+        raise ConfigError(f"evaluate_main.task={task!r}: {e}") from e
+    elif block_store is not None and mode == "retrieval":
       realm_jax_tasks.register_corpus_for_task(task, block_store)  # as train does
     _, kind = _resolve_task(task, mode, split)
   toy_store = False

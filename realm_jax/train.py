@@ -210,6 +210,18 @@ def _register_corpus_tasks(job: str, task_name: str, block_store: Optional[str],
   realm_jax_tasks.register_corpus_for_task(task_name, block_store, pretrain_records)
 
 
+def _qa_files_task(task: str) -> str:
+  """A QA task that is your own files (a path, or `regex:<path>`): registered, and its seqio
+  name returned (`realm_jax_tasks.register_qa_files`); any other name as it is."""
+  import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+  if not realm_jax_tasks.is_qa_path(task):
+    return task
+  try:
+    return realm_jax_tasks.register_qa_files(task)
+  except ValueError as e:
+    raise ConfigError(f"TASK={task!r}: {e}") from e
+
+
 def _check_task(job: str, task_name: str) -> None:
   """ConfigError unless `task_name` is registered and fits `job` (read nothing)."""
   from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
@@ -252,7 +264,8 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       pretraining and fine-tuning also index/, written by `realm_jax.build_index`).
     model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin).
     job: "mlm", "ict", "pretrain" or "finetune" (see the module docstring).
-    task: the seqio task name.
+    task: the seqio task name; finetune: or your own QA files, a path (`regex:<path>` for
+      regex answers; `realm_jax_tasks.register_qa_files`).
     batch_size: examples (questions) per step on this host (global batch = hosts x this; a
       multiple of the mesh's data axis).
     num_steps: total updates of the run (a resumed run continues to it).
@@ -330,8 +343,17 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   if not isinstance(model_config, RealmConfig):
     raise ConfigError(f"train_main.model_config is a {type(model_config).__name__}, not a "
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
+  if job == "finetune":
+    task = _qa_files_task(str(task))
   _register_corpus_tasks(job, str(task), block_store, pretrain_records)
   _check_task(job, str(task))
+  if job == "finetune":
+    splits = tuple(inputs.get_task(str(task)).splits)
+    for what, split in (("the training split", "train"), ("train_main.eval_split", eval_split)):
+      if split and split not in splits:
+        raise ConfigError(f"{what} {split!r}: task {task!r} has splits {', '.join(splits)}"
+                          + (" (eval_split='' evaluates nothing)" if split == eval_split
+                             else ""))
   if encoder_checkpoint is not None and job not in ("pretrain", "finetune"):
     raise ConfigError("train_main.encoder_checkpoint is a 'pretrain' and 'finetune' option")
   if train_document_tower and job != "finetune":

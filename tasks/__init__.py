@@ -14,7 +14,9 @@
 
 Other corpora are registered with `register_pretraining_tasks` (e.g. Wikipedia blocks built with
 `python -m realm_jax.build_corpus`; `register_corpus_for_task` does it from a task name, as
-`train` and `evaluate` do with a `block_store`), other QA data with `register_qa_task`.
+`train` and `evaluate` do with a `block_store`), other QA data with `register_qa_task`, your own
+question files with `register_qa_files` (which `train` and `evaluate` call for a task that is a
+path: `TASK='/data/my_questions'`, `TASK='regex:/data/my_questions'`).
 """
 
 from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
@@ -23,7 +25,8 @@ from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
 hide_accelerators_from_tensorflow()
 
 from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV,  # noqa: E402
-                                     register_qa_task, register_benchmark_tasks)
+                                     is_qa_path, register_benchmark_tasks, register_qa_files,
+                                     register_qa_task)
 from realm_jax_tasks.pretraining import (MASKING_STRATEGIES,  # noqa: E402
                                          register_corpus_for_task, register_pretraining_tasks)
 from realm_jax_tasks.toy import (TOY_BLOCK_LEN, TOY_TASKS, register_toy_tasks,  # noqa: E402

@@ -98,3 +98,75 @@ def register_benchmark_tasks() -> tuple[str, ...]:
     register_qa_task(name, functools.partial(_benchmark_examples, name),
                      answers_are_regex=open_qa.BENCHMARKS[name].answers_are_regex)
   return BENCHMARK_TASKS
+
+
+# ------------------------------------------------------------------------------ your own files
+
+REGEX_PREFIX = "regex:"
+QA_FILE_SUFFIXES = (".jsonl", ".csv", ".tsv")
+
+
+def _split_files(path: str) -> dict[str, str]:
+  """{split: file} of a directory of `<split>.jsonl|csv|tsv` files, or {"test": path}."""
+  if os.path.isfile(path):
+    if not path.endswith(QA_FILE_SUFFIXES):
+      raise ValueError(f"{path}: a QA file is ORQA JSON lines (.jsonl: {{\"question\", "
+                       f"\"answer\": [...]}}) or DPR's CSV (.csv/.tsv: question<TAB>"
+                       f"[\"answer\", ...])")
+    return {"test": path}
+  if not os.path.isdir(path):
+    raise ValueError(f"{path}: no such QA file or directory")
+  files = {}
+  for split in open_qa.SPLITS:
+    found = [os.path.join(path, split + suffix) for suffix in QA_FILE_SUFFIXES
+             if os.path.isfile(os.path.join(path, split + suffix))]
+    if len(found) > 1:
+      raise ValueError(f"{path}: split {split!r} has more than one file ({', '.join(found)})")
+    if found:
+      files[split] = found[0]
+  if not files:
+    raise ValueError(f"{path}: no QA files (expected some of "
+                     f"{', '.join(s + '.jsonl' for s in open_qa.SPLITS)}, or .csv/.tsv)")
+  return files
+
+
+def _read_qa_file(path: str, answers_are_regex: bool) -> list[open_qa.QAExample]:
+  if path.endswith(".jsonl"):
+    return open_qa.read_orqa_jsonl(path, answers_are_regex=answers_are_regex)
+  delimiter = "\t"
+  if path.endswith(".csv"):
+    # DPR's own .csv files are tab-separated; a spreadsheet's are comma-separated.
+    with open(path, encoding="utf-8", errors="replace") as f:
+      delimiter = "\t" if "\t" in f.readline() else ","
+  return open_qa.read_dpr_csv(path, answers_are_regex=answers_are_regex, delimiter=delimiter)
+
+
+def is_qa_path(task: str) -> bool:
+  """Whether a task name is your own QA files (a path, `regex:` for regex answers)."""
+  path = task[len(REGEX_PREFIX):] if task.startswith(REGEX_PREFIX) else task
+  return os.sep in path or os.path.exists(path)
+
+
+def register_qa_files(task: str) -> str:
+  """Registers a QA task over your own question files and returns its seqio name.
+
+  `task` is a path, `regex:<path>` for CuratedTrec-style answers (regular expressions, scored
+  by regex match): a directory holding some of `train`, `dev`, `test` as `<split>.jsonl` (ORQA's
+  form, `{"question": ..., "answer": [...]}` per line) or `<split>.csv`/`.tsv` (DPR's form: the
+  question, then the answers as a list literal, `['Paris', 'City of Light']`; tab-separated, or
+  comma-separated in a .csv without tabs), or one such file, whose split is "test". Bad records are
+  errors naming file, line and field, as for the benchmarks. The name is `qa_files_` and the
+  sanitized absolute path, so the same files always get the same task.
+  """
+  answers_are_regex = task.startswith(REGEX_PREFIX)
+  path = os.path.abspath(task[len(REGEX_PREFIX):] if answers_are_regex else task)
+  files = _split_files(path)
+  name = ("qa_regex_files_" if answers_are_regex else "qa_files_") + "".join(
+      c if c.isalnum() else "_" for c in path).strip("_")
+
+  @functools.lru_cache(maxsize=None)
+  def examples(split: str) -> Sequence[open_qa.QAExample]:
+    return _read_qa_file(files[split], answers_are_regex)
+
+  return register_qa_task(name, examples, answers_are_regex=answers_are_regex,
+                          splits=tuple(files))

@@ -9,6 +9,7 @@ import gin
 import numpy as np
 import pytest
 
+import realm_jax_tasks
 from realm_jax import build_index
 from realm_jax import gin_utils
 from realm_jax import train
@@ -157,6 +158,35 @@ def test_an_unquoted_string_value_says_how_to_quote_it(capsys):
                                           "--dry_run"))
   assert "cannot parse the value of RUN_DIR ('/tmp/x'" in line
   assert "--gin.RUN_DIR=\"'/tmp/x'\"" in line
+
+
+def test_fine_tuning_on_your_own_question_files(tmp_path, capsys):
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  for split in ("train", "dev"):
+    (mine / f"{split}.jsonl").write_text('{"question": "Who wrote it?", "answer": ["Ada"]}\n')
+  code = _train(*DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                f"--gin.TASK='{mine}'",
+                f"--gin.train_main.block_store='{realm_jax_tasks.toy_block_store_dir()}'",
+                "--dry_run")
+  out, err = _stderr_lines(capsys)
+  assert code == 0, err
+  assert "task qa_files_" in out and "mine" in out, out
+  # Your own files need the BlockStore their answers are looked for in.
+  line = _one_config_error(capsys, _train(*DRY_RUNS["toy_finetune"],
+                                          f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                                          f"--gin.TASK='{mine}'", "--dry_run"))
+  assert "train_main.block_store is required for task 'qa_files_" in line, line
+  # No dev split to evaluate at the checkpoints: said before anything runs.
+  (mine / "dev.jsonl").unlink()
+  line = _one_config_error(capsys, _train(
+      *DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path / 'run'}'", f"--gin.TASK='{mine}'",
+      f"--gin.train_main.block_store='{realm_jax_tasks.toy_block_store_dir()}'", "--dry_run"))
+  assert "'dev'" in line, line
+  line = _one_config_error(capsys, _train(*DRY_RUNS["toy_finetune"],
+                                          f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                                          f"--gin.TASK='{tmp_path / 'nowhere'}'", "--dry_run"))
+  assert f"{tmp_path / 'nowhere'}: no such QA file or directory" in line
 
 
 def test_unknown_flag(capsys):

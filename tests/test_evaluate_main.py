@@ -7,8 +7,10 @@ world (its blocks are the toy store's first blocks, with the same uids), because
 2,511 toy blocks takes ~20 s on this suite's 8 simulated devices.
 """
 
+import csv
 import json
 import os
+import re
 import shutil
 import types
 
@@ -22,6 +24,7 @@ from realm_jax.data import corpus
 from realm_jax.data import open_qa as open_qa_data
 from realm_jax.data import toy_world
 from realm_jax.evaluation import evaluate as evaluate_lib
+from realm_jax.evaluation import metrics as metrics_lib
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.index.search import ExactSearcher
@@ -417,3 +420,49 @@ def test_retrieval_recall_of_an_index_whose_checkpoint_is_pruned(world, library_
       run_dir, "predictions", f"toy_qa_test_retrieval_index{STEP}.metrics.json")))["metrics"]
   for k in KS:
     assert metrics[f"recall@{k}"] == library_qa.metrics[f"recall@{k}"]
+
+
+def test_your_own_question_files_by_path(world, library_qa, capsys, tmp_path):
+  """The 8 questions the library answered, written as a user's own files: ORQA JSON lines in a
+  directory, a comma-separated .csv given as the file itself, and regex answers."""
+  examples = library_qa.examples
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  with open(mine / "test.jsonl", "w", encoding="utf-8") as f:
+    for e in examples:
+      f.write(json.dumps({"question": e.question, "answer": list(e.answers)}) + "\n")
+  single = tmp_path / "questions.csv"
+  with open(single, "w", encoding="utf-8", newline="") as f:
+    writer = csv.writer(f)
+    for e in examples:
+      writer.writerow([e.question, repr(list(e.answers))])
+  regex_dir = tmp_path / "regex"
+  regex_dir.mkdir()
+  with open(regex_dir / "test.jsonl", "w", encoding="utf-8") as f:
+    for e in examples:  # each answer as an exact, escaped pattern
+      f.write(json.dumps({"question": e.question, "answer": [re.escape(a) + "$"
+                                                             for a in e.answers]}) + "\n")
+  for task, metric in ((str(mine), "exact_match"), (str(single), "exact_match"),
+                       (f"regex:{regex_dir}", "regex_match")):
+    output = str(tmp_path / f"{metric}_{len(task)}.jsonl")
+    code = _main(*_world_args(world, f"--gin.TASK='{task}'",
+                              f"--gin.evaluate_main.output='{output}'"))
+    out, err = _output(capsys)
+    assert code == 0, err
+    saved = json.load(open(output.replace(".jsonl", ".metrics.json"), encoding="utf-8"))
+    assert saved["task"].startswith("qa_regex_files_" if metric == "regex_match"
+                                     else "qa_files_")
+    got = saved["metrics"]
+    if metric == "exact_match":
+      assert got == pytest.approx(library_qa.metrics), (task, got)
+    else:  # the library's predictions, scored by the regex metric directly
+      expected = np.mean([metrics_lib.regex_match(p["prediction"], [re.escape(a) + "$"
+                                                                     for a in e.answers])
+                          for p, e in zip(library_qa.predictions, examples)])
+      assert got["regex_match"] == pytest.approx(expected) and got["invalid_answer_patterns"] == 0
+    assert got["num_questions"] == 8
+  # A bad record names the file and line.
+  with open(mine / "test.jsonl", "a", encoding="utf-8") as f:
+    f.write('{"question": "Who?"}\n')
+  line = _one_line(capsys, _main(*_world_args(world, f"--gin.TASK='{mine}/'")), 1, "error")
+  assert f"{mine / 'test.jsonl'}:9: field 'answer' is missing" in line
