@@ -24,11 +24,21 @@ jan feb mar apr jun jul aug sep sept oct nov dec ca c b d fl
 _BOUNDARY = re.compile(r"""([.!?]+)(["'\u2019\u201d)\]]*)(\s+)""")
 _WORD_BEFORE = re.compile(r"""(\w+)$""")
 _STARTS_SENTENCE = re.compile(r"""["'\u2018\u201c(\[]*[\w\u00c0-\uffff]""")
+_DOTTED_ACRONYM = re.compile(r"(?:\b\w\.)+\w$")
+_LOOK_BACK = 64  # characters before a period that can decide whether it ends a sentence
 
 
-def _ends_with_abbreviation(prefix: str) -> bool:
-  """Whether the text before a period ends in an abbreviation or an initial ("J. R. R.")."""
-  match = _WORD_BEFORE.search(prefix)
+def _ends_with_abbreviation(line: str, period: int) -> bool:
+  """Whether `line[:period]`, the text before a period, ends in an abbreviation or an initial
+  ("J. R. R.").
+
+  Only the last _LOOK_BACK characters are searched (`\b` still sees the character before
+  them), so a line of n characters is split in O(n), not O(n^2): the word before the period
+  decides unless it is longer than any abbreviation, and a dotted acronym needs only its last
+  letter-period-letter.
+  """
+  window = max(0, period - _LOOK_BACK)
+  match = _WORD_BEFORE.search(line, window, period)
   if not match:
     return False
   word = match.group(1)
@@ -37,7 +47,7 @@ def _ends_with_abbreviation(prefix: str) -> bool:
   if word.lower() in ABBREVIATIONS:
     return True
   # Dotted acronyms such as "U.S." or "e.g.".
-  return bool(re.search(r"(?:\b\w\.)+\w$", prefix))
+  return bool(_DOTTED_ACRONYM.search(line, window, period))
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
@@ -56,13 +66,13 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     start = 0
     for boundary in _BOUNDARY.finditer(line):
       end = boundary.end(2)  # after the punctuation and closing quotes
-      rest = line[boundary.end():]
-      if not rest or not _STARTS_SENTENCE.match(rest):
+      rest = boundary.end()  # where the next sentence would start (no copy of the rest)
+      if rest == len(line) or not _STARTS_SENTENCE.match(line, rest):
         continue
-      if boundary.group(1) == "." and _ends_with_abbreviation(line[:boundary.start(1)]):
+      if boundary.group(1) == "." and _ends_with_abbreviation(line, boundary.start(1)):
         continue
       # Lower-case continuation after a period is rarely a new sentence ("approx. five").
-      if boundary.group(1) == "." and rest[0].islower():
+      if boundary.group(1) == "." and line[rest].islower():
         continue
       char_spans.append((line_start + start, line_start + end))
       start = boundary.end()
