@@ -15,6 +15,11 @@ Run directory layout (shared by the trainer, the index builder and evaluation):
   <run_dir>/best.json             {"metric", "mode", "step", "value"}: the best checkpoint so far
                                   by an eval metric (CheckpointWriter; kept through pruning)
   <run_dir>/TRAINING_DONE         written by the trainer after its last checkpoint
+  <run_dir>/checksums/<step>.json {"step", "files": {relative path: sha256}} of a finished
+                                  checkpoint: every restore checks them (a flipped byte is a
+                                  CorruptCheckpointError, not parameters silently changed)
+  <run_dir>/corrupt_checkpoints/<step>/  a corrupt checkpoint moved aside by the trainer, which
+                                  resumed from the newest intact one instead
 
 Atomicity: Orbax writes a step into `<step>.orbax-checkpoint-tmp-<ts>` and renames it to `<step>`
 when every item is written (then `_CHECKPOINT_METADATA` exists inside). `list_checkpoint_steps`
@@ -63,6 +68,77 @@ _ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
 
 class CheckpointError(ValueError):
   """A checkpoint is missing, unfinished, unreadable or belongs to another model size."""
+
+
+class CorruptCheckpointError(CheckpointError):
+  """A checkpoint whose files do not match the checksums recorded when it was saved, or that
+  cannot be read at all: the trainer resumes from an older, intact one."""
+
+
+CHECKSUMS_DIR = "checksums"
+CORRUPT_DIR = "corrupt_checkpoints"
+
+
+def checksums_path(run_dir: str, step: int) -> str:
+  return os.path.join(os.path.abspath(os.fspath(run_dir)), CHECKSUMS_DIR, f"{int(step)}.json")
+
+
+def _step_files(step_dir: str) -> dict[str, str]:
+  """{relative path: absolute path} of every file of a checkpoint step directory."""
+  files = {}
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      path = os.path.join(root, name)
+      files[os.path.relpath(path, step_dir)] = path
+  return files
+
+
+def record_checksums(run_dir: str, step: int) -> str:
+  """Writes `<run_dir>/checksums/<step>.json` for a finished checkpoint (and removes those of
+  steps no longer listed); returns its path."""
+  step_dir = checkpoint_path(run_dir, step)
+  files = {rel: fileio.sha256_file(path) for rel, path in sorted(_step_files(step_dir).items())}
+  path = checksums_path(run_dir, step)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  fileio.write_json_atomically(path, {"step": int(step), "files": files})
+  listed = set(list_checkpoint_steps(run_dir))
+  for name in os.listdir(os.path.dirname(path)):
+    stem = name[:-len(".json")]
+    if name.endswith(".json") and stem.isdigit() and int(stem) not in listed:
+      os.remove(os.path.join(os.path.dirname(path), name))
+  return path
+
+
+def verify_checkpoint(step_dir: str) -> bool:
+  """Checks a step directory `<run>/checkpoints/<step>` against the checksums recorded when it
+  was saved. Returns False when none were recorded (an older run, or a save whose checksums
+  were not written yet); True when every file matches.
+
+  Raises:
+    CorruptCheckpointError: a file differs, is missing, or was added.
+  """
+  step_dir = os.path.abspath(os.fspath(step_dir))
+  step = os.path.basename(step_dir)
+  if not step.isdigit():
+    return False
+  path = checksums_path(os.path.dirname(os.path.dirname(step_dir)), int(step))
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    recorded = json.load(f)["files"]
+  present = _step_files(step_dir)
+  for rel in sorted(set(recorded) | set(present)):
+    if rel not in present:
+      problem = "is missing"
+    elif rel not in recorded:
+      problem = "was not there when it was saved"
+    elif fileio.sha256_file(present[rel]) != recorded[rel]:
+      problem = "does not match its sha256 recorded at save time"
+    else:
+      continue
+    raise CorruptCheckpointError(f"{step_dir}: {rel} {problem} ({path}): a corrupt or "
+                                 f"modified checkpoint")
+  return True
 
 
 def checkpoints_dir(run_dir: str) -> str:
@@ -188,6 +264,8 @@ def save_checkpoint(run_dir: str, step: int, params: Mapping[str, Any], *, confi
   with ocp.CheckpointManager(checkpoints_dir(run_dir), options=options) as manager:
     manager.save(step, args=args, force=True)
     manager.wait_until_finished()
+  if jax.process_index() == 0:
+    record_checksums(run_dir, step)
   return checkpoint_path(run_dir, step)
 
 
@@ -266,6 +344,7 @@ class CheckpointWriter:
                   self._best.get("mode"), best_metric, best_mode)
       self._best = None
     self._pending_best: Optional[dict] = None
+    self._in_flight: Optional[int] = None  # the step being saved, until `wait` records it
     self._warned_missing = False
     self._preserved: set[int] = {int(self._best["step"])} if self._best else set()
     policy = None
@@ -317,11 +396,17 @@ class CheckpointWriter:
         self._preserved.add(step)
     self._manager.save(step, args=args, force=True)
     self._pending_best = candidate
+    self._in_flight = step
 
   def wait(self) -> None:
-    """Blocks until the in-flight save (if any) is on disk, then records a pending best."""
+    """Blocks until the in-flight save (if any) is on disk, then records its checksums and a
+    pending best."""
     self._manager.wait_until_finished()
     with self._lock:
+      step, self._in_flight = self._in_flight, None
+      if (step is not None and jax.process_index() == 0
+          and step in list_checkpoint_steps(self.run_dir)):
+        record_checksums(self.run_dir, step)
       pending, self._pending_best = self._pending_best, None
       if pending is None:
         return
@@ -454,9 +539,12 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
     ({item name: value}, config, metadata).
 
   Raises:
-    CheckpointError: unfinished, unreadable, another model size, or an item it does not have.
+    CheckpointError: unfinished, another model size, or an item it does not have.
+    CorruptCheckpointError: its files do not match the checksums recorded at save time, or
+      they cannot be read.
   """
   step_dir = os.path.abspath(os.fspath(step_dir))
+  verify_checkpoint(step_dir)
   metadata = read_metadata(step_dir)
   config = _checkpoint_config(step_dir, metadata, expected_config)
   array_items = [PARAMS_ITEM] + list(metadata.get("extra_items", []))
@@ -486,8 +574,11 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
     first = str(e).splitlines()[0] if str(e) else ""
     what = (f"item {next(iter(targets))!r}" if len(targets) == 1
             else f"items {sorted(targets)}")
-    raise CheckpointError(f"{step_dir}: cannot restore {what} "
-                          f"({type(e).__name__}: {first})") from e
+    if not os.path.isdir(step_dir):  # pruned meanwhile (the index builder's race)
+      raise CheckpointError(f"{step_dir}: cannot restore {what}: the checkpoint is gone "
+                            f"({type(e).__name__}: {first})") from e
+    raise CorruptCheckpointError(f"{step_dir}: cannot restore {what}, a truncated or corrupt "
+                                 f"checkpoint ({type(e).__name__}: {first})") from e
   return {name: restored[name] for name in targets}, config, metadata
 
 

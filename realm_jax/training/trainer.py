@@ -621,6 +621,27 @@ def restore_train_state(run_dir: str, step: int, train_step: TrainStep, *,
   return state, data_state, metadata
 
 
+def _set_aside_corrupt(run_dir: str, step: int, error: Exception) -> Optional[int]:
+  """Moves a corrupt checkpoint to `<run_dir>/corrupt_checkpoints/<step>` (kept for a look,
+  out of the way of the step's next save) and says which checkpoint the run resumes from
+  instead; returns that step (None: none left, the run starts afresh)."""
+  older = [s for s in checkpoints.list_checkpoint_steps(run_dir) if s < step]
+  fallback = older[-1] if older else None
+  if jax.process_index() == 0:
+    aside = os.path.join(run_dir, checkpoints.CORRUPT_DIR, str(step))
+    os.makedirs(os.path.dirname(aside), exist_ok=True)
+    if os.path.exists(aside):
+      aside += f".{int(time.time())}"
+    os.rename(checkpoints.checkpoint_path(run_dir, step), aside)
+    log.error("%s; moved it to %s; resuming from %s", error, aside,
+              f"the newest intact checkpoint, step {fallback}" if fallback is not None
+              else "nothing: no older checkpoint, starting from step 0")
+  if jax.process_count() > 1:  # every host sees the same listing before going on
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    multihost_utils.sync_global_devices(f"set aside corrupt checkpoint {step}")
+  return fallback
+
+
 def _save_train_state(writer: checkpoints.CheckpointWriter, state: TrainState, *,
                       data_state: dict, config: RealmConfig, metrics: Optional[dict],
                       extra_metadata: dict) -> None:
@@ -782,13 +803,18 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
       "mesh": {name: int(size) for name, size in mesh.shape.items()},
       "rules": [list(rule) for rule in train_step.rules], "num_processes": jax.process_count()}}
 
-  latest = checkpoints.latest_checkpoint_step(run_dir)
+  latest, restored = checkpoints.latest_checkpoint_step(run_dir), None
+  while latest is not None and restored is None:
+    try:
+      restored = restore_train_state(run_dir, latest, train_step, config=config)
+    except checkpoints.CorruptCheckpointError as e:
+      latest = _set_aside_corrupt(run_dir, latest, e)
   if latest is None:
     state = train_step.init_state(seed)
     start = 0
     log.info("%s: no checkpoint, starting from step 0 (seed %d)", run_dir, seed)
   else:
-    state, data_state, _ = restore_train_state(run_dir, latest, train_step, config=config)
+    state, data_state, _ = restored
     start = int(jax.device_get(state.step))
     if start != latest:
       raise checkpoints.CheckpointError(

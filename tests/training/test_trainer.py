@@ -271,3 +271,51 @@ def test_per_tower_grad_norms_match_numpy():
   assert metrics["train/grad_norm/encoder"] > 1.0
   assert metrics["train/grad_norm/retriever"] != pytest.approx(metrics["train/grad_norm/encoder"],
                                                                rel=0.05)
+
+
+def _flip_a_byte(step_dir):
+  """Flips one byte in the middle of the largest file of the checkpoint's params."""
+  files = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(step_dir, "params"))
+           for name in names]
+  path = max(files, key=os.path.getsize)
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0x40
+  with open(path, "wb") as f:
+    f.write(bytes(data))
+  return os.path.relpath(path, step_dir)
+
+
+def test_a_corrupt_checkpoint_is_set_aside_and_the_run_resumes_from_the_intact_one(
+    setup, tmp_path, caplog):
+  straight = _train(setup, trainer.ListBatches(_batches(6)), tmp_path / "straight",
+                    writer=Recorder())
+  run_dir = tmp_path / "run"
+  _train(setup, trainer.ListBatches(_batches(6)), run_dir, num_steps=4, writer=Recorder())
+  assert sorted(os.listdir(run_dir / ckpt.CHECKSUMS_DIR)) == ["2.json", "4.json"]
+  flipped = _flip_a_byte(ckpt.checkpoint_path(run_dir, 4))
+  # Restoring it is refused, naming the file (no silently changed parameters).
+  with pytest.raises(ckpt.CorruptCheckpointError,
+                     match=f"{ckpt.checkpoint_path(run_dir, 4)}: {flipped} does not match"):
+    ckpt.restore_checkpoint_dir(ckpt.checkpoint_path(run_dir, 4))
+  # Resuming sets it aside, says so, resumes from step 2 and ends where the straight run did.
+  resumed = _train(setup, trainer.ListBatches(_batches(6)), run_dir, writer=Recorder())
+  assert "resuming from the newest intact checkpoint, step 2" in caplog.text
+  assert os.path.isdir(run_dir / ckpt.CORRUPT_DIR / "4")
+  assert ckpt.list_checkpoint_steps(run_dir) == [2, 4, 6]
+  for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ckpt.restore_checkpoint_dir(ckpt.checkpoint_path(run_dir, 4))  # the new step 4 is intact
+
+
+def test_a_truncated_checkpoint_is_a_corrupt_one(setup, tmp_path):
+  run_dir = tmp_path / "run"
+  _train(setup, trainer.ListBatches(_batches(2)), run_dir, num_steps=2, writer=Recorder())
+  step_dir = ckpt.checkpoint_path(run_dir, 2)
+  os.remove(os.path.join(run_dir, ckpt.CHECKSUMS_DIR, "2.json"))  # say, written before them
+  files = [os.path.join(root, name) for root, _, names in os.walk(os.path.join(step_dir, "params"))
+           for name in names]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.truncate(os.path.getsize(path) // 2)
+  with pytest.raises(ckpt.CorruptCheckpointError, match="a truncated or corrupt checkpoint"):
+    ckpt.restore_checkpoint_dir(step_dir)
