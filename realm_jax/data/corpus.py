@@ -57,6 +57,8 @@ The BlockStore (one directory, written atomically; see `build_block_store`):
                      row i are `tokens[i, t + 2 : t + 2 + b]` with t, b the two lengths
   uids.npy           [num_blocks] uint64 `content_uid(title, body_text)`
   doc_ids.npy        [num_blocks] int64 index of the source document among the documents kept
+  doc_keys.jsonl     (only when the input had them) one JSON line per document kept, in
+                     doc_id order: the document's own "id" from the input (a string), or null
   text.bin           UTF-8 title and body text of every block, back to back
   text_offsets.npy   [2 * num_blocks + 1] int64: title i is text[o[2i]:o[2i+1]], body i is
                      text[o[2i+1]:o[2i+2]]
@@ -106,6 +108,7 @@ DOC_IDS = "doc_ids.npy"
 TEXT = "text.bin"
 TEXT_OFFSETS = "text_offsets.npy"
 DATA_FILES = (TOKENS, TITLE_LENGTHS, BODY_LENGTHS, UIDS, DOC_IDS, TEXT, TEXT_OFFSETS)
+DOC_KEYS = "doc_keys.jsonl"  # optional: the input's own document ids
 
 # Skip reasons. The first group is malformed input (raised or skipped per `on_error`); the
 # second is a property of the data and always a counted skip.
@@ -148,6 +151,7 @@ class Document:
     is_block: True for records that are already blocks (REALM/ORQA): one record -> one block.
     title_token_ids: token ids the record carried for the title, if any.
     body_token_ids: token ids the record carried for the body, if any.
+    key: the document's own id in the input (JSONL's "id"), kept in the BlockStore.
   """
 
   title: str
@@ -156,6 +160,7 @@ class Document:
   is_block: bool = False
   title_token_ids: Optional[Sequence[int]] = None
   body_token_ids: Optional[Sequence[int]] = None
+  key: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +278,14 @@ class JsonlSource:
         if isinstance(text, BadRecord):
           yield text
           continue
-        yield Document(title=title, text=text, source=where)
+        key = obj.get("id")
+        if key is not None and (not isinstance(key, (str, int)) or isinstance(key, bool)):
+          yield BadRecord(where, "wrong_type", "id",
+                          f"{where}: field 'id' must be a string or an integer, got "
+                          f"{type(key).__name__}")
+          continue
+        yield Document(title=title, text=text, source=where,
+                       key=None if key is None else str(key))
 
 
 class TfdsSource:
@@ -1116,11 +1128,14 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
 
   staging = _staging_name(dest, "staging")
   _ACTIVE_STAGING.add(staging)
-  writer = None
+  writer = keys = None
   try:
     os.makedirs(staging)
     writer = _StagingWriter(staging, max_block_len, token_dtype,
                             _canonical_json(store_options))
+    # One line per document kept: its own id (kept only if the input had any).
+    keys = open(os.path.join(staging, DOC_KEYS), "w", encoding="utf-8")
+    any_key = False
     seen = _UInt64Set()
     last_progress = time.monotonic()
     items = iter(source) if limit is None else itertools.islice(source, limit)
@@ -1196,6 +1211,8 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
 
       doc_id = counts["documents_used"]
       counts["documents_used"] += 1
+      keys.write(json.dumps(item.key) + "\n")
+      any_key = any_key or item.key is not None
       for begin, end in ranges:
         body = text_bytes[starts[begin]:limits[end - 1]]
         writer.add(title_ids, body_ids[begin:end], title_bytes, body, doc_id)
@@ -1212,9 +1229,12 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
     store_id = writer.close()
     writer = None
     report_progress()
+    keys.close()
+    if not any_key:  # the input had no ids: nothing to keep
+      os.remove(os.path.join(staging, DOC_KEYS))
 
     files = {}
-    for name in DATA_FILES:
+    for name in DATA_FILES + ((DOC_KEYS,) if any_key else ()):
       path = os.path.join(staging, name)
       files[name] = {"bytes": os.path.getsize(path), "sha256": fileio.sha256_file(path)}
     manifest = {
@@ -1242,6 +1262,8 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
   except BaseException:
     if writer is not None:
       writer.abort()
+    if keys is not None:
+      keys.close()
     shutil.rmtree(staging, ignore_errors=True)
     raise
   finally:
@@ -1344,7 +1366,8 @@ class BlockStore:
     if vocab_fingerprint is not None and fingerprint != vocab_fingerprint:
       fail(f"built with vocabulary {fingerprint[:12]}..., expected {vocab_fingerprint[:12]}...")
 
-    for name in DATA_FILES:
+    optional = (DOC_KEYS,) if isinstance(files, dict) and DOC_KEYS in files else ()
+    for name in DATA_FILES + optional:
       file_path = os.path.join(path, name)
       entry = files.get(name) if isinstance(files, dict) else None
       if entry is None:
@@ -1398,6 +1421,16 @@ class BlockStore:
   @property
   def store_id(self) -> str:
     return self.manifest["store_id"]
+
+  def doc_key(self, doc_id: int) -> Optional[str]:
+    """The input's own id of document `doc_id` (a `Block.doc_id`): JSONL's "id" field, kept
+    in doc_keys.jsonl; None when the input gave that document none, or gave none at all."""
+    if DOC_KEYS not in self.manifest["files"]:
+      return None
+    if getattr(self, "_doc_keys", None) is None:
+      with open(os.path.join(self.path, DOC_KEYS), encoding="utf-8") as f:
+        self._doc_keys = [json.loads(line) for line in f]
+    return self._doc_keys[int(doc_id)]
 
   @property
   def vocab_fingerprint(self) -> str:

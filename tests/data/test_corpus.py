@@ -611,3 +611,25 @@ def test_cli_end_to_end(tmp_path):
       assert lines[0].startswith("build_corpus: error: ") and str(parent) in lines[0], lines
   finally:
     read_only.chmod(0o755)
+
+
+def test_the_inputs_own_document_ids_are_kept(tmp_path):
+  _, store = build_jsonl(tmp_path, [
+      {"id": "Q42", "title": "Douglas", "text": "He wrote a guide."},
+      {"title": "Nobody", "text": "No id here."},
+      {"id": 7, "title": "Seven", "text": "An integer id. " * 40},  # several blocks
+      {"id": "gone", "title": "Empty", "text": " "}], max_block_len=32)  # skipped: not kept
+  keys = {store.block(i).title: store.doc_key(store.block(i).doc_id) for i in range(len(store))}
+  assert keys == {"Douglas": "Q42", "Nobody": None, "Seven": "7"}
+  assert len({store.block(i).doc_id for i in range(len(store))
+              if store.block(i).title == "Seven"}) == 1
+  manifest = json.load(open(os.path.join(store.path, corpus.MANIFEST)))
+  assert corpus.DOC_KEYS in manifest["files"]
+  # Without ids in the input, no file, and no key.
+  _, plain = build_jsonl(tmp_path, MANY, name="plain")
+  assert plain.doc_key(0) is None and not os.path.exists(os.path.join(plain.path,
+                                                                      corpus.DOC_KEYS))
+  # An id of another type is a bad record naming the field.
+  bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": [1], "title": "A", "text": "B."}])
+  with pytest.raises(corpus.CorpusInputError, match=r"bad\.jsonl:1: field 'id' must be"):
+    corpus.build_block_store(corpus.JsonlSource(bad), str(tmp_path / "bad_out"))
