@@ -121,6 +121,7 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
   vocab = vocab_lib.default_vocabulary()
   store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
   skips = masking.SkipCounter()
+  made = 0
   for block_id in range(store.num_blocks):
     example = ict_lib.make_ict_example(
         store.title(block_id), store.body(block_id), rng=np.random.default_rng([seed, block_id]),
@@ -128,10 +129,22 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
         remove_probability=remove_probability, skips=skips)
     if example is None:
       continue
+    made += 1
     yield {name: example[name] for name in
            ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")} | {
                "block_uid": uid_to_int64(example["block_uid"])}
-  log.info("ICT examples: %s", skips.summary())
+  skipped = sum(skips.values())
+  if skipped > 0.1 * store.num_blocks:
+    # Short documents: a one-sentence block loses its only sentence with probability
+    # remove_probability, and an empty body is no block to retrieve.
+    log.warning("ICT skipped %d of %d blocks of %s (%.0f%%; %s): blocks of one sentence lose "
+                "it with probability ict_remove_probability=%g. For short documents, register "
+                "the corpus with a lower ict_remove_probability (realm_jax_tasks."
+                "register_pretraining_tasks; the toy world uses 0.0)", skipped, store.num_blocks,
+                store.path, 100 * skipped / store.num_blocks, skips.summary(),
+                remove_probability)
+  else:
+    log.info("ICT examples: %d, %s", made, skips.summary())
 
 
 def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,

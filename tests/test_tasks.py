@@ -129,6 +129,31 @@ def test_a_corpus_is_registered_from_a_task_name_and_said(caplog):
         seqio.TaskRegistry.remove(task)
 
 
+def test_ict_on_short_documents_warns_with_what_to_change(tmp_path, caplog):
+  """One-sentence documents: with ORQA's removal probability 0.9 most blocks lose their only
+  sentence and are skipped; that is a warning saying what to change, not an INFO line."""
+  docs = [corpus_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
+          for i in range(40)]
+  corpus_lib.build_block_store(docs, str(tmp_path / "short"), max_block_len=32)
+  for name, probability in (("short", 0.9), ("short_kept", 0.0)):
+    realm_jax_tasks.register_pretraining_tasks(name, block_store=str(tmp_path / "short"),
+                                               block_len=32,
+                                               ict_remove_probability=probability)
+    dataset = seqio.get_mixture_or_task(f"ict_{name}").get_dataset(split="train",
+                                                                   shuffle=False)
+    count = sum(1 for _ in dataset.as_numpy_iterator())
+    warned = [r.getMessage() for r in caplog.records if "ICT skipped" in r.getMessage()]
+    if probability:
+      assert 0 < count < 40 * 0.5 and len(warned) == 1, (count, warned)
+      assert f"ICT skipped {40 - count} of 40 blocks" in warned[0]
+      assert "ict_remove_probability=0.9" in warned[0] and "lower" in warned[0]
+    else:
+      assert count == 40 and len(warned) == 1  # no second warning
+    for task in list(seqio.TaskRegistry.names()):
+      if task.endswith(f"_{name}") or f"_{name}_" in task:
+        seqio.TaskRegistry.remove(task)
+
+
 @pytest.fixture
 def qa_data(tmp_path, monkeypatch):
   """The toy QA splits laid out as each benchmark's (already split) data directory."""
