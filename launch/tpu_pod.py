@@ -1,7 +1,8 @@
 r"""REALM pretraining on two Cloud TPU VM slices: the trainer on one, the index builder on the
 other, sharing one run directory.
 
-  python -m realm_jax_launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...] [--dry-run]
+  python -m realm_jax_launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...] \
+      [--dry-run]
   python -m realm_jax_launch.tpu_pod copy     --zone=europe-west4-a [--dry-run]
   python -m realm_jax_launch.tpu_pod run      --zone=europe-west4-a --run_dir=/mnt/realm/pretrain \
       --block_store=/mnt/realm/wiki_blocks \
@@ -243,7 +244,7 @@ def worker_python_command(module: str, args: Sequence[str], *, venv: str,
                           jax_distributed: bool) -> str:
   """`python -m MODULE ARGS` for a worker's shell, through `worker-exec` when
   `jax_distributed`."""
-  argv = ["-m", "launch.tpu_pod", "worker-exec", module] if jax_distributed else ["-m", module]
+  argv = ["-m", "realm_jax_launch.tpu_pod", "worker-exec", module] if jax_distributed else ["-m", module]
   return f'"$HOME/{venv}/bin/python" ' + shlex.join([*argv, *args])
 
 

@@ -124,8 +124,12 @@ def verify_checkpoint(step_dir: str) -> bool:
   path = checksums_path(os.path.dirname(os.path.dirname(step_dir)), int(step))
   if not os.path.exists(path):
     return False
-  with open(path, encoding="utf-8") as f:
-    recorded = json.load(f)["files"]
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = dict(json.load(f)["files"])
+  except (OSError, ValueError, KeyError, TypeError) as e:  # written atomically: not expected
+    log.warning("%s: unreadable (%s); %s is restored unverified", path, e, step_dir)
+    return False
   present = _step_files(step_dir)
   for rel in sorted(set(recorded) | set(present)):
     if rel not in present:

@@ -1,4 +1,4 @@
-"""launch.tpu_pod: every subcommand's dry run prints the expected gcloud commands and runs
+"""realm_jax_launch.tpu_pod: every subcommand's dry run prints the expected gcloud commands and runs
 nothing; real runs go through subprocess.run in order (gcloud faked); the remote shell snippets
 (pid files, exec, nohup, stop) run for real in a local bash; worker-exec initializes JAX's
 distributed runtime before the entry point (JAX faked)."""
@@ -117,7 +117,7 @@ def test_run_dry_run_foreground(no_subprocess, capsys):
     assert "--worker=all" in cmd
   t = _remote(trainer)
   assert t[t.index("exec") + 1:t.index("exec") + 6] == [
-      "$HOME/realm_venv/bin/python", "-m", "launch.tpu_pod", "worker-exec", "realm_jax.train"]
+      "$HOME/realm_venv/bin/python", "-m", "realm_jax_launch.tpu_pod", "worker-exec", "realm_jax.train"]
   assert "--gin_file=gin_configs/experiments/wiki_pretrain.gin" in t
   assert '--gin.RUN_DIR="/mnt/realm/pretrain"' in t
   assert '--gin.train_main.block_store="/mnt/realm/wiki_blocks"' in t
