@@ -160,7 +160,7 @@ def test_an_unquoted_string_value_says_how_to_quote_it(capsys):
   assert "--gin.RUN_DIR=\"'/tmp/x'\"" in line
 
 
-def test_fine_tuning_on_your_own_question_files(tmp_path, capsys):
+def test_fine_tuning_on_your_own_question_files(tmp_path, capsys, forget_qa_files):
   mine = tmp_path / "mine"
   mine.mkdir()
   for split in ("train", "dev"):

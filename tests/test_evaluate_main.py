@@ -422,7 +422,8 @@ def test_retrieval_recall_of_an_index_whose_checkpoint_is_pruned(world, library_
     assert metrics[f"recall@{k}"] == library_qa.metrics[f"recall@{k}"]
 
 
-def test_your_own_question_files_by_path(world, library_qa, capsys, tmp_path):
+def test_your_own_question_files_by_path(world, library_qa, capsys, tmp_path,
+                                        forget_qa_files):
   """The 8 questions the library answered, written as a user's own files: ORQA JSON lines in a
   directory, a comma-separated .csv given as the file itself, and regex answers."""
   examples = library_qa.examples
