@@ -201,13 +201,36 @@ def _warm_start_encoder(job: str, checkpoint: dict, params: dict, source: str) -
 
 
 def _register_corpus_tasks(job: str, task_name: str, block_store: Optional[str],
-                           pretrain_records: Optional[str]) -> None:
+                           pretrain_records: Optional[str],
+                           ict_remove_probability: Optional[float]) -> None:
   """For a job that reads a corpus, registers the corpus its task names over `block_store`
-  (`realm_jax_tasks.register_corpus_for_task`)."""
+  (`realm_jax_tasks.register_corpus_for_task`), ICT's removal probability as asked."""
+  if ict_remove_probability is not None:
+    if job != "ict":
+      raise ConfigError("train_main.ict_remove_probability is an 'ict' option")
+    if isinstance(ict_remove_probability, bool) or not isinstance(
+        ict_remove_probability, (int, float)) or not 0 <= ict_remove_probability <= 1:
+      raise ConfigError(f"train_main.ict_remove_probability={ict_remove_probability!r}: "
+                        f"expected a probability in [0, 1]")
   if job == "finetune" or block_store is None:
-    return
-  import realm_jax_tasks  # pylint: disable=g-import-not-at-top
-  realm_jax_tasks.register_corpus_for_task(task_name, block_store, pretrain_records)
+    corpus = None
+  else:
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+    removal = {} if ict_remove_probability is None else {
+        "ict_remove_probability": float(ict_remove_probability)}
+    try:
+      corpus_lib.BlockStore.open(block_store, verify="fast").close()  # also for a known task
+      corpus = realm_jax_tasks.register_corpus_for_task(task_name, block_store, pretrain_records,
+                                                        **removal)
+    except corpus_lib.BlockStoreError as e:
+      raise ConfigError(f"train_main.block_store: {e}") from e
+  if ict_remove_probability is not None and corpus is None:
+    # The probability is fixed when a task is registered; this one was registered before.
+    raise ConfigError(f"train_main.ict_remove_probability applies to a corpus that train "
+                      f"registers over train_main.block_store; task {task_name!r} is "
+                      f"registered already with its own (set it where that task is registered: "
+                      f"realm_jax_tasks.register_pretraining_tasks)")
 
 
 def _qa_files_task(task: str) -> str:
@@ -251,6 +274,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                retriever_lr_scale: float = 1.0, freeze_retriever_steps: int = 0,
                index_check_every: int = 100, first_index_checkpoint_dir: Optional[str] = None,
                block_store: Optional[str] = None, pretrain_records: Optional[str] = None,
+               ict_remove_probability: Optional[float] = None,
                num_candidates: int = 8, null_document: bool = True,
                eval_batches: int = 4, retriever_beam: int = 5000, reader_beam: int = 5,
                reader_len: int = 320, question_len: int = 64, max_occurrences: int = 32,
@@ -300,6 +324,9 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       yet are registered over it.
     pretrain_records: pretrain: the pretraining text X in the REALM release schema (e.g.
       CC-News with precomputed salient spans); None: X is the corpus itself.
+    ict_remove_probability: ict on a corpus registered over `block_store`: the probability
+      that ICT removes the query sentence from its block (None: ORQA's 0.9). Short documents
+      (one-sentence blocks are skipped when their sentence is removed) want it lower.
     num_candidates: pretrain: candidates per query including the null document.
     null_document: pretrain: False for the ablation without the null document (K retrieved
       blocks; retrieval utility is then undefined and the best checkpoint is picked by
@@ -345,7 +372,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
   if job == "finetune":
     task = _qa_files_task(str(task))
-  _register_corpus_tasks(job, str(task), block_store, pretrain_records)
+  _register_corpus_tasks(job, str(task), block_store, pretrain_records, ict_remove_probability)
   _check_task(job, str(task))
   if job == "finetune":
     splits = tuple(inputs.get_task(str(task)).splits)

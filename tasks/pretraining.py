@@ -138,9 +138,11 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
     # Short documents: a one-sentence block loses its only sentence with probability
     # remove_probability, and an empty body is no block to retrieve.
     log.warning("ICT skipped %d of %d blocks of %s (%.0f%%; %s): blocks of one sentence lose "
-                "it with probability ict_remove_probability=%g. For short documents, register "
-                "the corpus with a lower ict_remove_probability (realm_jax_tasks."
-                "register_pretraining_tasks; the toy world uses 0.0)", skipped, store.num_blocks,
+                "it with probability ict_remove_probability=%g. For short documents, keep "
+                "more sentences with a lower ict_remove_probability (train: "
+                "--gin.train_main.ict_remove_probability=0.5; registering the corpus yourself: "
+                "realm_jax_tasks.register_pretraining_tasks; the toy world uses 0.0)",
+                skipped, store.num_blocks,
                 store.path, 100 * skipped / store.num_blocks, skips.summary(),
                 remove_probability)
   else:
@@ -249,12 +251,15 @@ def _generator_source(generator_fn: Callable[[], Iterator[dict]],
 
 
 def register_corpus_for_task(task_name: str, block_store: str,
-                             pretrain_records: str | None = None) -> str | None:
+                             pretrain_records: str | None = None,
+                             ict_remove_probability: float = 0.9) -> str | None:
   """Registers the corpus that an unregistered `mlm_<corpus>`, `ict_<corpus>` or
   `realm_<corpus>_<strategy>` task name names, over `block_store` (X = `pretrain_records`, or
   the corpus itself): how the paper-scale gins, `train` and `evaluate` reach a BlockStore built
   by `python -m realm_jax.build_corpus`. Says so in a warning (a misspelt task name would
-  otherwise silently become a corpus of its own).
+  otherwise silently become a corpus of its own). ICT's blocks are the store's own length
+  (`max_block_len`: a store built for short documents is not padded to 288), its query
+  sentence removed with `ict_remove_probability` (ORQA's 0.9).
 
   Returns:
     The corpus registered, or None (the task exists already, or the name names no corpus).
@@ -276,7 +281,10 @@ def register_corpus_for_task(task_name: str, block_store: str,
               "(mlm_%s, ict_%s, realm_%s_<strategy>); if %r is a typo, fix the task name "
               "(corpora registered so far: %s)", task_name, corpus, block_store, corpus, corpus,
               corpus, task_name, ", ".join(known) or "none")
-  register_pretraining_tasks(corpus, block_store=block_store, pretrain_records=pretrain_records)
+  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  register_pretraining_tasks(corpus, block_store=block_store, pretrain_records=pretrain_records,
+                             block_len=store.max_block_len,
+                             ict_remove_probability=ict_remove_probability)
   return corpus
 
 

@@ -281,6 +281,14 @@ def test_build_index_config_error_is_one_line(capsys):
      "retriever_lr_scale is a 'pretrain' and 'finetune' option"),
     ("toy_pretrain", "train_main.retriever_lr_scale=-1.0",
      "retriever_lr_scale must be finite and >= 0"),
+    ("toy_pretrain", "train_main.ict_remove_probability=0.5",
+     "ict_remove_probability is an 'ict' option"),
+    ("toy_ict", "train_main.ict_remove_probability=1.5", "expected a probability in [0, 1]"),
+    # The toy world's ict_toy is registered (keeping the sentence) before any run.
+    ("toy_ict", "train_main.ict_remove_probability=0.5",
+     "task 'ict_toy' is registered already"),
+    ("toy_ict", "train_main.block_store='/nonexistent/store'",
+     "train_main.block_store: /nonexistent/store: not a directory"),
 ])
 def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, capsys):
   line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",

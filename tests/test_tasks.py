@@ -154,6 +154,34 @@ def test_ict_on_short_documents_warns_with_what_to_change(tmp_path, caplog):
         seqio.TaskRegistry.remove(task)
 
 
+def test_a_corpus_registered_by_train_takes_its_removal_probability_and_block_length(
+    tmp_path, caplog, capsys, clean_gin):
+  """`train_main.ict_remove_probability` reaches the ICT task train registers over the store,
+  whose blocks are the store's own length (not padded to 288)."""
+  docs = [corpus_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
+          for i in range(40)]
+  store = str(tmp_path / "short")
+  corpus_lib.build_block_store(docs, store, max_block_len=32)
+  from realm_jax import train  # pylint: disable=g-import-not-at-top
+  code = train.main(["train", "--gin_file=gin_configs/experiments/toy_ict.gin",
+                     f"--gin.RUN_DIR='{tmp_path / 'run'}'", "--gin.TASK='ict_shortdocs'",
+                     f"--gin.train_main.block_store='{store}'",
+                     "--gin.train_main.ict_remove_probability=0.0", "--dry_run"])
+  assert code == 0, capsys.readouterr().err
+  try:
+    dataset = seqio.get_mixture_or_task("ict_shortdocs").get_dataset(split="train",
+                                                                     shuffle=False)
+    examples = list(dataset.as_numpy_iterator())
+    # Probability 0: every one-sentence block keeps its sentence (0.9 skips most, above).
+    assert len(examples) == 40
+    assert examples[0]["block_ids"].shape == (32,)
+    assert not [r for r in caplog.records if "ICT skipped" in r.getMessage()]
+  finally:
+    for task in list(seqio.TaskRegistry.names()):
+      if "shortdocs" in task:
+        seqio.TaskRegistry.remove(task)
+
+
 @pytest.fixture
 def qa_data(tmp_path, monkeypatch):
   """The toy QA splits laid out as each benchmark's (already split) data directory."""
