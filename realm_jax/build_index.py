@@ -34,7 +34,7 @@ PROG = "build_index"
 def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRED,
                      checkpoint_dir: Optional[str] = None, once: bool = False,
                      poll_seconds: float = 10.0, keep: int = 3, dtype: str = "float32",
-                     batch_size: int = 128, scann: bool = False,
+                     batch_size: int = 128, length_bucket: int = 32, scann: bool = False,
                      scann_options: Optional[Mapping[str, Any]] = None,
                      verify_block_store: Any = "fast") -> int:
   """Runs the index builder (the only gin-configurable function of this job).
@@ -49,6 +49,9 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
     keep: published indexes to keep (at least 2 while a trainer runs).
     dtype: "float32" or "bfloat16" embeddings.
     batch_size: blocks per jitted call over all local devices.
+    length_bucket: each batch is embedded at the smallest multiple of this many wordpieces that
+      holds its longest block, not the BlockStore's full block length (only padding is cut, so short
+      documents embed much faster); 0: always the full length.
     scann: also build ScaNN artifacts into each index.
     scann_options: `build_scann_artifacts` knobs (num_leaves, num_leaves_to_search,
       training_sample_size, dims_per_block, anisotropic_quantization_threshold, reorder).
@@ -74,8 +77,8 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
 
   published = builder.follow(
       run_dir, store=store, poll_seconds=poll_seconds, once=once, checkpoint_dir=checkpoint_dir,
-      keep=keep, dtype=dtype, batch_size=batch_size, scann=scann, scann_options=scann_options,
-      on_publish=announce)
+      keep=keep, dtype=dtype, batch_size=batch_size, length_bucket=length_bucket, scann=scann,
+      scann_options=scann_options, on_publish=announce)
   print(f"{PROG}: done ({len(published)} index(es) published in this run; newest: "
         f"{store_lib.latest_index_step(run_dir)})", flush=True)
   return 0

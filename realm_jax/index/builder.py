@@ -10,10 +10,14 @@ says so at every poll.
 
 Three layers:
 
-* `embed_blocks`: the document tower of the retriever, jitted, over fixed-shape batches (the
-  last one padded) whose batch dimension is sharded over a 1-D "data" mesh of the local devices
-  (one device is the degenerate mesh, so a laptop runs the pod's code path). Host-side input
-  preparation of batch i+1 overlaps the device computation of batch i (JAX dispatch is
+* `embed_blocks`: the document tower of the retriever, jitted, over batches of a fixed number
+  of blocks (the last one padded) whose batch dimension is sharded over a 1-D "data" mesh of the
+  local devices (one device is the degenerate mesh, so a laptop runs the pod's code path). Each
+  batch is cut to a length bucket, the smallest multiple of `length_bucket` (32) wordpieces that
+  holds its longest block, instead of the store's max_block_len (288): only padding is cut, so
+  the embeddings are the same, and a corpus of short documents no longer pays for computing
+  padding (one compilation per bucket width, at most max_block_len / length_bucket). Host-side
+  input preparation of batch i+1 overlaps the device computation of batch i (JAX dispatch is
   asynchronous); each finished batch is streamed into a writer, so host memory holds one batch,
   never the [num_blocks, proj] matrix. Progress (blocks, blocks/s, ETA) every few seconds.
 * `build_index`: restore a checkpoint, embed, publish `<run_dir>/index/<step>/` with the
@@ -60,6 +64,7 @@ from realm_jax.training import checkpoints as ckpt_lib
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 128
+DEFAULT_LENGTH_BUCKET = 32  # wordpieces; batch widths are multiples of it (see embed_blocks)
 DATA_AXIS = "data"
 _PARTS_PREFIX = ".parts-"
 WAITING_LOG_SECONDS = 60.0  # "waiting for a first checkpoint" at most this often
@@ -194,8 +199,36 @@ class _ArrayWriter:
     self.rows[start - self.start:start - self.start + rows.shape[0]] = rows
 
 
+def check_length_bucket(length_bucket: Any) -> int:
+  """`length_bucket` if it is a valid `embed_blocks` argument (an int >= 0), else ValueError."""
+  if isinstance(length_bucket, bool) or not isinstance(length_bucket, (int, np.integer)):
+    raise ValueError(f"length_bucket must be an int (wordpieces; 0 = the store's full "
+                     f"max_block_len), got {length_bucket!r}")
+  if length_bucket < 0:
+    raise ValueError(f"length_bucket must be >= 0 (wordpieces; 0 = the store's full "
+                     f"max_block_len), got {length_bucket}")
+  return int(length_bucket)
+
+
+def bucket_width(mask: np.ndarray, length_bucket: int) -> int:
+  """The width a batch is cut to: the smallest multiple of `length_bucket` that holds every
+  position where some row's mask is 1, capped at the full width; the full width for 0.
+
+  Args:
+    mask: [batch, max_block_len] attention mask of the batch (1 on real tokens).
+    length_bucket: the bucket size in wordpieces; 0: no cutting.
+  """
+  full = mask.shape[1]
+  if length_bucket == 0:
+    return full
+  used = np.flatnonzero(mask.any(axis=0))  # [positions real in some row]
+  longest = int(used[-1]) + 1 if used.size else 0
+  return min(full, max(1, -(-longest // length_bucket)) * length_bucket)
+
+
 def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockStore, *,
-                 batch_size: int = DEFAULT_BATCH_SIZE, mesh: Optional[Mesh] = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE,
+                 length_bucket: int = DEFAULT_LENGTH_BUCKET, mesh: Optional[Mesh] = None,
                  dtype: str = "float32", writer: Any = None,
                  block_range: Optional[tuple[int, int]] = None,
                  progress: Optional[Callable[[EmbedProgress], None]] = log_progress,
@@ -207,8 +240,12 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
     config: the model config the params belong to.
     store: the BlockStore; block i's input is `store.embedder_inputs([i])` (REALM_SPEC 11).
     batch_size: blocks per jitted call (global over the mesh); rounded up to a multiple of the
-      number of devices. Every call has this shape: the last batch is padded (with copies of
-      its last block) and the padding rows are dropped, so there is one compilation.
+      number of devices. Every call has this many rows: the last batch is padded (with copies
+      of its last block) and the padding rows are dropped.
+    length_bucket: each batch is cut to the smallest multiple of this many wordpieces that holds
+      its longest block (capped at `store.max_block_len`); only trailing padding is cut, so the
+      embeddings are the same up to float rounding. One compilation per distinct width (at most
+      max_block_len / length_bucket). 0: every batch at the full `store.max_block_len`.
     mesh: a 1-D mesh with axis "data" over the devices to use; default: all local devices.
     dtype: "float32" or "bfloat16", the dtype of the output rows.
     writer: anything with `write_rows(start, rows)` (an `IndexWriter`); rows are written at
@@ -223,6 +260,7 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
   """
   if dtype not in _NUMPY_DTYPES:
     raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+  length_bucket = check_length_bucket(length_bucket)
   if store.max_block_len > config.bert.max_position_embeddings:
     raise ValueError(f"{store.path}: blocks of {store.max_block_len} wordpieces do not fit the "
                      f"model's {config.bert.max_position_embeddings} positions")
@@ -270,7 +308,13 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
     block_ids = np.arange(batch_start, batch_start + count)  # [count]
     if count < batch_size:  # fixed shape: pad with the last real block, drop its rows later
       block_ids = np.concatenate([block_ids, np.full(batch_size - count, block_ids[-1])])
-    ids, type_ids, mask = store.embedder_inputs(block_ids)  # each [batch, block_len] int32
+    ids, type_ids, mask = store.embedder_inputs(block_ids)  # each [batch, max_block_len] int32
+    # Why cut: attention and pooling ignore masked positions, so trailing positions that are
+    # padding in every row change nothing but cost as much as real tokens; short documents (a
+    # user's corpus: 22 of 288 wordpieces on average) were mostly padding. Widths are rounded up
+    # to a bucket so that jit compiles a handful of shapes, not one per batch.
+    width = bucket_width(mask, length_bucket)
+    ids, type_ids, mask = ids[:, :width], type_ids[:, :width], mask[:, :width]  # [batch, width]
     if ids.size and int(ids.max()) >= vocab_size:
       raise ValueError(f"{store.path}: token id {int(ids.max())} in blocks "
                        f"[{batch_start}, {batch_start + count}) is outside the model's "
@@ -332,7 +376,8 @@ def _restore(run_dir: str, step: Optional[int], checkpoint_dir: Optional[str]
 def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
                 checkpoint_dir: Optional[str] = None, index_step: Optional[int] = None,
                 keep: Optional[int] = 3, dtype: str = "float32",
-                batch_size: int = DEFAULT_BATCH_SIZE, scann: bool = False,
+                batch_size: int = DEFAULT_BATCH_SIZE,
+                length_bucket: int = DEFAULT_LENGTH_BUCKET, scann: bool = False,
                 scann_options: Optional[Mapping[str, Any]] = None,
                 mesh: Optional[Mesh] = None,
                 progress: Optional[Callable[[EmbedProgress], None]] = log_progress,
@@ -350,6 +395,8 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
     keep: keep the newest `keep` published indexes.
     dtype: "float32" or "bfloat16" index.
     batch_size: blocks per jitted call (see `embed_blocks`).
+    length_bucket: batch widths are multiples of this many wordpieces; 0: the store's full
+      max_block_len (see `embed_blocks`).
     scann: also build ScaNN artifacts into the index (`search.build_scann_artifacts`).
     scann_options: knobs for `build_scann_artifacts` (num_leaves, reorder, ...).
     mesh: the mesh to embed on (default: the local devices).
@@ -364,6 +411,7 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
     IndexExistsError: `index_step` is already published with different contents.
   """
   start_time = time.monotonic()
+  length_bucket = check_length_bucket(length_bucket)  # before the (slow) restore
   params, config, metadata, checkpoint = _restore(run_dir, step, checkpoint_dir)
   if index_step is None:
     index_step = (store_lib.FIRST_INDEX_STEP if checkpoint_dir is not None
@@ -374,18 +422,21 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
   if scann:
     from realm_jax.index import search  # lazily: only the ScaNN path needs it
     scann_builder = functools.partial(search.build_scann_artifacts, **dict(scann_options or {}))
-  log.info("building index %d from %s: %d blocks of %s, %s, batch %d, %d local device(s), "
-           "%d host(s)", index_step, checkpoint, store.num_blocks, store.path, dtype,
-           batch_size, (mesh.devices.size if mesh is not None else jax.local_device_count()),
+  log.info("building index %d from %s: %d blocks of %s, %s, batch %d, length bucket %d, %d "
+           "local device(s), %d host(s)", index_step, checkpoint, store.num_blocks, store.path,
+           dtype, batch_size, length_bucket,
+           (mesh.devices.size if mesh is not None else jax.local_device_count()),
            _process_count())
-  embed_kwargs = dict(batch_size=batch_size, mesh=mesh, dtype=dtype, progress=progress)
+  embed_kwargs = dict(batch_size=batch_size, length_bucket=length_bucket, mesh=mesh, dtype=dtype,
+                      progress=progress)
   query_tower = {store_lib.QUERY_TOWER: query_tower_bytes(params, config)}
 
   def extra(embed_seconds: float) -> dict:
     return {"checkpoint_step": int(metadata["step"]), "model_kind": metadata.get("model_kind"),
             "embed_seconds": round(embed_seconds, 3),
             "blocks_per_s": round(store.num_blocks / embed_seconds, 3) if embed_seconds else None,
-            "batch_size": batch_size, "num_hosts": _process_count(),
+            "batch_size": batch_size, "length_bucket": length_bucket,
+            "num_hosts": _process_count(),
             "local_devices": (mesh.devices.size if mesh is not None
                               else jax.local_device_count())}
 
@@ -451,7 +502,8 @@ def _build_multi_host(run_dir, index_step, params, config, store, checkpoint, di
 
 def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once: bool = False,
            checkpoint_dir: Optional[str] = None, keep: Optional[int] = 3,
-           dtype: str = "float32", batch_size: int = DEFAULT_BATCH_SIZE, scann: bool = False,
+           dtype: str = "float32", batch_size: int = DEFAULT_BATCH_SIZE,
+           length_bucket: int = DEFAULT_LENGTH_BUCKET, scann: bool = False,
            scann_options: Optional[Mapping[str, Any]] = None, mesh: Optional[Mesh] = None,
            stop: Optional[threading.Event] = None,
            on_publish: Optional[Callable[[str], None]] = None,
@@ -474,7 +526,7 @@ def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once:
       from `checkpoint_dir`) and return.
     checkpoint_dir: a checkpoint step directory for the first index (REALM_SPEC 22: the ICT
       warm start), published as step 0 when the run has no index yet.
-    keep, dtype, batch_size, scann, scann_options, mesh: see `build_index`.
+    keep, dtype, batch_size, length_bucket, scann, scann_options, mesh: see `build_index`.
     stop: an Event that ends the loop at the next poll (for embedding the job in a thread).
     on_publish: called with each published path.
     embed_fn: replaces `embed_blocks` (tests).
@@ -487,11 +539,12 @@ def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once:
       cannot be read for another reason than being pruned by the trainer meanwhile.
   """
   run_dir = os.path.abspath(os.fspath(run_dir))
+  length_bucket = check_length_bucket(length_bucket)  # now, not after waiting for a checkpoint
   stop = stop or threading.Event()
   published: list[str] = []
   build = functools.partial(build_index, run_dir, store=store, keep=keep, dtype=dtype,
-                            batch_size=batch_size, scann=scann, scann_options=scann_options,
-                            mesh=mesh, embed_fn=embed_fn)
+                            batch_size=batch_size, length_bucket=length_bucket, scann=scann,
+                            scann_options=scann_options, mesh=mesh, embed_fn=embed_fn)
 
   def publish(path: str) -> None:
     published.append(path)

@@ -27,14 +27,14 @@ TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=30522))
 TIMEOUT = 60.0
 
 
-def random_params(config, seed=0):
+def random_params(config, seed=0, std=0.05):
   """Unboxed RealmRetriever params of the right shapes, without running init (slow on CPU)."""
   q = np.ones((1, 8), np.int32)
   c = np.ones((1, 2, 8), np.int32)
   shapes = jax.eval_shape(lambda: nn.unbox(
       RealmRetriever(config).init(jax.random.PRNGKey(0), q, q, q, c, c, c)))["params"]
   rng = np.random.default_rng(seed)
-  return jax.tree.map(lambda s: rng.normal(0, 0.05, s.shape).astype(s.dtype), shapes)
+  return jax.tree.map(lambda s: rng.normal(0, std, s.shape).astype(s.dtype), shapes)
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +58,18 @@ def params():
   return random_params(TINY)
 
 
-def direct_embeddings(params, config, store):
-  """Reference: RealmRetriever.embed_documents on all blocks at once."""
-  ids, types, mask = store.embedder_inputs(np.arange(store.num_blocks))
-  # Jitted only because op-by-op dispatch is slow here; one call on all blocks, unsharded.
+def document_embeddings(params, config, ids, types, mask):
+  """RealmRetriever.embed_documents of [n, length] inputs, one call, unsharded."""
+  # Jitted only because op-by-op dispatch is slow here.
   apply = jax.jit(lambda p, i, t, m: RealmRetriever(config).apply(
       {"params": p}, i, t, m, deterministic=True, method=RealmRetriever.embed_documents))
-  return np.asarray(apply(params, ids, types, mask))
+  return np.asarray(apply(params, ids, types, mask))  # [n, proj]
+
+
+def direct_embeddings(params, config, store):
+  """Reference: RealmRetriever.embed_documents on all blocks at once."""
+  return document_embeddings(params, config,
+                             *store.embedder_inputs(np.arange(store.num_blocks)))
 
 
 def one_device_mesh():
@@ -110,6 +115,121 @@ def test_untied_towers_embed_with_the_document_tower(block_store):
   assert not np.allclose(got, direct_embeddings(swapped, untied, block_store), atol=1e-3)
 
 
+# Blocks of 12 to 96 wordpieces ("[CLS] doc i [SEP]" is 5, each sentence 7), in batches of 4:
+# longest 26, 33, 96 and a last partial batch of 2 with longest 26. 33 is one past a bucket of 32:
+# a width of 32 there would drop that block's final [SEP].
+MIXED_SENTENCES = [1, 2, 3, 1, 2, 4, 1, 3, 12, 1, 13, 2, 3, 2]
+MIXED_LENGTHS = [12, 19, 26, 12, 19, 33, 12, 26, 89, 12, 96, 19, 26, 19]
+
+
+@pytest.fixture(scope="module")
+def mixed_store(tmp_path_factory):
+  """A BlockStore of max_block_len 96 whose blocks are short, medium and full, one per document."""
+  tmp = tmp_path_factory.mktemp("mixed")
+  src = tmp / "docs.jsonl"
+  with open(src, "w", encoding="utf-8") as f:
+    for i, n in enumerate(MIXED_SENTENCES):
+      text = " ".join(f"Item {i} part {j} is known." for j in range(n))
+      f.write(json.dumps({"title": f"Doc {i}", "text": text}) + "\n")
+  corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp / "blocks"), max_block_len=96)
+  store = corpus.BlockStore.open(str(tmp / "blocks"))
+  lengths = store.title_lengths[:] + store.body_lengths[:] + 3  # [num_blocks] with the specials
+  assert lengths.tolist() == MIXED_LENGTHS
+  return store
+
+
+@pytest.fixture(scope="module")
+def sensitive_params():
+  """Weights of std 0.5: with std 0.05 (`params`) embeddings hardly depend on the input (one
+  token less moves them by ~1e-5, within the tolerance), with 0.5 by ~0.1."""
+  return random_params(TINY, std=0.5)
+
+
+def record_widths(monkeypatch):
+  """Wraps the jitted document tower: returns the list of [batch, width] shapes it is fed."""
+  shapes = []
+  real = builder._embed_fn
+
+  def recording(*args):
+    fn = real(*args)
+
+    def call(tower, ids, type_ids, mask):
+      assert ids.shape == type_ids.shape == mask.shape
+      shapes.append(ids.shape)
+      return fn(tower, ids, type_ids, mask)
+    return call
+
+  monkeypatch.setattr(builder, "_embed_fn", recording)
+  return shapes
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_length_buckets_give_the_full_width_embeddings(sensitive_params, mixed_store, pooling,
+                                                       monkeypatch):
+  params, config = sensitive_params, TINY.replace(retriever_pooling=pooling)
+  shapes = record_widths(monkeypatch)
+  full = builder.embed_blocks(params, config, mixed_store, batch_size=4, length_bucket=0,
+                              mesh=one_device_mesh(), progress=None)  # [num_blocks, proj]
+  assert shapes == [(4, 96)] * 4
+  np.testing.assert_allclose(full, direct_embeddings(params, config, mixed_store), atol=1e-5,
+                             rtol=0)
+  for length_bucket, widths in ((32, [32, 64, 96, 32]), (1, [26, 33, 96, 26]),
+                                (1000, [96] * 4)):
+    shapes.clear()
+    got = builder.embed_blocks(params, config, mixed_store, batch_size=4,
+                               length_bucket=length_bucket, mesh=one_device_mesh(),
+                               progress=None)
+    assert shapes == [(4, w) for w in widths], length_bucket
+    np.testing.assert_allclose(got, full, atol=1e-5, rtol=0, err_msg=f"bucket {length_bucket}")
+  # The comparison can fail: block 5 (33 wordpieces) cut to 32, without its last [SEP], embeds
+  # far (over 100 times the tolerance) from its full-width embedding.
+  ids, types, mask = mixed_store.embedder_inputs([5])  # each [1, 96]
+  cut = document_embeddings(params, config, ids[:, :32], types[:, :32], mask[:, :32])
+  assert np.abs(cut[0] - full[5]).max() > 1e-3
+
+
+def test_length_buckets_over_8_devices_and_a_sub_range(sensitive_params, mixed_store,
+                                                       monkeypatch):
+  params = sensitive_params
+  shapes = record_widths(monkeypatch)
+  full = builder.embed_blocks(params, TINY, mixed_store, batch_size=8, length_bucket=0,
+                              progress=None)
+  # Batches [0, 8) (longest 33) and [8, 14) padded to 8 (longest 96); then [11, 14) padded to 8
+  # (longest 26).
+  got = builder.embed_blocks(params, TINY, mixed_store, batch_size=8, progress=None)
+  part = builder.embed_blocks(params, TINY, mixed_store, batch_size=8, block_range=(11, 14),
+                              progress=None)
+  assert shapes == [(8, 96)] * 2 + [(8, 64), (8, 96)] + [(8, 32)]
+  np.testing.assert_allclose(got, full, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(part, full[11:], atol=1e-5, rtol=0)
+
+
+def test_bucket_width_holds_the_longest_row():
+  mask = (np.arange(96)[None, :] < np.array([[3], [33], [0]])).astype(np.int32)  # [3, 96]
+  assert builder.bucket_width(mask, 32) == 64
+  assert builder.bucket_width(mask, 1) == 33
+  assert builder.bucket_width(mask, 0) == 96
+  assert builder.bucket_width(mask, 40) == 40
+  assert builder.bucket_width(mask, 64) == 64
+  assert builder.bucket_width(mask, 128) == 96  # capped at the full width
+  assert builder.bucket_width(mask[:1], 32) == 32
+  # Trailing positions are cut only where every row is padding.
+  holes = np.zeros((2, 96), np.int32)
+  holes[0, [0, 70]] = 1
+  assert builder.bucket_width(holes, 32) == 96
+
+
+@pytest.mark.parametrize("bad", [-1, -32, 1.5, 32.0, "32", None, True])
+def test_bad_length_bucket_is_a_value_error(params, block_store, tmp_path, bad):
+  with pytest.raises(ValueError, match="length_bucket must be"):
+    builder.embed_blocks(params, TINY, block_store, length_bucket=bad, progress=None)
+  # The job says so at once, not after waiting for (or restoring) a checkpoint.
+  with pytest.raises(ValueError, match="length_bucket must be"):
+    builder.follow(str(tmp_path), store=block_store, once=True, length_bucket=bad)
+  with pytest.raises(ValueError, match="length_bucket must be"):
+    builder.build_index(str(tmp_path), 1, store=block_store, length_bucket=bad)
+
+
 def test_host_block_ranges_tile_the_blocks():
   ranges = [builder.host_block_range(10, i, 3) for i in range(3)]
   assert ranges == [(0, 3), (3, 6), (6, 10)]
@@ -131,6 +251,7 @@ def test_build_index_publishes_a_loadable_index_with_its_manifest(tmp_path, para
   assert manifest["checkpoint"] == ckpt.checkpoint_path(str(tmp_path), 40)
   assert manifest["block_store_id"] == block_store.store_id
   assert manifest["extra"]["checkpoint_step"] == 40 and manifest["build_seconds"] > 0
+  assert manifest["extra"]["length_bucket"] == builder.DEFAULT_LENGTH_BUCKET == 32
   assert len(manifest["sha256"]) == 64
   np.testing.assert_allclose(loaded.embeddings, direct_embeddings(params, TINY, block_store),
                              atol=1e-5)
@@ -326,10 +447,12 @@ def test_entry_point_once_publishes_and_prints(tmp_path, capsys, params, block_s
   code, out, err = run_main(capsys, f"--gin.RUN_DIR='{run_dir}'",
                             f"--gin.BLOCK_STORE='{block_store.path}'",
                             "--gin.build_index_main.batch_size=8",
-                            "--gin.build_index_main.dtype='bfloat16'", "--once")
+                            "--gin.build_index_main.dtype='bfloat16'",
+                            "--gin.build_index_main.length_bucket=16", "--once")
   assert code == 0, err
   assert f"build_index: published index step 12 at {store_lib.index_dir(run_dir, 12)}" in out
-  assert store_lib.load_index(store_lib.index_dir(run_dir, 12)).dtype == "bfloat16"
+  loaded = store_lib.load_index(store_lib.index_dir(run_dir, 12))
+  assert loaded.dtype == "bfloat16" and loaded.manifest["extra"]["length_bucket"] == 16
   # A runtime error (no such BlockStore) is one line too, status 1.
   code, out, err = run_main(capsys, f"--gin.RUN_DIR='{run_dir}'",
                             f"--gin.BLOCK_STORE='{tmp_path / 'missing'}'", "--once")
