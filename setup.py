@@ -20,6 +20,8 @@ INSTALL_REQUIRES = [
     "scann==1.4.2",
     "numpy==2.4.6",
     "safetensors==0.8.0",
+    # The BM25 baseline's sparse inverted index (evaluation/bm25.py); jax needs it too.
+    "scipy==1.17.1",
 ]
 
 # The parity peers. torch is pinned exactly: this CPU build is what the test machines carry,

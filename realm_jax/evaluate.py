@@ -1,4 +1,5 @@
-r"""The evaluation job: open-QA exact match, free-text answers, and retrieval recall of a run.
+r"""The evaluation job: open-QA exact match, free-text answers, and retrieval recall of a run, or
+of a BM25 baseline.
 
   python -m realm_jax.evaluate --gin_file=gin_configs/experiments/toy_eval.gin \
       --gin.RUN_DIR="'/tmp/realm_toy/finetune'" [--dry_run] [--question="Who ...?" ...]
@@ -28,6 +29,20 @@ Three things it does with a run directory (`<run>/checkpoints/<step>`, `<run>/in
 * `--question` (predict): answers free-text questions with the "qa" model and prints each
   answer with its evidence blocks (rank, block id, title, retrieval score, snippet). No task.
 
+And one without a run:
+
+* mode "bm25": the lexical baseline for mode "retrieval". Okapi BM25 (`evaluation.bm25`: k1 0.9,
+  b 0.4, Lucene's idf, lower-cased alphanumeric terms of each block's title and body) ranks the
+  blocks of the BlockStore (`block_store`, or the toy store for toy tasks) for every question of
+  the same task split, and reports the same metrics the same way (recall@k by `answer_hits`,
+  regex answers for regex tasks; for an ICT task the source block's recall by `ict_hits`, its
+  wordpiece query decoded back to text, with chance@k), "bm25" in place of "retrieval". No
+  checkpoint, index or model: the settings for those (checkpoint_step, index_step,
+  index_run_dir, first_index_checkpoint_dir, backend, reader_beam, reader_len, verify_index)
+  are refused unless left at their defaults. `--gin.RUN_DIR=None` with `evaluate_main.output`
+  (metrics at its .metrics.json); with a RUN_DIR the metrics go next to the retrieval mode's,
+  `<run>/predictions/<task>_<split>_bm25.metrics.json`.
+
 `--dry_run` checks the configuration (mode, task registered and of the right kind, split, block
 store needed, k values) and, if the run directory has checkpoints, that the one to evaluate is
 of this model size (and has a reader for "qa"); it reads no data, writes nothing, and prints one
@@ -54,7 +69,7 @@ from realm_jax import gin_utils
 from realm_jax.gin_utils import ConfigError, split_gin_args
 
 PROG = "evaluate"
-MODES = ("qa", "retrieval")
+MODES = ("qa", "retrieval", "bm25")
 BACKENDS = ("exact", "scann")
 PREDICTIONS_DIR = "predictions"
 PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines on stderr
@@ -115,6 +130,20 @@ def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = N
   return {"query_ids": np.stack(rows["query_ids"]).astype(np.int32),  # [n, query_len]
           "query_mask": np.stack(rows["query_mask"]).astype(np.int32),  # [n, query_len]
           "block_uid": np.asarray(rows["block_uid"], np.int64)}  # [n]
+
+
+def ict_query_texts(query_ids: Any, query_mask: Any) -> list[str]:
+  """ICT queries as text (BM25's queries for an ICT task): the wordpieces of `[CLS] sentence
+  [SEP]` (int [n, query_len], mask [n, query_len]) decoded, special tokens and padding dropped.
+
+  The text is the uncased vocabulary's: lower-cased and without accents, so a query word with
+  an accent does not match the block's original spelling.
+  """
+  from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  vocab = vocab_lib.default_vocabulary()
+  specials = set(vocab_lib.SPECIAL_TOKENS.values())
+  return [vocab.decode([int(i) for i, m in zip(ids, mask) if m and int(i) not in specials])
+          for ids, mask in zip(query_ids, query_mask)]
 
 
 # ------------------------------------------------------------------------------ small pieces
@@ -283,6 +312,20 @@ def answer_hits(retrieved_ids: Any, examples: Sequence[Any], store: Any) -> Any:
   return hits
 
 
+def recall_metrics(hits: Any, ks: Sequence[int], kind: str, num_blocks: int) -> dict:
+  """The retrieval metrics of bool hits [n, k] (modes "retrieval" and "bm25"): recall@k for
+  each of `ks`, chance@k next to it for ICT, num_questions (ICT: num_queries), num_blocks."""
+  from realm_jax.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+  metrics = {}
+  for name, value in metrics_lib.top_k_recall(hits, ks).items():
+    metrics[name] = value
+    if kind == "ict":  # a uniformly random ranking finds the one source block with p = k / N
+      metrics["chance@" + name[len("recall@"):]] = int(name[len("recall@"):]) / num_blocks
+  metrics["num_queries" if kind == "ict" else "num_questions"] = int(hits.shape[0])
+  metrics["num_blocks"] = int(num_blocks)
+  return metrics
+
+
 def _retrieve_all(retriever: Any, query_ids: Any, query_mask: Any, *, k: int,
                   batch_size: int, progress: Callable[[str], None]) -> Any:
   """Top-k block ids of every query, in batches. int32 [n, k]."""
@@ -386,7 +429,6 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
                    batch_size, k_values, backend, max_examples, output,
                    first_index_checkpoint_dir) -> int:
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_jax.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
@@ -421,14 +463,7 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
       progress(_rate_line("questions", done, len(examples), start))
     hits = answer_hits(np.concatenate(ids), examples, store)  # [n, k]
   progress.finish()
-  metrics = {}
-  for name, value in metrics_lib.top_k_recall(hits, ks).items():
-    metrics[name] = value
-    if kind == "ict":  # a uniformly random ranking finds the one source block with p = k / N
-      metrics["chance@" + name[len("recall@"):]] = int(name[len("recall@"):]) / store.num_blocks
-  count_name = "num_queries" if kind == "ict" else "num_questions"
-  metrics[count_name] = int(hits.shape[0])
-  metrics["num_blocks"] = int(store.num_blocks)
+  metrics = recall_metrics(hits, ks, kind, store.num_blocks)
   _, metrics_path = output_paths(output, run_dir, f"{task}_{split}_retrieval_index{loaded.step}")
   fileio.write_json_atomically(metrics_path, {
       "mode": "retrieval", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
@@ -436,6 +471,89 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
       "metrics": metrics})
   print(f"{PROG}: retrieval {task}/{split}, index step {loaded.step} (query tower from "
         f"{step_dir}): {format_metrics(metrics)}; metrics {metrics_path}", flush=True)
+  return 0
+
+
+def block_texts(store: Any):
+  """Each block's title and body text, as BM25 indexes it (block id order)."""
+  for block_id in range(store.num_blocks):
+    yield store.title(block_id) + "\n" + store.body(block_id)
+
+
+def _refuse_unused_for_bm25(settings: dict) -> None:
+  """ConfigError for a setting of a checkpoint, an index or the reader ({name: value}) that is
+  not at evaluate_main's default: mode "bm25" has none of them."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  defaults = inspect.signature(evaluate_main).parameters
+  for name, value in settings.items():
+    default = defaults[name].default
+    if value != default:
+      raise ConfigError(f"evaluate_main.{name}={value!r} does not apply to mode 'bm25', which "
+                        f"ranks the BlockStore's own text (no checkpoint, index or reader): "
+                        f"leave it at its default {default!r}")
+
+
+def _bm25_job(*, run_dir, task, kind, split, block_store, batch_size, k_values, max_examples,
+              output, dry_run) -> int:
+  """Mode "bm25" after the common checks; `block_store` None: the toy store."""
+  if run_dir is None and not output:
+    raise ConfigError("mode 'bm25' without a run directory (RUN_DIR=None) needs "
+                      "evaluate_main.output: e.g. --gin.evaluate_main.output=\"'/tmp/bm25.jsonl'\" "
+                      "writes /tmp/bm25.metrics.json (or give a RUN_DIR: "
+                      "<RUN_DIR>/predictions/<task>_<split>_bm25.metrics.json)")
+  _, metrics_path = output_paths(output, run_dir, f"{task}_{split}_bm25")
+  if dry_run:
+    print(f"{PROG}: dry run ok (bm25, task {task}/{split}, block store "
+          f"{block_store or 'the toy store'}, metrics {metrics_path}; no data read, nothing "
+          f"written)", flush=True)
+    return 0
+  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  if run_dir is not None and not os.path.isdir(run_dir):
+    # A typo would otherwise create a run directory holding nothing but this file.
+    raise FileNotFoundError(f"{os.path.abspath(run_dir)}: no such run directory (mode 'bm25' "
+                            f"needs none: --gin.RUN_DIR=None with evaluate_main.output)")
+  if block_store is None:
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    block_store = realm_jax_tasks.toy_block_store_dir()
+  store = corpus_lib.BlockStore.open(block_store, verify="fast")
+  return _run_bm25(run_dir=run_dir, task=task, kind=kind, split=split, store=store,
+                   batch_size=batch_size, k_values=k_values, max_examples=max_examples,
+                   metrics_path=metrics_path)
+
+
+def _run_bm25(*, run_dir, task, kind, split, store, batch_size, k_values, max_examples,
+              metrics_path) -> int:
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
+  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  ks = clip_k_values(k_values, store.num_blocks)
+  start = time.monotonic()
+  index = bm25.BM25Index(block_texts(store))
+  print(f"{PROG}: BM25 index of {store.num_blocks:,} blocks ({index.num_terms:,} terms) in "
+        f"{time.monotonic() - start:.1f}s", file=sys.stderr, flush=True)
+  if kind == "ict":
+    queries = ict_task_queries(task, split, max_examples)
+    texts = ict_query_texts(queries["query_ids"], queries["query_mask"])
+  else:
+    examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
+    texts = [e.question for e in examples]
+  progress = _Progress()
+  hits, start = [], time.monotonic()
+  for begin in range(0, len(texts), batch_size):
+    end = min(begin + batch_size, len(texts))
+    ids, _ = index.top_k(texts[begin:end], ks[-1])  # [batch, k]
+    hits.append(ict_hits(ids, queries["block_uid"][begin:end], store.uids) if kind == "ict"
+                else answer_hits(ids, examples[begin:end], store))  # [batch, k]
+    progress(_rate_line("queries" if kind == "ict" else "questions", end, len(texts), start))
+  progress.finish()
+  metrics = recall_metrics(np.concatenate(hits), ks, kind, store.num_blocks)
+  fileio.write_json_atomically(metrics_path, {
+      "mode": "bm25", "run_dir": os.path.abspath(run_dir) if run_dir else None, "task": task,
+      "split": split, "block_store": os.path.abspath(store.path),
+      "bm25": {"k1": index.k1, "b": index.b}, "metrics": metrics})
+  print(f"{PROG}: bm25 {task}/{split}, {store.num_blocks:,} blocks of {store.path} (k1 "
+        f"{index.k1:g}, b {index.b:g}): {format_metrics(metrics)}; metrics {metrics_path}",
+        flush=True)
   return 0
 
 
@@ -479,8 +597,8 @@ def _resolve_task(task: str, mode: str, split: str) -> tuple[Any, str]:
     seqio_task = inputs.get_task(task)
   except inputs.UnknownTaskError as e:
     raise ConfigError(f"evaluate_main.task: unknown task {task!r}; registered QA tasks: "
-                      f"{', '.join(registered_tasks('qa'))} (mode 'retrieval' also takes ICT "
-                      f"tasks: {', '.join(registered_tasks('ict'))})") from e
+                      f"{', '.join(registered_tasks('qa'))} (modes 'retrieval' and 'bm25' also "
+                      f"take ICT tasks: {', '.join(registered_tasks('ict'))})") from e
   kind = task_kind(seqio_task)
   allowed = ("qa",) if mode == "qa" else ("qa", "ict")
   if kind not in allowed:
@@ -507,26 +625,32 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                   max_examples: Optional[int] = None, output: Optional[str] = None,
                   questions: Sequence[str] = (), verify_index: bool = True,
                   dry_run: bool = False) -> int:
-  """Evaluates a run (the only gin-configurable function of this job).
+  """Evaluates a run, or BM25 over a block store (the only gin-configurable function of this job).
 
   Args:
     run_dir: the run directory: its checkpoints/ (and best.json) and its published index/.
+      Mode "bm25" reads nothing from it: None (--gin.RUN_DIR=None) needs `output`; a run
+      directory gets the metrics beside its retrieval metrics (see `output`).
     model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin); checkpoints of
-      another model size are refused.
-    task: a seqio QA task (`toy_qa`, `nq_open`, ...) or, for mode "retrieval", an ICT task
-      (`ict_toy`; `ict_<corpus>` of your own corpus is registered over `block_store`, as
-      `train` does); or your own QA files, a path (`regex:<path>` for regex answers; see
+      another model size are refused. Not used by mode "bm25".
+    task: a seqio QA task (`toy_qa`, `nq_open`, ...) or, for modes "retrieval" and "bm25", an
+      ICT task (`ict_toy`; `ict_<corpus>` of your own corpus is registered over `block_store`,
+      as `train` does); or your own QA files, a path (`regex:<path>` for regex answers; see
       `realm_jax_tasks.register_qa_files`). Not needed with `questions`.
     split: the task split ("test"; the ICT tasks have only "train").
-    mode: "qa" (reader predictions, EM, recall) or "retrieval" (recall of the index's own
-      query tower, no reader).
+    mode: "qa" (reader predictions, EM, recall), "retrieval" (recall of the index's own
+      query tower, no reader) or "bm25" (the same recall of Okapi BM25 over the block store's
+      title and body text, `realm_jax.evaluation.bm25`: the lexical baseline; no checkpoint,
+      index or model, so checkpoint_step, index_step, index_run_dir,
+      first_index_checkpoint_dir, backend, reader_beam, reader_len and verify_index must stay
+      at their defaults).
     checkpoint_step: "qa": the checkpoint to evaluate; None: the best in best.json, else the
       newest. (Mode "retrieval" uses the checkpoint the index was built from.)
     index_step: the published index to retrieve from; None: the newest.
     index_run_dir: the run whose published index/ is searched; None: `run_dir` (set it when a
       fine-tuning run searches its pretraining run's frozen index instead of its own copy).
-    block_store: the BlockStore the index embeds; None: the toy store for toy tasks (and for
-      `questions`), required otherwise.
+    block_store: the BlockStore the index embeds ("bm25": the one BM25 ranks); None: the toy
+      store for toy tasks (and for `questions`), required otherwise.
     first_index_checkpoint_dir: "retrieval": the checkpoint index step 0 was built from, when
       its manifest's path no longer exists (e.g. moved run directories).
     batch_size: questions (queries) per step.
@@ -537,7 +661,8 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     max_examples: evaluate only the first this many examples.
     output: predictions JSONL path (metrics go to the same path with .metrics.json); None:
       `<run_dir>/predictions/<task>_<split>_step<N>.jsonl` ("retrieval":
-      `<task>_<split>_retrieval_index<N>.metrics.json`).
+      `<task>_<split>_retrieval_index<N>.metrics.json`, "bm25": `<task>_<split>_bm25.metrics.json`;
+      "bm25" without a run_dir has no default: set `output`).
     questions: free-text questions to answer and show evidence for (overrides the task).
     verify_index: re-hash every file of the index against its manifest before searching it
       (as the trainer does: a flipped byte is refused); False checks file sizes only, for
@@ -556,12 +681,12 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     raise ConfigError(f"evaluate_main.mode={mode!r}; expected one of {', '.join(MODES)}")
   if questions and mode != "qa":
     raise ConfigError("--question answers with the reader: it needs mode 'qa'")
-  if not isinstance(model_config, RealmConfig):
+  if mode != "bm25" and not isinstance(model_config, RealmConfig):  # BM25 has no model
     raise ConfigError(f"evaluate_main.model_config is a {type(model_config).__name__}, not a "
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
-  if not isinstance(run_dir, str) or not run_dir:
+  if not (mode == "bm25" and run_dir is None) and (not isinstance(run_dir, str) or not run_dir):
     raise ConfigError(f"evaluate_main.run_dir={run_dir!r}: expected a directory path "
-                      f"(--gin.RUN_DIR=\"'/runs/x'\")")
+                      f"(--gin.RUN_DIR=\"'/runs/x'\"; mode 'bm25' also takes --gin.RUN_DIR=None)")
   if backend not in BACKENDS:
     raise ConfigError(f"evaluate_main.backend={backend!r}; expected one of {', '.join(BACKENDS)}")
   k_values = _check_k_values(k_values)
@@ -576,6 +701,12 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     raise ConfigError("evaluate_main.checkpoint_step is for mode 'qa'; mode 'retrieval' uses "
                       "the checkpoint its index was built from: pick the index with "
                       "evaluate_main.index_step")
+  if mode == "bm25":
+    _refuse_unused_for_bm25({
+        "checkpoint_step": checkpoint_step, "index_step": index_step,
+        "index_run_dir": index_run_dir, "first_index_checkpoint_dir": first_index_checkpoint_dir,
+        "backend": backend, "reader_beam": reader_beam, "reader_len": reader_len,
+        "verify_index": verify_index})
 
   kind = None
   if not questions:
@@ -588,7 +719,7 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
         task = realm_jax_tasks.register_qa_files(task)
       except ValueError as e:
         raise ConfigError(f"evaluate_main.task={task!r}: {e}") from e
-    elif block_store is not None and mode == "retrieval":
+    elif block_store is not None and mode in ("retrieval", "bm25"):
       realm_jax_tasks.register_corpus_for_task(task, block_store)  # as train does
     _, kind = _resolve_task(task, mode, split)
   toy_store = False
@@ -598,7 +729,13 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       toy_store = True
     else:
       raise ConfigError(f"evaluate_main.block_store is required for task {task!r} (the "
-                        f"BlockStore the run's index embeds)")
+                        + ("BlockStore whose blocks BM25 ranks)" if mode == "bm25" else
+                           "BlockStore the run's index embeds)"))
+  if mode == "bm25":
+    return _bm25_job(run_dir=run_dir, task=task, kind=kind, split=split,
+                     block_store=None if toy_store else block_store, batch_size=batch_size,
+                     k_values=k_values, max_examples=max_examples, output=output,
+                     dry_run=dry_run)
 
   what = ("predict" if questions else mode) + ("" if questions else f", task {task}/{split}")
   what += f", model ({ckpt_lib.describe_size(model_config)}), run_dir {run_dir}"

@@ -1,5 +1,6 @@
 """`python -m realm_jax.evaluate`, in-process: qa mode against the evaluation library, retrieval
-recall against a NumPy brute force, free-text answers, dry runs, and one-line errors.
+recall against a NumPy brute force, the BM25 baseline's recall on questions whose ranks are
+known by construction, free-text answers, dry runs, and one-line errors.
 
 The run directory is built like a fine-tuning run's: an OpenQAModel checkpoint and an index of
 its document tower published beside it. The corpus is the first NUM_DOCS documents of the toy
@@ -255,6 +256,173 @@ def test_retrieval_before_a_run_has_checkpoints_uses_the_index_checkpoint(world,
     assert metrics[f"recall@{k}"] == library_qa.metrics[f"recall@{k}"]
 
 
+# ------------------------------------------------------------------------------ bm25 mode
+
+BM25_DOCS = [  # (title, text), one block each
+    ("Zorblat", "Zorblat is a river in Quendia. It flows into the Marrow Sea."),
+    ("Pell Vantry", "Pell Vantry was born in Ostrava Hollow and became a glassblower."),
+    ("Quendia", "Quendia is a country. Its capital is Lirrick."),
+    ("Marrow Sea", "The Marrow Sea is cold."),
+]
+# (question, answers, regex answers, the blocks whose body holds an answer, the rank of the first
+# of them in a BM25 ranking; None: no block has one)
+BM25_QUESTIONS = [
+    # Only block 1 has "was", "pell", "vantry" and "born".
+    ("Where was Pell Vantry born?", ["Ostrava Hollow"], [r"Ostrava\s+Hol+ow"], [1], 0),
+    ("Who painted the Glass Tower?", ["Emmerich Sollo"], ["Emmerich"], [], None),
+    # "capital" occurs only in block 2, which also has "quendia" twice (title and body).
+    ("What is the capital of Quendia?", ["Lirrick"], ["Lir+ick"], [2], 0),
+    # No word of it occurs anywhere: all blocks score 0, ranked by id, so block 2 is third.
+    ("Which nation?", ["country"], ["c[aeiou]untry"], [2], 2),
+]
+
+
+@pytest.fixture(scope="module")
+def bm25_world(tmp_path_factory):
+  """A BlockStore of BM25_DOCS (built with the project's builder) and BM25_QUESTIONS as a
+  user's own QA files: plain answers and regex answers."""
+  root = tmp_path_factory.mktemp("bm25")
+  source = root / "docs.jsonl"
+  with open(source, "w", encoding="utf-8") as f:
+    for title, text in BM25_DOCS:
+      f.write(json.dumps({"title": title, "text": text}) + "\n")
+  store_dir = str(root / "blocks")
+  corpus.build_block_store(corpus.JsonlSource(str(source)), store_dir, max_block_len=64)
+  store = corpus.BlockStore.open(store_dir)
+  assert [store.title(i) for i in range(store.num_blocks)] == [t for t, _ in BM25_DOCS]
+  for name, column in (("plain", 1), ("regex", 2)):
+    (root / name).mkdir()
+    with open(root / name / "test.jsonl", "w", encoding="utf-8") as f:
+      for row in BM25_QUESTIONS:
+        f.write(json.dumps({"question": row[0], "answer": row[column]}) + "\n")
+  return types.SimpleNamespace(root=root, store=store, store_dir=store_dir,
+                               plain=str(root / "plain"), regex=f"regex:{root / 'regex'}")
+
+
+def test_bm25_premises_hold(bm25_world):
+  """Which bodies hold which answers, checked with the metric itself (not the job)."""
+  store = bm25_world.store
+  for _, answers, patterns, blocks, _ in BM25_QUESTIONS:
+    for found, match in ((answers, "string"), (patterns, "regex")):
+      holding = [b for b in range(store.num_blocks)
+                 if metrics_lib.has_answer(store.body(b), found, match=match)]
+      assert holding == blocks, (found, holding)
+
+
+def test_bm25_mode_recall_on_your_own_questions_and_corpus(bm25_world, capsys, tmp_path,
+                                                          forget_qa_files):
+  ranks = [row[-1] for row in BM25_QUESTIONS]
+  ks = (1, 4)  # (1, 5, 20, 100) clipped to the 4 blocks
+  expected = {f"recall@{k}": float(np.mean([r is not None and r < k for r in ranks]))
+              for k in ks}
+  assert expected == {"recall@1": 0.5, "recall@4": 0.75}
+  expected |= {"num_questions": 4, "num_blocks": 4}
+  names = {}
+  for task in (bm25_world.plain, bm25_world.regex):
+    output = str(tmp_path / f"bm25_{task.startswith('regex:')}.jsonl")
+    code = _main("--gin.RUN_DIR=None", f"--gin.TASK='{task}'", "--gin.evaluate_main.mode='bm25'",
+                 f"--gin.evaluate_main.block_store='{bm25_world.store_dir}'",
+                 f"--gin.evaluate_main.output='{output}'")
+    out, err = _output(capsys)
+    assert code == 0, err
+    metrics_path = output[:-len(".jsonl")] + ".metrics.json"
+    saved = json.load(open(metrics_path, encoding="utf-8"))
+    assert saved["task"].startswith("qa_regex_files_" if task.startswith("regex:")
+                                    else "qa_files_")
+    assert saved == {"mode": "bm25", "run_dir": None, "task": saved["task"], "split": "test",
+                     "block_store": bm25_world.store_dir, "bm25": {"k1": 0.9, "b": 0.4},
+                     "metrics": expected}
+    assert out == [f"evaluate: bm25 {saved['task']}/test, 4 blocks of {bm25_world.store_dir} "
+                   f"(k1 0.9, b 0.4): recall@1 0.5000, recall@4 0.7500, num_questions 4, "
+                   f"num_blocks 4; metrics {metrics_path}"]
+    assert any("BM25 index of 4 blocks" in line for line in err), err
+    assert any("4/4 questions" in line for line in err), err
+    names[task] = saved["task"]
+
+  # With a run directory: the metrics go next to the retrieval mode's.
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  code = _main(f"--gin.RUN_DIR='{run_dir}'", f"--gin.TASK='{bm25_world.plain}'",
+               "--gin.evaluate_main.mode='bm25'",
+               f"--gin.evaluate_main.block_store='{bm25_world.store_dir}'")
+  out, err = _output(capsys)
+  assert code == 0, err
+  name = names[bm25_world.plain]
+  saved = json.load(open(run_dir / "predictions" / f"{name}_test_bm25.metrics.json",
+                         encoding="utf-8"))
+  assert saved["run_dir"] == str(run_dir) and saved["metrics"] == expected
+
+
+def test_bm25_mode_ict_recall_equals_the_library(private_cache, capsys, tmp_path):
+  """ICT queries are decoded to text: the job's recall equals BM25Index over the toy store's
+  text with the task's queries decoded here (by position: [CLS] sentence [SEP])."""
+  del private_cache  # the toy world is generated into it
+  import realm_jax_tasks  # noqa: PLC0415
+  from realm_jax.data import vocab as vocab_lib  # noqa: PLC0415
+  from realm_jax.evaluation import bm25  # noqa: PLC0415
+  output = str(tmp_path / "ict.jsonl")
+  code = _main("--gin.RUN_DIR=None", "--gin.TASK='ict_toy'", "--gin.evaluate_main.mode='bm25'",
+               "--gin.evaluate_main.split='train'", "--gin.evaluate_main.max_examples=32",
+               f"--gin.evaluate_main.output='{output}'")
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert len(out) == 1 and out[0].startswith("evaluate: bm25 ict_toy/train, ")
+  metrics = json.load(open(tmp_path / "ict.metrics.json", encoding="utf-8"))["metrics"]
+
+  query_ids, query_mask, block_uid = _ict_queries(32)
+  vocab = vocab_lib.default_vocabulary()
+  texts = [vocab.decode(ids[mask.astype(bool)][1:-1]) for ids, mask in zip(query_ids, query_mask)]
+  store = corpus.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  index = bm25.BM25Index(store.title(b) + " " + store.body(b) for b in range(store.num_blocks))
+  ids, _ = index.top_k(texts, 100)  # [32, 100]
+  hits = store.uids.view(np.int64)[ids] == block_uid[:, None]  # [32, 100]
+  assert metrics["num_queries"] == 32 and metrics["num_blocks"] == store.num_blocks
+  for k in KS:
+    assert metrics[f"recall@{k}"] == float(hits[:, :k].any(axis=1).mean()), k
+    assert metrics[f"chance@{k}"] == pytest.approx(k / store.num_blocks)
+  assert metrics["recall@5"] > 0.5  # the query sentence stays in the store's block
+
+
+BM25_CONFIG_ERRORS = {  # name: (arguments besides mode 'bm25' and RUN_DIR=None, expected text)
+    "checkpoint_step": (["--gin.evaluate_main.checkpoint_step=3"],
+                        "evaluate_main.checkpoint_step=3 does not apply to mode 'bm25'"),
+    "index_step": (["--gin.evaluate_main.index_step=0"],
+                   "evaluate_main.index_step=0 does not apply to mode 'bm25'"),
+    "index_run_dir": (["--gin.evaluate_main.index_run_dir='/runs/x'"],
+                      "evaluate_main.index_run_dir='/runs/x' does not apply"),
+    "backend": (["--gin.evaluate_main.backend='scann'"], "backend='scann' does not apply"),
+    "reader_beam": (["--gin.evaluate_main.reader_beam=8"],
+                    "reader_beam=8 does not apply to mode 'bm25', which ranks the BlockStore's "
+                    "own text (no checkpoint, index or reader): leave it at its default 5"),
+    "verify_index": (["--gin.evaluate_main.verify_index=False"], "verify_index=False does not"),
+    "no_output_without_run_dir": ([], "mode 'bm25' without a run directory (RUN_DIR=None) "
+                                  "needs evaluate_main.output"),
+    "store_needed": (["--gin.TASK='nq_open'"], "block_store is required for task 'nq_open' (the "
+                     "BlockStore whose blocks BM25 ranks)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BM25_CONFIG_ERRORS))
+def test_bm25_config_errors_are_one_line(name, capsys):
+  args, expected = BM25_CONFIG_ERRORS[name]
+  if name != "no_output_without_run_dir":
+    args = args + ["--gin.evaluate_main.output='/tmp/never_written.jsonl'"]
+  line = _one_line(capsys, _main("--gin.RUN_DIR=None", "--gin.evaluate_main.mode='bm25'", *args,
+                                 "--dry_run"), 2, "config error")
+  assert expected in line, line
+
+
+def test_bm25_dry_run_and_run_dir_none_only_for_bm25(capsys):
+  code = _main("--gin.RUN_DIR=None", "--gin.evaluate_main.mode='bm25'",
+               "--gin.evaluate_main.output='/tmp/never_written.jsonl'", "--dry_run")
+  out, err = _output(capsys)
+  assert code == 0 and not err, err
+  assert out == ["evaluate: dry run ok (bm25, task toy_qa/test, block store the toy store, "
+                 "metrics /tmp/never_written.metrics.json; no data read, nothing written)"]
+  line = _one_line(capsys, _main("--gin.RUN_DIR=None", "--dry_run"), 2, "config error")
+  assert "run_dir=None: expected a directory path" in line and "mode 'bm25'" in line
+
+
 # ------------------------------------------------------------------------------ dry runs
 
 
@@ -377,7 +545,7 @@ def test_no_published_index_is_a_one_line_runtime_error(world, library_qa, capsy
   assert saved["metrics"] == pytest.approx(library_qa.metrics)
 
 
-@pytest.mark.parametrize("mode", ["qa", "retrieval"])
+@pytest.mark.parametrize("mode", ["qa", "retrieval", "bm25"])
 def test_a_missing_run_dir_is_a_one_line_runtime_error(tmp_path, mode, capsys):
   run_dir = tmp_path / "missing"
   line = _one_line(capsys, _main(f"--gin.RUN_DIR='{run_dir}'",
