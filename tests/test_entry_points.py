@@ -266,6 +266,22 @@ def test_build_index_config_error_is_one_line(capsys):
   assert "required macro" in err[0]
 
 
+@pytest.mark.parametrize("binding,expected", [
+    ("build_index_main.length_bucket=-1", "build_index_main.length_bucket must be >= 0"),
+    ("build_index_main.length_bucket=1.5", "build_index_main.length_bucket must be an int"),
+    ("build_index_main.dtype='float16'", "build_index_main.dtype='float16': expected"),
+    ("build_index_main.batch_size=0", "build_index_main.batch_size=0: expected an int >= 1"),
+])
+def test_build_index_settings_are_refused_before_any_wait(tmp_path, capsys, binding, expected):
+  # The run has no checkpoint: without the check the builder would wait for one, then fail.
+  code = build_index.main(["build_index", "--gin_file=gin_configs/runs/build_index.gin",
+                           f"--gin.RUN_DIR='{tmp_path}'", "--gin.BLOCK_STORE='/nonexistent'",
+                           f"--gin.{binding}"])
+  out, err = _stderr_lines(capsys)
+  assert code == 2 and len(err) == 1, err
+  assert err[0].startswith("build_index: config error: " + expected), err[0]
+
+
 @pytest.mark.parametrize("name,binding,expected", [
     ("toy_pretrain", "TASK='toy_qa'", "does not fit job 'pretrain'"),
     ("toy_bert", "TASK='ict_toy'", "does not fit job 'mlm'"),
