@@ -17,6 +17,7 @@ Empty, duplicate and over-long-title documents are always counted skips, never e
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -72,7 +73,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"build_corpus: error: {e}{hint}", file=sys.stderr)
     return 1
   except OSError as e:  # e.g. a read-only --out: one line naming the path, not a traceback
-    print(f"build_corpus: error: {e}", file=sys.stderr)
+    out = os.path.abspath(args.out)
+    failed = os.path.abspath(str(e.filename)) if e.filename else None
+    if failed and (failed.startswith(out) or out.startswith(failed + os.sep)):
+      # The store is written into <out>.staging-... next to it (its parents made first), then
+      # renamed: say it was --out, whichever of these paths failed.
+      print(f"build_corpus: error: cannot write --out {args.out}: {e.strerror} ({e.filename})",
+            file=sys.stderr)
+    else:
+      print(f"build_corpus: error: {e}", file=sys.stderr)
     return 1
   except KeyboardInterrupt:
     print("build_corpus: interrupted; nothing was written to --out", file=sys.stderr)
