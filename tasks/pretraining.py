@@ -116,6 +116,9 @@ def _masked_query_examples(*, block_store: PathOrFn, pretrain_records: PathOrFn 
   log.info("%s masking: %d examples, %s", strategy, produced, skips.summary())
 
 
+_ICT_SKIP_WARNED: set[tuple] = set()  # (store, seed, probability) already warned about
+
+
 def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,
                   remove_probability: float) -> Iterator[dict]:
   vocab = vocab_lib.default_vocabulary()
@@ -134,7 +137,10 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
            ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")} | {
                "block_uid": uid_to_int64(example["block_uid"])}
   skipped = sum(skips.values())
-  if skipped > 0.1 * store.num_blocks:
+  # Every pass over the task skips the same blocks (each block's rng is fixed): say it once.
+  warning_key = (store.path, store.store_id, seed, remove_probability)
+  if skipped > 0.1 * store.num_blocks and warning_key not in _ICT_SKIP_WARNED:
+    _ICT_SKIP_WARNED.add(warning_key)
     # Short documents: a one-sentence block loses its only sentence with probability
     # remove_probability, and an empty body is no block to retrieve.
     log.warning("ICT skipped %d of %d blocks of %s (%.0f%%; %s): blocks of one sentence lose "
