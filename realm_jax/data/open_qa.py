@@ -30,12 +30,14 @@ import collections
 import csv
 import dataclasses
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
-from absl import logging
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BENCHMARKS",
@@ -287,7 +289,7 @@ def _read_records(path: str, parse_line: Callable[[str, int], QAExample], on_err
   report.num_kept = len(examples)
   if on_error == "skip":
     if report.num_skipped:
-      logging.warning("%s: %s", path, report.summary())
+      log.warning("%s: %s", path, report.summary())
     return examples, report
   return examples
 
@@ -709,7 +711,7 @@ def load_benchmark(name, data_dir, *, check_sizes=True, on_error="raise"):
     origin = (f"{os.path.join(data_dir, train_file.name)} (re-split) and "
               f"{os.path.join(data_dir, test_file.name)}")
 
-  logging.info("benchmark %s: %s from %s", name,
+  log.info("benchmark %s: %s from %s", name,
                ", ".join(f"{split}={len(splits[split])}" for split in SPLITS), origin)
   if check_sizes:
     check_split_sizes(name, splits, origin=origin)

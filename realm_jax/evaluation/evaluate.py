@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from absl import logging
 import jax
 import numpy as np
 
@@ -41,6 +41,8 @@ from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
 from realm_jax.evaluation import metrics
 from realm_jax.models import open_qa
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Predictor", "answer_question", "evaluate", "write_predictions_jsonl"]
 
@@ -275,7 +277,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     if reason is None:
       readable.append(index)
       continue
-    logging.warning("evaluate: skipping %s: %s", example.source or f"example {index}", reason)
+    log.warning("evaluate: skipping %s: %s", example.source or f"example {index}", reason)
     predictions[index] = {"question": example.question, "prediction": "",
                           "answers": list(example.answers), "block_ids": [],
                           "block_scores": [], "predicted_block_id": -1, "correct": False,
@@ -321,7 +323,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     invalid = [(e.question, p) for e in examples for p in metrics.invalid_patterns(e.answers)]
     results["invalid_answer_patterns"] = len(invalid)
     if invalid:
-      logging.warning("%d answer pattern(s) are not valid regular expressions and score as misses "
+      log.warning("%d answer pattern(s) are not valid regular expressions and score as misses "
                       "(REALM_SPEC 32); the first: %r, an answer to %r", len(invalid),
                       invalid[0][1], invalid[0][0])
   return results, predictions
