@@ -712,7 +712,7 @@ def load_benchmark(name, data_dir, *, check_sizes=True, on_error="raise"):
               f"{os.path.join(data_dir, test_file.name)}")
 
   log.info("benchmark %s: %s from %s", name,
-               ", ".join(f"{split}={len(splits[split])}" for split in SPLITS), origin)
+           ", ".join(f"{split}={len(splits[split])}" for split in SPLITS), origin)
   if check_sizes:
     check_split_sizes(name, splits, origin=origin)
   if on_error == "skip":

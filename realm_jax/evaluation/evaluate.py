@@ -324,8 +324,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     results["invalid_answer_patterns"] = len(invalid)
     if invalid:
       log.warning("%d answer pattern(s) are not valid regular expressions and score as misses "
-                      "(REALM_SPEC 32); the first: %r, an answer to %r", len(invalid),
-                      invalid[0][1], invalid[0][0])
+                  "(REALM_SPEC 32); the first: %r, an answer to %r", len(invalid),
+                  invalid[0][1], invalid[0][0])
   return results, predictions
 
 
