@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import random
 import shutil
@@ -45,11 +44,11 @@ sys.path.insert(0, REPO_ROOT)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench import toy_step  # noqa: E402
 from bench.embedding_throughput import flops_per_block, random_retriever_params  # noqa: E402
 from realm_jax.data import corpus  # noqa: E402
 from realm_jax.data import vocab as vocab_lib  # noqa: E402
 from realm_jax.index import builder  # noqa: E402
-from realm_jax.models import config as config_lib  # noqa: E402
 
 BLOCK_LEN = 288
 SHORT_WORDPIECES = (15, 30)  # title + body of a short document, inclusive
@@ -108,12 +107,9 @@ def full_document(rng: random.Random, vocab: vocab_lib.WordPieceVocabulary, i: i
 
 def build_store(directory: str, name: str, documents: list[dict]) -> corpus.BlockStore:
   """A BlockStore of max_block_len BLOCK_LEN from `documents`, through the corpus builder."""
-  source = os.path.join(directory, f"{name}.jsonl")
-  with open(source, "w", encoding="utf-8") as f:
-    for doc in documents:
-      f.write(json.dumps(doc) + "\n")
   dest = os.path.join(directory, name)
-  corpus.build_block_store(corpus.JsonlSource(source), dest, max_block_len=BLOCK_LEN)
+  corpus.build_block_store([corpus.Document(d["title"], d["text"], f"{name}:{i}")
+                            for i, d in enumerate(documents)], dest, max_block_len=BLOCK_LEN)
   return corpus.BlockStore.open(dest)
 
 
@@ -167,13 +163,6 @@ def measure(params, config, store, mesh, batch_size: int, repeats: int) -> dict:
   return result
 
 
-def toy_config() -> config_lib.RealmConfig:
-  """The toy BERT's shape with mean pooling (gin_configs/experiments/toy_model.gin)."""
-  bert = config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512,
-                              hidden_dropout=0.0, attention_dropout=0.0)
-  return config_lib.RealmConfig(bert=bert, retriever_pooling="mean")
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--blocks", type=int, default=2048, help="short documents (one block each)")
@@ -186,7 +175,7 @@ def main() -> None:
   args = parser.parse_args()
 
   total_start = time.perf_counter()
-  config = toy_config()
+  config = toy_step.read_job("pretrain")["model_config"]  # toy_model.gin's shape
   device = jax.devices()[0]
   mesh = builder.local_mesh([device])
   params = random_retriever_params(config, args.seed)

@@ -72,8 +72,9 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
     builder.check_length_bucket(length_bucket)
   except ValueError as e:
     raise ConfigError(f"build_index_main.{e}") from e
-  if dtype not in ("float32", "bfloat16"):
-    raise ConfigError(f"build_index_main.dtype={dtype!r}: expected 'float32' or 'bfloat16'")
+  if dtype not in builder.INDEX_DTYPES:
+    raise ConfigError(f"build_index_main.dtype={dtype!r}: expected "
+                      f"{' or '.join(map(repr, builder.INDEX_DTYPES))}")
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ConfigError(f"build_index_main.batch_size={batch_size!r}: expected an int >= 1")
   store = BlockStore.open(block_store, verify=verify_block_store)

@@ -70,6 +70,7 @@ _PARTS_PREFIX = ".parts-"
 WAITING_LOG_SECONDS = 60.0  # "waiting for a first checkpoint" at most this often
 _PARTS_POLL_SECONDS = 1.0  # multi-host: how often hosts look for the others' parts / the index
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+INDEX_DTYPES = tuple(_NUMPY_DTYPES)  # the index dtypes embed_blocks writes
 
 
 # ------------------------------------------------------------------------------ progress
