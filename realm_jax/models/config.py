@@ -99,6 +99,7 @@ class BertConfig:
 
 
 RETRIEVER_POOLINGS = ("cls", "mean")
+RETRIEVER_QUERY_MASKS = ("read", "ignore")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +119,14 @@ class RealmConfig:
       vector is nearly the same for every input, and a CLS retriever does not learn to match a
       question's rare name wordpieces to its document in minutes (gin_configs/experiments/
       toy_model.gin has the measurements). Same parameters either way.
+    retriever_query_masks: how the query embedder treats `[MASK]` wordpieces
+      (`mask_token_id`) of a masked pretraining query: "read" them as any token (REALM), or
+      "ignore" them (left out of its attention and pooling, as padding is). "ignore" is for a
+      retriever warm-started by ICT from random weights (the toy world): ICT's queries have no
+      `[MASK]`, so its embedding stays random and pulls the mean of a masked sentence away
+      from the sentence's document (gin_configs/experiments/toy_model.gin has the
+      measurements). A question or an ICT query has no `[MASK]`: the same either way.
+    mask_token_id: the vocabulary's `[MASK]` id (103 in BERT's vocabularies).
     share_embedders: tie the query and document embedders (the release's
       `share_embedders=True`); False gives two independent towers.
     span_hidden_size: width of the span start/end projections (256).
@@ -133,6 +142,8 @@ class RealmConfig:
   proj_layer_norm_eps: float = 1e-12
   proj_dropout: float = 0.0
   retriever_pooling: str = "cls"
+  retriever_query_masks: str = "read"
+  mask_token_id: int = 103
   share_embedders: bool = True
   span_hidden_size: int = 256
   max_span_width: int = 10
@@ -143,6 +154,9 @@ class RealmConfig:
     if self.retriever_pooling not in RETRIEVER_POOLINGS:
       raise ValueError(f"RealmConfig: retriever_pooling={self.retriever_pooling!r} is not one "
                        f"of {RETRIEVER_POOLINGS}.")
+    if self.retriever_query_masks not in RETRIEVER_QUERY_MASKS:
+      raise ValueError(f"RealmConfig: retriever_query_masks={self.retriever_query_masks!r} is "
+                       f"not one of {RETRIEVER_QUERY_MASKS}.")
 
   def replace(self, **changes) -> "RealmConfig":
     """Returns a copy with `changes`; keys prefixed `bert.` change the BERT config."""

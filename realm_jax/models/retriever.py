@@ -93,6 +93,10 @@ class RealmRetriever(nn.Module):
                     attention_mask: Array | None = None, *,
                     deterministic: bool = True) -> Array:
     """[..., length] query ids -> [..., proj]."""
+    if self.config.retriever_query_masks == "ignore":
+      # [..., length] the query's [MASK]s count as padding (RealmConfig.retriever_query_masks).
+      real = input_ids != self.config.mask_token_id
+      attention_mask = real if attention_mask is None else (attention_mask != 0) & real
     return self._tower("query")(input_ids, token_type_ids, attention_mask,
                              deterministic=deterministic)
 

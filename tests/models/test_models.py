@@ -242,6 +242,46 @@ def test_mean_pooling_embeds_the_mean_of_real_tokens_and_ignores_padding():
     TINY.replace(retriever_pooling="max")
 
 
+def test_query_tower_ignoring_masks_leaves_them_out_like_padding():
+  """retriever_query_masks='ignore': a masked query embeds as the same query read with its
+  [MASK] positions' attention mask at 0; documents are embedded as before; the [MASK]
+  embedding row cannot move a query."""
+  mask_id = 3
+  config = TINY.replace(retriever_pooling="mean", retriever_query_masks="ignore",
+                        mask_token_id=mask_id)
+  reading = config.replace(retriever_query_masks="read")
+  rng = np.random.default_rng(5)
+  # [2, 9]: row 0 has two [MASK]s, row 1 one [MASK] and two padding slots.
+  ids = rng.integers(4, 50, (2, 9)).astype(np.int32)
+  ids[0, 2:4] = mask_id
+  ids[1, 5] = mask_id
+  mask = np.ones_like(ids)
+  mask[1, 7:] = 0
+  types = np.zeros_like(ids)
+  module = RealmRetriever(config)
+  params = nn.unbox(module.init(jax.random.PRNGKey(0), ids, types, mask, ids[:, None], types[:, None],
+                                mask[:, None]))
+
+  def embed(cfg, method, query_ids, query_mask, p=params):
+    return np.asarray(RealmRetriever(cfg).apply(p, query_ids, types, query_mask, method=method))
+
+  ignored = embed(config, RealmRetriever.embed_queries, ids, mask)
+  # Reference: the tower that reads every token, told by hand that the [MASK]s are padding.
+  by_hand = embed(reading, RealmRetriever.embed_queries, ids, mask * (ids != mask_id))
+  np.testing.assert_allclose(ignored, by_hand, atol=1e-6)
+  assert np.max(np.abs(ignored - embed(reading, RealmRetriever.embed_queries, ids, mask))) > 1e-3
+  np.testing.assert_allclose(embed(config, RealmRetriever.embed_documents, ids, mask),
+                             embed(reading, RealmRetriever.embed_documents, ids, mask))
+  # Another [MASK] embedding row: the ignoring tower does not move.
+  moved = jax.tree_util.tree_map(np.array, params)
+  table = moved["params"]["embedder"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  table[mask_id] += 1.0
+  np.testing.assert_allclose(embed(config, RealmRetriever.embed_queries, ids, mask, moved),
+                             ignored, atol=1e-6)
+  with pytest.raises(ValueError, match="retriever_query_masks='drop'"):
+    TINY.replace(retriever_query_masks="drop")
+
+
 def test_sinusoidal_position_init_is_the_transformer_table_at_bert_scale():
   """`position_init='sinusoidal'` (the toy BERT): position p, feature 2i-th frequency is
   sin(p / 10000^(2i/d)) on the first half and cos on the second, scaled to std
