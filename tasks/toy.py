@@ -34,9 +34,9 @@ TOY_BLOCK_LEN = 128
 # sentences (width 32) and 4.7% (width 128); keeping the sentence, 7.1% and 60% (chance 0.19%;
 # all four with [CLS] pooling, before the toy model pooled the mean). With the shipped toy model
 # (mean pooling, 400 steps of batch 64 from random weights, its query tower still reading
-# [MASK]s) at p = 0.9: toy QA test recall@5
-# 0.263 against 0.437, and REALM pretraining from it ended at retrieval utility 0.005 against
-# 0.070 and masked-span accuracy 0.060 with retrieval against 0.056 without (0.062 and 0.062).
+# [MASK]s) at p = 0.9: toy QA test recall@5 0.263 against 0.437, and REALM pretraining from it
+# ended at retrieval utility 0.005 against 0.070 and masked-span accuracy 0.060 with retrieval
+# against 0.056 without (0.062 and 0.062).
 TOY_ICT_REMOVE_PROBABILITY = 0.0
 # The toy BERT (`experiments/toy_bert.gin`) reads the worlds of these seeds
 # (`toy_world.reading_world_dir`: no name shared with the toy world); its reading accuracy is

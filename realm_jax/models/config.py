@@ -11,6 +11,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from realm_jax.data import vocab as vocab_lib
+
 # Activation names as transformers' `hidden_act` spells them. REALM uses `gelu_new` (the tanh
 # approximation); plain BERT checkpoints such as all-MiniLM use `gelu` (the exact erf form).
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
@@ -126,7 +128,7 @@ class RealmConfig:
       `[MASK]`, so its embedding stays random and pulls the mean of a masked sentence away
       from the sentence's document (gin_configs/experiments/toy_model.gin has the
       measurements). A question or an ICT query has no `[MASK]`: the same either way.
-    mask_token_id: the vocabulary's `[MASK]` id (103 in BERT's vocabularies).
+    mask_token_id: the vocabulary's `[MASK]` id (default: BERT's, `realm_jax.data.vocab.MASK_ID`).
     share_embedders: tie the query and document embedders (the release's
       `share_embedders=True`); False gives two independent towers.
     span_hidden_size: width of the span start/end projections (256).
@@ -143,7 +145,7 @@ class RealmConfig:
   proj_dropout: float = 0.0
   retriever_pooling: str = "cls"
   retriever_query_masks: str = "read"
-  mask_token_id: int = 103
+  mask_token_id: int = vocab_lib.MASK_ID
   share_embedders: bool = True
   span_hidden_size: int = 256
   max_span_width: int = 10
