@@ -55,7 +55,7 @@ DEFAULT_GRACE_SECONDS = 30.0
 # A paper-scale re-embedding of the final checkpoint takes hours; the toy world's, seconds.
 DEFAULT_BUILDER_TIMEOUT = 1800.0
 _POLL_SECONDS = 0.05
-# The trainer's training-done marker in its run directory (realm_jax.training.checkpoints;
+# The trainer's training-done marker in its run directory (realm_jax.checkpoints;
 # named here so that the launcher does not import JAX).
 TRAINING_DONE = "TRAINING_DONE"
 _PUMP_JOIN_SECONDS = 5.0  # how long to wait for a child's last output once it has exited

@@ -119,7 +119,7 @@ def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = N
     block's uint64 uid as the int64 with the same bits, as the task carries it)}.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   task = inputs.get_task(task_name)
   rows = {"query_ids": [], "query_mask": [], "block_uid": []}
   for example in _split_dataset(task, split, max_examples).as_numpy_iterator():
@@ -179,7 +179,7 @@ def choose_checkpoint(run_dir: str, checkpoint_step: Optional[int]) -> tuple[Opt
     (step or None when the run has no finished checkpoint, a description such as
     "best by eval/exact_match=0.41 in best.json", "latest" or "as asked").
   """
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   steps = ckpt_lib.list_checkpoint_steps(run_dir)
   if checkpoint_step is not None:
     return int(checkpoint_step), "as asked"
@@ -199,7 +199,7 @@ def _checkpoint_metadata(step_dir: str, config: Any, where: str) -> dict:
   """The metadata of a checkpoint step directory; ConfigError (naming both sizes) when it is
   of another model size than `config`."""
   from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   metadata = ckpt_lib.read_metadata(step_dir)
   try:
     try:
@@ -345,11 +345,11 @@ def _question_arrays_batches(examples: Sequence[Any], batch_size: int):
   """[CLS] question [SEP] ids and masks of the examples, batch by batch (each batch padded to
   its own longest question, as evaluation does)."""
   from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
   vocab = vocab_lib.default_vocabulary()
   for begin in range(0, len(examples), batch_size):
     chunk = examples[begin:begin + batch_size]
-    ids, mask, _ = open_qa.question_arrays([e.question for e in chunk], vocab,
+    ids, mask, _ = qa_batches.question_arrays([e.question for e in chunk], vocab,
                                            sources=[e.source for e in chunk])
     yield ids, mask
 
@@ -388,7 +388,7 @@ def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
   """(OpenQAModel, params on the default device) of one checkpoint of the run."""
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax.models.open_qa import OpenQAModel  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   params, _, _ = ckpt_lib.restore_params(run_dir, step, expected_config=config)
   # Only the two towers the model reads; placed once rather than copied at every call.
   params = jax.device_put({"retriever": params["retriever"], "reader": params["reader"]})
@@ -399,7 +399,7 @@ def _run_qa(*, run_dir, config, task, split, step, why, loaded, store,
             batch_size, k_values, reader_beam, reader_len, backend, max_examples,
             output) -> int:
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
   searcher = _searcher(loaded, backend)
   model, params = _open_qa_model(run_dir, config, step, reader_beam)
   examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
@@ -429,9 +429,9 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
                    batch_size, k_values, backend, max_examples, output,
                    first_index_checkpoint_dir) -> int:
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
   try:
     tower = inputs.index_query_tower(loaded, config)
   except ckpt_lib.CheckpointError as e:  # another model size: a config error
@@ -525,7 +525,7 @@ def _run_bm25(*, run_dir, task, kind, split, store, batch_size, k_values, max_ex
               metrics_path) -> int:
   import numpy as np  # pylint: disable=g-import-not-at-top
   from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
   ks = clip_k_values(k_values, store.num_blocks)
   start = time.monotonic()
   index = bm25.BM25Index(block_texts(store))
@@ -592,7 +592,7 @@ def format_answer(result: dict) -> list[str]:
 
 def _resolve_task(task: str, mode: str, split: str) -> tuple[Any, str]:
   """(seqio task, kind) after checking it is registered, fits the mode and has the split."""
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   try:
     seqio_task = inputs.get_task(task)
   except inputs.UnknownTaskError as e:
@@ -674,7 +674,7 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   """
   _CALL_STARTED[0] = True
   from realm_jax.models.config import RealmConfig  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
 
   questions = [str(q) for q in (questions or ())]
   if mode not in MODES:

@@ -152,7 +152,7 @@ def run_children(children: Sequence[tuple[Sequence[str], str]]) -> None:
 
 
 def _latest_step(run_dir: str) -> Optional[int]:
-  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
   return checkpoints.latest_checkpoint_step(run_dir)
 
 
@@ -243,7 +243,7 @@ class Recipe:
     print(f"{PROG}: {name}: done in {self.times[name]:.0f}s", flush=True)
 
   def trained(self, run_dir: str) -> bool:
-    from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+    from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.training_done(run_dir)
 
   def _index_child(self, run_dir: str, checkpoint_dir: str, log: str) -> tuple[list[str], str]:

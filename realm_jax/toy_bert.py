@@ -3,7 +3,7 @@ r"""The toy BERT: build it, ship it, measure how well it reads.
 REALM starts its knowledge-augmented encoder and (through ICT) its retriever from BERT; the toy
 world starts them from the toy BERT, a BERT-tiny (2 layers, hidden 128, 2 heads, intermediate
 512, the uncased BERT vocabulary) that the project trains itself on reading worlds that share
-no name with the toy world (realm_jax.data.reading). It ships in transformers' BertForMaskedLM
+no name with the toy world (realm_jax.batches.reading). It ships in transformers' BertForMaskedLM
 layout in `realm_jax/data/assets/toy_bert/` and is loaded through `realm_jax.convert.hf`
 exactly like a user's real BERT.
 
@@ -66,7 +66,7 @@ def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
     [N, MAX_MASKS].
   """
   from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.data import reading  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import reading  # pylint: disable=g-import-not-at-top
   from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   from realm_jax_tasks import toy  # pylint: disable=g-import-not-at-top
   store_dir, records_path = toy.reading_world(toy.TOY_BERT_HELDOUT_SEED if seed is None else seed)
@@ -148,7 +148,7 @@ def _train(gin_file: str, run_dir: str, steps: Optional[int], bindings: Sequence
   """Runs (or resumes) one phase's train job, unless it is finished; returns its last
   checkpoint step directory."""
   from realm_jax import train  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
   if checkpoints.training_done(run_dir):
     print(f"{PROG}: {run_dir} is finished; not run again", flush=True)
     return os.path.join(run_dir, "checkpoints", str(checkpoints.latest_checkpoint_step(run_dir)))
@@ -169,7 +169,7 @@ def build(work_dir: str, out: str, *, steps: Optional[int] = None,
   `<work_dir>/run` and reading among distractors in `<work_dir>/distract` (each from the one
   before's last checkpoint), and writes the last to `out`."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
   work_dir = os.path.abspath(work_dir)
   phases = ((COPY_GIN_FILE, "copy", copy_steps), (GIN_FILE, "run", steps),
             (DISTRACT_GIN_FILE, "distract", distract_steps))

@@ -116,7 +116,7 @@ def _abstract_batch(job: str, global_batch: int, num_candidates: int, block_len:
 
 def _feature_len(task_name: str, feature: str) -> int:
   """The length of a task's feature, from its (lazily built, unread) dataset's spec."""
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   dataset = inputs.get_task(task_name).get_dataset(split="train", shuffle=False,
                                                     sequence_length=None)
   return int(dataset.element_spec[feature].shape[0])
@@ -127,7 +127,7 @@ def _check_init_checkpoint(step_dir: str, config: Any, knob: str = "init_checkpo
   """One-line ConfigError unless `step_dir` is a finished checkpoint of this model size (of this
   BERT shape with `bert_only`: a BERT warm start, whose heads start fresh)."""
   from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   try:
     metadata = ckpt_lib.read_metadata(step_dir)
     try:
@@ -247,7 +247,7 @@ def _qa_files_task(task: str) -> str:
 
 def _check_task(job: str, task_name: str) -> None:
   """ConfigError unless `task_name` is registered and fits `job` (read nothing)."""
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   try:
     task = inputs.get_task(task_name)
   except inputs.UnknownTaskError as e:
@@ -358,11 +358,11 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
   from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
   from realm_jax.models.config import RealmConfig  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import optim  # pylint: disable=g-import-not-at-top
   from realm_jax.training import partitioning  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
 
   if job not in JOBS:
@@ -570,7 +570,7 @@ def _pretrain_eval_fn(model, task, store, watcher, mesh, rules, *, seed, batch_s
   candidates retrieved from the index in use at each evaluation (REALM_SPEC 17: the authors
   pick their best checkpoint on it). The queries are training queries: the pretraining tasks
   have one split."""
-  from realm_jax.training import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
 
   def draw():
@@ -590,7 +590,7 @@ def _finetune_eval_fn(model, task, split, max_examples, store, watcher, *, batch
   index in use, through `evaluation.evaluate` (what `python -m realm_jax.evaluate` reports)."""
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.training import qa_inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
   examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
   answer_metric = "regex_match" if examples and examples[0].answers_are_regex else "exact_match"
 

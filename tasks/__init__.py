@@ -25,7 +25,7 @@ from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
 hide_accelerators_from_tensorflow()
 
 from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV,  # noqa: E402
-                                     is_qa_path, register_benchmark_tasks, register_qa_files,
+                                     answers_are_regex, is_qa_path, register_benchmark_tasks, register_qa_files,
                                      register_qa_task)
 from realm_jax_tasks.pretraining import (MASKING_STRATEGIES,  # noqa: E402
                                          register_corpus_for_task, register_pretraining_tasks)

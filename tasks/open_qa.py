@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import seqio
 import tensorflow as tf
@@ -47,6 +47,11 @@ def _tokenize_question(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return example
 
   return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def answers_are_regex(task: Any) -> bool:
+  """Whether a QA task's references are regular expressions (CuratedTrec), from its metric."""
+  return metrics.curated_trec_regex_match in tuple(getattr(task, "metric_fns", ()))
 
 
 def register_qa_task(name: str, examples_fn: ExamplesFn, *, answers_are_regex: bool = False,

@@ -44,10 +44,10 @@ import tensorflow as tf
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import ict as ict_lib
 from realm_jax.data import masking
-from realm_jax.data import reading
+from realm_jax.batches import reading
 from realm_jax.data import salient_spans
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.index import candidates as candidates_lib
+from realm_jax.batches import candidates as candidates_lib
 
 PathOrFn = Union[str, Callable[[], str]]
 MASKING_STRATEGIES = ("salient_span", "random_span", "random_token")
@@ -187,7 +187,7 @@ def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, bloc
 def _reading_examples(*, worlds: Callable[[], Sequence[tuple[str, str]]], seed: int,
                       passes: int, query_len: int, reader_len: int, max_masks: int,
                       mix: reading.ReadingMix) -> Iterator[dict]:
-  """`passes` reading examples of every passage of every world (see realm_jax.data.reading),
+  """`passes` reading examples of every passage of every world (see realm_jax.batches.reading),
   the worlds interleaved so that any run of examples mixes them."""
   vocab = vocab_lib.default_vocabulary()
   opened = []
@@ -237,7 +237,7 @@ def register_reading_task(name: str, *, worlds: Callable[[], Sequence[tuple[str,
     passes: examples of every passage per pass over the task (each drawn anew).
     query_len, block_len: the masked sentence's and the block's lengths; rows are their sum.
     max_masks: target slots.
-    mix: the draw of masking and context (realm_jax.data.reading.ReadingMix).
+    mix: the draw of masking and context (realm_jax.batches.reading.ReadingMix).
   """
   signature, features = _mlm_fields(vocab_lib.seqio_vocabulary(), query_len + block_len,
                                     max_masks)

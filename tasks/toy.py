@@ -11,7 +11,7 @@ import functools
 import os
 
 from realm_jax.data import corpus as corpus_lib
-from realm_jax.data import reading
+from realm_jax.batches import reading
 from realm_jax.data import open_qa
 from realm_jax.data import toy_world
 from realm_jax_tasks.open_qa import register_qa_task
@@ -43,7 +43,7 @@ TOY_ICT_REMOVE_PROBABILITY = 0.0
 # measured on the world of `TOY_BERT_HELDOUT_SEED`, which it never reads in training.
 TOY_BERT_READING_SEEDS = tuple(range(1, 9))
 TOY_BERT_HELDOUT_SEED = 100
-# The toy BERT's mix of examples (realm_jax.data.reading.ReadingMix).
+# The toy BERT's mix of examples (realm_jax.batches.reading.ReadingMix).
 TOY_BERT_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction=0.05,
                                   null_fraction=0.05, copy_fraction=0.7,
                                   body_mask_probability=0.15)

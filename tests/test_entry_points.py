@@ -14,7 +14,7 @@ from realm_jax import build_index
 from realm_jax import gin_utils
 from realm_jax import train
 from realm_jax.models import config as config_lib
-from realm_jax.training import checkpoints
+from realm_jax import checkpoints
 
 REPO = gin_utils.REPO_ROOT
 

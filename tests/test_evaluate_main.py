@@ -32,7 +32,7 @@ from realm_jax.index.search import ExactSearcher
 from realm_jax.models import config as config_lib
 from realm_jax.models.open_qa import OpenQAModel
 from realm_jax.models.retriever import RealmRetriever
-from realm_jax.training import checkpoints
+from realm_jax import checkpoints
 
 REPO = gin_utils.REPO_ROOT
 # = gin_configs/experiments/toy_model.gin (its dropout does not change parameter shapes).
@@ -189,7 +189,7 @@ def test_question_prints_the_answer_and_its_evidence(world, capsys):
 
 
 def _ict_queries(count):
-  from realm_jax.training import inputs  # TensorFlow: imported where it is used
+  from realm_jax.batches import inputs  # TensorFlow: imported where it is used
   dataset = inputs.get_task("ict_toy").get_dataset(split="train", shuffle=False,
                                                    sequence_length=None).take(count)
   rows = list(dataset.as_numpy_iterator())

@@ -13,7 +13,7 @@ from realm_jax import toy_bert
 from realm_jax.convert import hf
 from realm_jax.models import config as model_config
 from realm_jax.models.reader import RealmKnowledgeAugEncoder
-from realm_jax.training import checkpoints
+from realm_jax import checkpoints
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 # The shipped toy BERT reads 0.213 of 200 held-out masked wordpieces with context, 0.049

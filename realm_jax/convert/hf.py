@@ -464,7 +464,7 @@ def write_checkpoint(directory: str, run_dir: str, kind: str | None = None,
   Returns:
     The checkpoint step directory.
   """
-  from realm_jax.training import checkpoints  # pylint: disable=g-import-not-at-top
+  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
   kind = kind or detect_kind(read_config(directory), directory)
   if kind not in _WARM_START_KINDS:
     raise ValueError(f"{directory}: a {kind!r} checkpoint is no BERT warm start; convert a "

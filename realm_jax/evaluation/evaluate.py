@@ -6,7 +6,7 @@ The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each bat
 2. retrieve the top `max(k_values)` blocks with a searcher (`realm_jax.index.search`; exact
    search over the index embeddings matrix, or ScaNN);
 3. build the reader features of the top `model.reader_beam` blocks
-   (`realm_jax.models.open_qa.build_open_qa_batch`) and take the global argmax (block, span)
+   (`realm_jax.models.qa_batches.build_open_qa_batch`) and take the global argmax (block, span)
    (`OpenQAModel.predict_batch`), mapped back to the block's original text;
 4. score: ORQA's exact match (`metrics.exact_match`), or for CuratedTrec the regex match
    (`metrics.regex_match`, REALM_SPEC 32); retrieval recall@k = an answer occurs in one of the
@@ -39,6 +39,7 @@ import numpy as np
 
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
+from realm_jax.batches import open_qa as qa_batches
 from realm_jax.evaluation import metrics
 from realm_jax.models import open_qa
 
@@ -79,7 +80,7 @@ class Predictor:
       search and the reader's retrieval scores.
     reader_len: reader sequence length (320).
     question_len: fixed question length, or None (the batch's longest; see
-      `open_qa.question_arrays`).
+      `qa_batches.question_arrays`).
   """
 
   def __init__(self, model: open_qa.OpenQAModel, params: Any, *, searcher: Any, store,
@@ -120,7 +121,7 @@ class Predictor:
     """[n] question texts -> [n, proj] float32 embeddings."""
     if self.embed_fn is not None:
       return np.asarray(self.embed_fn(list(questions)), np.float32)
-    ids, mask, _ = open_qa.question_arrays(questions, self.vocab, question_len=self.question_len)
+    ids, mask, _ = qa_batches.question_arrays(questions, self.vocab, question_len=self.question_len)
     batch = {"question_ids": ids, "question_type_ids": np.zeros_like(ids), "question_mask": mask}
     return np.asarray(_jitted(self.model, "embed_questions")(self.params, batch), np.float32)
 
@@ -144,17 +145,17 @@ class Predictor:
     example_mask = np.arange(len(examples)) < num_real  # [batch]
     question_emb = self.embed([e.question for e in examples])  # [batch, proj]
     scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
-    batch = open_qa.build_open_qa_batch(
+    batch = qa_batches.build_open_qa_batch(
         self.store, examples, ids, scores, vocab=self.vocab, reader_beam=self.model.reader_beam,
         reader_len=self.reader_len, answers_are_regex=answers_are_regex,
         block_emb=self.block_emb, question_len=self.question_len,
         max_span_width=self.model.config.max_span_width, example_mask=example_mask)
-    device_batch = open_qa.model_inputs(batch)
+    device_batch = qa_batches.model_inputs(batch)
     # The reader scores blocks with the very embeddings the searcher was queried with.
     device_batch["question_emb"] = question_emb
     predictions = jax.tree.map(np.asarray,
                                _jitted(self.model, "predict_batch")(self.params, device_batch))
-    texts = open_qa.answer_texts(self.store, batch, predictions, self.vocab)
+    texts = qa_batches.answer_texts(self.store, batch, predictions, self.vocab)
     return batch, predictions, texts
 
   def answer(self, question: str, *, num_evidence: int | None = None,

@@ -59,7 +59,7 @@ from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmEmbedder
 from realm_jax.models import retriever as retriever_lib
-from realm_jax.training import checkpoints as ckpt_lib
+from realm_jax import checkpoints as ckpt_lib
 
 log = logging.getLogger(__name__)
 

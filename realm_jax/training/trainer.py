@@ -57,7 +57,7 @@ from jax.sharding import Mesh
 
 from realm_jax.models import realm
 from realm_jax.models.config import RealmConfig
-from realm_jax.training import checkpoints
+from realm_jax import checkpoints
 from realm_jax.training import partitioning
 
 log = logging.getLogger(__name__)

@@ -184,7 +184,7 @@ def test_a_bert_becomes_the_warm_start_checkpoint_of_ict_and_pretraining(tmp_pat
   import jax  # pylint: disable=import-outside-toplevel
   from realm_jax import train  # pylint: disable=import-outside-toplevel
   from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
-  from realm_jax.training import checkpoints  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   model = _randomize(transformers.BertForMaskedLM(_tiny_bert_config()))
   model.save_pretrained(tmp_path / "hf")
   assert hf.main(["--hf_dir", str(tmp_path / "hf"), "--run_dir", str(tmp_path / "bert")]) == 0

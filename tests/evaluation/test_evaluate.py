@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
+from realm_jax.batches import open_qa as qa_batches
 from realm_jax.evaluation import evaluate as evaluate_lib
 from realm_jax.index.search import ExactSearcher
 from realm_jax.models import config as model_config
@@ -191,7 +192,7 @@ def test_default_path_searches_with_the_models_question_tower(store, model, rigg
   results, predictions = evaluate_lib.evaluate(
       model, rigged_params, examples, searcher=searcher, store=store, batch_size=4,
       k_values=(2,), reader_len=READER_LEN, question_len=16)
-  ids, mask, _ = open_qa.question_arrays([e.question for e in examples],
+  ids, mask, _ = qa_batches.question_arrays([e.question for e in examples],
                                          vocab_lib.default_vocabulary(), question_len=16)
   question_emb = np.asarray(jax.jit(model.embed_questions)(
       rigged_params, {"question_ids": ids, "question_mask": mask}))

@@ -31,8 +31,8 @@ from realm_jax.index import store as store_lib  # noqa: E402
 from realm_jax.index import swap  # noqa: E402
 from realm_jax.models import config as config_lib  # noqa: E402
 from realm_jax.models.retriever import RealmRetriever  # noqa: E402
-from realm_jax.training import checkpoints as ckpt  # noqa: E402
-from realm_jax.training import inputs  # noqa: E402
+from realm_jax import checkpoints as ckpt  # noqa: E402
+from realm_jax.batches import inputs  # noqa: E402
 
 CONFIG = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=30522))
 

@@ -20,7 +20,7 @@ from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.models import config as config_lib
 from realm_jax.models.retriever import RealmRetriever
-from realm_jax.training import checkpoints as ckpt
+from realm_jax import checkpoints as ckpt
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=30522))

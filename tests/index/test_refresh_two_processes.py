@@ -10,7 +10,7 @@ import time
 
 from realm_jax.data import corpus
 from realm_jax.index import store as store_lib
-from realm_jax.training import checkpoints as ckpt
+from realm_jax import checkpoints as ckpt
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trainer.py")

@@ -361,5 +361,5 @@ def test_a_builder_done_before_the_trainer_is_reported_for_what_it_is(child, tmp
 
 
 def test_the_launchers_marker_name_is_the_trainers():
-  from realm_jax.training import checkpoints  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   assert local.TRAINING_DONE == checkpoints.TRAINING_DONE

@@ -14,6 +14,7 @@ from realm_jax.convert import hf
 from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
+from realm_jax.batches import open_qa as qa_batches
 from realm_jax.models import config as model_config
 from realm_jax.models import open_qa
 from realm_jax.models.reader import enumerate_spans, span_correctness
@@ -73,7 +74,7 @@ def test_reader_inputs_and_labels_by_hand(store, vocab):
   # Body of block 0: zoe(0) muller(1) founded(2) tessa(3) ##var(4) in(5) paris(6) .(7)
   #                  later(8) zoe(9) muller(10) left(11) paris(12) .(13)
   example = QAExample("who founded tessavar?", ("Zoë Müller", "paris"))
-  batch = open_qa.build_open_qa_batch(store, [example], np.array([[0, 3, 1]]), vocab=vocab,
+  batch = qa_batches.build_open_qa_batch(store, [example], np.array([[0, 3, 1]]), vocab=vocab,
                                       reader_beam=2, reader_len=READER_LEN)
   question = _ids(vocab, "who founded tessavar?")
   body = store.body_tokens(0).tolist()
@@ -95,7 +96,7 @@ def test_reader_inputs_and_labels_by_hand(store, vocab):
   # "Zoë Müller" is in block 0; "paris" (lower case) is in no body.
   np.testing.assert_array_equal(batch["retriever_correct"], [[True, False, False]])
   only_lower = QAExample("who founded tessavar?", ("paris",))
-  batch = open_qa.build_open_qa_batch(store, [only_lower], np.array([[0, 2]]), vocab=vocab,
+  batch = qa_batches.build_open_qa_batch(store, [only_lower], np.array([[0, 2]]), vocab=vocab,
                                       reader_beam=2, reader_len=READER_LEN)
   np.testing.assert_array_equal(batch["retriever_correct"], [[False, False]])
   assert _gold(batch, 0, 0) == [(13, 13), (19, 19)]
@@ -107,18 +108,18 @@ def test_answers_longer_than_max_span_width_are_never_correct(store, vocab):
   ten = "one two three four five six seven eight nine ten"
   assert len(_ids(vocab, eleven)) == 11
   example = QAExample("count?", (eleven,))  # "count ?" -> 2 wordpieces, block starts at 4
-  batch = open_qa.build_open_qa_batch(store, [example], np.array([[1]]), vocab=vocab,
+  batch = qa_batches.build_open_qa_batch(store, [example], np.array([[1]]), vocab=vocab,
                                       reader_beam=1, reader_len=READER_LEN)
   assert batch["retriever_correct"].tolist() == [[True]]  # the string is in the block...
   assert _gold(batch, 0, 0) == []  # ...but no span of <= 10 wordpieces can be it
-  batch = open_qa.build_open_qa_batch(store, [QAExample("count?", (ten,))], np.array([[1]]),
+  batch = qa_batches.build_open_qa_batch(store, [QAExample("count?", (ten,))], np.array([[1]]),
                                       vocab=vocab, reader_beam=1, reader_len=READER_LEN)
   assert _gold(batch, 0, 0) == [(4, 13)]
 
 
 def test_overflowing_block_is_cut_and_ends_with_sep(store, vocab):
   example = QAExample("who founded tessavar?", ("Zoë Müller", "left Paris"))
-  batch = open_qa.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab,
+  batch = qa_batches.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab,
                                       reader_beam=1, reader_len=16)
   body = store.body_tokens(0).tolist()
   # 16 - (1 + 5 + 1) - 1 = 8 body wordpieces fit; the last position is forced to [SEP].
@@ -131,65 +132,65 @@ def test_overflowing_block_is_cut_and_ends_with_sep(store, vocab):
   assert _gold(batch, 0, 0) == [(7, 8)]
   assert batch["retriever_correct"].tolist() == [[True]]
   # Offsets of the kept tokens point into the original body text.
-  assert open_qa.span_text(store, batch, 0, 0, 7, 8) == "Zoë Müller"
-  assert open_qa.span_text(store, batch, 0, 0, 13, 14) == "Paris."
-  assert open_qa.span_text(store, batch, 0, 0, 6, 8) == ""  # starts on [SEP]: not a block span
+  assert qa_batches.span_text(store, batch, 0, 0, 7, 8) == "Zoë Müller"
+  assert qa_batches.span_text(store, batch, 0, 0, 13, 14) == "Paris."
+  assert qa_batches.span_text(store, batch, 0, 0, 6, 8) == ""  # starts on [SEP]: not a block span
   # A block whose text did not re-tokenise to its stored wordpieces has no offsets: the text
   # falls back to the joined (lower-cased) wordpieces.
   batch["reader_offsets_valid"][0, 0] = False
-  assert open_qa.span_text(store, batch, 0, 0, 7, 11) == "zoe muller founded tessavar"
+  assert qa_batches.span_text(store, batch, 0, 0, 7, 11) == "zoe muller founded tessavar"
 
 
 def test_questions_are_never_truncated(store, vocab):
   example = QAExample("who founded tessavar?", ("x",), source="dev.jsonl:3")
   with pytest.raises(ValueError, match=r"dev.jsonl:3.*never truncated"):
-    open_qa.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab, reader_beam=1,
+    qa_batches.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab, reader_beam=1,
                                 reader_len=READER_LEN, question_len=6)
   with pytest.raises(ValueError, match="no room for the block"):
-    open_qa.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab, reader_beam=1,
+    qa_batches.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab, reader_beam=1,
                                 reader_len=8)
   # Padding to the batch's longest question (rounded up to 8) or to a fixed length.
   short = QAExample("who?", ("x",))
-  batch = open_qa.build_open_qa_batch(store, [example, short], np.array([[0], [0]]),
+  batch = qa_batches.build_open_qa_batch(store, [example, short], np.array([[0], [0]]),
                                       vocab=vocab, reader_beam=1, reader_len=READER_LEN)
   assert batch["question_ids"].shape == (2, 8)
   np.testing.assert_array_equal(batch["question_mask"].sum(1), [7, 4])
   # Each reader row holds its own question unpadded: the block starts right after it.
   assert batch["reader_block_mask"][1, 0].argmax() == 4
   with pytest.raises(ValueError, match="smaller than reader_beam"):
-    open_qa.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab, reader_beam=2)
+    qa_batches.build_open_qa_batch(store, [example], np.array([[0]]), vocab=vocab, reader_beam=2)
   with pytest.raises(ValueError, match="out of range"):
-    open_qa.build_open_qa_batch(store, [example], np.array([[7]]), vocab=vocab, reader_beam=1)
+    qa_batches.build_open_qa_batch(store, [example], np.array([[7]]), vocab=vocab, reader_beam=1)
 
 
 def test_regex_answers_mark_spans_whose_original_text_fully_matches(store, vocab):
   # Body of block 2: the(0) e(1) ##iff(2) ##el(3) tower(4) opened(5) in(6) 1889(7) in(8)
   #                  paris(9) .(10); question "when?" -> 2 wordpieces, block starts at 4.
   example = QAExample("when?", (r"18\d\d", "eiffel tower", "Paris", "("), answers_are_regex=True)
-  batch = open_qa.build_open_qa_batch(store, [example], np.array([[2, 0, 3]]), vocab=vocab,
+  batch = qa_batches.build_open_qa_batch(store, [example], np.array([[2, 0, 3]]), vocab=vocab,
                                       reader_beam=2, reader_len=READER_LEN)
   # "1889" (position 11), "Eiffel Tower" (IGNORECASE, 5..8) and "Paris" (13); not "Paris."
   # (a prefix match only), and the invalid pattern "(" matches nothing.
   assert _gold(batch, 0, 0) == [(5, 8), (11, 11), (13, 13)]
-  assert [open_qa.span_text(store, batch, 0, 0, s, e) for s, e in _gold(batch, 0, 0)] == [
+  assert [qa_batches.span_text(store, batch, 0, 0, s, e) for s, e in _gold(batch, 0, 0)] == [
       "Eiffel Tower", "1889", "Paris"]
   assert _gold(batch, 0, 1) == [(4 + 6, 4 + 6), (4 + 12, 4 + 12)]  # "Paris" in block 0, twice
   # Retriever label: re.search over the body.
   assert batch["retriever_correct"].tolist() == [[True, True, False]]
   # Regex mode follows the examples unless told otherwise.
   london = QAExample("when?", ("Lond.n",), answers_are_regex=True)
-  batch = open_qa.build_open_qa_batch(store, [london], np.array([[2]]), vocab=vocab,
+  batch = qa_batches.build_open_qa_batch(store, [london], np.array([[2]]), vocab=vocab,
                                       reader_beam=1, reader_len=READER_LEN)
   assert batch["retriever_correct"].tolist() == [[False]] and _gold(batch, 0, 0) == []
   with pytest.raises(ValueError, match="mix regex"):
-    open_qa.build_open_qa_batch(store, [example, QAExample("q", ("a",))],
+    qa_batches.build_open_qa_batch(store, [example, QAExample("q", ("a",))],
                                 np.array([[2], [2]]), vocab=vocab, reader_beam=1)
 
 
 def test_title_match_only_with_title_and_body_labels(store, vocab):
   example = QAExample("what?", ("Numbers",))  # in block 1's title, not its body ("numbers")
   for label_text, expected in (("body", False), ("title_and_body", True)):
-    batch = open_qa.build_open_qa_batch(store, [example], np.array([[1]]), vocab=vocab,
+    batch = qa_batches.build_open_qa_batch(store, [example], np.array([[1]]), vocab=vocab,
                                         reader_beam=1, reader_len=READER_LEN,
                                         retriever_label_text=label_text)
     assert batch["retriever_correct"].tolist() == [[expected]]
@@ -221,7 +222,7 @@ def _batch(store, vocab, block_emb, ids=((0, 3, 1), (3, 2, 1), (1, 2, 0), (3, 0,
               QAExample("capital of italy?", ("Madrid",)),  # nothing correct anywhere
               QAExample("when did the eiffel tower open?", ("1889",)),
               QAExample("who founded tessavar?", ("Paris",))]
-  return open_qa.build_open_qa_batch(store, examples, np.array(ids), vocab=vocab,
+  return qa_batches.build_open_qa_batch(store, examples, np.array(ids), vocab=vocab,
                                      reader_beam=2, reader_len=READER_LEN, block_emb=block_emb,
                                      question_len=16, max_occurrences=8, **kwargs)
 
@@ -246,7 +247,7 @@ def _probe(model):
 
 
 def test_losses_equal_numpy_marginal_log_loss(store, vocab, block_emb, model, params):
-  batch = open_qa.model_inputs(_batch(store, vocab, block_emb))
+  batch = qa_batches.model_inputs(_batch(store, vocab, block_emb))
   probe = _probe(model)
   aux, scores, logits, question_emb = probe(params, batch)
   scores, logits = np.asarray(scores), np.asarray(logits)
@@ -316,7 +317,7 @@ def test_parity_with_transformers_realm_reader_losses(store, vocab, block_emb, m
   batch = _batch(store, vocab, block_emb, ids=((0, 2, 3), (3, 2, 1), (1, 2, 0), (3, 0, 2)),
                  first=QAExample("who founded tessavar?", answers),
                  example_mask=np.array([True, False, False, False]))
-  batch = open_qa.model_inputs(batch)
+  batch = qa_batches.model_inputs(batch)
   aux, scores, _, _ = _probe(model)(params, batch)
   starts, ends = enumerate_spans(READER_LEN, config.max_span_width)
   relevance = np.asarray(scores)[0]  # [beam]
@@ -364,7 +365,7 @@ def test_predict_batch_global_argmax_in_original_casing(store, vocab, model, par
   # which gets the highest score although it is retrieved second.
   batch = _batch(store, vocab, np.zeros((len(DOCS), 16), np.float32),
                  ids=((3, 0, 2), (3, 2, 1), (1, 2, 0), (3, 0, 2)))
-  question_emb = np.asarray(_probe(model)(rigged, open_qa.model_inputs(batch))[3])
+  question_emb = np.asarray(_probe(model)(rigged, qa_batches.model_inputs(batch))[3])
   batch["retrieved_block_emb"][0, 1] = 5.0 * question_emb[0] / np.sum(question_emb[0] ** 2)
   predict = jax.jit(model.predict_batch)
   predictions = predict(rigged, batch)
@@ -372,18 +373,18 @@ def test_predict_batch_global_argmax_in_original_casing(store, vocab, model, par
   assert (int(predictions["start"][0]), int(predictions["end"][0])) == (7, 7)
   np.testing.assert_allclose(predictions["logit"][0], 5.0, rtol=1e-4)
   np.testing.assert_array_equal(predictions["retrieved_block_ids"][0], [3, 0, 2])
-  assert open_qa.answer_texts(store, batch, predictions, vocab)[0] == "Zoë"
-  assert open_qa.span_text(store, batch, 0, 1, 7, 8) == "Zoë Müller"
-  assert open_qa.span_text(store, batch, 0, 1, 9, 11) == "founded Tessavar"
+  assert qa_batches.answer_texts(store, batch, predictions, vocab)[0] == "Zoë"
+  assert qa_batches.span_text(store, batch, 0, 1, 7, 8) == "Zoë Müller"
+  assert qa_batches.span_text(store, batch, 0, 1, 9, 11) == "founded Tessavar"
 
   # Unrigged: the prediction is the global argmax of the joint logits.
   predictions = predict(params, batch)
-  logits = np.asarray(_probe(model)(params, open_qa.model_inputs(batch))[2])[0]
+  logits = np.asarray(_probe(model)(params, qa_batches.model_inputs(batch))[2])[0]
   starts, ends = enumerate_spans(READER_LEN, CONFIG.max_span_width)  # [reader_beam, spans]
   block, span = np.unravel_index(np.argmax(logits), logits.shape)
   assert (int(predictions["block_index"][0]), int(predictions["start"][0]),
           int(predictions["end"][0])) == (block, int(starts[span]), int(ends[span]))
-  text = open_qa.answer_texts(store, batch, predictions, vocab)[0]
+  text = qa_batches.answer_texts(store, batch, predictions, vocab)[0]
   assert text and text in store.body(int(predictions["block_id"][0]))
 
 
@@ -404,7 +405,7 @@ def test_gradients_reach_the_question_tower_and_not_a_frozen_document_tower(stor
             "reader": params["reader"]}
   assert jax.tree.structure(params) == jax.tree.structure(
       jax.eval_shape(frozen.init, jax.random.PRNGKey(0)))
-  batch = open_qa.model_inputs(_batch(store, vocab, block_emb, document_beam=2))
+  batch = qa_batches.model_inputs(_batch(store, vocab, block_emb, document_beam=2))
 
   def grads(model):
     def loss(params):
@@ -436,7 +437,7 @@ def test_gradients_reach_the_question_tower_and_not_a_frozen_document_tower(stor
                                                       batch["retrieved_block_emb"][:, 2:]),
                              rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match="document_beam"):
-    live.retrieval_scores(params, open_qa.model_inputs(_batch(store, vocab, block_emb)),
+    live.retrieval_scores(params, qa_batches.model_inputs(_batch(store, vocab, block_emb)),
                           question_emb)
 
 

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from realm_jax.training import checkpoints as ckpt
+from realm_jax import checkpoints as ckpt
 
 import train_child
 

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from realm_jax.training import checkpoints as ckpt
+from realm_jax import checkpoints as ckpt
 
 import train_child
 

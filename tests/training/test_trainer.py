@@ -18,7 +18,7 @@ import pytest
 
 from realm_jax.models import config as config_lib
 from realm_jax.models import realm
-from realm_jax.training import checkpoints as ckpt
+from realm_jax import checkpoints as ckpt
 from realm_jax.training import optim
 from realm_jax.training import partitioning
 from realm_jax.training import trainer

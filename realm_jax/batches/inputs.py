@@ -81,14 +81,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data.masking import SkipCounter
-from realm_jax.index import candidates as candidates_lib
+from realm_jax.batches import candidates as candidates_lib
 from realm_jax.index import search as search_lib
 from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmRetriever
 from realm_jax.models import realm as realm_lib
 from realm_jax.models import retriever as retriever_lib
-from realm_jax.training import checkpoints as ckpt_lib
+from realm_jax import checkpoints as ckpt_lib
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,10 @@ from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.models import config as config_lib
 from realm_jax.models import open_qa
+from realm_jax.batches import open_qa as qa_batches
 from realm_jax.models.retriever import RealmRetriever
-from realm_jax.training import inputs
-from realm_jax.training import qa_inputs
+from realm_jax.batches import inputs
+from realm_jax.batches import qa_inputs
 
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=16)
 BEAM = 12
@@ -78,7 +79,7 @@ def test_batches_retrieve_with_the_live_question_tower(setup):
   batches.set_query_params(live)
   batch = next(batches)
   questions = [batches.examples[i].question for i in batches._epoch_order()[:4]]  # pylint: disable=protected-access
-  ids, mask, _ = open_qa.question_arrays(questions, vocab_lib.default_vocabulary(),
+  ids, mask, _ = qa_batches.question_arrays(questions, vocab_lib.default_vocabulary(),
                                          question_len=64)
   # The live tower (not the index's) applied directly, brute-force top BEAM by NumPy.
   emb = np.asarray(RealmRetriever(TINY).apply(
@@ -98,7 +99,7 @@ def test_batches_retrieve_with_the_live_question_tower(setup):
   shapes = {k: v.shape for k, v in batch.items()}
   assert shapes["reader_ids"] == (4, 5, 320) and shapes["reader_gold_starts"] == (4, 5, 32)
   assert shapes["retriever_correct"] == (4, BEAM) and shapes["question_mask"] == (4, 64)
-  assert not set(open_qa.HOST_ONLY_KEYS) & set(batch)
+  assert not set(qa_batches.HOST_ONLY_KEYS) & set(batch)
   # The retriever label is the raw substring test of an answer in the block body (ORQA).
   for q, question in enumerate(questions):
     example = next(e for e in batches.examples if e.question == question)

@@ -1,4 +1,4 @@
-"""The toy BERT's reading examples (realm_jax.data.reading) on a small generated world: each row
+"""The toy BERT's reading examples (realm_jax.batches.reading) on a small generated world: each row
 is `[CLS] masked sentence [SEP] body [SEP]` with the body the kind of context drawn, checked
 against rows assembled here from the BlockStore's own token arrays."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from realm_jax.data import corpus as corpus_lib
-from realm_jax.data import reading
+from realm_jax.batches import reading
 from realm_jax.data import salient_spans
 from realm_jax.data import toy_world as tw
 from realm_jax.data.vocab import CLS_ID, MASK_ID, SEP_ID

@@ -11,7 +11,7 @@ batch is drawn); the iterator
 2. embeds them with that question tower (eval mode) and searches the current index (a frozen
    one by default, or one the index builder refreshes when the document tower trains) for the
    top `retriever_beam` blocks (5000 in the paper; at most the number of blocks);
-3. builds the `OpenQAModel` batch with `open_qa.build_open_qa_batch`: the frozen index
+3. builds the `OpenQAModel` batch with `qa_batches.build_open_qa_batch`: the frozen index
    embeddings of the beam (the model recomputes `question . block` with the live, dropout-on
    question tower, so both losses train it), the reader inputs of the top `reader_beam`, the
    retriever and reader labels (CuratedTrec: its regex answers).
@@ -36,8 +36,9 @@ import numpy as np
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
+from realm_jax.batches import open_qa as qa_batches
 from realm_jax.models import open_qa
-from realm_jax.training import inputs
+from realm_jax.batches import inputs
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,6 @@ def _text(value: Any) -> str:
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def answers_are_regex(task: Any) -> bool:
-  """Whether a QA task's references are regular expressions (CuratedTrec), from its metric."""
-  from realm_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
-  return metrics.curated_trec_regex_match in tuple(getattr(task, "metric_fns", ()))
-
-
 def qa_task_examples(task_name: str, split: str, *,
                      max_examples: Optional[int] = None) -> list[QAExample]:
   """The `QAExample`s of a registered QA task split, in the task's order.
@@ -70,8 +65,9 @@ def qa_task_examples(task_name: str, split: str, *,
     ValueError: the task is not a QA task (no `question`/`answers` features), or the split is
       empty.
   """
+  import realm_jax_tasks  # pylint: disable=g-import-not-at-top  (the task knows its metric)
   task = inputs.get_task(task_name)
-  regex = answers_are_regex(task)
+  regex = realm_jax_tasks.answers_are_regex(task)
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False)
   missing = [k for k in ("question", "answers") if k not in dataset.element_spec]
   if missing:
@@ -103,7 +99,7 @@ def host_local_params(params: Any) -> Any:
 class OpenQABatches:
   """Open-QA fine-tuning batches on this host (see the module docstring); resumable.
 
-  Yields `open_qa.model_inputs(build_open_qa_batch(...))`: question_ids/type_ids/mask
+  Yields `qa_batches.model_inputs(build_open_qa_batch(...))`: question_ids/type_ids/mask
   [B, question_len], retrieved_block_ids [B, beam], retrieved_block_emb [B, beam, proj],
   retriever_correct [B, beam], reader_ids/type_ids/mask/block_mask [B, reader_beam, reader_len],
   reader_gold_starts/ends [B, reader_beam, max_occurrences], example_mask [B] (and
@@ -231,11 +227,11 @@ class OpenQABatches:
     retriever = self._current_retriever()
     if self._query_params is not None:
       retriever.set_query_params(host_local_params(self._query_params))
-    question_ids, question_mask, _ = open_qa.question_arrays(
+    question_ids, question_mask, _ = qa_batches.question_arrays(
         [e.question for e in examples], self.vocab, question_len=self.question_len)
     # [B, beam] each, best first.
     scores, ids = retriever.retrieve(question_ids, question_mask, k=self.beam)
-    batch = open_qa.build_open_qa_batch(
+    batch = qa_batches.build_open_qa_batch(
         self.store, examples, np.asarray(ids), np.asarray(scores), vocab=self.vocab,
         reader_beam=self.model.reader_beam, reader_len=self.reader_len,
         answers_are_regex=self.answers_are_regex, block_emb=retriever.block_emb,
@@ -244,7 +240,7 @@ class OpenQABatches:
         document_beam=self.model.num_reembedded)
     self._batches_in_epoch += 1
     self._batches_consumed += 1
-    return open_qa.model_inputs(batch)
+    return qa_batches.model_inputs(batch)
 
   def metrics(self) -> dict[str, float]:
     return {"qa/skipped_too_long": float(self.skipped_too_long),

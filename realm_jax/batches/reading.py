@@ -37,7 +37,7 @@ import numpy as np
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import masking
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.index import candidates as candidates_lib
+from realm_jax.batches import candidates as candidates_lib
 
 CONTEXTS = ("own", "copy", "distractor", "null")
 

@@ -9,7 +9,7 @@ import pytest
 
 from realm_jax.models import config as config_lib
 from realm_jax.models.retriever import RealmRetriever
-from realm_jax.training import checkpoints as ckpt
+from realm_jax import checkpoints as ckpt
 
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert())
 

@@ -8,8 +8,8 @@ import pytest
 
 from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.index import candidates as cand_lib
-from realm_jax.index.candidates import NULL_BLOCK as NULL
+from realm_jax.batches import candidates as cand_lib
+from realm_jax.batches.candidates import NULL_BLOCK as NULL
 
 CLS, SEP, MASK = vocab_lib.CLS_ID, vocab_lib.SEP_ID, vocab_lib.MASK_ID
 

@@ -15,14 +15,14 @@ from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import builder
-from realm_jax.index import candidates
+from realm_jax.batches import candidates
 from realm_jax.index import store as store_lib
 from realm_jax.index import swap
 from realm_jax.models import config as config_lib
 from realm_jax.models.realm import IctModel, RealmPretrainModel
 from realm_jax.models.retriever import RealmRetriever
-from realm_jax.training import checkpoints as ckpt
-from realm_jax.training import inputs
+from realm_jax import checkpoints as ckpt
+from realm_jax.batches import inputs
 from realm_jax_tasks import TOY_BLOCK_LEN
 
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=16)
