@@ -1,18 +1,23 @@
 r"""Shared t5x-style command-line handling of the gin-configured entry points.
 
-Used by `realm_jax.build_index` and `realm_jax.train`:
+Used by every gin-configured `python -m realm_jax.*` (train, build_index, evaluate), each of
+them one `@command(...)` function:
 
 * `--gin_file` (repeatable; a relative path is also looked up from the repository root),
   `--gin_bindings` (repeatable) and `--gin.KEY=VALUE` (the same as
   `--gin_bindings='KEY = VALUE'`);
 * configuration mistakes become a `ConfigError` whose message is one line (gin's multi-line
   errors are folded; a missing `%gin.REQUIRED` macro is named with the flag that sets it); the
-  entry points print it as `<prog>: config error: ...` and exit with status 2.
+  entry points print it as `<prog>: config error: ...` and exit with status 2;
+* `command` turns a gin-configurable main function into the entry point (`.main(argv)`): flags,
+  gin parsing, `--help`, and what it raises as one line and an exit status (`run_job`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import functools
 import glob
 import inspect
 import logging
@@ -20,15 +25,16 @@ import os
 import re
 import sys
 import textwrap
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import gin
 from absl import flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["ConfigError", "HelpRequested", "REPO_ROOT", "help_text", "one_line", "parse_flags",
-           "parse_gin", "resolve_gin_file", "run_job", "setup_logging", "split_gin_args"]
+__all__ = ["ConfigError", "HelpRequested", "REPO_ROOT", "command", "help_text", "one_line",
+           "parse_flags", "parse_gin", "resolve_gin_file", "run_job", "setup_logging",
+           "split_gin_args"]
 
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull")
 
@@ -301,3 +307,80 @@ def run_job(prog: str, job: Callable[[], int], *, started: Callable[[], bool],
     return 130
   except Exception as e:  # noqa: BLE001
     return report_error(prog, e, expected)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Command:
+  """What `command` needs besides the function (see there)."""
+  prog: str
+  doc: str
+  example_gin: str
+  interrupted: str
+  booleans: Mapping[str, str]
+  multi_strings: Mapping[str, str]
+  extra_bindings: Optional[Callable[[flags.FlagValues], list[str]]]
+  expected: tuple[type, ...]
+  configurables: Sequence[Callable]
+
+
+def command(prog: str, *, doc: str, example_gin: str, interrupted: str,
+            booleans: Optional[Mapping[str, str]] = None,
+            multi_strings: Optional[Mapping[str, str]] = None,
+            extra_bindings: Optional[Callable[[flags.FlagValues], list[str]]] = None,
+            expected: tuple[type, ...] = (ValueError, OSError, RuntimeError),
+            configurables: Sequence[Callable] = ()) -> Callable[[Callable[..., int]], Any]:
+  """Decorates an entry point's main function: gin-configurable under its own name, with a
+  `.main(argv) -> exit status` attribute that is the whole `python -m realm_jax.<prog>`.
+
+  `.main` parses `--gin_file` (at least one; `example_gin` is suggested when there is none),
+  `--gin_bindings`, `--gin.KEY=VALUE`, the `booleans` flags ({name: help}: when given, the
+  argument of that name is passed as True, overriding gin) and the `multi_strings` flags
+  ({name: help}: when given, passed as a list); `extra_bindings(flag values)` may add gin
+  bindings. Then it calls the function through gin and maps what it raises with `run_job`: an
+  error before the function's body starts is gin's refusal of the configuration (exit 2).
+  `--help` shows `doc`, the flags and the settings of the function and of `configurables`
+  (e.g. the gin-configurable objects it is given).
+  """
+  spec = _Command(prog, doc, example_gin, interrupted, dict(booleans or {}),
+                  dict(multi_strings or {}), extra_bindings, tuple(expected),
+                  tuple(configurables))
+
+  def decorate(fn: Callable[..., int]):
+    started = [False]  # per entry point: whether gin got as far as calling the body
+
+    @functools.wraps(fn)
+    def body(*args, **kwargs) -> int:
+      started[0] = True
+      return fn(*args, **kwargs)
+
+    configurable = gin.configurable(fn.__name__)(body)
+
+    def main(argv: Optional[Sequence[str]] = None) -> int:
+      """Entry point; returns the exit status."""
+      argv = list(sys.argv if argv is None else argv)
+      setup_logging()
+      started[0] = False
+
+      def job() -> int:
+        bindings, rest = split_gin_args(argv[1:])
+        values = parse_flags([argv[0] if argv else spec.prog] + rest, spec.booleans,
+                             multi_strings=spec.multi_strings)
+        if not values.gin_file:
+          raise ConfigError(f"no --gin_file given (e.g. --gin_file={spec.example_gin})")
+        bindings = list(values.gin_bindings) + bindings
+        if spec.extra_bindings is not None:
+          bindings += spec.extra_bindings(values)
+        parse_gin(values.gin_file, bindings)
+        overrides = {name: True for name in spec.booleans if values[name].value}
+        overrides.update({name: list(values[name].value) for name in spec.multi_strings
+                          if values[name].value})
+        return configurable(**overrides)
+
+      return run_job(spec.prog, job, started=lambda: started[0], interrupted=spec.interrupted,
+                     expected=spec.expected, doc=spec.doc,
+                     configurables=(fn, *spec.configurables))
+
+    configurable.main = main
+    return configurable
+
+  return decorate
