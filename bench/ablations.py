@@ -13,7 +13,7 @@ warm start, trained with that seed in `<out>/seed<s>/shared/ict` (`--toy_bert` a
   REALM                      salient-span masking, null document, index refreshed, ICT start
   random-span masking        --gin.TASK='realm_toy_random_span'
   random-token masking       --gin.TASK='realm_toy_random_token'
-  without the null document  --gin.train_main.null_document=False
+  without the null document  --gin.PretrainJob.null_document=False
   index never refreshed      no index builder: pretraining retrieves from the ICT index
   without ICT warm start     the retriever starts as ICT would (random, or the BERT with
                              `--ict_from bert`): an "ICT" run of one step at learning rate 0
@@ -66,7 +66,7 @@ VARIANTS = (
     ("random_token", "random-token masking",
      {"pretrain_bindings": ["TASK='realm_toy_random_token'"]}),
     ("no_null", "without the null document",
-     {"pretrain_bindings": ["train_main.null_document=False"]}),
+     {"pretrain_bindings": ["PretrainJob.null_document=False"]}),
     ("never_refresh", "index never refreshed", {"with_builder": False}),
     ("no_ict", "without ICT warm start", {"ict": "untrained"}),
 )

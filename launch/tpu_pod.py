@@ -294,10 +294,9 @@ def run_commands(pod: Pod, *, run_dir: str, block_store: str, trainer_gin: Seque
   block_store = _shared_path(block_store, "--block_store")
   run_binding = f"--gin.RUN_DIR={_gin_string(run_dir, '--run_dir')}"
   store = _gin_string(block_store, "--block_store")
-  # Both spellings for the trainer: the paper-scale gins read %BLOCK_STORE, the run gins bind
-  # train_main.block_store directly (an unused macro is harmless in gin).
+  # Every run gin binds its job's block_store to %BLOCK_STORE.
   trainer_args = [*_gin_files(trainer_gin, "--trainer_gin"), run_binding,
-                  f"--gin.BLOCK_STORE={store}", f"--gin.train_main.block_store={store}",
+                  f"--gin.BLOCK_STORE={store}",
                   *_bindings(trainer_bindings, "--trainer_binding")]
   builder_args = [*_gin_files(builder_gin, "--builder_gin"), run_binding,
                   f"--gin.BLOCK_STORE={store}", *_bindings(builder_bindings, "--builder_binding")]

@@ -146,7 +146,7 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
     log.warning("ICT skipped %d of %d blocks of %s (%.0f%%; %s): blocks of one sentence lose "
                 "it with probability ict_remove_probability=%g. For short documents, keep "
                 "more sentences with a lower ict_remove_probability (0.0 keeps them all, as the "
-                "toy world does; train: --gin.train_main.ict_remove_probability=P; "
+                "toy world does; train: --gin.IctJob.ict_remove_probability=P; "
                 "registering the corpus yourself: realm_jax_tasks.register_pretraining_tasks)",
                 skipped, store.num_blocks,
                 store.path, 100 * skipped / store.num_blocks, skips.summary(),

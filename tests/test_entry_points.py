@@ -4,6 +4,7 @@ subprocesses), gin's config cleared around each test."""
 
 import inspect
 import os
+import sys
 
 import gin
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import realm_jax_tasks
 from realm_jax import build_index
 from realm_jax import gin_utils
+from realm_jax import jobs
 from realm_jax import train
 from realm_jax.models import config as config_lib
 from realm_jax import checkpoints
@@ -56,7 +58,7 @@ DRY_RUNS = {
     "runs_finetune": ["--gin_file=gin_configs/models/tiny.gin",
                       "--gin_file=gin_configs/runs/finetune.gin", "--gin.TASK='toy_qa'",
                       "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10", "--gin.INIT_CHECKPOINT=None",
-                      "--gin.train_main.train_document_tower=True",
+                      "--gin.FinetuneJob.train_document_tower=True",
                       "--gin.train_main.mesh_shape=(4, 2)"],
     # Paper scale (BERT-base, traced only): the toy BlockStore stands in for Wikipedia.
     "wiki_ict": ["--gin_file=gin_configs/experiments/wiki_ict.gin", "--gin.BLOCK_STORE=@toy()",
@@ -167,7 +169,7 @@ def test_fine_tuning_on_your_own_question_files(tmp_path, capsys, forget_qa_file
     (mine / f"{split}.jsonl").write_text('{"question": "Who wrote it?", "answer": ["Ada"]}\n')
   code = _train(*DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
                 f"--gin.TASK='{mine}'",
-                f"--gin.train_main.block_store='{realm_jax_tasks.toy_block_store_dir()}'",
+                f"--gin.BLOCK_STORE='{realm_jax_tasks.toy_block_store_dir()}'",
                 "--dry_run")
   out, err = _stderr_lines(capsys)
   assert code == 0, err
@@ -176,12 +178,12 @@ def test_fine_tuning_on_your_own_question_files(tmp_path, capsys, forget_qa_file
   line = _one_config_error(capsys, _train(*DRY_RUNS["toy_finetune"],
                                           f"--gin.RUN_DIR='{tmp_path / 'run'}'",
                                           f"--gin.TASK='{mine}'", "--dry_run"))
-  assert "train_main.block_store is required for task 'qa_files_" in line, line
+  assert "FinetuneJob.block_store is required for task 'qa_files_" in line, line
   # No dev split to evaluate at the checkpoints: said before anything runs.
   (mine / "dev.jsonl").unlink()
   line = _one_config_error(capsys, _train(
       *DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path / 'run'}'", f"--gin.TASK='{mine}'",
-      f"--gin.train_main.block_store='{realm_jax_tasks.toy_block_store_dir()}'", "--dry_run"))
+      f"--gin.BLOCK_STORE='{realm_jax_tasks.toy_block_store_dir()}'", "--dry_run"))
   assert "'dev'" in line, line
   line = _one_config_error(capsys, _train(*DRY_RUNS["toy_finetune"],
                                           f"--gin.RUN_DIR='{tmp_path / 'run'}'",
@@ -244,7 +246,7 @@ def test_help_lists_usage_flags_settings_and_gins(flag, capsys):
     assert main(["prog", "--gin.RUN_DIR='/x'", flag]) == 0
     out, err = capsys.readouterr()
     assert not err.strip(), err
-    assert out.startswith(main.__globals__["__doc__"].strip().splitlines()[0]), out[:200]
+    assert out.startswith(sys.modules[main.__module__].__doc__.strip().splitlines()[0]), out[:200]
     assert f"  {extra_flag}" in out and "  --gin_file" in out
     # Every parameter of the configurable, with its default or "required".
     settings = out.split(f"Gin-configurable settings of {configurable.__name__}")[1]
@@ -289,22 +291,24 @@ def test_build_index_settings_are_refused_before_any_wait(tmp_path, capsys, bind
     ("toy_finetune", "TASK='ict_toy'", "is not a QA task"),
     ("toy_finetune", "TASK='toy_qaa'", "unknown seqio task or mixture 'toy_qaa'"),
     ("toy_bert", "train_main.init_checkpoint='/x'", "init_checkpoint: /x"),
-    ("toy_ict", "train_main.encoder_checkpoint='/x'",
-     "encoder_checkpoint is a 'pretrain' and 'finetune' option"),
-    ("toy_ict", "train_main.freeze_retriever_steps=100",
-     "freeze_retriever_steps is a 'pretrain' and 'finetune' option"),
-    ("toy_bert", "train_main.retriever_lr_scale=0.1",
-     "retriever_lr_scale is a 'pretrain' and 'finetune' option"),
-    ("toy_pretrain", "train_main.retriever_lr_scale=-1.0",
+    # Another job's setting: gin refuses it when the files are parsed.
+    ("toy_ict", "IctJob.encoder_checkpoint='/x'",
+     "Configurable 'IctJob' doesn't have a parameter named 'encoder_checkpoint'"),
+    ("toy_ict", "IctJob.freeze_retriever_steps=100",
+     "Configurable 'IctJob' doesn't have a parameter named 'freeze_retriever_steps'"),
+    ("toy_bert", "MlmJob.retriever_lr_scale=0.1",
+     "Configurable 'MlmJob' doesn't have a parameter named 'retriever_lr_scale'"),
+    ("toy_pretrain", "PretrainJob.ict_remove_probability=0.5",
+     "Configurable 'PretrainJob' doesn't have a parameter named 'ict_remove_probability'"),
+    ("toy_pretrain", "PretrainJob.retriever_lr_scale=-1.0",
      "retriever_lr_scale must be finite and >= 0"),
-    ("toy_pretrain", "train_main.ict_remove_probability=0.5",
-     "ict_remove_probability is an 'ict' option"),
-    ("toy_ict", "train_main.ict_remove_probability=1.5", "expected a probability in [0, 1]"),
+    ("toy_ict", "IctJob.ict_remove_probability=1.5", "expected a probability in [0, 1]"),
     # The toy world's ict_toy is registered (keeping the sentence) before any run.
-    ("toy_ict", "train_main.ict_remove_probability=0.5",
+    ("toy_ict", "IctJob.ict_remove_probability=0.5",
      "task 'ict_toy' is registered already"),
-    ("toy_ict", "train_main.block_store='/nonexistent/store'",
-     "train_main.block_store: /nonexistent/store: not a directory"),
+    ("toy_ict", "BLOCK_STORE='/nonexistent/store'",
+     "IctJob.block_store: /nonexistent/store: not a directory"),
+    ("toy_ict", "train_main.job='ict'", "train_main.job is a str, not a job"),
 ])
 def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, capsys):
   line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
@@ -312,13 +316,16 @@ def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, ca
   assert expected in line, line
 
 
+JOB_CLASSES = {"toy_pretrain": "PretrainJob", "toy_finetune": "FinetuneJob"}
+
+
 @pytest.mark.parametrize("name", ["toy_pretrain", "toy_finetune"])
 def test_retriever_protection_builds_for_both_towered_jobs(name, tmp_path, capsys):
   # The optimizer finds each job's retriever ("retriever": fine-tuning's question tower too)
   # when the state is traced; a wrong key would be an error here, not a dry run.
   code = _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
-                "--gin.train_main.freeze_retriever_steps=5",
-                "--gin.train_main.retriever_lr_scale=0.1", "--dry_run")
+                f"--gin.{JOB_CLASSES[name]}.freeze_retriever_steps=5",
+                f"--gin.{JOB_CLASSES[name]}.retriever_lr_scale=0.1", "--dry_run")
   out, err = _stderr_lines(capsys)
   assert code == 0, err
   assert "retriever lr x0.1, retriever frozen for 5 steps" in out, out
@@ -339,7 +346,7 @@ def _leaves_equal(a, b):
 
 def test_ict_towers_start_from_an_mlm_encoders_bert():
   mlm, fresh = _tiny_params("BertMlmModel", 1), _tiny_params("IctModel", 2)
-  params, taken = train._warm_start("ict", mlm, fresh, "mlm/5")
+  params, taken = jobs.IctJob(task="ict_toy").warm_start(mlm, fresh, "mlm/5")
   tower, fresh_tower = params["retriever"]["embedder"], fresh["retriever"]["embedder"]
   assert taken == "retriever towers' BERT (from the encoder)"
   # Embeddings and layers from the encoder; the pooler (the MLM encoder has none) and the
@@ -349,30 +356,32 @@ def test_ict_towers_start_from_an_mlm_encoders_bert():
   assert _leaves_equal(tower["bert"]["pooler"], fresh_tower["bert"]["pooler"])
   assert _leaves_equal(tower["projection"], fresh_tower["projection"])
   with pytest.raises(gin_utils.ConfigError, match="no encoder params"):
-    train._warm_start("ict", {"retriever": fresh["retriever"]}, fresh, "ict/5")
+    jobs.IctJob(task="ict_toy").warm_start({"retriever": fresh["retriever"]}, fresh, "ict/5")
 
 
 def test_mlm_continues_from_a_checkpoints_encoder():
   """The toy BERT's second phase: BERT and MLM head from the first phase's checkpoint."""
   first, fresh = _tiny_params("BertMlmModel", 1), _tiny_params("BertMlmModel", 2)
-  params, taken = train._warm_start("mlm", first, fresh, "copy/2000")
+  params, taken = jobs.MlmJob(task="mlm_toy").warm_start(first, fresh, "copy/2000")
   assert taken == "encoder (BERT and MLM head)"
   assert _leaves_equal(params["encoder"], first["encoder"])
   assert not _leaves_equal(fresh["encoder"], first["encoder"])
   with pytest.raises(gin_utils.ConfigError, match="init_checkpoint ict/5: no encoder params"):
-    train._warm_start("mlm", _tiny_params("IctModel", 3), fresh, "ict/5")
+    jobs.MlmJob(task="mlm_toy").warm_start(_tiny_params("IctModel", 3), fresh, "ict/5")
 
 
 def test_pretraining_takes_the_encoder_from_an_mlm_checkpoint():
   ict, mlm = _tiny_params("IctModel", 1), _tiny_params("BertMlmModel", 2)
   fresh = _tiny_params("RealmPretrainModel", 3)
-  params, taken = train._warm_start("pretrain", ict, fresh, "ict/5")
+  job = jobs.PretrainJob(task="realm_toy_salient_span")
+  params, taken = job.warm_start(ict, fresh, "ict/5")
   assert taken == "retriever" and _leaves_equal(params["encoder"], fresh["encoder"])
-  params = train._warm_start_encoder("pretrain", mlm, params, "mlm/5")
+  params, taken = job.warm_start_extra("encoder_checkpoint", mlm, params, "mlm/5")
+  assert taken == "encoder"
   assert _leaves_equal(params["retriever"], ict["retriever"])
   assert _leaves_equal(params["encoder"], mlm["encoder"])
   with pytest.raises(gin_utils.ConfigError, match="encoder_checkpoint ict/5: no encoder"):
-    train._warm_start_encoder("pretrain", ict, params, "ict/5")
+    job.warm_start_extra("encoder_checkpoint", ict, params, "ict/5")
 
 
 def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_from_ict():
@@ -380,9 +389,11 @@ def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_fr
   (the reader's BERT; the span head stays fresh)."""
   ict, mlm = _tiny_params("IctModel", 1), _tiny_params("BertMlmModel", 2)
   fresh = _tiny_params("OpenQAModel", 3)
-  params, taken = train._warm_start("finetune", ict, fresh, "ict/5")
+  job = jobs.FinetuneJob(task="toy_qa")
+  params, taken = job.warm_start(ict, fresh, "ict/5")
   assert taken == "retriever" and _leaves_equal(params["retriever"], ict["retriever"])
-  params = train._warm_start_encoder("finetune", mlm, params, "mlm/5")
+  params, taken = job.warm_start_extra("encoder_checkpoint", mlm, params, "mlm/5")
+  assert taken == "reader BERT"
   assert _leaves_equal(params["reader"]["bert"], mlm["encoder"]["bert"])
   assert _leaves_equal(params["reader"]["span_head"], fresh["reader"]["span_head"])
   assert _leaves_equal(params["retriever"], ict["retriever"])

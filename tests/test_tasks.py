@@ -159,7 +159,7 @@ def test_ict_on_short_documents_warns_with_what_to_change(tmp_path, caplog):
 
 def test_a_corpus_registered_by_train_takes_its_removal_probability_and_block_length(
     tmp_path, caplog, capsys, clean_gin):
-  """`train_main.ict_remove_probability` reaches the ICT task train registers over the store,
+  """`IctJob.ict_remove_probability` reaches the ICT task train registers over the store,
   whose blocks are the store's own length (not padded to 288)."""
   docs = [corpus_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
           for i in range(40)]
@@ -168,8 +168,8 @@ def test_a_corpus_registered_by_train_takes_its_removal_probability_and_block_le
   from realm_jax import train  # pylint: disable=g-import-not-at-top
   code = train.main(["train", "--gin_file=gin_configs/experiments/toy_ict.gin",
                      f"--gin.RUN_DIR='{tmp_path / 'run'}'", "--gin.TASK='ict_shortdocs'",
-                     f"--gin.train_main.block_store='{store}'",
-                     "--gin.train_main.ict_remove_probability=0.0", "--dry_run"])
+                     f"--gin.BLOCK_STORE='{store}'",
+                     "--gin.IctJob.ict_remove_probability=0.0", "--dry_run"])
   assert code == 0, capsys.readouterr().err
   try:
     dataset = seqio.get_mixture_or_task("ict_shortdocs").get_dataset(split="train",

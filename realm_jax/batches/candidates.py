@@ -50,7 +50,7 @@ drops.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
@@ -407,6 +407,39 @@ def reader_inputs(store: corpus_lib.BlockStore, query_ids, query_mask, candidate
 
 
 # ------------------------------------------------------------------------------ the batch
+
+
+def pretraining_batch_spec(masked_spec: Mapping[str, Any], *, num_candidates: int,
+                           block_len: int, reader_len: Optional[int] = None) -> dict[str, Any]:
+  """The per-example shapes and dtypes of a `build_pretraining_batch` batch (the 0-d
+  `index_step` is host metadata and not part of it): the schema, declared once.
+
+  Args:
+    masked_spec: {feature: object with .shape and .dtype} of one masked query, per example
+      (the `realm_<corpus>_<strategy>` task's element spec): query_ids [query_len],
+      mlm_positions [max_masks], ...
+    num_candidates: K, candidates per example including the null document.
+    block_len: the BlockStore's block row length.
+    reader_len: reader row length; default query_len + block_len (as `reader_inputs`).
+
+  Returns:
+    {key: jax.ShapeDtypeStruct of one example}.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  query_len = int(masked_spec["query_ids"].shape[0])
+  max_masks = int(masked_spec["mlm_positions"].shape[0])
+  reader_len = query_len + int(block_len) if reader_len is None else int(reader_len)
+  k = int(num_candidates)
+  shapes = {"query_ids": [query_len], "query_type_ids": [query_len], "query_mask": [query_len],
+            "candidate_input_ids": [k, block_len], "candidate_type_ids": [k, block_len],
+            "candidate_mask": [k, block_len], "reader_ids": [k, reader_len],
+            "reader_type_ids": [k, reader_len], "reader_mask": [k, reader_len],
+            "mlm_positions": [max_masks], "mlm_targets": [max_masks],
+            "mlm_weights": [max_masks], "candidate_block_ids": [k], "example_mask": [],
+            "source_removed": [], "example_index_step": []}
+  dtypes = {"mlm_weights": np.float32, "example_mask": np.float32, "source_removed": bool}
+  return {key: jax.ShapeDtypeStruct(tuple(int(n) for n in shape), dtypes.get(key, np.int32))
+          for key, shape in shapes.items()}
 
 
 def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[str, np.ndarray],

@@ -221,6 +221,19 @@ class SeqioBatches:
     self._batches_consumed = 0
     self._iterator: Optional[Iterator[dict]] = None
 
+  def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """{feature: shape and dtype of one example}, from the task's dataset spec (built, not
+    read): the schema is the task's output features."""
+    ds = self._task.get_dataset(sequence_length=self.sequence_length, split=self.split,
+                                shuffle=False)
+    keys = self.feature_keys if self.feature_keys is not None else tuple(ds.element_spec)
+    missing = [k for k in keys if k not in ds.element_spec]
+    if missing:
+      raise KeyError(f"task {self.task_name!r} has no features {missing} (has "
+                     f"{sorted(ds.element_spec)})")
+    return {k: jax.ShapeDtypeStruct(tuple(ds.element_spec[k].shape),
+                                    ds.element_spec[k].dtype.as_numpy_dtype) for k in keys}
+
   # -- the stream
 
   def _epoch_dataset(self, epoch: int):
@@ -789,6 +802,13 @@ class PretrainingBatches:
     self._examples += retrieved_ids.shape[0]
     self._last_index_step = int(retriever.step)
     return batch
+
+  def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """{key: shape and dtype of one example} of the batches this yields (without the 0-d
+    `index_step`): `candidates.pretraining_batch_spec` over the masked queries' spec."""
+    return candidates_lib.pretraining_batch_spec(
+        self.masked.element_spec(), num_candidates=self.num_candidates,
+        block_len=self.store.max_block_len, reader_len=self.reader_len)
 
   def skip_counts(self) -> dict[str, int]:
     """Examples skipped by the candidate rule so far, by reason (every reason present)."""

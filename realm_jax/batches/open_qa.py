@@ -391,6 +391,34 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
   return batch
 
 
+def open_qa_batch_spec(*, question_len: int, beam: int, proj_size: int, reader_beam: int,
+                       reader_len: int, max_occurrences: int, document_beam: int = 0,
+                       block_len: int = 0) -> dict[str, Any]:
+  """The per-example shapes and dtypes of the `OpenQAModel` batch, `model_inputs` of a
+  `build_open_qa_batch` built with fixed `question_len` and `max_occurrences` and a `block_emb`
+  (what `OpenQABatches` yields): the schema, declared once.
+
+  Returns:
+    {key: jax.ShapeDtypeStruct of one question}; `document_*` only with `document_beam`
+    (`block_len`: the BlockStore's row length).
+  """
+  shapes = {"question_ids": [question_len], "question_type_ids": [question_len],
+            "question_mask": [question_len], "retrieved_block_ids": [beam],
+            "retrieved_block_emb": [beam, proj_size], "retriever_correct": [beam],
+            "reader_ids": [reader_beam, reader_len], "reader_type_ids": [reader_beam, reader_len],
+            "reader_mask": [reader_beam, reader_len],
+            "reader_block_mask": [reader_beam, reader_len],
+            "reader_gold_starts": [reader_beam, max_occurrences],
+            "reader_gold_ends": [reader_beam, max_occurrences], "example_mask": []}
+  if document_beam:
+    for key in ("document_ids", "document_type_ids", "document_mask"):
+      shapes[key] = [document_beam, block_len]
+  dtypes = {"retrieved_block_emb": np.float32, "retriever_correct": bool,
+            "reader_block_mask": bool, "example_mask": bool}
+  return {key: jax.ShapeDtypeStruct(tuple(int(n) for n in shape), dtypes.get(key, np.int32))
+          for key, shape in shapes.items()}
+
+
 def gather_block_emb(block_emb: Any, ids: Any) -> np.ndarray:
   """Rows of the index embedding matrix as float32 NumPy.
 

@@ -1,8 +1,8 @@
 """Index refresh inside a training process: load newer indexes in the background, swap at step
 boundaries, report staleness.
 
-The index is not part of the train state (DESIGN convention 4): it is a versioned input that the
-trainer searches with. A separate builder job publishes `<run_dir>/index/<step>/` (see
+The index is not part of the train state (it is never checkpointed): it is a versioned input
+that the trainer searches with. A separate builder job publishes `<run_dir>/index/<step>/` (see
 `index/store.py`); this module follows those publications:
 
     with IndexWatcher(run_dir, load_fn=make_searcher, check_every_steps=100,
@@ -228,7 +228,7 @@ class IndexWatcher(Generic[T]):
       return self._value
 
   def metrics(self, train_step: int) -> dict[str, float]:
-    """Retrieval metrics of the index in use (DESIGN convention 8).
+    """`index/*` metrics of the index in use (its step, refreshes, staleness).
 
     Args:
       train_step: the current train step.

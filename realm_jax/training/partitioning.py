@@ -1,6 +1,6 @@
 """Device mesh, logical-axis rules and the shardings of parameters, train state and batches.
 
-DESIGN convention 5: parameters and activations carry *logical* axis names (`batch`,
+Parameters and activations carry *logical* axis names (`batch`,
 `candidates`, `length`, `embed`, `mlp`, `heads`, `kv`, `vocab`, `proj`, `docs`); this module
 maps them onto a two-axis device mesh `("data", "model")` with a table of rules that is plain
 config (a tuple of pairs, bound by gin at the entry point):

@@ -1,7 +1,7 @@
 """The training loop: a pure, sharded, jitted train step and a resumable loop around it.
 
 One trainer runs every stage (ICT warm start, REALM pretraining, open-QA fine-tuning): they
-differ only in the model object (DESIGN convention 3), which provides
+differ only in the model object (each job of `realm_jax.jobs` builds its own), which provides
 
   init(rng) -> params                     logical_axes() -> tree of logical PartitionSpecs
   loss_fn(params, batch, rng) -> (loss, aux)   aux: sums and weights ("loss_sum", "weight_sum",
@@ -17,7 +17,7 @@ Pieces:
   state donated, the dropout key `fold_in(state.rng, state.step)`, optional gradient
   accumulation over microbatches, and metrics averaged once from the summed aux.
 * `init_state(...)`: parameters and optimizer state created directly with their shardings
-  (`jax.eval_shape` first, DESIGN convention 4).
+  (`jax.eval_shape` first: nothing is allocated unsharded).
 * `train(...)`: the loop. Resumes from the newest checkpoint in `run_dir` (parameters,
   optimizer state, step, RNG and the input position), so "20 steps straight" and "10 steps,
   kill -9, resume" end with bitwise identical parameters; checkpoints asynchronously every
@@ -156,6 +156,9 @@ class BatchIterator(Protocol):
 
   def restore(self, state: Mapping[str, Any]) -> None:
     ...
+
+  # Optional: `metrics() -> {name: float}`, the input's own counts (skipped examples, epoch),
+  # written with every log line.
 
 
 class ListBatches:
@@ -731,7 +734,8 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
        and the last good checkpoint (after waiting for an in-flight save to finish); the
        non-finite state is never saved.
     4. every `log_every` steps and at the end: means of the interval's metrics,
-       `perf/examples_per_s`, `perf/mfu` and the hooks' latest values to `writer`, and a
+       `perf/examples_per_s`, `perf/mfu`, the hooks' latest values and `batches.metrics()`
+       (when the iterator has it) to `writer`, and a
        progress line (steps/s, ETA) to the log.
     5. every `checkpoint_every` steps and at the end: `eval_fn(s, state)` (logged) and an
        asynchronous checkpoint of the state and `batches.state()`; eval metrics pick the best
@@ -900,6 +904,8 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
           scalars["perf/steps_per_s"] = interval.timed_steps / interval.timed_seconds
           if peak is not None and flops_per_example:
             scalars["perf/mfu"] = examples_per_s * flops_per_example / (peak * num_devices)
+        if hasattr(batches, "metrics"):  # this host's input counts
+          scalars.update({name: float(v) for name, v in batches.metrics().items()})
         writer.write_scalars(step, scalars)
         rate = steps_timed / seconds_timed if seconds_timed > 0 else float("nan")
         eta = (num_steps - step) / rate if rate > 0 else float("nan")

@@ -187,6 +187,9 @@ def random_params(init_fn, seed, std=0.05):
 def test_ict_batches_have_exactly_the_ict_model_keys():
   batch = next(inputs.ict_batches("toy", batch_size=4, seed=0, shuffle_buffer_size=64))
   assert sorted(batch) == sorted(inputs.ICT_BATCH_KEYS)
+  spec = inputs.ict_batches("toy", batch_size=4).element_spec()  # the task's features
+  assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+      k: ((4,) + v.shape, v.dtype) for k, v in spec.items()}
   assert batch["query_ids"].shape == batch["query_mask"].shape == (4, 64)
   for key in ("block_ids", "block_type_ids", "block_mask"):
     assert batch[key].shape == (4, TOY_BLOCK_LEN) and batch[key].dtype == np.int32
@@ -344,6 +347,14 @@ def test_pretraining_rows_get_their_own_retrievals(toy_store):
       num_candidates=5, retrieval_margin=3)
   batch = next(batches)
   assert calls == [8] and int(batch["index_step"]) == 7
+  # The declared schema is what the iterator yields (all but the 0-d host metadata); hand-
+  # stated: query 96, K 5, the store's blocks, reader rows query + block, 10 mask slots.
+  spec = batches.element_spec()
+  assert {k: (v.shape, np.dtype(v.dtype)) for k, v in batch.items() if k != "index_step"} == {
+      k: ((4,) + v.shape, np.dtype(v.dtype)) for k, v in spec.items()}
+  block_len = toy_store.max_block_len
+  assert spec["reader_ids"].shape == (5, 96 + block_len) and spec["mlm_weights"].shape == (10,)
+  assert spec["candidate_mask"].shape == (5, block_len) and spec["mlm_weights"].dtype == np.float32
   expected = (np.arange(4)[:, None] * 11 + np.arange(4)[None, :]) % toy_store.num_blocks
   np.testing.assert_array_equal(batch["candidate_block_ids"][:, 1:], expected)
   wrong_store = inputs.FunctionRetriever(7, fn, block_store_id="another-store")

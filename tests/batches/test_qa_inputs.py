@@ -100,6 +100,11 @@ def test_batches_retrieve_with_the_live_question_tower(setup):
   assert shapes["reader_ids"] == (4, 5, 320) and shapes["reader_gold_starts"] == (4, 5, 32)
   assert shapes["retriever_correct"] == (4, BEAM) and shapes["question_mask"] == (4, 64)
   assert not set(qa_batches.HOST_ONLY_KEYS) & set(batch)
+  # The declared schema (what a dry run lowers the step on) is what the iterator yields.
+  spec = qa_batches.open_qa_batch_spec(question_len=64, beam=BEAM, proj_size=TINY.proj_size,
+                                       reader_beam=5, reader_len=320, max_occurrences=32)
+  assert {k: (v.shape, np.dtype(v.dtype)) for k, v in batch.items()} == {
+      k: ((4,) + v.shape, np.dtype(v.dtype)) for k, v in spec.items()}
   # The retriever label is the raw substring test of an answer in the block body (ORQA).
   for q, question in enumerate(questions):
     example = next(e for e in batches.examples if e.question == question)

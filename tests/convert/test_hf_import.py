@@ -182,7 +182,7 @@ def test_a_bert_becomes_the_warm_start_checkpoint_of_ict_and_pretraining(tmp_pat
   """`python -m realm_jax.convert.hf` writes a BERT as the {"encoder"} item that ICT's
   init_checkpoint and pretraining's encoder_checkpoint read."""
   import jax  # pylint: disable=import-outside-toplevel
-  from realm_jax import train  # pylint: disable=import-outside-toplevel
+  from realm_jax import jobs  # pylint: disable=import-outside-toplevel
   from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
   from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   model = _randomize(transformers.BertForMaskedLM(_tiny_bert_config()))
@@ -196,8 +196,7 @@ def test_a_bert_becomes_the_warm_start_checkpoint_of_ict_and_pretraining(tmp_pat
                                                        expected))
   # The ICT towers start from this BERT: word embeddings equal the checkpoint's.
   fresh = jax.device_get(realm.IctModel(config).init(jax.random.PRNGKey(0)))
-  params, _ = train._warm_start(  # pylint: disable=protected-access
-      "ict", restored, fresh, "bert/0")
+  params, _ = jobs.IctJob(task="ict_toy").warm_start(restored, fresh, "bert/0")
   np.testing.assert_array_equal(
       params["retriever"]["embedder"]["bert"]["embeddings"]["word_embeddings"]["embedding"],
       model.bert.embeddings.word_embeddings.weight.detach().numpy())

@@ -120,7 +120,7 @@ def test_run_dry_run_foreground(no_subprocess, capsys):
       "$HOME/realm_venv/bin/python", "-m", "realm_jax_launch.tpu_pod", "worker-exec", "realm_jax.train"]
   assert "--gin_file=gin_configs/experiments/wiki_pretrain.gin" in t
   assert '--gin.RUN_DIR="/mnt/realm/pretrain"' in t
-  assert '--gin.train_main.block_store="/mnt/realm/wiki_blocks"' in t
+  assert '--gin.BLOCK_STORE="/mnt/realm/wiki_blocks"' in t
   assert "--gin.INIT_CHECKPOINT='/mnt/realm/ict/checkpoints/100000'" in t
   assert "--gin.BATCH_SIZE=64" in t
   b = _remote(builder)

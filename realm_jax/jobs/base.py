@@ -1,0 +1,181 @@
+"""The job interface: what one kind of training run owns, so that one generic `train` runs any.
+
+A job (t5x style: gin builds it, `train_main.job = @PretrainJob()`) owns its task, its model,
+its batch source and that source's schema, its warm start, its hooks and its evaluation; its
+settings are its constructor's arguments, so a setting of another job is refused by gin when the
+gin files are parsed. `realm_jax.train.train_main` holds what every run shares (run directory,
+model size, batch size, steps, learning rate, mesh, checkpointing) in a `RunContext` and calls
+the job's methods in this order:
+
+    job.configure(ctx)                       check settings, register tasks (no data read)
+    model = job.build_model(ctx)
+    job.abstract_batch(ctx)                  the batch schema: a dry run lowers the step on it
+    batches = job.build_batches(ctx, model)  reads data from here on
+    params = job.warm_start(checkpoints, fresh params, ctx)
+    hooks, eval_fn, best_metric = job.start(ctx, model, batches)
+    ... trainer.train(...) ...
+    job.close()
+
+Adding a job: a subclass of `Job` (or of `IndexJob` when it retrieves from the run's index) in
+a module of this package, registered with `@gin.configurable`, and a run gin that binds
+`train_main.job = @YourJob()` (docs/architecture.md shows an example).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import gin
+
+from realm_jax import gin_utils
+from realm_jax.gin_utils import ConfigError
+
+Hook = Callable[[int, Any], Optional[Mapping[str, float]]]
+EvalFn = Callable[[int, Any], Mapping[str, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+  """What every job is given: the run's shared settings and the objects built from them.
+
+  Attributes:
+    run_dir: the run directory.
+    model_config: the RealmConfig.
+    batch_size: examples per step on this host; `global_batch` across hosts.
+    seed: parameter init, dropout and data seed.
+    mesh, rules: the device mesh and logical axis rules.
+    init_checkpoint: the warm-start checkpoint step directory, or None.
+  """
+  run_dir: str
+  model_config: Any
+  batch_size: int
+  global_batch: int
+  seed: int
+  mesh: Any
+  rules: Sequence
+  init_checkpoint: Optional[str]
+
+
+def global_spec(spec: Mapping[str, Any], global_batch: int) -> dict[str, Any]:
+  """Per-example `{key: ShapeDtypeStruct}` -> the global batch's (leading `global_batch`)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return {key: jax.ShapeDtypeStruct((global_batch,) + tuple(s.shape), s.dtype)
+          for key, s in spec.items()}
+
+
+def bert_from_encoder(tower: dict, encoder: dict) -> dict:
+  """A retriever tower (RealmEmbedder params) whose BERT is `encoder`'s; the pooler, which the
+  MLM encoder has none of, and the projection stay as they are (fresh)."""
+  return {**tower, "bert": {**tower["bert"], **encoder["bert"]}}
+
+
+def require(checkpoint: Mapping[str, Any], key: str, knob: str, source: str,
+            hint: str = "") -> Any:
+  """`checkpoint[key]`, or a one-line ConfigError naming the checkpoint and what it has."""
+  if key not in checkpoint:
+    raise ConfigError(f"{knob} {source}: no {key} params (has {sorted(checkpoint)}{hint})")
+  return checkpoint[key]
+
+
+@dataclasses.dataclass
+class Job:
+  """Base of every job. Subclasses are gin-configurable dataclasses.
+
+  Attributes:
+    task: the seqio task (or, for fine-tuning, your own QA files) the job trains on.
+    block_store: the BlockStore its corpus lives in (None: the toy store for the toy tasks).
+  """
+  task: str = gin.REQUIRED
+  block_store: Optional[str] = None
+
+  # The job's name in `train_main.job` descriptions and in its task names (`<name>_<corpus>`).
+  name = "job"
+  # Whether `init_checkpoint` only has to match the model's BERT (its heads start fresh).
+  warm_start_bert_only = False
+
+  # -- configuration (nothing read)
+
+  def configure(self, ctx: RunContext) -> None:
+    """Checks the settings that need the run's context and registers what the task needs;
+    ConfigError (one line) on a mistake. The default checks that the task is registered and
+    named `<name>_*` (registering its corpus over `block_store` first)."""
+    self.register_corpus()
+    self.check_task_prefix(f"{self.name}_")
+
+  def register_corpus(self, **options: Any) -> bool:
+    """Registers the corpus the task names over `block_store`, when one is set
+    (`realm_jax_tasks.register_corpus_for_task`, with its `options`); whether it did (a known
+    task such as the toy world's needs none)."""
+    if self.block_store is None:
+      return False
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+    try:
+      corpus_lib.BlockStore.open(self.block_store, verify="fast").close()  # also for a known task
+      return realm_jax_tasks.register_corpus_for_task(self.task, self.block_store,
+                                                      **options) is not None
+    except corpus_lib.BlockStoreError as e:
+      raise ConfigError(f"{type(self).__name__}.block_store: {e}") from e
+
+  def check_task_prefix(self, prefix: str) -> Any:
+    """The registered seqio task, or ConfigError unless it exists and starts with `prefix`."""
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    try:
+      task = inputs.get_task(self.task)
+    except inputs.UnknownTaskError as e:
+      raise ConfigError(f"{type(self).__name__}.task: {gin_utils.one_line(e)}") from e
+    if not self.task.startswith(prefix):
+      raise ConfigError(f"{type(self).__name__}.task={self.task!r} does not fit job "
+                        f"{self.name!r} (expected a {prefix}* task)")
+    return task
+
+  def optimizer_options(self) -> dict[str, Any]:
+    """Extra `optim.bert_optimizer` arguments (none by default)."""
+    return {}
+
+  def describe(self) -> str:
+    """What the run's one-line description says about this job beyond its name and task."""
+    return ""
+
+  # -- model and batches
+
+  def build_model(self, ctx: RunContext) -> Any:
+    raise NotImplementedError
+
+  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
+    """The global batch's `{key: ShapeDtypeStruct}` (from the batch source's schema, nothing
+    read): a dry run lowers the train step on it."""
+    raise NotImplementedError
+
+  def build_batches(self, ctx: RunContext, model: Any) -> Any:
+    """The host batch iterator (the trainer's BatchIterator)."""
+    raise NotImplementedError
+
+  # -- warm start
+
+  def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                 ) -> tuple[dict, str]:
+    """The parameters a run starts from: fresh `params` with the subtrees `checkpoint` (the
+    `init_checkpoint`'s params) provides; returns (params, what was taken, for the log)."""
+    raise NotImplementedError
+
+  def extra_warm_starts(self) -> list[tuple[str, str]]:
+    """[(knob, checkpoint step dir)] warm starts beyond `init_checkpoint`, applied after it
+    with `warm_start_extra` (e.g. pretraining's `encoder_checkpoint`); BERT-shaped."""
+    return []
+
+  def warm_start_extra(self, knob: str, checkpoint: Mapping[str, Any], params: dict,
+                       source: str) -> tuple[dict, str]:
+    raise NotImplementedError
+
+  # -- around training
+
+  def start(self, ctx: RunContext, model: Any, batches: Any
+            ) -> tuple[list[Hook], Optional[EvalFn], Optional[str]]:
+    """Starts what runs alongside (an index watcher); returns (hooks, eval_fn, best_metric)."""
+    del ctx, model, batches
+    return [], None, None
+
+  def close(self) -> None:
+    """Stops what `start` started."""

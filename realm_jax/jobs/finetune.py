@@ -1,0 +1,169 @@
+"""`finetune`: open-QA fine-tuning (REALM_SPEC 25-29; ORQA's recipe, used for REALM's numbers).
+
+Batches of questions retrieved with the live question tower from the run's index (frozen: built
+once with `build_index --once` from `init_checkpoint`; refreshed by a builder running alongside
+when `train_document_tower=True`). The retriever and the reader warm-start from
+`init_checkpoint` (a pretraining checkpoint: the reader's BERT is its encoder's). At every
+checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import gin
+
+from realm_jax import gin_utils
+from realm_jax.gin_utils import ConfigError
+from realm_jax.jobs.base import RunContext, global_spec, require
+from realm_jax.jobs.index_job import IndexJob
+
+
+@gin.configurable
+@dataclasses.dataclass
+class FinetuneJob(IndexJob):
+  """OpenQAModel on a QA task (toy_qa, nq_open, web_questions, curated_trec) or your own QA
+  files (`task`: a path, or `regex:<path>` for regex answers; realm_jax_tasks.register_qa_files).
+
+  Attributes:
+    retriever_beam: blocks per question for the retriever loss (5000).
+    reader_beam: blocks the reader reads (5).
+    reader_len: reader row length (320).
+    question_len: fixed question length (longer questions are left out, counted).
+    max_occurrences: gold-span slots per (question, block).
+    train_document_tower: also train the document tower (run the index builder alongside so
+      the index follows it).
+    document_beam: with the document tower: blocks re-embedded per question (None: the reader
+      beam).
+    eval_split: the split evaluated at every checkpoint ("" disables).
+    eval_examples: evaluate only the first this many questions of it (None: all).
+  """
+  retriever_beam: int = 5000
+  reader_beam: int = 5
+  reader_len: int = 320
+  question_len: int = 64
+  max_occurrences: int = 32
+  train_document_tower: bool = False
+  document_beam: Optional[int] = None
+  eval_split: str = "dev"
+  eval_examples: Optional[int] = None
+
+  name = "finetune"
+
+  def configure(self, ctx: RunContext) -> None:
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    if realm_jax_tasks.is_qa_path(self.task):
+      try:
+        self.task = realm_jax_tasks.register_qa_files(self.task)
+      except ValueError as e:
+        raise ConfigError(f"TASK={self.task!r}: {e}") from e
+    try:
+      task = inputs.get_task(self.task)
+    except inputs.UnknownTaskError as e:
+      raise ConfigError(f"FinetuneJob.task: {gin_utils.one_line(e)}") from e
+    if "question_ids" not in task.output_features:
+      raise ConfigError(f"FinetuneJob.task={self.task!r} is not a QA task (job 'finetune' needs "
+                        f"one of toy_qa, nq_open, web_questions, curated_trec)")
+    splits = tuple(task.splits)
+    for what, split in (("the training split", "train"), ("FinetuneJob.eval_split",
+                                                          self.eval_split)):
+      if split and split not in splits:
+        raise ConfigError(f"{what} {split!r}: task {self.task!r} has splits {', '.join(splits)}"
+                          + (" (eval_split='' evaluates nothing)" if split == self.eval_split
+                             else ""))
+    self.open_store()
+
+  def build_model(self, ctx: RunContext) -> Any:
+    from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
+    try:
+      return open_qa.OpenQAModel(ctx.model_config, reader_beam=self.reader_beam,
+                                 train_document_tower=self.train_document_tower,
+                                 document_beam=self.document_beam)
+    except ValueError as e:
+      raise ConfigError(f"FinetuneJob: {e}") from e
+
+  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
+    from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
+    spec = qa_batches.open_qa_batch_spec(
+        question_len=self.question_len, beam=min(self.retriever_beam, self.store.num_blocks),
+        proj_size=ctx.model_config.proj_size, reader_beam=self.reader_beam,
+        reader_len=self.reader_len, max_occurrences=self.max_occurrences,
+        document_beam=model.num_reembedded, block_len=self.store.max_block_len)
+    return global_spec(spec, ctx.global_batch)
+
+  def build_batches(self, ctx: RunContext, model: Any) -> Any:
+    """Reads the split's questions (the retriever is the index watcher, set by `start`)."""
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    try:
+      return qa_inputs.OpenQABatches(
+          self.task, batch_size=ctx.batch_size, store=self.store, model=model, seed=ctx.seed,
+          retriever_beam=self.retriever_beam, reader_len=self.reader_len,
+          question_len=self.question_len, max_occurrences=self.max_occurrences)
+    except inputs.UnknownTaskError as e:
+      raise ConfigError(f"FinetuneJob.task: {gin_utils.one_line(e)}") from e
+
+  def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                 ) -> tuple[dict, str]:
+    """The retriever, and the reader: a fine-tuning checkpoint's reader, or a pretraining
+    checkpoint's encoder BERT under a fresh span head (REALM initialises the reader from the
+    knowledge-augmented encoder)."""
+    params = self.warm_start_retriever(checkpoint, params, source)
+    if "reader" in checkpoint:
+      return {**params, "reader": checkpoint["reader"]}, "retriever, reader"
+    if "encoder" in checkpoint:
+      reader = {**params["reader"], "bert": checkpoint["encoder"]["bert"]}
+      return {**params, "reader": reader}, "retriever, reader BERT (from the encoder)"
+    return params, "retriever"
+
+  def warm_start_extra(self, knob: str, checkpoint: Mapping[str, Any], params: dict,
+                       source: str) -> tuple[dict, str]:
+    """`encoder_checkpoint`: the reader's BERT under a fresh span head (ORQA's reader starts
+    from BERT: fine-tuning without REALM pretraining), overriding `init_checkpoint`'s reader."""
+    encoder = require(checkpoint, "encoder", knob, source)
+    return {**params, "reader": {**params["reader"], "bert": encoder["bert"]}}, "reader BERT"
+
+  def index_hook(self, batches: Any):
+    hook = super().index_hook(batches)
+
+    def retrieve_with_live_tower(step: int, state: Any):
+      metrics = hook(step, state)
+      # The next questions are retrieved with the live question tower.
+      batches.set_query_params(state.params["retriever"])
+      return metrics
+
+    return retrieve_with_live_tower
+
+  def start(self, ctx: RunContext, model: Any, batches: Any):
+    hooks, _, _ = super().start(ctx, model, batches)
+    if not self.eval_split:
+      return hooks, None, None
+    eval_fn, best = self._eval_fn(ctx, model)
+    return hooks, eval_fn, best
+
+  def _eval_fn(self, ctx: RunContext, model: Any):
+    """EM (regex match for CuratedTrec) and recall@k on `eval_split` with the live parameters
+    and the index in use, through `evaluation.evaluate` (what `python -m realm_jax.evaluate`
+    reports)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
+    examples = qa_inputs.qa_task_examples(self.task, self.eval_split,
+                                          max_examples=self.eval_examples)
+    answer_metric = ("regex_match" if examples and examples[0].answers_are_regex
+                     else "exact_match")
+    watcher, store = self.watcher, self.store
+
+    def eval_fn(step, state):
+      del step
+      params = jax.device_get(qa_inputs.host_local_params(state.params))
+      retriever = watcher.current
+      results, _ = evaluate_lib.evaluate(
+          model, params, examples, searcher=retriever.searcher, store=store,
+          block_emb=retriever.block_emb, batch_size=ctx.batch_size,
+          reader_len=self.reader_len)
+      return {f"eval/{name}": float(value) for name, value in results.items()}
+
+    return eval_fn, f"eval/{answer_metric}"

@@ -1,0 +1,113 @@
+"""What the jobs that retrieve from the run's index share: the BlockStore, the index watcher
+that swaps a newer published index in at step boundaries (REALM_SPEC 21), the encoder warm
+start, and the protection of the retriever's updates."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+from realm_jax.gin_utils import ConfigError
+from realm_jax.jobs.base import Job, RunContext, require
+
+
+@dataclasses.dataclass
+class IndexJob(Job):
+  """A job whose batches are retrieved from `<run_dir>/index/` (`realm_jax.build_index`).
+
+  Attributes:
+    encoder_checkpoint: a checkpoint step directory (a converted BERT's or an mlm run's).
+      Pretraining: the knowledge-augmented encoder starts from its encoder (None: random, or
+      `init_checkpoint`'s encoder when it has one). Fine-tuning: the reader's BERT starts from
+      its encoder's BERT under a fresh span head, overriding `init_checkpoint`'s reader (with
+      an ICT `init_checkpoint`: ORQA, the paper's baseline).
+    retriever_lr_scale: the retriever's (question tower's) updates are multiplied by this (its
+      lr relative to the encoder's or reader's; same schedule), as Atlas's `--lr_retriever`.
+      1.0 (off): REALM uses one optimizer for both towers (REALM_SPEC 18); a toy-world
+      deviation where set. See `optim.bert_optimizer`.
+    freeze_retriever_steps: the retriever's parameters stay exactly as they are for this many
+      first updates (Atlas's `--freeze_retriever_steps`); its Adam moments still accumulate.
+      0: off. Either option on changes the optimizer state's structure: a run resumes only
+      with the options on or off as they were.
+    index_check_every: look for a newer published index every this many steps.
+    first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
+      `init_checkpoint`), for its query tower.
+  """
+  encoder_checkpoint: Optional[str] = None
+  retriever_lr_scale: float = 1.0
+  freeze_retriever_steps: int = 0
+  index_check_every: int = 100
+  first_index_checkpoint_dir: Optional[str] = None
+
+  def __post_init__(self):
+    self.store = None  # the BlockStore, opened by `open_store`
+    self.watcher = None  # the IndexWatcher, started by `start`
+
+  def open_store(self) -> Any:
+    """Opens `block_store` (the toy store for the toy tasks when None)."""
+    from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+    path = self.block_store
+    if path is None:
+      if not (self.task.startswith("realm_toy_") or self.task == "toy_qa"):
+        raise ConfigError(f"{type(self).__name__}.block_store is required for task "
+                          f"{self.task!r} (the BlockStore its index embeds)")
+      import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+      path = realm_jax_tasks.toy_block_store_dir()
+    self.store = corpus_lib.BlockStore.open(path, verify="fast")
+    return self.store
+
+  def optimizer_options(self) -> dict[str, Any]:
+    # Both jobs' parameter trees keep the retriever (fine-tuning: the question tower) under
+    # "retriever"; with the options off this is the plain optimizer.
+    return {"retriever_lr_scale": self.retriever_lr_scale,
+            "freeze_retriever_steps": self.freeze_retriever_steps,
+            "retriever_keys": ("retriever",)}
+
+  def describe(self) -> str:
+    parts = []
+    if self.encoder_checkpoint is not None:
+      parts.append(f"encoder from {self.encoder_checkpoint}")
+    if self.retriever_lr_scale != 1.0:
+      parts.append(f"retriever lr x{self.retriever_lr_scale:g}")
+    if self.freeze_retriever_steps:
+      parts.append(f"retriever frozen for {self.freeze_retriever_steps} steps")
+    return ", ".join(parts)
+
+  def extra_warm_starts(self) -> list[tuple[str, str]]:
+    return ([] if self.encoder_checkpoint is None
+            else [("encoder_checkpoint", self.encoder_checkpoint)])
+
+  def warm_start_retriever(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                           ) -> dict:
+    """`params` with the checkpoint's retriever (an ICT checkpoint, or any with one)."""
+    return {**params, "retriever": require(checkpoint, "retriever", "init_checkpoint", source)}
+
+  def start(self, ctx: RunContext, model: Any, batches: Any):
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.index.swap import IndexWatcher  # pylint: disable=g-import-not-at-top
+    loader = inputs.make_index_loader(
+        ctx.run_dir, ctx.model_config,
+        first_checkpoint_dir=self.first_index_checkpoint_dir or ctx.init_checkpoint)
+    self.watcher = IndexWatcher(ctx.run_dir, load_fn=loader,
+                                check_every_steps=self.index_check_every,
+                                block_store_id=self.store.store_id,
+                                dim=ctx.model_config.proj_size)
+    self.watcher.start()
+    batches.set_retriever(self.watcher)
+    return [self.index_hook(batches)], None, None
+
+  def index_hook(self, batches: Any):
+    """At each step boundary: maybe swap in a newer index; its metrics (index/*)."""
+    watcher = self.watcher
+
+    def hook(step: int, state: Any):
+      del state
+      watcher.maybe_swap(step)
+      return watcher.metrics(step)
+
+    return hook
+
+  def close(self) -> None:
+    if self.watcher is not None:
+      self.watcher.close()
+      self.watcher = None

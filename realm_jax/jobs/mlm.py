@@ -1,0 +1,46 @@
+"""`mlm`: masked language modelling of the encoder, a stand-in for BERT where there is none.
+
+REALM starts its encoder and its retriever from BERT; at paper scale convert BERT with
+`python -m realm_jax.convert.hf`. On the toy world this job trains the toy BERT
+(docs/toy_bert.md), continuing from `init_checkpoint`'s encoder when one is given (its second
+and third phases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import gin
+
+from realm_jax.jobs.base import Job, RunContext, global_spec, require
+
+@gin.configurable
+@dataclasses.dataclass
+class MlmJob(Job):
+  """BertMlmModel on an `mlm_<corpus>` task."""
+
+  name = "mlm"
+  warm_start_bert_only = True
+
+  def build_model(self, ctx: RunContext) -> Any:
+    from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
+    return realm.BertMlmModel(ctx.model_config)
+
+  def _seqio(self, ctx: RunContext) -> Any:
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    return inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                               feature_keys=inputs.BLOCK_MLM_KEYS)
+
+  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
+    return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)
+
+  def build_batches(self, ctx: RunContext, model: Any) -> Any:
+    return self._seqio(ctx)
+
+  def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                 ) -> tuple[dict, str]:
+    """The encoder (BERT and its MLM head) of a converted BERT or an mlm checkpoint."""
+    encoder = require(checkpoint, "encoder", "init_checkpoint", source,
+                      "; continued masked language modelling needs one")
+    return {**params, "encoder": encoder}, "encoder (BERT and MLM head)"

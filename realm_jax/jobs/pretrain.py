@@ -1,0 +1,96 @@
+"""`pretrain`: REALM pretraining (REALM_SPEC 15-17, 21).
+
+Masked queries of a `realm_<corpus>_<strategy>` task, candidates retrieved from the run's
+current index (`realm_jax.build_index` publishes it alongside), the per-token marginal MLM loss.
+The retriever warm-starts from `init_checkpoint` (an ICT checkpoint) and the knowledge-augmented
+encoder from `encoder_checkpoint` (a converted BERT or an mlm checkpoint). At every checkpoint,
+retrieval utility on `eval_batches` batches picks the best checkpoint (REALM_SPEC 17).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import gin
+
+from realm_jax.jobs.base import RunContext, global_spec, require
+from realm_jax.jobs.index_job import IndexJob
+
+
+@gin.configurable
+@dataclasses.dataclass
+class PretrainJob(IndexJob):
+  """RealmPretrainModel on a `realm_<corpus>_<strategy>` task.
+
+  Attributes:
+    pretrain_records: the pretraining text X in the REALM release schema (e.g. CC-News with
+      precomputed salient spans); None: X is the corpus itself.
+    num_candidates: candidates per query including the null document.
+    null_document: False for the ablation without the null document (K retrieved blocks;
+      retrieval utility is then undefined and the best checkpoint is picked by
+      eval/mlm/accuracy).
+    eval_batches: batches (drawn with the current index) whose retrieval utility is computed at
+      every checkpoint to pick the best one; 0 disables.
+  """
+  pretrain_records: Optional[str] = None
+  num_candidates: int = 8
+  null_document: bool = True
+  eval_batches: int = 4
+
+  name = "pretrain"
+
+  def configure(self, ctx: RunContext) -> None:
+    self.register_corpus(pretrain_records=self.pretrain_records)
+    self.check_task_prefix("realm_")
+    self.open_store()
+
+  def build_model(self, ctx: RunContext) -> Any:
+    from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
+    return realm.RealmPretrainModel(ctx.model_config,
+                                    null_index=0 if self.null_document else None)
+
+  def _batches(self, ctx: RunContext, retriever: Any = None, **masked_options: Any) -> Any:
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    masked = inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                                 feature_keys=inputs.MASKED_QUERY_KEYS, **masked_options)
+    return inputs.PretrainingBatches(masked, self.store, retriever=retriever,
+                                     num_candidates=self.num_candidates,
+                                     null_document=self.null_document)
+
+  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
+    return global_spec(self._batches(ctx).element_spec(), ctx.global_batch)
+
+  def build_batches(self, ctx: RunContext, model: Any) -> Any:
+    return self._batches(ctx)  # the retriever is the index watcher, set by `start`
+
+  def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                 ) -> tuple[dict, str]:
+    """The retriever, and the encoder when the checkpoint has one."""
+    params = self.warm_start_retriever(checkpoint, params, source)
+    if "encoder" not in checkpoint:
+      return params, "retriever"
+    return {**params, "encoder": checkpoint["encoder"]}, "retriever, encoder"
+
+  def warm_start_extra(self, knob: str, checkpoint: Mapping[str, Any], params: dict,
+                       source: str) -> tuple[dict, str]:
+    """`encoder_checkpoint`: the knowledge-augmented encoder (REALM starts it from BERT)."""
+    return {**params, "encoder": require(checkpoint, "encoder", knob, source)}, "encoder"
+
+  def start(self, ctx: RunContext, model: Any, batches: Any):
+    hooks, _, _ = super().start(ctx, model, batches)
+    if not self.eval_batches:
+      return hooks, None, None
+    from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
+
+    def draw():
+      # Retrieval utility (and the loss) on the task's first `eval_batches` batches in order,
+      # candidates retrieved from the index in use at each evaluation (REALM_SPEC 17: the
+      # authors pick their best checkpoint on it). The queries are training queries: the
+      # pretraining tasks have one split.
+      batches = self._batches(ctx, retriever=self.watcher, shuffle=False, num_epochs=1)
+      return [next(batches) for _ in range(self.eval_batches)]
+
+    eval_fn = trainer.make_eval_fn(model, draw, mesh=ctx.mesh, rules=ctx.rules)
+    best = "eval/retrieval/utility" if self.null_document else "eval/mlm/accuracy"
+    return hooks, eval_fn, best
