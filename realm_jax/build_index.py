@@ -19,18 +19,23 @@ see `realm_jax.index.builder` for how the hosts split the blocks.
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import gin
 
 from realm_jax import gin_utils
-from realm_jax.gin_utils import ConfigError, split_gin_args
+from realm_jax.data.corpus import BlockStore, BlockStoreError
+from realm_jax.gin_utils import ConfigError
 
 PROG = "build_index"
 
 
-
-@gin.configurable
+# Runtime errors that explain themselves: CheckpointError, BlockStoreError, IndexLoadError...
+@gin_utils.command(
+    PROG, doc=__doc__, example_gin="gin_configs/runs/build_index.gin",
+    interrupted="nothing partial was published",
+    booleans={"once": "Build one index and exit (overrides the gin binding)."},
+    expected=(ValueError, OSError, BlockStoreError))
 def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRED,
                      checkpoint_dir: Optional[str] = None, once: bool = False,
                      poll_seconds: float = 10.0, keep: int = 3, dtype: str = "float32",
@@ -61,9 +66,7 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
   Returns:
     The process exit status (0).
   """
-  _CALL_STARTED[0] = True
   # Heavy imports here, not at module top: `--help` and config errors stay instant.
-  from realm_jax.data.corpus import BlockStore  # pylint: disable=g-import-not-at-top
   from realm_jax.index import builder  # pylint: disable=g-import-not-at-top
   from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
 
@@ -94,35 +97,7 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
   return 0
 
 
-_CALL_STARTED = [False]  # set by build_index_main: errors before it are gin's (config errors)
-
-
-def _parse_flags(argv: Sequence[str]):
-  """Parses the non-gin flags with a private FlagValues (so main() can run many times)."""
-  return gin_utils.parse_flags(
-      argv, {"once": "Build one index and exit (overrides the gin binding)."})
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Entry point; returns the exit status."""
-  argv = list(sys.argv if argv is None else argv)
-  gin_utils.setup_logging()
-  _CALL_STARTED[0] = False
-
-  def job() -> int:
-    gin_bindings, rest = split_gin_args(argv[1:])
-    values = _parse_flags([argv[0] if argv else PROG] + rest)
-    if not values.gin_file:
-      raise ConfigError("no --gin_file given (use --gin_file=gin_configs/runs/build_index.gin)")
-    gin_utils.parse_gin(values.gin_file, list(values.gin_bindings) + gin_bindings)
-    return build_index_main(**({"once": True} if values.once else {}))
-
-  from realm_jax.data.corpus import BlockStoreError  # pylint: disable=g-import-not-at-top
-  # Runtime errors that explain themselves: CheckpointError, BlockStoreError, IndexLoadError...
-  return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
-                           interrupted="nothing partial was published",
-                           expected=(ValueError, OSError, BlockStoreError),
-                           doc=__doc__, configurables=(build_index_main,))
+main = build_index_main.main  # python -m realm_jax.build_index; returns the exit status
 
 
 if __name__ == "__main__":

@@ -10,7 +10,11 @@ them one `@command(...)` function:
   errors are folded; a missing `%gin.REQUIRED` macro is named with the flag that sets it); the
   entry points print it as `<prog>: config error: ...` and exit with status 2;
 * `command` turns a gin-configurable main function into the entry point (`.main(argv)`): flags,
-  gin parsing, `--help`, and what it raises as one line and an exit status (`run_job`).
+  gin parsing, `--help`, and what it raises as one line and an exit status (`run_job`);
+* `run_command` is that last step for every `python -m realm_jax.*`, the argparse ones too
+  (build_corpus, recipe, toy_bert, convert.hf, ...): exit status 1 and one line
+  `<prog>: error: ...` for a runtime error, 2 for a configuration error, 130 and the command's
+  own sentence when interrupted.
 """
 
 from __future__ import annotations
@@ -32,9 +36,9 @@ from absl import flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["ConfigError", "HelpRequested", "REPO_ROOT", "command", "help_text", "one_line",
-           "parse_flags", "parse_gin", "resolve_gin_file", "run_job", "setup_logging",
-           "split_gin_args"]
+__all__ = ["ConfigError", "EXPECTED_ERRORS", "HelpRequested", "REPO_ROOT", "command", "help_text",
+           "one_line", "parse_flags", "parse_gin", "report_error", "resolve_gin_file",
+           "run_command", "run_job", "setup_logging", "split_gin_args"]
 
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull")
 
@@ -187,17 +191,49 @@ def parse_gin(gin_files: Sequence[str], bindings: Sequence[str]) -> None:
   _check_macros_used(bindings)
 
 
-def report_error(prog: str, error: BaseException, expected: tuple[type, ...]) -> int:
-  """Prints a job's runtime error as one line and returns exit status 1.
+EXPECTED_ERRORS = (ValueError, OSError, RuntimeError)
+
+
+def report_error(prog: str, error: BaseException, expected: tuple[type, ...],
+                 describe: Optional[Callable[[BaseException], str]] = None) -> int:
+  """Prints a job's runtime error as one line `<prog>: error: ...` and returns exit status 1.
 
   Errors of the `expected` types explain themselves (bad data, a refused checkpoint); anything
-  else is probably a bug, so its traceback is logged too.
+  else is probably a bug, so its traceback is logged too. `describe(error)` words the line
+  (default: the error's type and `one_line(error)`); what it returns is folded to one line.
   """
   if not isinstance(error, expected):
     logging.getLogger(prog).error("unexpected error", exc_info=error)
-  print(f"{prog}: error: {type(error).__name__}: {one_line(error)}", file=sys.stderr,
-        flush=True)
+  text = (describe(error) if describe is not None
+          else f"{type(error).__name__}: {one_line(error)}")
+  text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+  print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
   return 1
+
+
+def run_command(prog: str, fn: Callable[[], int], *, interrupted: str,
+                expected: tuple[type, ...] = EXPECTED_ERRORS,
+                describe: Optional[Callable[[BaseException], str]] = None) -> int:
+  """Runs a command-line entry point's work, `fn()`, and turns what it raises into one line on
+  stderr and the exit status; every `python -m realm_jax.*` goes through here.
+
+  Exit statuses: fn's own (0 done); 2 a ConfigError (`<prog>: config error: ...`; argparse
+  refuses bad flags with 2 before this runs); 130 interrupted (`<prog>: interrupted;
+  <interrupted>`, which says what that means for this command, e.g. "nothing was written to
+  --out"); 1 any other error (`report_error`: one line `<prog>: error: ...` worded by
+  `describe`, with a traceback in the log unless it is one of the `expected` types).
+  """
+  try:
+    return fn()
+  except ConfigError as e:
+    # gin appends "In call to configurable ..." to errors raised inside the configurable.
+    print(f"{prog}: config error: {one_line(e)}", file=sys.stderr, flush=True)
+    return 2
+  except KeyboardInterrupt:
+    print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
+    return 130
+  except Exception as e:  # noqa: BLE001
+    return report_error(prog, e, expected, describe)
 
 
 def setup_logging() -> None:
@@ -274,18 +310,18 @@ def help_text(doc: str, values: flags.FlagValues, configurables: Sequence[Callab
 
 
 def run_job(prog: str, job: Callable[[], int], *, started: Callable[[], bool],
-            interrupted: str, expected: tuple[type, ...] = (ValueError, OSError, RuntimeError),
+            interrupted: str, expected: tuple[type, ...] = EXPECTED_ERRORS,
             doc: str = "", configurables: Sequence[Callable] = ()) -> int:
-  """Runs an entry point's `job()` (flag and gin parsing, then its gin-configured main) and
-  turns what it raises into one line on stderr and the exit status.
+  """Runs a gin-configured entry point's `job()` (flag and gin parsing, then its gin-configured
+  main) through `run_command`.
 
-  Exit statuses: job's own (0 done); 0 after printing the help (`doc`, the flags and the
-  settings of `configurables`) on `--help`; 2 a ConfigError, or any error before `started()` is
-  true (gin refused the call: an unknown or missing binding, a bad macro value); 130
-  interrupted (`interrupted` says what that means for this job); 1 any other error
-  (`report_error`, with a traceback in the log unless it is one of the `expected` types).
+  Exit statuses: those of `run_command`, and 0 after printing the help (`doc`, the flags and
+  the settings of `configurables`) on `--help`; any error before `started()` is true is a
+  configuration error, 2 (gin refused the call: an unknown or missing binding, a bad macro
+  value).
   """
-  try:
+
+  def guarded() -> int:
     try:
       return job()
     except HelpRequested as e:
@@ -298,15 +334,8 @@ def run_job(prog: str, job: Callable[[], int], *, started: Callable[[], bool],
       if not started():
         raise ConfigError(one_line(e)) from e
       raise
-  except ConfigError as e:
-    # gin appends "In call to configurable ..." to errors raised inside the configurable.
-    print(f"{prog}: config error: {one_line(e)}", file=sys.stderr, flush=True)
-    return 2
-  except KeyboardInterrupt:
-    print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
-    return 130
-  except Exception as e:  # noqa: BLE001
-    return report_error(prog, e, expected)
+
+  return run_command(prog, guarded, interrupted=interrupted, expected=expected)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +347,7 @@ class _Command:
   interrupted: str
   booleans: Mapping[str, str]
   multi_strings: Mapping[str, str]
+  arguments: Mapping[str, str]
   extra_bindings: Optional[Callable[[flags.FlagValues], list[str]]]
   expected: tuple[type, ...]
   configurables: Sequence[Callable]
@@ -326,8 +356,9 @@ class _Command:
 def command(prog: str, *, doc: str, example_gin: str, interrupted: str,
             booleans: Optional[Mapping[str, str]] = None,
             multi_strings: Optional[Mapping[str, str]] = None,
+            arguments: Optional[Mapping[str, str]] = None,
             extra_bindings: Optional[Callable[[flags.FlagValues], list[str]]] = None,
-            expected: tuple[type, ...] = (ValueError, OSError, RuntimeError),
+            expected: tuple[type, ...] = EXPECTED_ERRORS,
             configurables: Sequence[Callable] = ()) -> Callable[[Callable[..., int]], Any]:
   """Decorates an entry point's main function: gin-configurable under its own name, with a
   `.main(argv) -> exit status` attribute that is the whole `python -m realm_jax.<prog>`.
@@ -335,17 +366,23 @@ def command(prog: str, *, doc: str, example_gin: str, interrupted: str,
   `.main` parses `--gin_file` (at least one; `example_gin` is suggested when there is none),
   `--gin_bindings`, `--gin.KEY=VALUE`, the `booleans` flags ({name: help}: when given, the
   argument of that name is passed as True, overriding gin) and the `multi_strings` flags
-  ({name: help}: when given, passed as a list); `extra_bindings(flag values)` may add gin
-  bindings. Then it calls the function through gin and maps what it raises with `run_job`: an
-  error before the function's body starts is gin's refusal of the configuration (exit 2).
-  `--help` shows `doc`, the flags and the settings of the function and of `configurables`
-  (e.g. the gin-configurable objects it is given).
+  ({name: help}: when given, passed as a list); `arguments` ({flag: argument}) names the
+  argument a flag sets where the two differ (evaluate's `--question` sets `questions`);
+  `extra_bindings(flag values)` may add gin bindings. Then it calls the function through gin
+  and maps what it raises with `run_job`: an error before the function's body starts is gin's
+  refusal of the configuration (exit 2). `--help` shows `doc`, the flags and the settings of
+  the function and of `configurables` (e.g. the gin-configurable objects it is given).
   """
   spec = _Command(prog, doc, example_gin, interrupted, dict(booleans or {}),
-                  dict(multi_strings or {}), extra_bindings, tuple(expected),
-                  tuple(configurables))
+                  dict(multi_strings or {}), dict(arguments or {}), extra_bindings,
+                  tuple(expected), tuple(configurables))
 
   def decorate(fn: Callable[..., int]):
+    parameters = inspect.signature(fn).parameters
+    for flag in [*spec.booleans, *spec.multi_strings]:
+      if spec.arguments.get(flag, flag) not in parameters:
+        raise TypeError(f"{fn.__name__} has no argument {spec.arguments.get(flag, flag)!r} for "
+                        f"--{flag}")
     started = [False]  # per entry point: whether gin got as far as calling the body
 
     @functools.wraps(fn)
@@ -371,15 +408,19 @@ def command(prog: str, *, doc: str, example_gin: str, interrupted: str,
         if spec.extra_bindings is not None:
           bindings += spec.extra_bindings(values)
         parse_gin(values.gin_file, bindings)
-        overrides = {name: True for name in spec.booleans if values[name].value}
-        overrides.update({name: list(values[name].value) for name in spec.multi_strings
-                          if values[name].value})
+        overrides = {spec.arguments.get(name, name): True for name in spec.booleans
+                     if values[name].value}
+        overrides.update({spec.arguments.get(name, name): list(values[name].value)
+                          for name in spec.multi_strings if values[name].value})
         return configurable(**overrides)
 
       return run_job(spec.prog, job, started=lambda: started[0], interrupted=spec.interrupted,
                      expected=spec.expected, doc=spec.doc,
                      configurables=(fn, *spec.configurables))
 
+    # `main` belongs to the entry point's module (e.g. `sys.modules[main.__module__].__doc__`).
+    main.__module__ = fn.__module__
+    main.__qualname__ = f"{fn.__qualname__}.main"
     configurable.main = main
     return configurable
 
