@@ -97,7 +97,7 @@ def _warm_init(job: jobs_lib.Job, train_step: Any, ctx: jobs_lib.RunContext) -> 
                    interrupted="resume by running the same command",
                    booleans={"dry_run": "Build the job (model, optimizer, mesh, inputs, lowered "
                                         "step), print one line and exit without training."},
-                   configurables=jobs_lib.ALL_JOBS)
+                   configurables=jobs_lib.all_jobs())
 def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                job: jobs_lib.Job = gin.REQUIRED, batch_size: int = gin.REQUIRED,
                num_steps: int = gin.REQUIRED, learning_rate: float = gin.REQUIRED,
@@ -143,7 +143,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 
   if not isinstance(job, jobs_lib.Job):
     raise ConfigError(f"train_main.job is a {type(job).__name__}, not a job: bind it to one of "
-                      f"{', '.join(f'@{j.__name__}()' for j in jobs_lib.ALL_JOBS)}")
+                      f"{', '.join(f'@{j.__name__}()' for j in jobs_lib.all_jobs())}")
   if not isinstance(model_config, RealmConfig):
     raise ConfigError(f"train_main.model_config is a {type(model_config).__name__}, not a "
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")

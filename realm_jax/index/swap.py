@@ -228,7 +228,7 @@ class IndexWatcher(Generic[T]):
       return self._value
 
   def metrics(self, train_step: int) -> dict[str, float]:
-    """`index/*` metrics of the index in use (its step, refreshes, staleness).
+    """The metrics of the index in use: its step, staleness and refreshes.
 
     Args:
       train_step: the current train step.

@@ -97,7 +97,8 @@ class IndexJob(Job):
     return [self.index_hook(batches)], None, None
 
   def index_hook(self, batches: Any):
-    """At each step boundary: maybe swap in a newer index; its metrics (index/*)."""
+    """At each step boundary: maybe swap in a newer index; its retrieval/index_step,
+    staleness and refresh metrics."""
     watcher = self.watcher
 
     def hook(step: int, state: Any):
