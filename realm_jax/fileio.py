@@ -3,14 +3,41 @@
 The pattern: write into a staging directory next to the destination, fsync the files, write
 the manifest (with sha256 of every file) last, fsync the directory, rename into place, fsync the
 parent so the rename itself is durable.
+
+In code (`staged_directory`, `publish_staged`):
+
+  with staged_directory(dest, f"{name}.staging-") as staging:
+    ...write and fsync the files, then write_manifest(staging, manifest)...
+    publish_staged(staging, dest)  # leaving the block without this removes staging
+
+Private directories (staging, or an old copy being deleted) are named
+`<prefix><host>-<pid>-<random>` (`private_path`), so a later writer can tell those of dead
+processes (`remove_stale`) from those of live ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
-from typing import Any
+import re
+import secrets
+import shutil
+import socket
+import threading
+from typing import Any, Iterator, Optional
+
+MANIFEST = "manifest.json"
+
+# The end of a private directory's name: the writer's `<host>-<pid>-<random>`.
+_WRITER_SUFFIX = r"(?P<host>.+)-(?P<pid>\d+)-[^-]*"
+
+_IN_USE: set[str] = set()  # private directories this process is still writing or deleting
+_IN_USE_LOCK = threading.Lock()
+
+log = logging.getLogger(__name__)
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -51,7 +78,7 @@ def pid_alive(pid: int) -> bool:
   return True
 
 
-def write_json_atomically(path: str, value: Any) -> None:
+def write_json_atomically(path: str, value: Any, *, indent: int = 1) -> None:
   """Writes `value` as JSON to `path` through a temporary file, fsynced and renamed into place
   (creating the directory), so a reader never sees a half-written file; the temporary file is
   removed if writing fails."""
@@ -59,7 +86,7 @@ def write_json_atomically(path: str, value: Any) -> None:
   tmp = f"{path}.tmp-{os.getpid()}"
   try:
     with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(value, f, indent=1, sort_keys=True)
+      json.dump(value, f, indent=indent, sort_keys=True)
       f.write("\n")
       f.flush()
       os.fsync(f.fileno())
@@ -68,3 +95,92 @@ def write_json_atomically(path: str, value: Any) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def write_manifest(directory: str, manifest: dict) -> None:
+  """Writes `directory/manifest.json` (sorted keys, indent 2) through a temporary file; written
+  last, its presence marks the directory complete."""
+  write_json_atomically(os.path.join(directory, MANIFEST), manifest, indent=2)
+  fsync_dir(directory)
+
+
+@contextlib.contextmanager
+def private_path(parent: str, prefix: str) -> Iterator[str]:
+  """Yields a fresh path `<parent>/<prefix><host>-<pid>-<random>` (nothing is created there),
+  which `remove_stale` leaves alone while the block runs."""
+  path = os.path.join(os.path.abspath(parent),
+                      f"{prefix}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}")
+  with _IN_USE_LOCK:
+    _IN_USE.add(path)
+  try:
+    yield path
+  finally:
+    with _IN_USE_LOCK:
+      _IN_USE.discard(path)
+
+
+@contextlib.contextmanager
+def staged_directory(dest: str | os.PathLike, prefix: str) -> Iterator[str]:
+  """Creates an empty private staging directory next to `dest` (whose parent must exist) and
+  yields its path. Leaving the block removes it, unless `publish_staged` has renamed it to
+  `dest`; so an exception inside the block publishes nothing and leaves nothing."""
+  with private_path(os.path.dirname(os.path.abspath(dest)), prefix) as staging:
+    os.mkdir(staging)
+    try:
+      yield staging
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)  # already gone once published
+
+
+def publish_staged(staging: str, dest: str | os.PathLike, *,
+                   aside_prefix: Optional[str] = None) -> None:
+  """Renames the complete directory `staging` to `dest`, durably (fsyncs staging, then the
+  parent, so neither its entries nor the rename can be lost in a crash).
+
+  A rename cannot replace a non-empty directory. Without `aside_prefix` an existing `dest`
+  therefore makes this raise OSError (two publishers never overwrite each other). With it, an
+  existing `dest` is first renamed to a private `<aside_prefix>...` path next to it and deleted
+  afterwards: a crash in between leaves the old copy there, never a half-written `dest`.
+  """
+  fsync_dir(staging)
+  parent = os.path.dirname(os.path.abspath(dest))
+  if aside_prefix is None or not os.path.lexists(dest):
+    os.replace(staging, dest)
+    fsync_dir(parent)
+    return
+  with private_path(parent, aside_prefix) as aside:
+    os.replace(dest, aside)
+    os.replace(staging, dest)
+    fsync_dir(parent)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def private_owner(name: str, pattern: str) -> Optional[tuple[str, int]]:
+  """(host, pid) of the writer if `name` is `<pattern><host>-<pid>-<random>` (`pattern` a
+  regular expression for the prefix), else None."""
+  match = re.fullmatch(pattern + _WRITER_SUFFIX, name)
+  return (match["host"], int(match["pid"])) if match else None
+
+
+def remove_stale(parent: str, pattern: str) -> list[str]:
+  """Removes the private directories in `parent` named `<pattern><host>-<pid>-<random>` that
+  writers of this host left behind when they died, and returns their paths.
+
+  Kept: those of live processes, those this process is still using, and those of other hosts
+  (a shared filesystem: their pids mean nothing here).
+  """
+  parent = os.path.abspath(parent)  # as private_path names them
+  if not os.path.isdir(parent):
+    return []
+  host, removed = socket.gethostname(), []
+  for name in sorted(os.listdir(parent)):
+    owner, path = private_owner(name, pattern), os.path.join(parent, name)
+    with _IN_USE_LOCK:
+      in_use = path in _IN_USE
+    if owner is None or owner[0] != host or in_use:
+      continue
+    if owner[1] == os.getpid() or not pid_alive(owner[1]):
+      log.warning("Removing %s, left by an interrupted write.", path)
+      shutil.rmtree(path, ignore_errors=True)
+      removed.append(path)
+  return removed

@@ -77,11 +77,8 @@ import glob as glob_lib
 import hashlib
 import itertools
 import json
-import logging
 import os
-import secrets
-import shutil
-import socket
+import re
 import struct
 import sys
 import time
@@ -117,7 +114,6 @@ BAD_INPUT_REASONS = ("invalid_utf8", "malformed_json", "missing_field", "wrong_t
 DATA_SKIP_REASONS = ("empty", "title_too_long", "duplicate")
 SKIP_EXAMPLES_PER_REASON = 5
 
-log = logging.getLogger(__name__)
 
 
 class BlockStoreError(Exception):
@@ -864,9 +860,6 @@ class _UInt64Set:
       self._insert(key)
 
 
-_ACTIVE_STAGING: set[str] = set()  # staging dirs of builds running in this process
-
-
 def clean_stale_staging(dest: str) -> list[str]:
   """Removes staging/old directories left next to `dest` by builds that died.
 
@@ -878,47 +871,22 @@ def clean_stale_staging(dest: str) -> list[str]:
     The removed paths.
   """
   dest = os.path.abspath(dest)
-  parent, base = os.path.dirname(dest), os.path.basename(dest)
-  if not os.path.isdir(parent):
-    return []
-  host = socket.gethostname()
-  removed = []
-  for name in sorted(os.listdir(parent)):
-    for marker in (".staging-", ".old-"):
-      if not name.startswith(base + marker):
-        continue
-      parts = name[len(base + marker):].rsplit("-", 2)
-      if len(parts) != 3 or not parts[1].isdigit():
-        continue
-      path = os.path.join(parent, name)
-      owner_host, pid = parts[0], int(parts[1])
-      if owner_host != host or path in _ACTIVE_STAGING:
-        continue
-      if pid == os.getpid() or not fileio.pid_alive(pid):
-        log.warning("Removing leftover %s of an interrupted build.", path)
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-  return removed
+  return fileio.remove_stale(os.path.dirname(dest),
+                             re.escape(os.path.basename(dest)) + r"\.(?:staging|old)-")
 
 
-def _staging_name(dest: str, marker: str) -> str:
-  return f"{dest}.{marker}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+# A module name, not a direct fileio call, so that tests can inject a fault here.
+_write_manifest = fileio.write_manifest
 
 
-def _write_manifest(directory: str, manifest: dict) -> None:
-  """Writes manifest.json last (via a temp file + rename): its presence marks a complete store."""
-  tmp = os.path.join(directory, MANIFEST + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(manifest, f, indent=2, sort_keys=True)
-    f.write("\n")
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(directory, MANIFEST))
-  fileio.fsync_dir(directory)
-
-
-def _check_replaceable(dest: str) -> None:
-  """`overwrite` replaces a BlockStore only: never a file or a directory that is not one."""
+def _check_dest(dest: str, overwrite: bool) -> None:
+  """Raises BlockStoreError unless `dest` is free, or `overwrite` and `dest` is a BlockStore
+  (never a file or a directory that is not one)."""
+  if not os.path.lexists(dest):
+    return
+  if not overwrite:
+    raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
+                          f"replace it")
   if os.path.islink(dest) or not os.path.isdir(dest):
     raise BlockStoreError(f"{dest}: exists and is not a directory; overwrite replaces only a "
                           f"BlockStore (remove it yourself, or choose another output)")
@@ -929,22 +897,11 @@ def _check_replaceable(dest: str) -> None:
 
 def _publish(staging: str, dest: str, overwrite: bool) -> None:
   """Renames the verified staging directory to `dest` (atomically when dest does not exist)."""
-  parent = os.path.dirname(dest)
-  if os.path.lexists(dest):
-    if not overwrite:
-      raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
-                            f"replace it")
-    _check_replaceable(dest)  # again: it may have changed while the store was built
-    # A directory cannot be replaced in one rename: move the old one aside first. dest is
-    # briefly absent, but it never names a half-written store.
-    old = _staging_name(dest, "old")
-    os.rename(dest, old)
-    os.rename(staging, dest)
-    fileio.fsync_dir(parent)
-    shutil.rmtree(old, ignore_errors=True)
-  else:
-    os.rename(staging, dest)
-  fileio.fsync_dir(parent)
+  _check_dest(dest, overwrite)  # again: it may have changed while the store was built
+  # A directory cannot be replaced in one rename: an old store is moved aside first. dest is
+  # briefly absent, but it never names a half-written store.
+  fileio.publish_staged(staging, dest, aside_prefix=(
+      f"{os.path.basename(dest)}.old-" if overwrite else None))
 
 
 # ------------------------------------------------------------------------------ building
@@ -1087,11 +1044,7 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
                      f"max_block_len={max_block_len} (need max_title_len <= max_block_len - 4)")
   vocab = vocab or vocab_lib.default_vocabulary()
   dest = os.path.abspath(os.fspath(dest))
-  if os.path.lexists(dest):
-    if not overwrite:
-      raise BlockStoreError(f"{dest}: already exists; pass overwrite=True (--overwrite) to "
-                            f"replace it")
-    _check_replaceable(dest)
+  _check_dest(dest, overwrite)
   os.makedirs(os.path.dirname(dest), exist_ok=True)
   removed = clean_stale_staging(dest)
 
@@ -1126,148 +1079,143 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
       progress(BuildProgress(counts["documents_read"], counts["documents_used"],
                              counts["blocks"], time.monotonic() - start_time, fraction_done()))
 
-  staging = _staging_name(dest, "staging")
-  _ACTIVE_STAGING.add(staging)
   writer = keys = None
-  try:
-    os.makedirs(staging)
-    writer = _StagingWriter(staging, max_block_len, token_dtype,
-                            _canonical_json(store_options))
-    # One line per document kept: its own id (kept only if the input had any).
-    keys = open(os.path.join(staging, DOC_KEYS), "w", encoding="utf-8")
-    any_key = False
-    seen = _UInt64Set()
-    last_progress = time.monotonic()
-    items = iter(source) if limit is None else itertools.islice(source, limit)
-    for item in items:
-      counts["documents_read"] += 1
-      now = time.monotonic()
-      if now - last_progress >= progress_interval_s:
-        report_progress()
-        last_progress = now
-      if isinstance(item, BadRecord):
-        bad_input(item)
-        continue
+  with fileio.staged_directory(dest, f"{os.path.basename(dest)}.staging-") as staging:
+    try:
+      writer = _StagingWriter(staging, max_block_len, token_dtype,
+                              _canonical_json(store_options))
+      # One line per document kept: its own id (kept only if the input had any).
+      keys = open(os.path.join(staging, DOC_KEYS), "w", encoding="utf-8")
+      any_key = False
+      seen = _UInt64Set()
+      last_progress = time.monotonic()
+      items = iter(source) if limit is None else itertools.islice(source, limit)
+      for item in items:
+        counts["documents_read"] += 1
+        now = time.monotonic()
+        if now - last_progress >= progress_interval_s:
+          report_progress()
+          last_progress = now
+        if isinstance(item, BadRecord):
+          bad_input(item)
+          continue
 
-      title = item.title.strip()
-      text = item.text.strip()
-      if not text:
-        skip("empty", f"{item.source}: no text")
-        continue
-      title_ids = vocab.encode(title)
-      if len(title_ids) > max_title_len:
-        skip("title_too_long", f"{item.source}: title has {len(title_ids)} wordpieces "
-             f"(max_title_len={max_title_len}): {title[:60]!r}")
-        continue
-      if item.is_block and record_token_ids == "verify" and item.title_token_ids is not None \
-          and list(item.title_token_ids) != title_ids:
-        bad_input(BadRecord(item.source, "token_mismatch", "title_token_ids",
-                            f"{item.source}: field 'title_token_ids' differs from our "
-                            f"tokenisation of the title (use record_token_ids='ours' to keep "
-                            f"ours)"))
-        continue
-      title_bytes = title.encode("utf-8")
-      text_bytes = text.encode("utf-8")
+        title = item.title.strip()
+        text = item.text.strip()
+        if not text:
+          skip("empty", f"{item.source}: no text")
+          continue
+        title_ids = vocab.encode(title)
+        if len(title_ids) > max_title_len:
+          skip("title_too_long", f"{item.source}: title has {len(title_ids)} wordpieces "
+               f"(max_title_len={max_title_len}): {title[:60]!r}")
+          continue
+        if item.is_block and record_token_ids == "verify" and item.title_token_ids is not None \
+            and list(item.title_token_ids) != title_ids:
+          bad_input(BadRecord(item.source, "token_mismatch", "title_token_ids",
+                              f"{item.source}: field 'title_token_ids' differs from our "
+                              f"tokenisation of the title (use record_token_ids='ours' to keep "
+                              f"ours)"))
+          continue
+        title_bytes = title.encode("utf-8")
+        text_bytes = text.encode("utf-8")
 
-      budget = max_block_len - NUM_SPECIAL_TOKENS - len(title_ids)
-      if item.is_block:
-        # One record, one block: tokenise the body whole.
-        body_ids, starts, limits = vocab.tokenize_with_offsets(text)
-        if item.body_token_ids is not None and list(item.body_token_ids) != body_ids:
-          if record_token_ids == "verify":
-            bad_input(BadRecord(item.source, "token_mismatch", "body_token_ids",
-                                f"{item.source}: field 'body_token_ids' differs from our "
-                                f"tokenisation of the body (use record_token_ids='ours' to "
-                                f"keep ours)"))
-            continue
-          counts["token_mismatches"] += 1
-        if item.title_token_ids is not None and list(item.title_token_ids) != title_ids:
-          counts["token_mismatches"] += 1  # only reachable with record_token_ids="ours"
-        if len(body_ids) > budget:  # as the authors' featurize_document: truncate
-          counts["truncated_records"] += 1
-        ranges = [(0, min(len(body_ids), budget))] if body_ids else []
-      else:
-        body_ids, starts, limits, sentence_lengths = [], [], [], []
-        for span_start, span_limit in sentence_splitter(text):
-          ids, s, l = vocab.tokenize_with_offsets(
-              text_bytes[span_start:span_limit].decode("utf-8"))
-          body_ids.extend(ids)
-          starts.extend(x + span_start for x in s)
-          limits.extend(x + span_start for x in l)
-          sentence_lengths.append(len(ids))
-          if len(ids) > budget:
-            counts["oversize_sentences"] += 1
-        word_starts = (word_start_table[np.asarray(body_ids, np.int64)]
-                       if any(n > budget for n in sentence_lengths) else None)
-        ranges = pack_sentences(sentence_lengths, budget, word_starts)
-      if not ranges:
-        skip("empty", f"{item.source}: text has no wordpieces")
-        continue
-      # Checked last so that only documents that would be written claim their content.
-      if not seen.add(_uid_from_bytes(title_bytes, text_bytes)):
-        skip("duplicate", f"{item.source}: same title and text as an earlier document "
-             f"({title[:60]!r})")
-        continue
+        budget = max_block_len - NUM_SPECIAL_TOKENS - len(title_ids)
+        if item.is_block:
+          # One record, one block: tokenise the body whole.
+          body_ids, starts, limits = vocab.tokenize_with_offsets(text)
+          if item.body_token_ids is not None and list(item.body_token_ids) != body_ids:
+            if record_token_ids == "verify":
+              bad_input(BadRecord(item.source, "token_mismatch", "body_token_ids",
+                                  f"{item.source}: field 'body_token_ids' differs from our "
+                                  f"tokenisation of the body (use record_token_ids='ours' to "
+                                  f"keep ours)"))
+              continue
+            counts["token_mismatches"] += 1
+          if item.title_token_ids is not None and list(item.title_token_ids) != title_ids:
+            counts["token_mismatches"] += 1  # only reachable with record_token_ids="ours"
+          if len(body_ids) > budget:  # as the authors' featurize_document: truncate
+            counts["truncated_records"] += 1
+          ranges = [(0, min(len(body_ids), budget))] if body_ids else []
+        else:
+          body_ids, starts, limits, sentence_lengths = [], [], [], []
+          for span_start, span_limit in sentence_splitter(text):
+            ids, s, l = vocab.tokenize_with_offsets(
+                text_bytes[span_start:span_limit].decode("utf-8"))
+            body_ids.extend(ids)
+            starts.extend(x + span_start for x in s)
+            limits.extend(x + span_start for x in l)
+            sentence_lengths.append(len(ids))
+            if len(ids) > budget:
+              counts["oversize_sentences"] += 1
+          word_starts = (word_start_table[np.asarray(body_ids, np.int64)]
+                         if any(n > budget for n in sentence_lengths) else None)
+          ranges = pack_sentences(sentence_lengths, budget, word_starts)
+        if not ranges:
+          skip("empty", f"{item.source}: text has no wordpieces")
+          continue
+        # Checked last so that only documents that would be written claim their content.
+        if not seen.add(_uid_from_bytes(title_bytes, text_bytes)):
+          skip("duplicate", f"{item.source}: same title and text as an earlier document "
+               f"({title[:60]!r})")
+          continue
 
-      doc_id = counts["documents_used"]
-      counts["documents_used"] += 1
-      keys.write(json.dumps(item.key) + "\n")
-      any_key = any_key or item.key is not None
-      for begin, end in ranges:
-        body = text_bytes[starts[begin]:limits[end - 1]]
-        writer.add(title_ids, body_ids[begin:end], title_bytes, body, doc_id)
-        counts["blocks"] += 1
+        doc_id = counts["documents_used"]
+        counts["documents_used"] += 1
+        keys.write(json.dumps(item.key) + "\n")
+        any_key = any_key or item.key is not None
+        for begin, end in ranges:
+          body = text_bytes[starts[begin]:limits[end - 1]]
+          writer.add(title_ids, body_ids[begin:end], title_bytes, body, doc_id)
+          counts["blocks"] += 1
 
-    if counts["blocks"] == 0:
-      description = getattr(source, "description", None) or {}  # a property of our sources
-      where = description.get("path") or description.get("name") or "the input"
-      if counts["documents_read"] == 0:
-        raise CorpusInputError(f"{where}: no blocks: the input has no records (an empty file?)")
-      raise CorpusInputError(
-          f"{where}: no blocks: all {counts['documents_read']} input records were skipped "
-          f"({ {k: v for k, v in counts['skipped'].items() if v} })")
-    store_id = writer.close()
-    writer = None
-    report_progress()
-    keys.close()
-    if not any_key:  # the input had no ids: nothing to keep
-      os.remove(os.path.join(staging, DOC_KEYS))
-
-    files = {}
-    for name in DATA_FILES + ((DOC_KEYS,) if any_key else ()):
-      path = os.path.join(staging, name)
-      files[name] = {"bytes": os.path.getsize(path), "sha256": fileio.sha256_file(path)}
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "num_blocks": counts["blocks"],
-        "max_block_len": max_block_len,
-        "token_dtype": token_dtype.name,
-        "vocab": {"fingerprint": vocab.fingerprint, "size": vocab.vocab_size},
-        "source": getattr(source, "description", {"kind": type(source).__name__}),
-        "options": {"max_block_len": max_block_len, "max_title_len": max_title_len,
-                    "on_error": on_error, "limit": limit, "record_token_ids": record_token_ids},
-        "store_id_options": store_options,
-        "counts": counts,
-        "skip_examples": skip_examples,
-        "store_id": store_id,
-        "files": files,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "builder": {"python": sys.version.split()[0], "numpy": np.__version__},
-    }
-    _write_manifest(staging, manifest)
-    # Re-open what we wrote (sizes, shapes, dtypes, offsets); hashes were just computed.
-    BlockStore.open(staging, verify="fast", vocab_fingerprint=vocab.fingerprint).close()
-    _publish(staging, dest, overwrite)
-  except BaseException:
-    if writer is not None:
-      writer.abort()
-    if keys is not None:
+      if counts["blocks"] == 0:
+        description = getattr(source, "description", None) or {}  # a property of our sources
+        where = description.get("path") or description.get("name") or "the input"
+        if counts["documents_read"] == 0:
+          raise CorpusInputError(f"{where}: no blocks: the input has no records (an empty file?)")
+        raise CorpusInputError(
+            f"{where}: no blocks: all {counts['documents_read']} input records were skipped "
+            f"({ {k: v for k, v in counts['skipped'].items() if v} })")
+      store_id = writer.close()
+      writer = None
+      report_progress()
       keys.close()
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
-  finally:
-    _ACTIVE_STAGING.discard(staging)
+      if not any_key:  # the input had no ids: nothing to keep
+        os.remove(os.path.join(staging, DOC_KEYS))
+
+      files = {}
+      for name in DATA_FILES + ((DOC_KEYS,) if any_key else ()):
+        path = os.path.join(staging, name)
+        files[name] = {"bytes": os.path.getsize(path), "sha256": fileio.sha256_file(path)}
+      manifest = {
+          "format": FORMAT_NAME,
+          "format_version": FORMAT_VERSION,
+          "num_blocks": counts["blocks"],
+          "max_block_len": max_block_len,
+          "token_dtype": token_dtype.name,
+          "vocab": {"fingerprint": vocab.fingerprint, "size": vocab.vocab_size},
+          "source": getattr(source, "description", {"kind": type(source).__name__}),
+          "options": {"max_block_len": max_block_len, "max_title_len": max_title_len,
+                      "on_error": on_error, "limit": limit, "record_token_ids": record_token_ids},
+          "store_id_options": store_options,
+          "counts": counts,
+          "skip_examples": skip_examples,
+          "store_id": store_id,
+          "files": files,
+          "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "builder": {"python": sys.version.split()[0], "numpy": np.__version__},
+      }
+      _write_manifest(staging, manifest)
+      # Re-open what we wrote (sizes, shapes, dtypes, offsets); hashes were just computed.
+      BlockStore.open(staging, verify="fast", vocab_fingerprint=vocab.fingerprint).close()
+      _publish(staging, dest, overwrite)
+    except BaseException:  # close the files; leaving the block removes staging
+      if writer is not None:
+        writer.abort()
+      if keys is not None:
+        keys.close()
+      raise
 
   return BuildReport(path=dest, store_id=store_id, num_blocks=counts["blocks"], counts=counts,
                      skip_examples=skip_examples, elapsed_s=time.monotonic() - start_time)

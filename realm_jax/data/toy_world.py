@@ -53,13 +53,10 @@ import math
 import os
 import pathlib
 import random
-import shutil
 import string
 import sys
-import tempfile
 import time
 import unicodedata
-import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from realm_jax import fileio
@@ -1123,16 +1120,13 @@ class ToyWorld:
     destination.parent.mkdir(parents=True, exist_ok=True)
     files = self.files()
     manifest = self.manifest(files)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{destination.name}.tmp-",
-                                            dir=destination.parent))
-    try:
+    with fileio.staged_directory(destination, f".{destination.name}.tmp-") as staging:
       for name, data in files.items():
-        _write_file(staging / name, data)
-      _write_file(staging / MANIFEST_FILE, _manifest_bytes(manifest))
-      _commit_directory(staging, destination)
-    except BaseException:
-      shutil.rmtree(staging, ignore_errors=True)
-      raise
+        _write_file(pathlib.Path(staging, name), data)
+      _write_file(pathlib.Path(staging, MANIFEST_FILE), _manifest_bytes(manifest))
+      # An existing destination (overwrite, or one written meanwhile) is moved aside first, so
+      # a crash in between leaves the old copy (hidden) rather than nothing at all.
+      fileio.publish_staged(staging, destination, aside_prefix=f".{destination.name}.old-")
     return manifest
 
 
@@ -1146,20 +1140,6 @@ def _write_file(path: pathlib.Path, data: bytes) -> None:
     f.write(data)
     f.flush()
     os.fsync(f.fileno())
-
-
-def _commit_directory(staging: pathlib.Path, destination: pathlib.Path) -> None:
-  """Renames the complete `staging` directory to `destination` (replacing an old one)."""
-  old = None
-  if destination.exists():
-    # POSIX cannot rename a directory over a non-empty one: move the old one aside first, so a
-    # crash in between leaves the old copy (hidden) rather than nothing at all.
-    old = destination.parent / f".{destination.name}.old-{uuid.uuid4().hex}"
-    os.replace(destination, old)
-  os.replace(staging, destination)
-  fileio.fsync_dir(destination.parent)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------

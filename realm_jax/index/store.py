@@ -58,16 +58,15 @@ make the recorded index step meaningless.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import logging
 import os
-import secrets
 import shutil
 import socket
 import sys
-import threading
 import time
 from typing import Callable, Optional, Union
 
@@ -76,12 +75,15 @@ import numpy as np
 
 from realm_jax import fileio
 
-# The shared fsync/sha256 rules of every atomically published artifact (realm_jax.fileio). The
-# BlockStore's staging-name parsing and manifest writer are tied to its own layout
-# (`<dest>.staging-*`, its MANIFEST constant) and private to corpus.py, so this module keeps its
-# own small versions below rather than importing private names across packages.
+# The shared rules of every atomically published artifact (realm_jax.fileio), under module
+# names: the tests inject faults at these points of a publish.
 _fsync_dir = fileio.fsync_dir
 _sha256_file = fileio.sha256_file
+_write_manifest = fileio.write_manifest
+# No `aside_prefix`: a published index is immutable. On Linux, rename(2) onto an existing
+# non-empty directory fails, so two builders racing for the same step cannot overwrite each
+# other: the loser gets an OSError and compares contents.
+_rename_into_place = fileio.publish_staged
 
 FORMAT_NAME = "realm_jax.Index"
 FORMAT_VERSION = 1
@@ -96,6 +98,8 @@ QUERY_TOWER = "query_tower.msgpack"
 FIRST_INDEX_STEP = 0
 STAGING_PREFIX = ".staging-"
 TRASH_PREFIX = ".trash-"
+# Names of staging/trash directories up to the writer's `<host>-<pid>-<random>`.
+_PRIVATE_PATTERN = r"\.(?:staging|trash)-\d+-"
 
 DTYPES = ("float32", "bfloat16")
 # How each public dtype is stored in embeddings.npy: bfloat16 is not a NumPy dtype that .npy
@@ -160,31 +164,6 @@ def _normalize_dtype(dtype) -> str:
 # ------------------------------------------------------------------------------ staging
 
 
-_ACTIVE_STAGING: set[str] = set()  # staging/trash dirs owned by live writers in this process
-_ACTIVE_LOCK = threading.Lock()
-
-
-def _parse_private_name(name: str) -> Optional[tuple[str, int, str, int]]:
-  """`.staging-<step>-<host>-<pid>-<rand>` -> (prefix, step, host, pid); None if not one.
-
-  The host may contain dashes, so the step is split off the front and pid/random off the back.
-  """
-  for prefix in (STAGING_PREFIX, TRASH_PREFIX):
-    if not name.startswith(prefix):
-      continue
-    step, _, rest = name[len(prefix):].partition("-")
-    parts = rest.rsplit("-", 2)
-    if not step.isdigit() or len(parts) != 3 or not parts[0] or not parts[1].isdigit():
-      return None
-    return prefix, int(step), parts[0], int(parts[1])
-  return None
-
-
-def _private_name(root: str, prefix: str, step: int) -> str:
-  name = f"{prefix}{step}-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-  return os.path.join(root, name)
-
-
 def clean_stale_staging(run_dir: str) -> list[str]:
   """Removes `.staging-*` / `.trash-*` directories left in `<run_dir>/index` by dead processes.
 
@@ -198,26 +177,7 @@ def clean_stale_staging(run_dir: str) -> list[str]:
   Returns:
     The removed paths.
   """
-  root = index_root(run_dir)
-  if not os.path.isdir(root):
-    return []
-  host = socket.gethostname()
-  removed = []
-  for name in sorted(os.listdir(root)):
-    parsed = _parse_private_name(name)
-    if parsed is None:
-      continue
-    _, _, owner_host, pid = parsed
-    path = os.path.join(root, name)
-    with _ACTIVE_LOCK:
-      active = path in _ACTIVE_STAGING
-    if owner_host != host or active:
-      continue
-    if pid == os.getpid() or not fileio.pid_alive(pid):
-      log.warning("Removing %s, left by an interrupted index publish.", path)
-      shutil.rmtree(path, ignore_errors=True)
-      removed.append(path)
-  return removed
+  return fileio.remove_stale(index_root(run_dir), _PRIVATE_PATTERN)
 
 
 def _fsync_file(path: str) -> None:
@@ -226,18 +186,6 @@ def _fsync_file(path: str) -> None:
     os.fsync(fd)
   finally:
     os.close(fd)
-
-
-def _write_manifest(directory: str, manifest: dict) -> None:
-  """Writes manifest.json last (temp file + rename): its presence marks a complete index."""
-  tmp = os.path.join(directory, MANIFEST + ".tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(manifest, f, indent=2, sort_keys=True)
-    f.write("\n")
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, os.path.join(directory, MANIFEST))
-  _fsync_dir(directory)
 
 
 def _hash_tree(staging: str, subdir: str) -> dict[str, dict]:
@@ -258,16 +206,6 @@ def _hash_tree(staging: str, subdir: str) -> dict[str, dict]:
       files[rel] = {"sha256": _sha256_file(path), "bytes": os.path.getsize(path)}
     _fsync_dir(dirpath)
   return files
-
-
-def _rename_into_place(staging: str, dest: str) -> None:
-  """Atomically renames the verified staging directory to `dest` (which must not exist).
-
-  On Linux, rename(2) onto an existing non-empty directory fails, so two builders racing for
-  the same step cannot overwrite each other: the loser gets an OSError and compares contents.
-  """
-  os.rename(staging, dest)
-  _fsync_dir(os.path.dirname(dest))
 
 
 # ------------------------------------------------------------------------------ listing
@@ -422,7 +360,7 @@ def _load(path: str, *, block_store_id, num_blocks, dim, dtype, verify, mmap,
     raise IndexLoadError(f"{path}: {problem}")
 
   base = os.path.basename(os.path.normpath(path))
-  if not allow_staging and _parse_private_name(base) is not None:
+  if not allow_staging and fileio.private_owner(base, _PRIVATE_PATTERN) is not None:
     # Even with a manifest, a staging dir has not been renamed into place: its publish was
     # interrupted (or is still running), so it is not an index anyone published.
     fail("a staging/trash directory of an unfinished publish, not a published index")
@@ -538,14 +476,13 @@ class IndexWriter:
     self._start_time = time.monotonic()
     self._done = False
 
-    root = index_root(self.run_dir)
-    os.makedirs(root, exist_ok=True)
+    os.makedirs(index_root(self.run_dir), exist_ok=True)
     clean_stale_staging(self.run_dir)
-    self.staging = _private_name(root, STAGING_PREFIX, self.step)
-    with _ACTIVE_LOCK:
-      _ACTIVE_STAGING.add(self.staging)
+    # Holds the staging directory from here until commit() or abort() closes it.
+    self._staging = contextlib.ExitStack()
+    self.staging = self._staging.enter_context(
+        fileio.staged_directory(self.dest, f"{STAGING_PREFIX}{self.step}-"))
     try:
-      os.mkdir(self.staging)
       # [num_blocks, dim] in the storage dtype; bfloat16 rows are written through a view.
       self._memmap = np.lib.format.open_memmap(
           os.path.join(self.staging, EMBEDDINGS), mode="w+",
@@ -701,8 +638,7 @@ class IndexWriter:
       self.abort()
       raise
     finally:
-      with _ACTIVE_LOCK:
-        _ACTIVE_STAGING.discard(self.staging)
+      self._staging.close()  # published or aborted by now: only releases the name
     prune_indexes(self.run_dir, keep, protect=self.step)
     return self.dest
 
@@ -733,9 +669,7 @@ class IndexWriter:
     for attr in ("_rows", "_memmap"):
       if hasattr(self, attr):
         delattr(self, attr)
-    shutil.rmtree(self.staging, ignore_errors=True)
-    with _ACTIVE_LOCK:
-      _ACTIVE_STAGING.discard(self.staging)
+    self._staging.close()
     self._done = True
 
   def _check_open(self) -> None:
@@ -815,19 +749,13 @@ def prune_indexes(run_dir: str, keep: Optional[int], *, protect: Optional[int] =
   root = index_root(run_dir)
   pruned = []
   for step in victims:
-    trash = _private_name(root, TRASH_PREFIX, step)
-    with _ACTIVE_LOCK:
-      _ACTIVE_STAGING.add(trash)
-    try:
+    with fileio.private_path(root, f"{TRASH_PREFIX}{step}-") as trash:
       try:
         os.rename(index_dir(run_dir, step), trash)
       except FileNotFoundError:  # pruned concurrently by another publisher
         continue
       _fsync_dir(root)
       shutil.rmtree(trash, ignore_errors=True)
-    finally:
-      with _ACTIVE_LOCK:
-        _ACTIVE_STAGING.discard(trash)
     log.info("Pruned index %s (keeping the newest %d).", index_dir(run_dir, step), keep)
     pruned.append(step)
   return pruned
