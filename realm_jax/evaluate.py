@@ -34,9 +34,10 @@ And one without a run:
 * mode "bm25": the lexical baseline for mode "retrieval". Okapi BM25 (`evaluation.bm25`: k1 0.9,
   b 0.4, Lucene's idf, lower-cased alphanumeric terms of each block's title and body) ranks the
   blocks of the BlockStore (`block_store`, or the toy store for toy tasks) for every question of
-  the same task split, and reports the same metrics the same way (recall@k by `answer_hits`,
-  regex answers for regex tasks; for an ICT task the source block's recall by `ict_hits`, its
-  wordpiece query decoded back to text, with chance@k), "bm25" in place of "retrieval". No
+  the same task split, and reports the same metrics the same way (recall@k by
+  `evaluation.retrieval.answer_hits`, regex answers for regex tasks; for an ICT task the source
+  block's recall by `evaluation.retrieval.ict_hits`, its wordpiece query decoded back to text,
+  with chance@k), "bm25" in place of "retrieval". No
   checkpoint, index or model: the settings for those (checkpoint_step, index_step,
   index_run_dir, first_index_checkpoint_dir, backend, reader_beam, reader_len, verify_index)
   are refused unless left at their defaults. `--gin.RUN_DIR=None` with `evaluate_main.output`
@@ -66,96 +67,23 @@ import gin
 
 from realm_jax import fileio
 from realm_jax import gin_utils
-from realm_jax.gin_utils import ConfigError, split_gin_args
+from realm_jax.evaluation import metrics as metrics_lib
+from realm_jax.evaluation import retrieval
+from realm_jax.evaluation import runs
+from realm_jax.evaluation import tasks as tasks_lib
+from realm_jax.gin_utils import ConfigError
 
 PROG = "evaluate"
 MODES = ("qa", "retrieval", "bm25")
 BACKENDS = ("exact", "scann")
-PREDICTIONS_DIR = "predictions"
 PROGRESS_INTERVAL_S = 5.0  # seconds between progress lines on stderr
 BUILD_INDEX_HINT = ("python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin "
                     "--once --gin.RUN_DIR=... --gin.BLOCK_STORE=...")
 
 log = logging.getLogger(PROG)
 
-_CALL_STARTED = [False]  # set by evaluate_main: errors before it are gin's (config errors)
-
-
-# ------------------------------------------------------------------------------ tasks
-
-
-def task_kind(task: Any) -> Optional[str]:
-  """"qa" (question/answers, EM or regex metric), "ict" (queries with their source block's
-  uid) or None (a task this job cannot evaluate, e.g. masked-query pretraining)."""
-  from realm_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
-  metric_fns = list(task.metric_fns)
-  if metrics.orqa_exact_match in metric_fns or metrics.curated_trec_regex_match in metric_fns:
-    return "qa"
-  if {"query_ids", "query_mask", "block_uid"} <= set(task.output_features):
-    return "ict"
-  return None
-
-
-def registered_tasks(kind: str) -> list[str]:
-  """Names of the registered seqio tasks of one `task_kind` ("qa" or "ict"), sorted."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
-  del realm_jax_tasks
-  return sorted(name for name in seqio.TaskRegistry.names()
-                if task_kind(seqio.get_mixture_or_task(name)) == kind)
-
-
-def _split_dataset(task: Any, split: str, max_examples: Optional[int]):
-  """One unshuffled pass over a task split (as the task emits it: no padding, no trimming)."""
-  dataset = task.get_dataset(split=split, shuffle=False, sequence_length=None, num_epochs=1)
-  return dataset.take(max_examples) if max_examples is not None else dataset
-
-
-def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = None) -> dict:
-  """The queries of an ICT task split and their source blocks.
-
-  Returns:
-    {"query_ids", "query_mask": int32 [n, query_len], "block_uid": int64 [n] (the source
-    block's uint64 uid as the int64 with the same bits, as the task carries it)}.
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-  task = inputs.get_task(task_name)
-  rows = {"query_ids": [], "query_mask": [], "block_uid": []}
-  for example in _split_dataset(task, split, max_examples).as_numpy_iterator():
-    for name, values in rows.items():
-      values.append(example[name])
-  if not rows["block_uid"]:
-    raise ValueError(f"task {task_name!r} split {split!r} has no examples")
-  return {"query_ids": np.stack(rows["query_ids"]).astype(np.int32),  # [n, query_len]
-          "query_mask": np.stack(rows["query_mask"]).astype(np.int32),  # [n, query_len]
-          "block_uid": np.asarray(rows["block_uid"], np.int64)}  # [n]
-
-
-def ict_query_texts(query_ids: Any, query_mask: Any) -> list[str]:
-  """ICT queries as text (BM25's queries for an ICT task): the wordpieces of `[CLS] sentence
-  [SEP]` (int [n, query_len], mask [n, query_len]) decoded, special tokens and padding dropped.
-
-  The text is the uncased vocabulary's: lower-cased and without accents, so a query word with
-  an accent does not match the block's original spelling.
-  """
-  from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-  vocab = vocab_lib.default_vocabulary()
-  specials = set(vocab_lib.SPECIAL_TOKENS.values())
-  return [vocab.decode([int(i) for i, m in zip(ids, mask) if m and int(i) not in specials])
-          for ids, mask in zip(query_ids, query_mask)]
-
 
 # ------------------------------------------------------------------------------ small pieces
-
-
-def clip_k_values(k_values: Sequence[int], num_blocks: int) -> tuple[int, ...]:
-  """Recall cut-offs, each at most the number of blocks, ascending and without repeats.
-
-  A k above the corpus size would only repeat recall@num_blocks (1.0 for ICT), so it becomes
-  num_blocks.
-  """
-  return tuple(sorted({min(int(k), int(num_blocks)) for k in k_values}))
 
 
 def _check_k_values(k_values: Any) -> tuple[int, ...]:
@@ -167,32 +95,6 @@ def _check_k_values(k_values: Any) -> tuple[int, ...]:
       raise ConfigError(f"evaluate_main.k_values={tuple(k_values)!r}: {k!r} is not a positive "
                         f"integer")
   return tuple(int(k) for k in k_values)
-
-
-def choose_checkpoint(run_dir: str, checkpoint_step: Optional[int]) -> tuple[Optional[int], str]:
-  """The checkpoint step to evaluate and why it was chosen.
-
-  `checkpoint_step` if given; else the best one recorded by the trainer in `<run>/best.json`
-  (its metric, e.g. eval exact match) when that checkpoint still exists; else the newest.
-
-  Returns:
-    (step or None when the run has no finished checkpoint, a description such as
-    "best by eval/exact_match=0.41 in best.json", "latest" or "as asked").
-  """
-  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
-  steps = ckpt_lib.list_checkpoint_steps(run_dir)
-  if checkpoint_step is not None:
-    return int(checkpoint_step), "as asked"
-  best = ckpt_lib.read_best(run_dir)
-  if best is not None and int(best.get("step", -1)) in steps:
-    return int(best["step"]), (f"best by {best.get('metric')}={float(best.get('value')):.4g} "
-                               f"in {ckpt_lib.BEST_FILE}")
-  if not steps:
-    return None, "none"
-  why = "latest"
-  if best is not None:
-    why += f" ({ckpt_lib.BEST_FILE} names step {best.get('step')}, which no longer exists)"
-  return steps[-1], why
 
 
 def _checkpoint_metadata(step_dir: str, config: Any, where: str) -> dict:
@@ -219,32 +121,6 @@ def _require_reader(metadata: dict, step_dir: str) -> None:
     raise ConfigError(f"{step_dir} holds params {items}, no fine-tuned reader (an ICT or "
                       f"pretraining run?): mode 'qa' needs an open-QA checkpoint; measure its "
                       f"retrieval with --gin.evaluate_main.mode=\"'retrieval'\"")
-
-
-def output_paths(output: Optional[str], run_dir: str, stem: str) -> tuple[str, str]:
-  """(predictions JSONL, metrics JSON): `output` or `<run_dir>/predictions/<stem>.jsonl`, and
-  the same path with `.metrics.json` in place of `.jsonl`."""
-  predictions = output or os.path.join(run_dir, PREDICTIONS_DIR, f"{stem}.jsonl")
-  base = predictions[:-len(".jsonl")] if predictions.endswith(".jsonl") else predictions
-  return predictions, base + ".metrics.json"
-
-
-def format_metrics(metrics: dict) -> str:
-  """'exact_match 0.1250, recall@5 0.5000, ..., num_questions 8, skipped 0' (fractions with 4
-  decimals, counts as integers; chance@k shown next to its recall@k)."""
-  parts = []
-  for name, value in metrics.items():
-    if name.startswith("chance@"):
-      continue
-    if name == "skipped_questions":
-      parts.append(f"skipped {int(value)}")
-    elif isinstance(value, int):
-      parts.append(f"{name} {value}")
-    else:
-      chance = metrics.get(name.replace("recall@", "chance@")) if "recall@" in name else None
-      parts.append(f"{name} {value:.4f}"
-                   + (f" (chance {chance:.4f})" if chance is not None else ""))
-  return ", ".join(parts)
 
 
 class _Progress:
@@ -277,53 +153,6 @@ def _rate_line(what: str, done: int, total: int, start: float) -> str:
 
 
 # ------------------------------------------------------------------------------ retrieval
-
-
-def ict_hits(retrieved_ids: Any, block_uid: Any, store_uids: Any) -> Any:
-  """Whether each retrieved block is the query's source block.
-
-  Args:
-    retrieved_ids: int [n, k] block rows (-1: no result, a miss).
-    block_uid: int64 [n] the source block's uid bits (ICT task feature).
-    store_uids: uint64 [num_blocks] `BlockStore.uids`.
-
-  Returns:
-    bool [n, k]. Compared by uid, not row: a block whose text occurs twice in the corpus is
-    found either way.
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  ids = np.asarray(retrieved_ids)  # [n, k]
-  uids = np.asarray(store_uids).view(np.int64)[np.maximum(ids, 0)]  # [n, k]
-  return (uids == np.asarray(block_uid, np.int64)[:, None]) & (ids >= 0)
-
-
-def answer_hits(retrieved_ids: Any, examples: Sequence[Any], store: Any) -> Any:
-  """Whether each retrieved block contains an answer (DPR's has_answer on the block body;
-  regex search for regex examples). bool [n, k]."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from realm_jax.evaluation import metrics  # pylint: disable=g-import-not-at-top
-  ids = np.asarray(retrieved_ids)  # [n, k]
-  hits = np.zeros(ids.shape, bool)
-  for row, example in enumerate(examples):
-    match = "regex" if example.answers_are_regex else "string"
-    for col, block_id in enumerate(ids[row]):
-      hits[row, col] = block_id >= 0 and metrics.has_answer(store.body(int(block_id)),
-                                                            example.answers, match=match)
-  return hits
-
-
-def recall_metrics(hits: Any, ks: Sequence[int], kind: str, num_blocks: int) -> dict:
-  """The retrieval metrics of bool hits [n, k] (modes "retrieval" and "bm25"): recall@k for
-  each of `ks`, chance@k next to it for ICT, num_questions (ICT: num_queries), num_blocks."""
-  from realm_jax.evaluation import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
-  metrics = {}
-  for name, value in metrics_lib.top_k_recall(hits, ks).items():
-    metrics[name] = value
-    if kind == "ict":  # a uniformly random ranking finds the one source block with p = k / N
-      metrics["chance@" + name[len("recall@"):]] = int(name[len("recall@"):]) / num_blocks
-  metrics["num_queries" if kind == "ict" else "num_questions"] = int(hits.shape[0])
-  metrics["num_blocks"] = int(num_blocks)
-  return metrics
 
 
 def _retrieve_all(retriever: Any, query_ids: Any, query_mask: Any, *, k: int,
@@ -409,10 +238,10 @@ def _run_qa(*, run_dir, config, task, split, step, why, loaded, store,
   progress = _Progress()
   metrics, predictions = evaluate_lib.evaluate(
       model, params, examples, searcher=searcher, store=store, batch_size=batch_size,
-      k_values=clip_k_values(k_values, store.num_blocks), block_emb=loaded.embeddings,
+      k_values=retrieval.clip_k_values(k_values, store.num_blocks), block_emb=loaded.embeddings,
       reader_len=reader_len, progress=progress)
   progress.finish()
-  predictions_path, metrics_path = output_paths(output, run_dir, f"{task}_{split}_step{step}")
+  predictions_path, metrics_path = runs.output_paths(output, run_dir, f"{task}_{split}_step{step}")
   evaluate_lib.write_predictions_jsonl(predictions_path, predictions)
   fileio.write_json_atomically(metrics_path, {
       "mode": "qa", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
@@ -420,8 +249,8 @@ def _run_qa(*, run_dir, config, task, split, step, why, loaded, store,
       "backend": backend, "predictions": os.path.abspath(predictions_path),
       "metrics": metrics})
   print(f"{PROG}: {task}/{split}, checkpoint step {step} ({why}), index step {loaded.step}: "
-        f"{format_metrics(metrics)}; predictions {predictions_path}, metrics {metrics_path}",
-        flush=True)
+        f"{metrics_lib.format_metrics(metrics)}; predictions {predictions_path}, "
+        f"metrics {metrics_path}", flush=True)
   return 0
 
 
@@ -447,13 +276,13 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
     retriever = inputs.make_index_loader(index_run, config,
                                          first_checkpoint_dir=first_index_checkpoint_dir,
                                          backend=backend)(loaded)
-  ks = clip_k_values(k_values, store.num_blocks)
+  ks = retrieval.clip_k_values(k_values, store.num_blocks)
   progress = _Progress()
   if kind == "ict":
-    queries = ict_task_queries(task, split, max_examples)
+    queries = tasks_lib.ict_task_queries(task, split, max_examples)
     ids = _retrieve_all(retriever, queries["query_ids"], queries["query_mask"], k=ks[-1],
                         batch_size=batch_size, progress=progress)  # [n, k]
-    hits = ict_hits(ids, queries["block_uid"], store.uids)  # [n, k]
+    hits = retrieval.ict_hits(ids, queries["block_uid"], store.uids)  # [n, k]
   else:
     examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
     ids, start = [], time.monotonic()
@@ -461,23 +290,18 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
       ids.append(retriever.retrieve(query_ids, query_mask, k=ks[-1])[1])
       done = sum(len(i) for i in ids)
       progress(_rate_line("questions", done, len(examples), start))
-    hits = answer_hits(np.concatenate(ids), examples, store)  # [n, k]
+    hits = retrieval.answer_hits(np.concatenate(ids), examples, store)  # [n, k]
   progress.finish()
-  metrics = recall_metrics(hits, ks, kind, store.num_blocks)
-  _, metrics_path = output_paths(output, run_dir, f"{task}_{split}_retrieval_index{loaded.step}")
+  metrics = retrieval.recall_metrics(hits, ks, kind, store.num_blocks)
+  _, metrics_path = runs.output_paths(output, run_dir,
+                                      f"{task}_{split}_retrieval_index{loaded.step}")
   fileio.write_json_atomically(metrics_path, {
       "mode": "retrieval", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
       "index_step": loaded.step, "query_tower_checkpoint": step_dir, "backend": backend,
       "metrics": metrics})
   print(f"{PROG}: retrieval {task}/{split}, index step {loaded.step} (query tower from "
-        f"{step_dir}): {format_metrics(metrics)}; metrics {metrics_path}", flush=True)
+        f"{step_dir}): {metrics_lib.format_metrics(metrics)}; metrics {metrics_path}", flush=True)
   return 0
-
-
-def block_texts(store: Any):
-  """Each block's title and body text, as BM25 indexes it (block id order)."""
-  for block_id in range(store.num_blocks):
-    yield store.title(block_id) + "\n" + store.body(block_id)
 
 
 def _refuse_unused_for_bm25(settings: dict) -> None:
@@ -501,7 +325,7 @@ def _bm25_job(*, run_dir, task, kind, split, block_store, batch_size, k_values, 
                       "evaluate_main.output: e.g. --gin.evaluate_main.output=\"'/tmp/bm25.jsonl'\" "
                       "writes /tmp/bm25.metrics.json (or give a RUN_DIR: "
                       "<RUN_DIR>/predictions/<task>_<split>_bm25.metrics.json)")
-  _, metrics_path = output_paths(output, run_dir, f"{task}_{split}_bm25")
+  _, metrics_path = runs.output_paths(output, run_dir, f"{task}_{split}_bm25")
   if dry_run:
     print(f"{PROG}: dry run ok (bm25, task {task}/{split}, block store "
           f"{block_store or 'the toy store'}, metrics {metrics_path}; no data read, nothing "
@@ -526,14 +350,14 @@ def _run_bm25(*, run_dir, task, kind, split, store, batch_size, k_values, max_ex
   import numpy as np  # pylint: disable=g-import-not-at-top
   from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
   from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
-  ks = clip_k_values(k_values, store.num_blocks)
+  ks = retrieval.clip_k_values(k_values, store.num_blocks)
   start = time.monotonic()
-  index = bm25.BM25Index(block_texts(store))
+  index = bm25.BM25Index(bm25.block_texts(store))
   print(f"{PROG}: BM25 index of {store.num_blocks:,} blocks ({index.num_terms:,} terms) in "
         f"{time.monotonic() - start:.1f}s", file=sys.stderr, flush=True)
   if kind == "ict":
-    queries = ict_task_queries(task, split, max_examples)
-    texts = ict_query_texts(queries["query_ids"], queries["query_mask"])
+    queries = tasks_lib.ict_task_queries(task, split, max_examples)
+    texts = tasks_lib.ict_query_texts(queries["query_ids"], queries["query_mask"])
   else:
     examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
     texts = [e.question for e in examples]
@@ -542,18 +366,19 @@ def _run_bm25(*, run_dir, task, kind, split, store, batch_size, k_values, max_ex
   for begin in range(0, len(texts), batch_size):
     end = min(begin + batch_size, len(texts))
     ids, _ = index.top_k(texts[begin:end], ks[-1])  # [batch, k]
-    hits.append(ict_hits(ids, queries["block_uid"][begin:end], store.uids) if kind == "ict"
-                else answer_hits(ids, examples[begin:end], store))  # [batch, k]
+    hits.append(retrieval.ict_hits(ids, queries["block_uid"][begin:end], store.uids)
+                if kind == "ict" else
+                retrieval.answer_hits(ids, examples[begin:end], store))  # [batch, k]
     progress(_rate_line("queries" if kind == "ict" else "questions", end, len(texts), start))
   progress.finish()
-  metrics = recall_metrics(np.concatenate(hits), ks, kind, store.num_blocks)
+  metrics = retrieval.recall_metrics(np.concatenate(hits), ks, kind, store.num_blocks)
   fileio.write_json_atomically(metrics_path, {
       "mode": "bm25", "run_dir": os.path.abspath(run_dir) if run_dir else None, "task": task,
       "split": split, "block_store": os.path.abspath(store.path),
       "bm25": {"k1": index.k1, "b": index.b}, "metrics": metrics})
   print(f"{PROG}: bm25 {task}/{split}, {store.num_blocks:,} blocks of {store.path} (k1 "
-        f"{index.k1:g}, b {index.b:g}): {format_metrics(metrics)}; metrics {metrics_path}",
-        flush=True)
+        f"{index.k1:g}, b {index.b:g}): {metrics_lib.format_metrics(metrics)}; "
+        f"metrics {metrics_path}", flush=True)
   return 0
 
 
@@ -571,23 +396,8 @@ def _run_questions(*, run_dir, config, questions, step, why, loaded, store,
       print(f"question: {question}\n  cannot answer: {reason}", flush=True)
       continue
     result = predictor.answer(question)
-    print("\n".join(format_answer(result)), flush=True)
+    print("\n".join(evaluate_lib.format_answer(result)), flush=True)
   return 0
-
-
-def format_answer(result: dict) -> list[str]:
-  """The lines printed for one `Predictor.answer` result: the answer, then one line per
-  evidence block (rank, block id, title, retrieval score, snippet; `*` marks the block the
-  answer was read from)."""
-  lines = [f"question: {result['question']}",
-           f"answer: {result['answer']!r} (block {result['block_id']}, joint logit "
-           f"{result['score']:.3f})"]
-  for evidence in result["evidence"]:
-    mark = "*" if evidence["has_prediction"] else " "
-    snippet = " ".join(evidence["snippet"].split())
-    lines.append(f" {mark}{evidence['rank'] + 1}. block {evidence['block_id']} "
-                 f"[{evidence['title']}] score {evidence['score']:.3f}: {snippet}")
-  return lines
 
 
 def _resolve_task(task: str, mode: str, split: str) -> tuple[Any, str]:
@@ -597,16 +407,17 @@ def _resolve_task(task: str, mode: str, split: str) -> tuple[Any, str]:
     seqio_task = inputs.get_task(task)
   except inputs.UnknownTaskError as e:
     raise ConfigError(f"evaluate_main.task: unknown task {task!r}; registered QA tasks: "
-                      f"{', '.join(registered_tasks('qa'))} (modes 'retrieval' and 'bm25' also "
-                      f"take ICT tasks: {', '.join(registered_tasks('ict'))})") from e
-  kind = task_kind(seqio_task)
+                      f"{', '.join(tasks_lib.registered_tasks('qa'))} (modes 'retrieval' and "
+                      f"'bm25' also take ICT tasks: "
+                      f"{', '.join(tasks_lib.registered_tasks('ict'))})") from e
+  kind = tasks_lib.task_kind(seqio_task)
   allowed = ("qa",) if mode == "qa" else ("qa", "ict")
   if kind not in allowed:
     raise ConfigError(f"evaluate_main.task={task!r} is not a "
                       f"{'QA' if mode == 'qa' else 'QA or ICT'} task, which mode {mode!r} needs "
-                      f"(QA tasks: {', '.join(registered_tasks('qa'))}"
+                      f"(QA tasks: {', '.join(tasks_lib.registered_tasks('qa'))}"
                       + ("" if mode == "qa" else
-                         f"; ICT tasks: {', '.join(registered_tasks('ict'))}") + ")")
+                         f"; ICT tasks: {', '.join(tasks_lib.registered_tasks('ict'))}") + ")")
   splits = tuple(seqio_task.splits)
   if split not in splits:
     raise ConfigError(f"evaluate_main.split={split!r}: task {task!r} has splits "
@@ -614,7 +425,21 @@ def _resolve_task(task: str, mode: str, split: str) -> tuple[Any, str]:
   return seqio_task, kind
 
 
-@gin.configurable
+def _question_bindings(values: Any) -> list[str]:
+  """Free-text questions need no task; gin refuses a config whose TASK macro is left at
+  %gin.REQUIRED (at parse time, whether or not the call uses it), so --question sets it."""
+  return ["TASK = None"] if values.question else []
+
+
+# Runtime errors that explain themselves: CheckpointError, IndexLoadError, FileNotFoundError...
+@gin_utils.command(
+    PROG, doc=__doc__, example_gin="gin_configs/experiments/toy_eval.gin",
+    interrupted="nothing partial was written",
+    booleans={"dry_run": "Check the configuration (and the run's checkpoint size), print one "
+                         "line and exit without reading data."},
+    multi_strings={"question": "A free-text question to answer with its evidence "
+                               "(repeatable); no task needed."},
+    arguments={"question": "questions"}, extra_bindings=_question_bindings)
 def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                   task: Optional[str] = gin.REQUIRED, split: str = "test", mode: str = "qa",
                   checkpoint_step: Optional[int] = None, index_step: Optional[int] = None,
@@ -672,7 +497,6 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   Returns:
     The exit status (0).
   """
-  _CALL_STARTED[0] = True
   from realm_jax.models.config import RealmConfig  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
 
@@ -746,7 +570,7 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"{ckpt_lib.checkpoints_dir(run_dir)} has steps {steps}")
   step, why = None, "none"
   if mode == "qa" and steps:
-    step, why = choose_checkpoint(run_dir, checkpoint_step)
+    step, why = runs.choose_checkpoint(run_dir, checkpoint_step)
     step_dir = ckpt_lib.checkpoint_path(run_dir, step)
     _require_reader(_checkpoint_metadata(step_dir, model_config, "checkpoint"), step_dir)
     what += f"; checkpoint step {step} ({why})"
@@ -802,41 +626,7 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                         output=output, first_index_checkpoint_dir=first_index_checkpoint_dir)
 
 
-# ------------------------------------------------------------------------------ command line
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Entry point; returns the exit status."""
-  argv = list(sys.argv if argv is None else argv)
-  gin_utils.setup_logging()
-  _CALL_STARTED[0] = False
-
-  def job() -> int:
-    gin_bindings, rest = split_gin_args(argv[1:])
-    values = gin_utils.parse_flags(
-        [argv[0] if argv else PROG] + rest,
-        {"dry_run": "Check the configuration (and the run's checkpoint size), print one line "
-                    "and exit without reading data."},
-        multi_strings={"question": "A free-text question to answer with its evidence "
-                                   "(repeatable); no task needed."})
-    if not values.gin_file:
-      raise ConfigError("no --gin_file given (e.g. --gin_file=gin_configs/experiments/"
-                        "toy_eval.gin)")
-    bindings = list(values.gin_bindings) + gin_bindings
-    if values.question:
-      # Free-text questions need no task; gin refuses a config whose TASK macro is left at
-      # %gin.REQUIRED (at parse time, whether or not the call uses it), so set it here.
-      bindings.append("TASK = None")
-    gin_utils.parse_gin(values.gin_file, bindings)
-    overrides: dict[str, Any] = {"dry_run": True} if values.dry_run else {}
-    if values.question:
-      overrides["questions"] = list(values.question)
-    return evaluate_main(**overrides)
-
-  # Runtime errors that explain themselves: CheckpointError, IndexLoadError, FileNotFoundError...
-  return gin_utils.run_job(PROG, job, started=lambda: _CALL_STARTED[0],
-                           interrupted="nothing partial was written",
-                           doc=__doc__, configurables=(evaluate_main,))
+main = evaluate_main.main  # python -m realm_jax.evaluate; returns the exit status
 
 
 if __name__ == "__main__":

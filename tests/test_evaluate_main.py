@@ -26,6 +26,8 @@ from realm_jax.data import open_qa as open_qa_data
 from realm_jax.data import toy_world
 from realm_jax.evaluation import evaluate as evaluate_lib
 from realm_jax.evaluation import metrics as metrics_lib
+from realm_jax.evaluation import retrieval
+from realm_jax.evaluation import runs
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.index.search import ExactSearcher
@@ -445,25 +447,25 @@ def test_dry_run_checks_the_checkpoint_of_a_run(world, capsys):
 
 def test_choose_checkpoint_prefers_best_json(tmp_path):
   run_dir = str(tmp_path)
-  assert entry.choose_checkpoint(run_dir, None) == (None, "none")
+  assert runs.choose_checkpoint(run_dir, None) == (None, "none")
   for step in (5, 10):
     checkpoints.save_checkpoint(run_dir, step, {"retriever": {"w": np.zeros([2], np.float32)}},
                                 config=TINY)
-  assert entry.choose_checkpoint(run_dir, None) == (10, "latest")
-  assert entry.choose_checkpoint(run_dir, 5) == (5, "as asked")
+  assert runs.choose_checkpoint(run_dir, None) == (10, "latest")
+  assert runs.choose_checkpoint(run_dir, 5) == (5, "as asked")
   best = os.path.join(run_dir, checkpoints.BEST_FILE)
   with open(best, "w", encoding="utf-8") as f:
     json.dump({"metric": "eval/exact_match", "mode": "max", "step": 5, "value": 0.5}, f)
-  assert entry.choose_checkpoint(run_dir, None) == (5, "best by eval/exact_match=0.5 in best.json")
+  assert runs.choose_checkpoint(run_dir, None) == (5, "best by eval/exact_match=0.5 in best.json")
   with open(best, "w", encoding="utf-8") as f:
     json.dump({"metric": "eval/exact_match", "mode": "max", "step": 1, "value": 0.5}, f)
-  step, why = entry.choose_checkpoint(run_dir, None)
+  step, why = runs.choose_checkpoint(run_dir, None)
   assert step == 10 and why.startswith("latest (best.json names step 1")
 
 
 def test_k_values_are_clipped_to_the_corpus():
-  assert entry.clip_k_values((1, 5, 20, 100), 12) == (1, 5, 12)
-  assert entry.clip_k_values((100, 5, 5), 1000) == (5, 100)
+  assert retrieval.clip_k_values((1, 5, 20, 100), 12) == (1, 5, 12)
+  assert retrieval.clip_k_values((100, 5, 5), 1000) == (5, 100)
 
 
 # ------------------------------------------------------------------------------ errors

@@ -13,13 +13,16 @@ counts once, as in Lucene's BM25 over a query of term clauses.
 
 The per-term document weights are computed once into an inverted index (a sparse
 [terms, documents] matrix), so scoring a chunk of queries is one sparse matrix product.
+
+A BlockStore's documents are its blocks' title and body text (`block_texts`), as the evaluate
+command's mode "bm25" ranks them.
 """
 
 from __future__ import annotations
 
 import collections
 import re
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from scipy import sparse
@@ -161,3 +164,8 @@ def _row_top_k(doc_ids: np.ndarray, doc_scores: np.ndarray,
     values = np.concatenate([values, np.zeros(len(zeros))])
   return ids, values
 
+
+def block_texts(store: Any):
+  """Each block's title and body text, as BM25 indexes it (block id order)."""
+  for block_id in range(store.num_blocks):
+    yield store.title(block_id) + "\n" + store.body(block_id)

@@ -45,7 +45,8 @@ from realm_jax.models import open_qa
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Predictor", "answer_question", "evaluate", "write_predictions_jsonl"]
+__all__ = ["Predictor", "answer_question", "evaluate", "format_answer",
+           "write_predictions_jsonl"]
 
 RECALL_MATCHES = ("has_answer", "substring")
 EmbedFn = Callable[[Sequence[str]], Any]
@@ -378,3 +379,18 @@ def write_predictions_jsonl(path: str, predictions: Sequence[dict]) -> None:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def format_answer(result: dict) -> list[str]:
+  """The lines printed for one `Predictor.answer` result: the answer, then one line per
+  evidence block (rank, block id, title, retrieval score, snippet; `*` marks the block the
+  answer was read from)."""
+  lines = [f"question: {result['question']}",
+           f"answer: {result['answer']!r} (block {result['block_id']}, joint logit "
+           f"{result['score']:.3f})"]
+  for evidence in result["evidence"]:
+    mark = "*" if evidence["has_prediction"] else " "
+    snippet = " ".join(evidence["snippet"].split())
+    lines.append(f" {mark}{evidence['rank'] + 1}. block {evidence['block_id']} "
+                 f"[{evidence['title']}] score {evidence['score']:.3f}: {snippet}")
+  return lines

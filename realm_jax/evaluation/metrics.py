@@ -15,6 +15,8 @@ retrieval recall that later papers compare against is DPR's. Both are reproduced
 * ``top_k_recall``: share of questions with an answer-bearing block among the first k retrieved.
 * ``orqa_exact_match`` / ``curated_trec_regex_match``: seqio metric functions
   ``metric_fn(targets, predictions) -> {name: percent}``.
+* ``format_metrics``: a metrics dict as the one summary line `python -m realm_jax.evaluate`
+  prints.
 
 Where the authors' code and this module differ, the function's docstring says so; every
 difference concerns inputs the data loaders in ``realm_jax.data.open_qa`` already reject (empty
@@ -38,6 +40,7 @@ __all__ = [
     "SimpleTokenizer",
     "curated_trec_regex_match",
     "exact_match",
+    "format_metrics",
     "has_answer",
     "invalid_patterns",
     "normalize_answer",
@@ -380,3 +383,21 @@ def curated_trec_regex_match(targets: Sequence[Any],
     ValueError: the lengths differ, there are no examples, or a target has no patterns.
   """
   return _percent_correct(targets, predictions, regex_match, "regex_match")
+
+
+def format_metrics(metrics: dict) -> str:
+  """'exact_match 0.1250, recall@5 0.5000, ..., num_questions 8, skipped 0' (fractions with 4
+  decimals, counts as integers; chance@k shown next to its recall@k)."""
+  parts = []
+  for name, value in metrics.items():
+    if name.startswith("chance@"):
+      continue
+    if name == "skipped_questions":
+      parts.append(f"skipped {int(value)}")
+    elif isinstance(value, int):
+      parts.append(f"{name} {value}")
+    else:
+      chance = metrics.get(name.replace("recall@", "chance@")) if "recall@" in name else None
+      parts.append(f"{name} {value:.4f}"
+                   + (f" (chance {chance:.4f})" if chance is not None else ""))
+  return ", ".join(parts)

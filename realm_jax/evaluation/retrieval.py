@@ -1,0 +1,74 @@
+"""Retrieval quality of a ranking: which retrieved blocks are hits, and recall@k.
+
+What `python -m realm_jax.evaluate` reports in its modes "retrieval" (the index's own query
+tower) and "bm25" (the lexical baseline), from the block ids each ranked:
+
+* ``answer_hits``: for a QA task, whether a block contains an answer (DPR's ``has_answer`` on
+  the block body, `metrics.has_answer`; regex search for regex answers);
+* ``ict_hits``: for an ICT task, whether a block is the query's source block (by uid);
+* ``recall_metrics``: recall@k of those hits (`metrics.top_k_recall`), with chance@k = k / blocks
+  for ICT, and the counts;
+* ``clip_k_values``: the recall cut-offs a corpus of this size can tell apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from realm_jax.evaluation import metrics
+
+__all__ = ["answer_hits", "clip_k_values", "ict_hits", "recall_metrics"]
+
+
+def clip_k_values(k_values: Sequence[int], num_blocks: int) -> tuple[int, ...]:
+  """Recall cut-offs, each at most the number of blocks, ascending and without repeats.
+
+  A k above the corpus size would only repeat recall@num_blocks (1.0 for ICT), so it becomes
+  num_blocks.
+  """
+  return tuple(sorted({min(int(k), int(num_blocks)) for k in k_values}))
+
+
+def ict_hits(retrieved_ids: Any, block_uid: Any, store_uids: Any) -> Any:
+  """Whether each retrieved block is the query's source block.
+
+  Args:
+    retrieved_ids: int [n, k] block rows (-1: no result, a miss).
+    block_uid: int64 [n] the source block's uid bits (ICT task feature).
+    store_uids: uint64 [num_blocks] `BlockStore.uids`.
+
+  Returns:
+    bool [n, k]. Compared by uid, not row: a block whose text occurs twice in the corpus is
+    found either way.
+  """
+  ids = np.asarray(retrieved_ids)  # [n, k]
+  uids = np.asarray(store_uids).view(np.int64)[np.maximum(ids, 0)]  # [n, k]
+  return (uids == np.asarray(block_uid, np.int64)[:, None]) & (ids >= 0)
+
+
+def answer_hits(retrieved_ids: Any, examples: Sequence[Any], store: Any) -> Any:
+  """Whether each retrieved block contains an answer (DPR's has_answer on the block body;
+  regex search for regex examples). bool [n, k]."""
+  ids = np.asarray(retrieved_ids)  # [n, k]
+  hits = np.zeros(ids.shape, bool)
+  for row, example in enumerate(examples):
+    match = "regex" if example.answers_are_regex else "string"
+    for col, block_id in enumerate(ids[row]):
+      hits[row, col] = block_id >= 0 and metrics.has_answer(store.body(int(block_id)),
+                                                            example.answers, match=match)
+  return hits
+
+
+def recall_metrics(hits: Any, ks: Sequence[int], kind: str, num_blocks: int) -> dict:
+  """The retrieval metrics of bool hits [n, k] (modes "retrieval" and "bm25"): recall@k for
+  each of `ks`, chance@k next to it for ICT, num_questions (ICT: num_queries), num_blocks."""
+  results = {}
+  for name, value in metrics.top_k_recall(hits, ks).items():
+    results[name] = value
+    if kind == "ict":  # a uniformly random ranking finds the one source block with p = k / N
+      results["chance@" + name[len("recall@"):]] = int(name[len("recall@"):]) / num_blocks
+  results["num_queries" if kind == "ict" else "num_questions"] = int(hits.shape[0])
+  results["num_blocks"] = int(num_blocks)
+  return results
