@@ -17,10 +17,12 @@ Empty, duplicate and over-long-title documents are always counted skips, never e
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from typing import Optional, Sequence
 
+from realm_jax import gin_utils
 from realm_jax.data import corpus
 
 
@@ -54,40 +56,43 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   return parser.parse_args(argv)
 
 
+def _describe_error(args: argparse.Namespace, error: BaseException) -> str:
+  """The one line `build_corpus: error: ...` says about `error` (after `gin_utils.run_command`)."""
+  if isinstance(error, (corpus.CorpusInputError, corpus.BlockStoreError, ValueError)):
+    hint = ("; rerun with --on_error skip to count and skip such records"
+            if getattr(error, "record", None) is not None else "")
+    return f"{error}{hint}"
+  if isinstance(error, OSError):  # e.g. a read-only --out: one line naming the path
+    out = os.path.abspath(args.out)
+    failed = os.path.abspath(str(error.filename)) if error.filename else None
+    if failed and (failed.startswith(out) or out.startswith(failed + os.sep)):
+      # The store is written into <out>.staging-... next to it (its parents made first), then
+      # renamed: say it was --out, whichever of these paths failed.
+      return f"cannot write --out {args.out}: {error.strerror} ({error.filename})"
+    return str(error)
+  return f"{type(error).__name__}: {gin_utils.one_line(error)}"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
 
   def progress(p: corpus.BuildProgress) -> None:
     print(f"build_corpus: {p.line()}", file=sys.stderr, flush=True)
 
-  try:
+  def build() -> int:
     source = corpus.make_source(args.source, args.input, split=args.split,
                                 data_dir=args.tfds_data_dir)
     report = corpus.build_block_store(
         source, args.out, max_block_len=args.max_block_len, max_title_len=args.max_title_len,
         on_error=args.on_error, limit=args.limit, record_token_ids=args.record_token_ids,
         overwrite=args.overwrite, progress=progress, progress_interval_s=args.progress_every)
-  except (corpus.CorpusInputError, corpus.BlockStoreError, ValueError) as e:
-    hint = ("; rerun with --on_error skip to count and skip such records"
-            if getattr(e, "record", None) is not None else "")
-    print(f"build_corpus: error: {e}{hint}", file=sys.stderr)
-    return 1
-  except OSError as e:  # e.g. a read-only --out: one line naming the path, not a traceback
-    out = os.path.abspath(args.out)
-    failed = os.path.abspath(str(e.filename)) if e.filename else None
-    if failed and (failed.startswith(out) or out.startswith(failed + os.sep)):
-      # The store is written into <out>.staging-... next to it (its parents made first), then
-      # renamed: say it was --out, whichever of these paths failed.
-      print(f"build_corpus: error: cannot write --out {args.out}: {e.strerror} ({e.filename})",
-            file=sys.stderr)
-    else:
-      print(f"build_corpus: error: {e}", file=sys.stderr)
-    return 1
-  except KeyboardInterrupt:
-    print("build_corpus: interrupted; nothing was written to --out", file=sys.stderr)
-    return 130
-  print("\n".join(report.summary_lines()), flush=True)
-  return 0
+    print("\n".join(report.summary_lines()), flush=True)
+    return 0
+
+  return gin_utils.run_command(
+      "build_corpus", build, interrupted="nothing was written to --out",
+      expected=(corpus.CorpusInputError, corpus.BlockStoreError, ValueError, OSError),
+      describe=functools.partial(_describe_error, args))
 
 
 if __name__ == "__main__":

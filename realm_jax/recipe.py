@@ -455,27 +455,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
   os.chdir(gin_utils.REPO_ROOT)
   import realm_jax_tasks  # pylint: disable=g-import-not-at-top
-  start = time.monotonic()
-  print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
-  recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=bert,
-                  ict_from_bert=args.ict_from == "bert")
-  try:
+
+  def run() -> int:
+    start = time.monotonic()
+    print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
+    recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=bert,
+                    ict_from_bert=args.ict_from == "bert")
     summary = recipe.run()
-  except KeyboardInterrupt:
-    print(f"{PROG}: interrupted; run the same command to resume", file=sys.stderr)
-    return 130
-  except RuntimeError as e:
-    print(f"{PROG}: error: {e}", file=sys.stderr)
-    return 1
-  wall = time.monotonic() - start
-  table = format_table(summary, wall)
-  summary["wall_seconds"] = wall
-  with open(os.path.join(recipe.out, "summary.json"), "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=2)
-  with open(os.path.join(recipe.out, "summary.md"), "w", encoding="utf-8") as f:
-    f.write(table + "\n")
-  print(f"\n{table}\n\n{PROG}: done; logs, checkpoints, indexes and predictions in {recipe.out}")
-  return 0
+    wall = time.monotonic() - start
+    table = format_table(summary, wall)
+    summary["wall_seconds"] = wall
+    with open(os.path.join(recipe.out, "summary.json"), "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=2)
+    with open(os.path.join(recipe.out, "summary.md"), "w", encoding="utf-8") as f:
+      f.write(table + "\n")
+    print(f"\n{table}\n\n{PROG}: done; logs, checkpoints, indexes and predictions in "
+          f"{recipe.out}")
+    return 0
+
+  # A stage that fails raises RuntimeError naming it and its log: one line, no traceback.
+  return gin_utils.run_command(PROG, run, interrupted="run the same command to resume",
+                               expected=(RuntimeError,), describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

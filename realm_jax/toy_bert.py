@@ -157,6 +157,8 @@ def _train(gin_file: str, run_dir: str, steps: Optional[int], bindings: Sequence
   if steps is not None:
     argv.append(f"--gin.NUM_STEPS={steps}")
   code = train.main(argv)
+  if code == 130:  # the train job was interrupted (and said so): so is this command
+    raise KeyboardInterrupt
   if code:
     raise RuntimeError(f"the toy BERT's train job ({gin_file}) exited with status {code}")
   return os.path.join(run_dir, "checkpoints", str(checkpoints.latest_checkpoint_step(run_dir)))
@@ -208,18 +210,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
   gin_utils.setup_logging()  # before build() imports Orbax: the train job's progress lines
   os.chdir(gin_utils.REPO_ROOT)  # the gin file is addressed from the repository root
-  start = time.monotonic()
-  if not args.measure_only:
-    try:
+
+  def run() -> int:
+    start = time.monotonic()
+    if not args.measure_only:
       build(args.work_dir, args.out, steps=args.steps, copy_steps=args.copy_steps,
             distract_steps=args.distract_steps, bindings=gin_args)
-    except (RuntimeError, OSError, ValueError) as e:
-      print(f"{PROG}: error: {gin_utils.one_line(e)}", file=sys.stderr)
-      return 1
-    print(f"{PROG}: wrote {args.out} in {(time.monotonic() - start) / 60:.1f} min", flush=True)
-  result = measure(args.out, args.examples)
-  print(json.dumps(result, indent=2))
-  return 0
+      print(f"{PROG}: wrote {args.out} in {(time.monotonic() - start) / 60:.1f} min", flush=True)
+    result = measure(args.out, args.examples)
+    print(json.dumps(result, indent=2))
+    return 0
+
+  return gin_utils.run_command(
+      PROG, run, interrupted="each phase resumes from its last checkpoint in --work_dir: run "
+      "the same command again", expected=(RuntimeError, OSError, ValueError),
+      describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

@@ -482,13 +482,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--kind", default=None, choices=_WARM_START_KINDS,
                       help="default: from config.json's architectures")
   args = parser.parse_args(argv)
-  try:
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+
+  def convert() -> int:
     step_dir = write_checkpoint(args.hf_dir, args.run_dir, args.kind)
-  except (OSError, ValueError) as e:
-    print(f"convert: error: {' '.join(str(e).split())}", flush=True)
-    return 1
-  print(f"convert: wrote {step_dir}", flush=True)
-  return 0
+    print(f"convert: wrote {step_dir}", flush=True)
+    return 0
+
+  return gin_utils.run_command(
+      "convert", convert, interrupted="no checkpoint was written (one is renamed into place "
+      "only when complete)", expected=(OSError, ValueError), describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

@@ -266,16 +266,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--out", required=True, help="output directory (must not exist)")
   parser.add_argument("--seed", type=int, default=0, help="split seed (default %(default)s)")
   args = parser.parse_args(argv)
-  try:
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+
+  def write() -> int:
     manifest = generate(os.path.abspath(args.out), args.seed)
-  except OSError as e:
-    print(f"{PROG}: error: {e}", file=sys.stderr)
-    return 1
-  counts = manifest["counts"]
-  print(f"{PROG}: {counts['documents']:,} documents, questions "
-        + " / ".join(f"{counts[f'questions_{s}']:,} {s}" for s, _ in _SPLITS)
-        + f" (Python {manifest['python']}) in {args.out}")
-  return 0
+    counts = manifest["counts"]
+    print(f"{PROG}: {counts['documents']:,} documents, questions "
+          + " / ".join(f"{counts[f'questions_{s}']:,} {s}" for s, _ in _SPLITS)
+          + f" (Python {manifest['python']}) in {args.out}")
+    return 0
+
+  return gin_utils.run_command(
+      PROG, write, interrupted="nothing was written to --out (it is renamed into place only "
+      "when complete)", expected=(OSError,), describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

@@ -206,7 +206,8 @@ def test_conversion_cli_names_the_problem(tmp_path, capsys):
   model = _randomize(transformers.BertForMaskedLM(_tiny_bert_config()))
   model.save_pretrained(tmp_path / "hf")
   assert hf.main(["--hf_dir", str(tmp_path / "nothing"), "--run_dir", str(tmp_path)]) == 1
-  assert "nothing" in capsys.readouterr().out
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("convert: error: ") and "nothing" in err[0], err
 
 
 def test_exported_bert_for_masked_lm_matches_transformers_and_reimports(tmp_path):
