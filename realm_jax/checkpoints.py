@@ -169,17 +169,9 @@ def list_checkpoint_steps(run_dir: str) -> list[int]:
   Returns:
     Sorted step numbers; [] when there is no `checkpoints/` directory yet.
   """
-  root = checkpoints_dir(run_dir)
-  try:
-    names = os.listdir(root)
-  except FileNotFoundError:
-    return []
-  steps = []
-  for name in names:
-    # Orbax's temporary directories are `<step>.orbax-checkpoint-tmp-<ts>`: not all digits.
-    if name.isdigit() and _is_finished_step_dir(os.path.join(root, name)):
-      steps.append(int(name))
-  return sorted(steps)
+  # Orbax's temporary directories are `<step>.orbax-checkpoint-tmp-<ts>`: not numbers.
+  return [step for step, path in fileio.numbered_dirs(checkpoints_dir(run_dir))
+          if _is_finished_step_dir(path)]
 
 
 def latest_checkpoint_step(run_dir: str) -> Optional[int]:

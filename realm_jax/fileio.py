@@ -78,6 +78,19 @@ def pid_alive(pid: int) -> bool:
   return True
 
 
+def numbered_dirs(root: str) -> list[tuple[int, str]]:
+  """(number, path) of the directories in `root` named by a decimal number (ASCII digits: a
+  checkpoint's or an index's step), ascending; [] when `root` does not exist. Staging and
+  temporary names are never numbers."""
+  try:
+    names = os.listdir(root)
+  except FileNotFoundError:
+    return []
+  found = [(int(name), os.path.join(root, name)) for name in names
+           if name.isascii() and name.isdigit()]
+  return sorted((n, path) for n, path in found if os.path.isdir(path))
+
+
 def write_json_atomically(path: str, value: Any, *, indent: int = 1) -> None:
   """Writes `value` as JSON to `path` through a temporary file, fsynced and renamed into place
   (creating the directory), so a reader never sees a half-written file; the temporary file is

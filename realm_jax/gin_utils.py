@@ -249,21 +249,24 @@ def setup_logging() -> None:
 
 
 def _argument_docs(fn: Callable) -> dict[str, str]:
-  """{argument: its description} from the "Args:" section of `fn`'s (Google-style) docstring."""
+  """{argument: its description} from the "Args:" section of `fn`'s (Google-style) docstring,
+  or for a class from the "Attributes:" sections of it and its bases (a job's settings)."""
   docs: dict[str, str] = {}
-  name, in_args = None, False
-  for line in (inspect.getdoc(fn) or "").splitlines():
-    if line.strip() == "Args:":
-      in_args = True
-    elif in_args and line and not line.startswith(" "):
-      break  # the next section (Returns:, Raises:)
-    elif in_args:
-      match = re.match(r"^  (\w+)(?: \([^)]*\))?: ?(.*)$", line)
-      if match:
-        name = match.group(1)
-        docs[name] = match.group(2).strip()
-      elif name and line.strip():
-        docs[name] += " " + line.strip()
+  sources = inspect.getmro(fn) if inspect.isclass(fn) else (fn,)
+  for source in reversed(sources):  # a subclass's description wins
+    name, in_args = None, False
+    for line in (inspect.getdoc(source) or "").splitlines():
+      if line.strip() in ("Args:", "Attributes:"):
+        in_args = True
+      elif in_args and line and not line.startswith(" "):
+        in_args = False  # the next section (Returns:, Raises:)
+      elif in_args:
+        match = re.match(r"^  (\w+)(?: \([^)]*\))?: ?(.*)$", line)
+        if match:
+          name = match.group(1)
+          docs[name] = match.group(2).strip()
+        elif name and line.strip():
+          docs[name] += " " + line.strip()
   return docs
 
 

@@ -1,10 +1,10 @@
-r"""The trainer job: ICT warm start, REALM pretraining and open-QA fine-tuning as gin
-configurations of one trainer.
+r"""The trainer entry point: any job (ICT warm start, REALM pretraining, open-QA fine-tuning,
+the toy BERT's MLM) that gin builds, run by one generic `train_main`.
 
   python -m realm_jax.train --gin_file=gin_configs/experiments/toy_ict.gin \
       --gin.RUN_DIR="'/tmp/realm_toy/ict'" [--dry_run]
 
-t5x style (shared with `realm_jax.build_index`, see `realm_jax.gin_utils`): `--gin_file`
+t5x style (shared with `build_index` and `evaluate`, see `realm_jax.gin_utils`): `--gin_file`
 (repeatable; relative paths are also looked up from the repository root), `--gin_bindings`
 (repeatable) and `--gin.KEY=VALUE`. Gin binds `train_main` below (what every run shares), the
 job object it is given (`train_main.job = @PretrainJob()`: its settings, `realm_jax.jobs`) and

@@ -2,6 +2,7 @@
 command of its own, and `gin_utils.run_command` (errors to exit statuses) as every argparse
 entry point uses it. In-process, gin's config cleared around each test."""
 
+import importlib
 import sys
 
 import gin
@@ -142,10 +143,16 @@ def _build_corpus(tmp_path, monkeypatch, error):
   return build_corpus.main, ["--source", "jsonl", "--input", "x", "--out", str(tmp_path / "z")]
 
 
-def _python_docs(tmp_path, monkeypatch, error):
-  from realm_jax.data import python_docs  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(python_docs, "generate", _raiser(error))
-  return python_docs.main, ["--out", str(tmp_path / "docs")]
+def _generator(module_name, out):
+  """A data generator command (`python -m realm_jax.data.<module_name> --out ...`) whose
+  `generate` fails."""
+
+  def setup(tmp_path, monkeypatch, error):
+    module = importlib.import_module(f"realm_jax.data.{module_name}")
+    monkeypatch.setattr(module, "generate", _raiser(error))
+    return module.main, ["--out", str(tmp_path / out)]
+
+  return setup
 
 
 def _convert(tmp_path, monkeypatch, error):
@@ -177,15 +184,19 @@ def _recipe(tmp_path, monkeypatch, error):
   return recipe.main, ["--out", str(tmp_path / "recipe"), "--toy_bert", "none"]
 
 
+RENAMED = "nothing was written to --out (it is renamed into place only when complete)"
 # (entry point, its prog, an error of a kind it reports without a traceback, the line, what an
 # interruption means)
 ARGPARSE_COMMANDS = {
     "build_corpus": (_build_corpus, ValueError("line 2:\n  malformed JSON"),
                      "build_corpus: error: line 2: malformed JSON",
                      "build_corpus: interrupted; nothing was written to --out"),
-    "python_docs": (_python_docs, OSError("disk full"), "python_docs: error: disk full",
-                    "python_docs: interrupted; nothing was written to --out (it is renamed into "
-                    "place only when complete)"),
+    "python_docs": (_generator("python_docs", "docs"), OSError("disk full"),
+                    "python_docs: error: disk full", f"python_docs: interrupted; {RENAMED}"),
+    "toy_world": (_generator("toy_world", "world"),
+                  FileExistsError("/x/world exists; pass --overwrite"),
+                  "toy_world: error: /x/world exists; pass --overwrite",
+                  f"toy_world: interrupted; {RENAMED}"),
     "convert": (_convert, ValueError("no config.json"), "convert: error: no config.json",
                 "convert: interrupted; no checkpoint was written (one is renamed into place "
                 "only when complete)"),

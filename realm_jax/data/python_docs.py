@@ -29,7 +29,6 @@ on import or need a display are skipped by name).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
 import inspect
 import io
@@ -241,22 +240,23 @@ def generate(out: str, seed: int = 0) -> dict:
   unique = {(q["question"], q["answer"][0]): q for q in questions}
   questions = [unique[key] for key in sorted(unique)]
   splits = split_modules(sorted({q["module"] for q in questions}), seed)
-  staging = f"{out}.partial"
   if os.path.exists(out):
     raise FileExistsError(f"{out} exists; choose another --out or remove it")
-  os.makedirs(os.path.join(staging, "qa"), exist_ok=True)
-  _write_jsonl(os.path.join(staging, "docs.jsonl"), documents)
-  counts = {"documents": len(documents)}
-  for split, _ in _SPLITS:
-    rows = [{"question": q["question"], "answer": q["answer"]} for q in questions
-            if splits[q["module"]] == split]
-    _write_jsonl(os.path.join(staging, "qa", f"{split}.jsonl"), rows)
-    counts[f"questions_{split}"] = len(rows)
-  files = ["docs.jsonl"] + [f"qa/{split}.jsonl" for split, _ in _SPLITS]
-  manifest = {"python": sys.version.split()[0], "seed": seed, "counts": counts,
-              "sha256": {f: fileio.sha256_file(os.path.join(staging, f)) for f in files}}
-  fileio.write_json_atomically(os.path.join(staging, "manifest.json"), manifest)
-  os.replace(staging, out)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with fileio.staged_directory(out, f".{os.path.basename(out)}.staging-") as staging:
+    os.makedirs(os.path.join(staging, "qa"))
+    _write_jsonl(os.path.join(staging, "docs.jsonl"), documents)
+    counts = {"documents": len(documents)}
+    for split, _ in _SPLITS:
+      rows = [{"question": q["question"], "answer": q["answer"]} for q in questions
+              if splits[q["module"]] == split]
+      _write_jsonl(os.path.join(staging, "qa", f"{split}.jsonl"), rows)
+      counts[f"questions_{split}"] = len(rows)
+    files = ["docs.jsonl"] + [f"qa/{split}.jsonl" for split, _ in _SPLITS]
+    manifest = {"python": sys.version.split()[0], "seed": seed, "counts": counts,
+                "sha256": {f: fileio.sha256_file(os.path.join(staging, f)) for f in files}}
+    fileio.write_json_atomically(os.path.join(staging, "manifest.json"), manifest)
+    fileio.publish_staged(staging, out)
   return manifest
 
 

@@ -1409,25 +1409,28 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
   args = parser.parse_args(argv)
 
-  start = time.perf_counter()
-  world = generate(args.seed, scale=SMALL_SCALE if args.small else args.scale)
-  try:
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+
+  def write() -> int:
+    start = time.perf_counter()
+    world = generate(args.seed, scale=SMALL_SCALE if args.small else args.scale)
     manifest = world.write(args.out, overwrite=args.overwrite)
-  except FileExistsError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 1
-  elapsed = time.perf_counter() - start
-  counts = manifest["counts"]
-  print(f"wrote toy world v{GENERATOR_VERSION} (seed {args.seed}, scale {manifest['scale']}) "
-        f"to {pathlib.Path(args.out).absolute()} in {elapsed:.1f}s")
-  print(f"  entities: " + ", ".join(f"{v} {k}" for k, v in counts["entities"].items()))
-  print(f"  {CORPUS_FILE}: {counts['documents']} documents")
-  print(f"  {PRETRAIN_FILE}: {counts['pretrain_passages']} passages, "
-        f"{counts['pretrain_sentences']} sentences, {counts['salient_spans']} salient spans")
-  for split in QA_SPLITS:
-    print(f"  {qa_file(split)}: {counts['qa'][split]} questions")
-  print(f"  {MANIFEST_FILE}: sha256 of {len(manifest['files'])} files")
-  return 0
+    elapsed = time.perf_counter() - start
+    counts = manifest["counts"]
+    print(f"wrote toy world v{GENERATOR_VERSION} (seed {args.seed}, scale {manifest['scale']}) "
+          f"to {pathlib.Path(args.out).absolute()} in {elapsed:.1f}s")
+    print(f"  entities: " + ", ".join(f"{v} {k}" for k, v in counts["entities"].items()))
+    print(f"  {CORPUS_FILE}: {counts['documents']} documents")
+    print(f"  {PRETRAIN_FILE}: {counts['pretrain_passages']} passages, "
+          f"{counts['pretrain_sentences']} sentences, {counts['salient_spans']} salient spans")
+    for split in QA_SPLITS:
+      print(f"  {qa_file(split)}: {counts['qa'][split]} questions")
+    print(f"  {MANIFEST_FILE}: sha256 of {len(manifest['files'])} files")
+    return 0
+
+  return gin_utils.run_command(
+      "toy_world", write, interrupted="nothing was written to --out (it is renamed into place "
+      "only when complete)", expected=(OSError, ValueError), describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

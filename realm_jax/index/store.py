@@ -246,21 +246,11 @@ def list_indexes(run_dir: str) -> list[int]:
   Returns:
     Sorted list of steps ([] if `<run_dir>/index` does not exist).
   """
-  root = index_root(run_dir)
-  try:
-    names = os.listdir(root)
-  except FileNotFoundError:
-    return []
   steps = []
-  for name in names:
-    if not name.isdigit() or not name.isascii():
-      continue
-    path = os.path.join(root, name)
-    if not os.path.isdir(path):
-      continue
+  for step, path in fileio.numbered_dirs(index_root(run_dir)):
     try:
       manifest = _read_manifest(path)
-      if int(manifest.get("step", -1)) != int(name):
+      if int(manifest.get("step", -1)) != step:
         raise IndexLoadError(f"{path}: {MANIFEST} says step {manifest.get('step')!r}")
     except (IndexLoadError, TypeError, ValueError) as e:
       # Our protocol never leaves such a directory; someone copied or edited it by hand.
@@ -269,8 +259,8 @@ def list_indexes(run_dir: str) -> list[int]:
         _WARNED_INVALID.add(path)
         log.warning("Ignoring %s: not a complete index (%s)", path, e)
       continue
-    steps.append(int(name))
-  return sorted(steps)
+    steps.append(step)
+  return steps
 
 
 def latest_index_step(run_dir: str) -> Optional[int]:

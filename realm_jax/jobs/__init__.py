@@ -7,7 +7,7 @@ Importing this package imports every module in it, which registers their jobs wi
 import importlib
 import pkgutil
 
-from realm_jax.jobs.base import Job, RunContext
+from realm_jax.jobs.base import Job, RunContext, SeqioJob
 
 
 def _import_all() -> None:
@@ -42,4 +42,4 @@ def all_jobs() -> tuple[type, ...]:
 
 
 __all__ = ["FinetuneJob", "IctJob", "IndexJob", "Job", "MlmJob", "PretrainJob", "RunContext",
-           "all_jobs"]
+           "SeqioJob", "all_jobs"]

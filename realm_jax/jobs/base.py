@@ -179,3 +179,23 @@ class Job:
 
   def close(self) -> None:
     """Stops what `start` started."""
+
+
+@dataclasses.dataclass
+class SeqioJob(Job):
+  """A job whose batches are a seqio task's examples as they are (`SeqioBatches`): the task's
+  features named by `feature_keys` (a key tuple of `realm_jax.batches.inputs`) are its batch
+  schema."""
+
+  feature_keys = ""
+
+  def _seqio(self, ctx: RunContext) -> Any:
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    return inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                               feature_keys=getattr(inputs, self.feature_keys))
+
+  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
+    return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)
+
+  def build_batches(self, ctx: RunContext, model: Any) -> Any:
+    return self._seqio(ctx)

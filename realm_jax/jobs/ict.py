@@ -12,11 +12,12 @@ from typing import Any, Mapping, Optional
 import gin
 
 from realm_jax.gin_utils import ConfigError
-from realm_jax.jobs.base import Job, RunContext, bert_from_encoder, global_spec, require
+from realm_jax.jobs.base import RunContext, SeqioJob, bert_from_encoder, require
+
 
 @gin.configurable
 @dataclasses.dataclass
-class IctJob(Job):
+class IctJob(SeqioJob):
   """IctModel on an `ict_<corpus>` task.
 
   Attributes:
@@ -27,6 +28,7 @@ class IctJob(Job):
   ict_remove_probability: Optional[float] = None
 
   name = "ict"
+  feature_keys = "ICT_BATCH_KEYS"
   warm_start_bert_only = True
 
   def configure(self, ctx: RunContext) -> None:
@@ -48,17 +50,6 @@ class IctJob(Job):
   def build_model(self, ctx: RunContext) -> Any:
     from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
     return realm.IctModel(ctx.model_config)
-
-  def _seqio(self, ctx: RunContext) -> Any:
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-    return inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                               feature_keys=inputs.ICT_BATCH_KEYS)
-
-  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
-    return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)
-
-  def build_batches(self, ctx: RunContext, model: Any) -> Any:
-    return self._seqio(ctx)
 
   def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
                  ) -> tuple[dict, str]:

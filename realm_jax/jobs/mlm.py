@@ -13,30 +13,21 @@ from typing import Any, Mapping
 
 import gin
 
-from realm_jax.jobs.base import Job, RunContext, global_spec, require
+from realm_jax.jobs.base import RunContext, SeqioJob, require
+
 
 @gin.configurable
 @dataclasses.dataclass
-class MlmJob(Job):
+class MlmJob(SeqioJob):
   """BertMlmModel on an `mlm_<corpus>` task."""
 
   name = "mlm"
+  feature_keys = "BLOCK_MLM_KEYS"
   warm_start_bert_only = True
 
   def build_model(self, ctx: RunContext) -> Any:
     from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
     return realm.BertMlmModel(ctx.model_config)
-
-  def _seqio(self, ctx: RunContext) -> Any:
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-    return inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                               feature_keys=inputs.BLOCK_MLM_KEYS)
-
-  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
-    return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)
-
-  def build_batches(self, ctx: RunContext, model: Any) -> Any:
-    return self._seqio(ctx)
 
   def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
                  ) -> tuple[dict, str]:

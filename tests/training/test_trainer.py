@@ -223,6 +223,26 @@ def test_input_protocol_and_running_out(setup, tmp_path):
     _train(setup, iter(_batches(6)), tmp_path / "other", writer=Recorder())
 
 
+class CountingBatches(trainer.ListBatches):
+  """ListBatches that count what they gave, as PretrainingBatches counts its skips."""
+
+  def __next__(self):
+    batch = super().__next__()
+    self.given = getattr(self, "given", 0) + 1
+    return batch
+
+  def metrics(self):
+    return {"input/given": float(self.given)}
+
+
+def test_the_inputs_own_metrics_reach_the_writer(setup, tmp_path):
+  writer = Recorder()
+  _train(setup, CountingBatches(_batches(6)), tmp_path / "run", writer=writer, log_every=2)
+  # Written with every log line, at the batch count of that step.
+  assert {step: s["input/given"] for step, s in writer.scalars.items()
+          if "input/given" in s} == {2: 2.0, 4: 4.0, 6: 6.0}
+
+
 def test_host_metadata_stays_on_the_host(setup, tmp_path):
   """0-d batch entries (a pretraining batch's `index_step`) are host metadata: training and
   evaluation run on the per-example arrays only, and give what they give without them."""
