@@ -204,14 +204,20 @@ class Recipe:
                toy_bert: Optional[str] = None, ict_from_bert: bool = False,
                pretrain_bindings: Sequence[str] = (),
                finetune_bindings: Sequence[str] = (), with_builder: bool = True,
-               eval_split: str = "test", baseline: bool = True):
+               eval_split: str = "test", baseline: bool = True,
+               warm_start_gin: str = "gin_configs/experiments/toy_ict.gin",
+               warm_start_bindings: Sequence[str] = (), finetune_name: str = "finetune"):
     """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
     run to start from (None: train one in `<out>/ict`); toy_bert: the BertForMaskedLM directory
     ICT's towers, the pretraining encoder and the baseline's reader start from (None: random
     weights); pretrain_bindings, finetune_bindings: extra `KEY=VALUE` gin bindings of those
     stages (the ablations); with_builder: refresh the index during pretraining (False: the
     index stays the ICT one); eval_split: the toy QA split of the recall and EM evaluations;
-    baseline: also fine-tune and evaluate the ORQA-style baseline."""
+    baseline: also fine-tune and evaluate the ORQA-style baseline; warm_start_gin: the
+    retriever's warm start (ICT, or another job whose checkpoint has a retriever, e.g.
+    experiments/toy_retromae.gin) and its extra bindings; finetune_name: REALM's fine-tuning
+    run directory and evaluation name under `out` (several fine-tunings of one pretraining
+    side by side)."""
     self.out = os.path.abspath(out)
     self.store = store
     self.toy_bert = toy_bert
@@ -226,7 +232,10 @@ class Recipe:
     self.logs = os.path.join(self.out, "logs")
     self.ict = os.path.abspath(ict_dir) if ict_dir else os.path.join(self.out, "ict")
     self.pretrain = os.path.join(self.out, "pretrain")
-    self.finetune = os.path.join(self.out, "finetune")
+    self.warm_start_gin = warm_start_gin
+    self.warm_start_bindings = list(warm_start_bindings)
+    self.finetune_name = finetune_name
+    self.finetune = os.path.join(self.out, finetune_name)
     self.evals = os.path.join(self.out, "eval")
     self.times: dict[str, float] = {}
     os.makedirs(self.logs, exist_ok=True)
@@ -277,7 +286,7 @@ class Recipe:
 
     bert = self._bert_checkpoint()
     self.stage("1 ICT warm start", self.trained(self.ict),
-               lambda: self.train_ict(self.ict, "ict.log"))
+               lambda: self.train_ict(self.ict, "ict.log", *self.warm_start_bindings))
     self.stage("2 first index (from the ICT checkpoint)",
                 store_lib.latest_index_step(self.pretrain) is not None,
                 lambda: run_child(*self._index_child(self.pretrain, self._ict_checkpoint(),
@@ -312,7 +321,8 @@ class Recipe:
     # REALM's fine-tuning from the pretrained model and, side by side, the baseline's from the
     # ICT retriever and the BERT reader: (run directory, its index's checkpoint, log name,
     # extra bindings, evaluation name).
-    runs = [(self.finetune, self._pretrain_checkpoint(), "finetune", (), "toy_qa")]
+    runs = [(self.finetune, self._pretrain_checkpoint(), self.finetune_name, (),
+             "toy_qa" if self.finetune_name == "finetune" else f"toy_qa_{self.finetune_name}")]
     if self.baseline:
       runs.append((self.orqa, self._ict_checkpoint(), "finetune_orqa",
                    (f"ENCODER_CHECKPOINT={_quoted(self._bert_checkpoint())}",), "toy_qa_orqa"))
@@ -338,10 +348,10 @@ class Recipe:
                         evaluations[1][1] if self.baseline else None)
 
   def train_ict(self, run_dir: str, log: str, *bindings: str) -> None:
-    """ICT (experiments/toy_ict.gin) into `run_dir`, its towers from the BERT when
-    `ict_from_bert`, else from random weights; `bindings` are extra gin bindings."""
+    """The warm start (`warm_start_gin`: ICT by default) into `run_dir`, its towers from the
+    BERT when `ict_from_bert`, else from random weights; `bindings` are extra gin bindings."""
     bert = self._bert_checkpoint() if self.ict_from_bert else None
-    run_child(python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_ict.gin",
+    run_child(python_module("realm_jax.train", f"--gin_file={self.warm_start_gin}",
                             *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT={_quoted(bert)}",
                                   *bindings)),
               os.path.join(self.logs, log))
