@@ -76,7 +76,8 @@ def finetune_costs(run_dir: str, log_path: str) -> dict:
   with open(log_path, encoding="utf-8") as f:
     text = f.read()
   trainable = re.search(r"([\d,]+) trainable", text) or re.search(r"([\d,]+) params", text)
-  scalars = recipe_lib.read_scalars(os.path.join(run_dir, "tensorboard"))
+  logdir = os.path.join(run_dir, "tensorboard")
+  scalars = recipe_lib.read_scalars(logdir) if os.path.isdir(logdir) else {}
   rates = list(scalars.get("perf/steps_per_s", {}).values())
   from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   step = checkpoints.latest_checkpoint_step(run_dir)
