@@ -20,6 +20,19 @@ Run directory layout (shared by the trainer, the index builder and evaluation):
                                   CorruptCheckpointError, not parameters silently changed)
   <run_dir>/corrupt_checkpoints/<step>/  a corrupt checkpoint moved aside by the trainer, which
                                   resumed from the newest intact one instead
+  <run_dir>/peft_base/            a parameter-efficient run's base: an ordinary run directory
+                                  whose checkpoint 0 holds the frozen parameters
+
+Parameter-efficient fine-tuning (`PeftCheckpoints`, `models.peft`): a PEFT run's checkpoint holds
+only the trained parameters (LoRA factors or adapters; `params/` a subset of the tree) and their
+optimizer state; its metadata's "peft" entry records the method and its settings, the base
+checkpoint (absolute, and relative to the step directory, so a moved run still finds its own
+base) and `base_params_sha256`, one sha256 over the checksums the base recorded for its
+`params/` files. Restoring one verifies the base against that hash (a one-line CheckpointError
+naming both when it changed) and rebuilds the full tree: with an abstract target (the trainer's
+resume) base + trained leaves, as trained; into host arrays (evaluation, index building, warm
+starts) the effective parameters, LoRA merged into the kernels. `export_merged` writes those as
+an ordinary checkpoint.
 
 Atomicity: Orbax writes a step into `<step>.orbax-checkpoint-tmp-<ts>` and renames it to `<step>`
 when every item is written (then `_CHECKPOINT_METADATA` exists inside). `list_checkpoint_steps`
@@ -38,19 +51,24 @@ directory with a plain Orbax Checkpointer.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
+import shutil
 import time
 import threading
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from flax import traverse_util
 
 from realm_jax import fileio
+from realm_jax.models import peft as peft_lib
 from realm_jax.models.config import RealmConfig, config_to_dict, realm_config_from_dict
 
 log = logging.getLogger(__name__)
@@ -121,15 +139,10 @@ def verify_checkpoint(step_dir: str) -> bool:
   step = os.path.basename(step_dir)
   if not step.isdigit():
     return False
+  recorded = _recorded_checksums(step_dir)
+  if recorded is None:
+    return False
   path = checksums_path(os.path.dirname(os.path.dirname(step_dir)), int(step))
-  if not os.path.exists(path):
-    return False
-  try:
-    with open(path, encoding="utf-8") as f:
-      recorded = dict(json.load(f)["files"])
-  except (OSError, ValueError, KeyError, TypeError) as e:  # written atomically: not expected
-    log.warning("%s: unreadable (%s); %s is restored unverified", path, e, step_dir)
-    return False
   present = _step_files(step_dir)
   for rel in sorted(set(recorded) | set(present)):
     if rel not in present:
@@ -143,6 +156,37 @@ def verify_checkpoint(step_dir: str) -> bool:
     raise CorruptCheckpointError(f"{step_dir}: {rel} {problem} ({path}): a corrupt or "
                                  f"modified checkpoint")
   return True
+
+
+def _recorded_checksums(step_dir: str) -> Optional[dict[str, str]]:
+  """{relative path: sha256} recorded when `step_dir` was saved; None if none were."""
+  step = os.path.basename(step_dir)
+  if not step.isdigit():
+    return None
+  path = checksums_path(os.path.dirname(os.path.dirname(step_dir)), int(step))
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      return dict(json.load(f)["files"])
+  except (OSError, ValueError, KeyError, TypeError) as e:  # written atomically: not expected
+    log.warning("%s: unreadable (%s); %s is restored unverified", path, e, step_dir)
+    return None
+
+
+def params_sha256(step_dir: str) -> str:
+  """One sha256 of a checkpoint's parameters: over the sorted "<file> <sha256>" lines of its
+  `params/` files, from the checksums recorded when it was saved (computed from the files when
+  none were)."""
+  step_dir = os.path.abspath(os.fspath(step_dir))
+  files = _recorded_checksums(step_dir)
+  if files is None:
+    files = {rel: fileio.sha256_file(path) for rel, path in _step_files(step_dir).items()}
+  prefix = PARAMS_ITEM + os.sep
+  lines = [f"{rel} {digest}" for rel, digest in sorted(files.items()) if rel.startswith(prefix)]
+  if not lines:
+    raise CheckpointError(f"{step_dir}: no {PARAMS_ITEM}/ files")
+  return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
 def checkpoints_dir(run_dir: str) -> str:
@@ -187,8 +231,11 @@ def _model_kind(params: Mapping[str, Any]) -> str:
 def _checkpoint_args(step: int, params: Mapping[str, Any], *, config: RealmConfig,
                      extra_state: Optional[Mapping[str, Any]],
                      json_state: Optional[Mapping[str, Any]], model_kind: Optional[str],
-                     extra_metadata: Optional[Mapping[str, Any]]) -> ocp.args.Composite:
-  """The Orbax items of one checkpoint (shared by save_checkpoint and CheckpointWriter)."""
+                     extra_metadata: Optional[Mapping[str, Any]],
+                     peft: Optional[tuple["PeftCheckpoints", dict]] = None
+                     ) -> ocp.args.Composite:
+  """The Orbax items of one checkpoint (shared by save_checkpoint and CheckpointWriter); with
+  `peft` ((PeftCheckpoints, its metadata record)) only the trained parameters are saved."""
   if not {"retriever", "encoder"} & set(params):
     raise CheckpointError(f"save_checkpoint: params must have a 'retriever' or an 'encoder' "
                           f"entry (got {sorted(params)})")
@@ -201,6 +248,9 @@ def _checkpoint_args(step: int, params: Mapping[str, Any], *, config: RealmConfi
     raise CheckpointError(f"save_checkpoint: item names {sorted(clash)} are reserved or used "
                           f"twice")
   params = nn.unbox(dict(params))
+  saved = params
+  if peft is not None:
+    saved, _ = peft_lib.split_params(params, peft[0].trainable(params))
   metadata = {
       "format": FORMAT_NAME,
       "format_version": FORMAT_VERSION,
@@ -212,9 +262,11 @@ def _checkpoint_args(step: int, params: Mapping[str, Any], *, config: RealmConfi
       "config": config_to_dict(config),
       "saved_unix": time.time(),
   }
+  if peft is not None:
+    metadata["peft"] = peft[1]
   if extra_metadata:
     metadata["extra"] = dict(extra_metadata)
-  items = {PARAMS_ITEM: ocp.args.StandardSave(params),
+  items = {PARAMS_ITEM: ocp.args.StandardSave(saved),
            METADATA_ITEM: ocp.args.JsonSave(metadata)}
   for name, tree in extra_state.items():
     items[name] = ocp.args.StandardSave(nn.unbox(tree))
@@ -265,6 +317,77 @@ def save_checkpoint(run_dir: str, step: int, params: Mapping[str, Any], *, confi
   return checkpoint_path(run_dir, step)
 
 
+PEFT_BASE_DIR = "peft_base"
+
+
+@dataclasses.dataclass(frozen=True)
+class PeftCheckpoints:
+  """How a parameter-efficient run checkpoints (see the module docstring).
+
+  Attributes:
+    run_dir: the run directory; its base is `<run_dir>/peft_base/checkpoints/0`.
+    trainable: params -> tree of bools, True on the trained leaves (`PeftConfig.trainable_mask`).
+    settings: JSON recorded in every checkpoint (`PeftConfig.to_dict()`: the method and, for
+      LoRA, what merging needs).
+    base_config: the base's model config (no adapters: the base is an ordinary checkpoint of the
+      model the run started from).
+  """
+
+  run_dir: str
+  trainable: Callable[[Any], Any]
+  settings: Mapping[str, Any]
+  base_config: RealmConfig
+
+  @property
+  def base_dir(self) -> str:
+    return checkpoint_path(os.path.join(os.path.abspath(self.run_dir), PEFT_BASE_DIR), 0)
+
+  def save_base(self, params: Mapping[str, Any]) -> str:
+    """Writes the frozen leaves of `params` (the run's step-0 state) as the base, replacing one
+    a run that never checkpointed left behind; returns its step directory."""
+    base_run = os.path.dirname(os.path.dirname(self.base_dir))
+    if jax.process_index() == 0 and os.path.isdir(base_run):
+      shutil.rmtree(base_run)
+    if jax.process_count() > 1:  # every host sees it gone before Orbax writes it again
+      from jax.experimental import multihost_utils  # noqa: PLC0415
+      multihost_utils.sync_global_devices("replace the PEFT base")
+    params = nn.unbox(dict(params))
+    _, frozen = peft_lib.split_params(params, self.trainable(params))
+    return save_checkpoint(base_run, 0, frozen, config=self.base_config, keep=None,
+                           extra_metadata={"peft_base_of": os.path.abspath(self.run_dir)})
+
+  def record(self) -> dict:
+    """metadata["peft"] of the run's checkpoints: settings, base and the base's params hash."""
+    base = self.base_dir
+    return {**dict(self.settings), "base_checkpoint": base,
+            "base_checkpoint_relative": os.path.join("..", "..", PEFT_BASE_DIR, CHECKPOINTS_DIR,
+                                                     "0"),
+            "base_params_sha256": params_sha256(base)}
+
+
+def _peft_base(step_dir: str, record: Mapping[str, Any]) -> str:
+  """The base checkpoint of a PEFT checkpoint, checked against the hash it recorded."""
+  # The run's own base first (a copied or moved run keeps its own), then the recorded path.
+  recorded = record.get("base_checkpoint")
+  candidates = [os.path.normpath(os.path.join(
+      step_dir, record.get("base_checkpoint_relative") or os.curdir)), recorded]
+  base = next((c for c in candidates if c and _is_finished_step_dir(c)), None)
+  if base is None:
+    raise CheckpointError(f"{step_dir}: its base checkpoint {recorded} is gone (a PEFT "
+                          f"checkpoint holds only the trained parameters)")
+  try:
+    verify_checkpoint(base)
+    digest = params_sha256(base)
+  except CheckpointError as e:  # the base's trouble, not this checkpoint's: never set aside
+    raise CheckpointError(f"{step_dir}: its base checkpoint {base} is unusable "
+                          f"({e})") from e
+  if digest != record.get("base_params_sha256"):
+    raise CheckpointError(f"{step_dir}: its base checkpoint {base} has changed (params sha256 "
+                          f"{digest} now, {record.get('base_params_sha256')} when this "
+                          f"checkpoint was saved)")
+  return base
+
+
 class _PreserveSteps:
   """An Orbax preservation policy keeping the steps in a set the writer updates (the best)."""
 
@@ -311,7 +434,8 @@ class CheckpointWriter:
   """
 
   def __init__(self, run_dir: str, *, keep: Optional[int] = 3, async_save: bool = True,
-               best_metric: Optional[str] = None, best_mode: str = "max"):
+               best_metric: Optional[str] = None, best_mode: str = "max",
+               peft: Optional[PeftCheckpoints] = None):
     """Opens (creates) `<run_dir>/checkpoints`.
 
     Args:
@@ -321,7 +445,11 @@ class CheckpointWriter:
       best_metric: name of the metric (passed to `save`) that ranks checkpoints, e.g.
         "eval/retrieval/utility"; None disables best tracking.
       best_mode: "max" (higher is better) or "min".
+      peft: a parameter-efficient run: save only its trained parameters, against its base
+        (written before the first save).
     """
+    self._peft = peft
+    self._peft_record: Optional[dict] = None
     if best_mode not in ("max", "min"):
       raise ValueError(f"CheckpointWriter: best_mode={best_mode!r}; expected 'max' or 'min'")
     if keep is not None and keep < 1:
@@ -371,9 +499,13 @@ class CheckpointWriter:
         recorded best, this step becomes the best once its save has finished.
     """
     step = int(step)
+    if self._peft is not None and self._peft_record is None:
+      self._peft_record = self._peft.record()
     args = _checkpoint_args(step, params, config=config, extra_state=extra_state,
                             json_state=json_state, model_kind=None,
-                            extra_metadata=extra_metadata)
+                            extra_metadata=extra_metadata,
+                            peft=None if self._peft is None else (self._peft,
+                                                                  self._peft_record))
     # Finish (and record) the previous save first; Orbax would wait for it anyway.
     self.wait()
     candidate = None
@@ -480,6 +612,7 @@ def describe_size(config: RealmConfig) -> str:
   b = config.bert
   text = (f"hidden {b.hidden_size}, {b.num_layers} layers, {b.num_heads} heads, mlp "
           f"{b.intermediate_size}, proj {config.proj_size}, vocab {b.vocab_size}")
+  text += f", adapters {b.adapter_size}" if b.adapter_size else ""
   text += "" if config.share_embedders else ", untied towers"
   return text + ("" if config.retriever_pooling == "cls" else
                  f", {config.retriever_pooling}-pooled retriever")
@@ -531,6 +664,9 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
     expected_config: if given, a checkpoint of another model size is a one-line
       CheckpointError (checked from the JSON metadata before any array is read).
 
+  A PEFT checkpoint's "params" come back whole (its base joined in, see the module docstring):
+  into an abstract target as trained (base + trained leaves), into host arrays LoRA merged.
+
   Returns:
     ({item name: value}, config, metadata).
 
@@ -543,6 +679,57 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
   verify_checkpoint(step_dir)
   metadata = read_metadata(step_dir)
   config = _checkpoint_config(step_dir, metadata, expected_config)
+  record = metadata.get("peft")
+  if not record or PARAMS_ITEM not in targets:
+    return _restore(step_dir, targets, metadata), config, metadata
+  return _restore_peft(step_dir, targets, metadata, record), config, metadata
+
+
+def _restore_peft(step_dir: str, targets: Mapping[str, Any], metadata: dict,
+                  record: Mapping[str, Any]) -> dict[str, Any]:
+  """`_restore` of a PEFT checkpoint: its trained parameters joined to its base's (checked
+  against the recorded hash); into host arrays, LoRA merged (the module docstring)."""
+  base_dir = _peft_base(step_dir, record)
+  saved = traverse_util.flatten_dict(_saved_tree(step_dir, PARAMS_ITEM))
+  target = targets[PARAMS_ITEM]
+  own_target = base_target = None
+  if target is not None:
+    flat = traverse_util.flatten_dict(dict(target))
+    misfit = [path for path, leaf in saved.items()
+              if path not in flat or tuple(flat[path].shape) != tuple(leaf.shape)]
+    if misfit:
+      path = misfit[0]
+      raise CheckpointError(
+          f"{step_dir}: its trained parameter {'/'.join(path)} {tuple(saved[path].shape)} is "
+          f"not one of this run's ({tuple(flat[path].shape) if path in flat else 'absent'}): "
+          f"resume a PEFT run with the settings it was started with ({record.get('method')})")
+    own_target = traverse_util.unflatten_dict({p: flat[p] for p in saved})
+    base_target = traverse_util.unflatten_dict({p: v for p, v in flat.items() if p not in saved})
+  restored = _restore(step_dir, {**targets, PARAMS_ITEM: own_target}, metadata)
+  base = _restore(base_dir, {PARAMS_ITEM: base_target}, read_metadata(base_dir))[PARAMS_ITEM]
+  params = traverse_util.flatten_dict(dict(base))
+  params.update(traverse_util.flatten_dict(dict(restored[PARAMS_ITEM])))
+  params = traverse_util.unflatten_dict(params)
+  if target is None:
+    params = jax.device_get(peft_lib.merged_params(params, peft_lib.PeftConfig.from_dict(record)))
+  return {**restored, PARAMS_ITEM: params}
+
+
+def _saved_tree(step_dir: str, item: str) -> dict:
+  """An array item's tree as Orbax recorded it, with empty NumPy leaves of its shapes."""
+  checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+  try:
+    tree_metadata = checkpointer.metadata(os.path.join(step_dir, item))
+  except Exception as e:  # noqa: BLE001 - report any Orbax failure as one line
+    raise CorruptCheckpointError(f"{step_dir}: unreadable {item} metadata ({type(e).__name__})"
+                                 ) from e
+  tree_metadata = getattr(tree_metadata, "item_metadata", tree_metadata)
+  tree_metadata = getattr(tree_metadata, "tree", tree_metadata)
+  return jax.tree.map(lambda m: np.empty(m.shape, m.dtype), dict(tree_metadata))
+
+
+def _restore(step_dir: str, targets: Mapping[str, Any], metadata: dict) -> dict[str, Any]:
+  """Restores items of a verified checkpoint step directory as `restore_items` says."""
   array_items = [PARAMS_ITEM] + list(metadata.get("extra_items", []))
   json_items = list(metadata.get("json_items", []))
   missing = [name for name in targets if name not in array_items + json_items]
@@ -575,7 +762,7 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
                             f"({type(e).__name__}: {first})") from e
     raise CorruptCheckpointError(f"{step_dir}: cannot restore {what}, a truncated or corrupt "
                                  f"checkpoint ({type(e).__name__}: {first})") from e
-  return {name: restored[name] for name in targets}, config, metadata
+  return {name: restored[name] for name in targets}
 
 
 def restore_checkpoint_dir(step_dir: str, *, item: str = PARAMS_ITEM,
@@ -630,6 +817,25 @@ def restore_params(run_dir: str, step: Optional[int] = None, *, item: str = PARA
                           f"{list_checkpoint_steps(run_dir)})")
   return restore_checkpoint_dir(step_dir, item=item, expected_config=expected_config,
                                 target=target)
+
+
+def export_merged(step_dir: str, out_run_dir: str) -> str:
+  """Writes a checkpoint's effective parameters as an ordinary checkpoint of `out_run_dir`
+  (same step; a PEFT checkpoint's LoRA merged into the kernels, its adapters kept as modules
+  with the config that has them), which evaluation and serving read like any fine-tuning run's.
+  Returns the new step directory.
+
+  Raises:
+    CheckpointError: unreadable, or a PEFT checkpoint whose base is gone or has changed.
+  """
+  params, config, metadata = restore_checkpoint_dir(step_dir)
+  source = os.path.abspath(os.fspath(step_dir))
+  exported = {"from": source, "peft": metadata.get("peft")}
+  if os.path.abspath(checkpoints_dir(out_run_dir)) == os.path.dirname(source):
+    raise CheckpointError(f"{out_run_dir}: the run {step_dir} belongs to; export to another "
+                          f"run directory")
+  return save_checkpoint(out_run_dir, int(metadata["step"]), params, config=config, keep=None,
+                         extra_metadata={"exported": exported})
 
 
 def mark_training_done(run_dir: str) -> str:

@@ -218,7 +218,9 @@ def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax.models.open_qa import OpenQAModel  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
-  params, _, _ = ckpt_lib.restore_params(run_dir, step, expected_config=config)
+  # A PEFT checkpoint comes back with LoRA merged; adapters need the config that has them.
+  params, theirs, _ = ckpt_lib.restore_params(run_dir, step, expected_config=config)
+  config = config.replace(**{"bert.adapter_size": theirs.bert.adapter_size})
   # Only the two towers the model reads; placed once rather than copied at every call.
   params = jax.device_put({"retriever": params["retriever"], "reader": params["reader"]})
   return OpenQAModel(config, reader_beam=reader_beam), params

@@ -71,6 +71,7 @@ def _warm_init(job: jobs_lib.Job, train_step: Any, ctx: jobs_lib.RunContext) -> 
   job's extra ones); used only when the run does not resume."""
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import peft as peft_lib  # pylint: disable=g-import-not-at-top
   sources = ([("init_checkpoint", ctx.init_checkpoint)] if ctx.init_checkpoint else [])
   sources += job.extra_warm_starts()
   # Sizes were checked (_check_init_checkpoint): a BERT warm start's heads may differ.
@@ -81,13 +82,15 @@ def _warm_init(job: jobs_lib.Job, train_step: Any, ctx: jobs_lib.RunContext) -> 
 
   def warm_init(rng):
     state = fresh_init(rng)
-    params = jax.device_get(state.params)
+    params = fresh = jax.device_get(state.params)
     for knob, path, checkpoint in loaded:
       if knob == "init_checkpoint":
         params, taken = job.warm_start(checkpoint, params, path)
       else:
         params, taken = job.warm_start_extra(knob, checkpoint, params, path)
       log.info("warm start from %s (%s): %s", path, knob, taken)
+    # What no checkpoint has (a PEFT run's adapters) stays as initialised.
+    params = peft_lib.with_missing_leaves(params, fresh)
     return state.replace(params=jax.device_put(params, train_step.state_sharding.params))
 
   return warm_init
@@ -140,6 +143,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   from realm_jax.training import optim  # pylint: disable=g-import-not-at-top
   from realm_jax.training import partitioning  # pylint: disable=g-import-not-at-top
   from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import peft as peft_lib  # pylint: disable=g-import-not-at-top
 
   if not isinstance(job, jobs_lib.Job):
     raise ConfigError(f"train_main.job is a {type(job).__name__}, not a job: bind it to one of "
@@ -170,18 +174,22 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 
   model = job.build_model(ctx)
   schedule = optim.bert_learning_rate_schedule(learning_rate, num_steps, warmup_steps)
+  options = job.optimizer_options()
   try:
     optimizer = optim.bert_optimizer(learning_rate, num_steps, warmup_steps=warmup_steps,
-                                     **job.optimizer_options())
+                                     **options)
+    train_step = trainer.make_train_step(model, optimizer, mesh=mesh, rules=rules,
+                                         learning_rate_fn=schedule)
   except ValueError as e:
     raise ConfigError(f"train_main: {e}") from e
-  train_step = trainer.make_train_step(model, optimizer, mesh=mesh, rules=rules,
-                                       learning_rate_fn=schedule)
-  num_params = sum(int(x.size) for x in jax.tree.leaves(train_step.abstract_state.params))
+  params_shape = train_step.abstract_state.params
+  num_params = sum(int(x.size) for x in jax.tree.leaves(params_shape))
+  trained = ("" if options.get("trainable") is None else
+             f" ({peft_lib.count_trained(params_shape, options['trainable']):,} trained)")
   mesh_text = " x ".join(f"{name} {size}" for name, size in mesh.shape.items())
   description = ", ".join(filter(None, [
       f"job {job.name}, task {job.task}, model ({ckpt_lib.describe_size(model_config)}), "
-      f"{num_params:,} params, mesh {mesh_text}, global batch {global_batch}, {num_steps} "
+      f"{num_params:,} params{trained}, mesh {mesh_text}, global batch {global_batch}, {num_steps} "
       f"steps, lr {learning_rate:g}, run_dir {run_dir}",
       init_checkpoint and f"warm start from {init_checkpoint}", job.describe()]))
 
@@ -197,11 +205,13 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   try:
     hooks, eval_fn, best_metric = job.start(ctx, model, batches)
     log.info("%s: %s", PROG, description)
+    # The model's own config: a PEFT run's adapters are part of what its checkpoints hold.
     trainer.train(model, optimizer, batches, run_dir=run_dir, num_steps=num_steps, mesh=mesh,
-                  config=model_config, rules=rules, checkpoint_every=checkpoint_every,
-                  keep=keep, log_every=log_every, hooks=hooks, seed=seed,
-                  learning_rate_fn=schedule, eval_fn=eval_fn, best_metric=best_metric,
-                  train_step=train_step)
+                  config=getattr(model, "config", model_config), rules=rules,
+                  checkpoint_every=checkpoint_every, keep=keep, log_every=log_every,
+                  hooks=hooks, seed=seed, learning_rate_fn=schedule, eval_fn=eval_fn,
+                  best_metric=best_metric, train_step=train_step,
+                  peft=job.peft_checkpoints(ctx, model))
   finally:
     job.close()
   print(f"{PROG}: done ({description})", flush=True)

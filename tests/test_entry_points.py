@@ -397,3 +397,18 @@ def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_fr
   assert _leaves_equal(params["reader"]["bert"], mlm["encoder"]["bert"])
   assert _leaves_equal(params["reader"]["span_head"], fresh["reader"]["span_head"])
   assert _leaves_equal(params["retriever"], ict["retriever"])
+
+
+@pytest.mark.parametrize("peft,expected", [
+    ("lora", "LoRA r 8 alpha 16 on query/value"), ("adapters", "adapters of 64")])
+def test_parameter_efficient_fine_tuning_dry_run(peft, expected, tmp_path, capsys):
+  code = _train(*DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                f"--gin.FinetuneJob.peft='{peft}'", "--dry_run")
+  out, err = _stderr_lines(capsys)
+  assert code == 0, err
+  assert expected in out and " trained), " in out, out
+  line = _one_config_error(capsys, _train(
+      *DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+      f"--gin.FinetuneJob.peft='{peft}'", "--gin.FinetuneJob.train_document_tower=True",
+      "--dry_run"))
+  assert "cannot train the document tower" in line

@@ -540,9 +540,14 @@ class IndexRetriever:
     emb = getattr(self.searcher, "embeddings", None)
     return self.index.embeddings if emb is None else emb
 
-  def set_query_params(self, query_params: Mapping[str, Any]) -> None:
+  def set_query_params(self, query_params: Mapping[str, Any],
+                       config: Optional[RealmConfig] = None) -> None:
     """Searches with another query tower from now on (open-QA fine-tuning retrieves with the
-    live question tower; any layout `query_tower_params` accepts)."""
+    live question tower; any layout `query_tower_params` accepts), of `config` when given (a
+    PEFT run's tower has adapters the index's own has not)."""
+    if config is not None and config != self.config:
+      self.config = config
+      self._embed = _embed_queries_fn(config, self.mesh, self._axis)
     tower = query_tower_params(query_params, self.config)
     self._params = jax.device_put(tower, NamedSharding(self.mesh, P()))
 

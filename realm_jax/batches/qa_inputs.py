@@ -226,7 +226,7 @@ class OpenQABatches:
     examples = [self.examples[i] for i in chosen]
     retriever = self._current_retriever()
     if self._query_params is not None:
-      retriever.set_query_params(host_local_params(self._query_params))
+      retriever.set_query_params(host_local_params(self._query_params), self.model.config)
     question_ids, question_mask, _ = qa_batches.question_arrays(
         [e.question for e in examples], self.vocab, question_len=self.question_len)
     # [B, beam] each, best first.

@@ -180,6 +180,12 @@ class Job:
   def close(self) -> None:
     """Stops what `start` started."""
 
+  def peft_checkpoints(self, ctx: RunContext, model: Any) -> Any:
+    """A parameter-efficient run's `checkpoints.PeftCheckpoints` (its checkpoints hold only the
+    trained parameters), or None (the default: every parameter is checkpointed)."""
+    del ctx, model
+    return None
+
 
 @dataclasses.dataclass
 class SeqioJob(Job):

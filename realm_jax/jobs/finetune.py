@@ -10,7 +10,7 @@ checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best che
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import gin
 
@@ -38,6 +38,17 @@ class FinetuneJob(IndexJob):
       beam).
     eval_split: the split evaluated at every checkpoint ("" disables).
     eval_examples: evaluate only the first this many questions of it (None: all).
+    peft: parameter-efficient fine-tuning (realm_jax.models.peft): 'none' (every parameter
+      trains), 'lora' (Hu et al. 2021: low-rank updates of the reader's and the question
+      tower's kernels) or 'adapters' (Houlsby et al. 2019: bottleneck adapters in every BERT
+      layer). Only those parameters train; checkpoints hold only them and name the run's base
+      (<run_dir>/peft_base) with its hash; `python -m realm_jax.export_peft` writes a merged,
+      ordinary checkpoint.
+    lora_rank: r of each LoRA update (A [in, r] @ B [r, out]).
+    lora_alpha: LoRA's alpha: the update is scaled by alpha / r.
+    lora_targets: the kernels of each BERT layer LoRA updates: of 'query', 'key', 'value',
+      'out' (attention), 'intermediate', 'output' (feed-forward).
+    adapter_size: the adapters' bottleneck width (peft='adapters').
   """
   retriever_beam: int = 5000
   reader_beam: int = 5
@@ -48,6 +59,11 @@ class FinetuneJob(IndexJob):
   document_beam: Optional[int] = None
   eval_split: str = "dev"
   eval_examples: Optional[int] = None
+  peft: str = "none"
+  lora_rank: int = 8
+  lora_alpha: float = 16.0
+  lora_targets: Sequence[str] = ("query", "value")
+  adapter_size: int = 64
 
   name = "finetune"
 
@@ -78,9 +94,10 @@ class FinetuneJob(IndexJob):
   def build_model(self, ctx: RunContext) -> Any:
     from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
     try:
-      return open_qa.OpenQAModel(ctx.model_config, reader_beam=self.reader_beam,
+      return open_qa.OpenQAModel(self.peft_model_config(ctx), reader_beam=self.reader_beam,
                                  train_document_tower=self.train_document_tower,
-                                 document_beam=self.document_beam)
+                                 document_beam=self.document_beam,
+                                 peft=self.peft_config())
     except ValueError as e:
       raise ConfigError(f"FinetuneJob: {e}") from e
 
@@ -127,11 +144,12 @@ class FinetuneJob(IndexJob):
 
   def index_hook(self, batches: Any):
     hook = super().index_hook(batches)
+    question_tower = self.question_tower_fn()
 
     def retrieve_with_live_tower(step: int, state: Any):
       metrics = hook(step, state)
-      # The next questions are retrieved with the live question tower.
-      batches.set_query_params(state.params["retriever"])
+      # The next questions are retrieved with the live question tower (LoRA merged).
+      batches.set_query_params(question_tower(state.params))
       return metrics
 
     return retrieve_with_live_tower
@@ -167,3 +185,63 @@ class FinetuneJob(IndexJob):
       return {f"eval/{name}": float(value) for name, value in results.items()}
 
     return eval_fn, f"eval/{answer_metric}"
+
+  # -- parameter-efficient fine-tuning (`peft`)
+
+  def peft_config(self) -> Any:
+    """The model's PeftConfig (None for peft='none'); a ValueError on a bad setting (which
+    `build_model`, the first to ask, reports as a ConfigError)."""
+    from realm_jax.models import peft as peft_lib  # pylint: disable=g-import-not-at-top
+    if self.peft == "none":
+      return None
+    if self.train_document_tower:
+      raise ConfigError(f"peft={self.peft!r} trains the reader and the question tower only: "
+                        f"it cannot train the document tower (train_document_tower=True)")
+    return peft_lib.PeftConfig(self.peft, lora_rank=self.lora_rank,
+                               lora_alpha=self.lora_alpha, lora_targets=self.lora_targets)
+
+  def peft_model_config(self, ctx: RunContext) -> Any:
+    """The run's model config, with the adapters of peft='adapters'."""
+    if self.peft != "adapters":
+      return ctx.model_config
+    if isinstance(self.adapter_size, bool) or not isinstance(self.adapter_size, int) or (
+        self.adapter_size < 1):
+      raise ConfigError(f"adapter_size={self.adapter_size!r}; expected an integer >= 1 with "
+                        f"peft='adapters'")
+    return ctx.model_config.replace(**{"bert.adapter_size": self.adapter_size})
+
+  def optimizer_options(self) -> dict[str, Any]:
+    options = super().optimizer_options()
+    config = self.peft_config()
+    if config is not None:
+      options["trainable"] = config.trainable_mask
+      if config.method == "lora":  # the question tower's factors are the retriever's too
+        options["retriever_keys"] = ("retriever", "peft/retriever")
+    return options
+
+  def peft_checkpoints(self, ctx: RunContext, model: Any) -> Any:
+    if model.peft is None:
+      return None
+    from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
+    return checkpoints.PeftCheckpoints(run_dir=ctx.run_dir, trainable=model.peft.trainable_mask,
+                                       settings=model.peft.to_dict(),
+                                       base_config=ctx.model_config)
+
+  def describe(self) -> str:
+    what = {"none": "", "lora": f"LoRA r {self.lora_rank} alpha {self.lora_alpha:g} on "
+                                f"{'/'.join(self.lora_targets)}",
+            "adapters": f"adapters of {self.adapter_size}"}.get(self.peft, "")
+    return ", ".join(filter(None, [super().describe(), what]))
+
+  def question_tower_fn(self):
+    """`params -> the question tower's retriever params` the live retrieval uses (LoRA merged,
+    jitted; the "retriever" subtree as it is otherwise)."""
+    config = self.peft_config()
+    if config is None or config.method != "lora":
+      return lambda params: params["retriever"]
+    import jax  # pylint: disable=g-import-not-at-top
+    from realm_jax.models import peft as peft_lib  # pylint: disable=g-import-not-at-top
+    return jax.jit(lambda params: peft_lib.merged_params(
+        {"retriever": params["retriever"],
+         peft_lib.PEFT_KEY: {"retriever": params[peft_lib.PEFT_KEY]["retriever"]}},
+        config)["retriever"])

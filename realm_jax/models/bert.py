@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from realm_jax.models.config import RETRIEVER_POOLINGS, BertConfig
+from realm_jax.models.peft import BottleneckAdapter
 
 Array = jax.Array
 
@@ -316,8 +317,11 @@ class TransformerLayer(nn.Module):
     # [batch, length, embed]
     attended = SelfAttention(cfg, self.neighbour_heads, name="attention")(
         x, attention_mask, deterministic=deterministic)
-    x = layer_norm(cfg.layer_norm_eps, cfg, name="attention_layer_norm")(
-        x + dropout(attended, deterministic=deterministic))
+    attended = dropout(attended, deterministic=deterministic)
+    if cfg.adapter_size:  # Houlsby et al.'s adapters, before the LayerNorms (models.peft)
+      attended = BottleneckAdapter(cfg, activation(cfg.hidden_act), name="attention_adapter")(
+          attended)
+    x = layer_norm(cfg.layer_norm_eps, cfg, name="attention_layer_norm")(x + attended)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
     # [batch, length, mlp]
@@ -326,8 +330,10 @@ class TransformerLayer(nn.Module):
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     # [batch, length, embed]
     h = dense(cfg.hidden_size, cfg, ("mlp", "embed"), name="output")(h)
-    x = layer_norm(cfg.layer_norm_eps, cfg, name="output_layer_norm")(
-        x + dropout(h, deterministic=deterministic))
+    h = dropout(h, deterministic=deterministic)
+    if cfg.adapter_size:
+      h = BottleneckAdapter(cfg, activation(cfg.hidden_act), name="output_adapter")(h)
+    x = layer_norm(cfg.layer_norm_eps, cfg, name="output_layer_norm")(x + h)
     return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 

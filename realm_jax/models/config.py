@@ -47,6 +47,9 @@ class BertConfig:
       previous and the next position (models.bert.neighbour_kernel_init), the first step of
       copying a word that stands elsewhere in the row. Only the initialisation differs; the
       parameters are the same.
+    adapter_size: width of the bottleneck adapters (Houlsby et al. 2019) after the attention
+      and the feed-forward output of every layer (`models.peft.BottleneckAdapter`); 0 (the
+      default) adds none. Set by parameter-efficient fine-tuning (`FinetuneJob.peft='adapters'`).
   """
 
   vocab_size: int = 30522
@@ -64,8 +67,13 @@ class BertConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   position_init: str = "normal"
+  adapter_size: int = 0
 
   def __post_init__(self):
+    if isinstance(self.adapter_size, bool) or not isinstance(self.adapter_size, int) or (
+        self.adapter_size < 0):
+      raise ValueError(f"BertConfig: adapter_size={self.adapter_size!r}; expected an integer "
+                       f">= 0 (0: no adapters).")
     if self.hidden_size % self.num_heads:
       raise ValueError(
           f"BertConfig: hidden_size={self.hidden_size} is not divisible by "

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from realm_jax.models import losses
+from realm_jax.models import peft as peft_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.reader import RealmReader, predict_span, span_correctness
 from realm_jax.models.realm import ParamsFromBoxedInit, dropout_rngs, init_retriever_params
@@ -89,12 +90,16 @@ class OpenQAModel(ParamsFromBoxedInit):
       tower (see the module docstring); needs the batch's `document_*` inputs and an index
       builder refreshing the searcher.
     document_beam: blocks re-embedded when training the document tower (None: reader_beam).
+    peft: parameter-efficient fine-tuning (`models.peft`): LoRA factors under params["peft"]
+      merged into the reader's and the question tower's kernels, or adapters (their width is
+      `config.bert.adapter_size`); only those train. None: every parameter trains.
   """
 
   config: RealmConfig
   reader_beam: int = 5
   train_document_tower: bool = False
   document_beam: int | None = None
+  peft: peft_lib.PeftConfig | None = None
 
   def __post_init__(self):
     if self.reader_beam < 1:
@@ -111,13 +116,18 @@ class OpenQAModel(ParamsFromBoxedInit):
 
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, reader_rng = jax.random.split(rng)
-    return {"retriever": init_retriever_params(self.config, retriever_rng),
-            "reader": _reader_init(self.config, reader_rng)}
+    params = {"retriever": init_retriever_params(self.config, retriever_rng),
+              "reader": _reader_init(self.config, reader_rng)}
+    if self.peft is not None and self.peft.method == "lora":
+      params[peft_lib.PEFT_KEY] = peft_lib.init_lora(
+          jax.random.fold_in(rng, 1), params, self.peft, peft_lib.lora_roots(self.config))
+    return params
 
   # -- pieces
 
   def embed_questions(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
     """[Q, question_len] question ids -> [Q, proj] question embeddings."""
+    params = peft_lib.effective_params(params, self.peft)
     return RealmRetriever(self.config).apply(
         {"params": params["retriever"]}, batch["question_ids"], batch.get("question_type_ids"),
         batch["question_mask"], deterministic=rng is None, rngs=dropout_rngs(rng),
@@ -137,6 +147,7 @@ class OpenQAModel(ParamsFromBoxedInit):
     Returns:
       [Q, beam] float32.
     """
+    params = peft_lib.effective_params(params, self.peft)
     num_live = self.num_reembedded
     stale = None
     if "retrieved_block_emb" in batch:
@@ -174,6 +185,7 @@ class OpenQAModel(ParamsFromBoxedInit):
   def forward(self, params: Params, batch: Batch, rng: Array | None = None,
               question_emb: Array | None = None) -> tuple[Array, Array, Array, Array]:
     """(retrieval scores [Q, beam], reader logits [Q, reader_beam, spans], starts, ends)."""
+    params = peft_lib.effective_params(params, self.peft)
     question_rng, document_rng, reader_rng = (
         (None, None, None) if rng is None else jax.random.split(rng, 3))
     if question_emb is None:

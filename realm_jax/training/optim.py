@@ -22,13 +22,14 @@ description would differ. The public pieces:
 * ``weight_decay_mask(params)``: which leaves are decayed.
 * ``bert_optimizer(...)``: the full chain; optionally with the retriever's updates scaled
   (``retriever_lr_scale``) or held at zero for the first steps (``freeze_retriever_steps``), a
-  toy-world deviation (REALM uses one optimizer for both towers), off by default.
+  toy-world deviation (REALM uses one optimizer for both towers), off by default; and with only
+  some parameters trained (``trainable``: parameter-efficient fine-tuning, ``models.peft``).
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -302,11 +303,20 @@ def _top_level_mask(keys: Sequence[str]):
   def mask(tree: Any) -> Any:
     present = sorted(str(k) for k in tree.keys()) if isinstance(tree, Mapping) else None
     for key in keys:
+      if "/" in key:
+        head, rest = key.split("/", 1)
+        sub = tree.get(head) if present is not None else None
+        if not isinstance(sub, Mapping) or rest not in sub:
+          raise ValueError(f"retriever key {key!r} is not in the parameter tree (keys of "
+                           f"{head!r}: {sorted(sub) if isinstance(sub, Mapping) else None}).")
+        continue
       if present is None or key not in tree:
         raise ValueError(f"retriever key {key!r} is not a top-level key of the parameter tree "
                          f"(keys present: {present}); set retriever_keys to the retriever "
                          f"(question tower) subtree's key.")
-    return jax.tree_util.tree_map_with_path(lambda path, _: _key_name(path[0]) in keys, tree)
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: (_key_name(path[0]) in keys
+                         or "/".join(_key_name(k) for k in path[:2]) in keys), tree)
 
   return mask
 
@@ -346,6 +356,7 @@ def bert_optimizer(
     retriever_lr_scale: float = 1.0,
     freeze_retriever_steps: int = 0,
     retriever_keys: Sequence[str] = ("retriever",),
+    trainable: Callable[[Any], Any] | None = None,
 ) -> optax.GradientTransformation:
   """Returns BERT's ``create_optimizer`` as an optax chain.
 
@@ -378,8 +389,12 @@ def bert_optimizer(
     retriever_lr_scale: Factor on the retriever's updates (its lr relative to the rest); >= 0.
     freeze_retriever_steps: The retriever's updates are exactly 0 for this many first updates.
     retriever_keys: Top-level keys of the parameter tree that are the retriever (``retriever``
-      in pretraining and open-QA fine-tuning, whose question tower lives there). Only read when
-      an option above is active; a key the tree lacks is a ValueError at ``init``.
+      in pretraining and open-QA fine-tuning, whose question tower lives there), or paths
+      "key/subkey" (a LoRA run's ``peft/retriever``). Only read when an option above is active;
+      a key the tree lacks is a ValueError at ``init``.
+    trainable: ``params -> tree of bools``: only those leaves train (the whole chain above runs
+      on them alone: clipping by their global norm, their Adam moments); every other leaf gets
+      an update of exactly zero (``optax.set_to_zero``) and no optimizer state. None: all train.
 
   Returns:
     An ``optax.GradientTransformation``; its ``update`` needs ``params`` (for the weight decay).
@@ -418,4 +433,14 @@ def bert_optimizer(
     # kind of step the freeze is there to prevent.
     transforms.append(optax.masked(optax.scale_by_schedule(retriever_scale),
                                    _top_level_mask(retriever_keys)))
-  return optax.chain(*transforms)
+  chain = optax.chain(*transforms)
+  if trainable is None:
+    return chain
+
+  def labels(params: Any) -> Any:
+    mask = trainable(params)
+    if not any(jax.tree.leaves(mask)):
+      raise ValueError("trainable selects no parameter: nothing would train.")
+    return jax.tree.map(lambda on: "trained" if on else "frozen", mask)
+
+  return optax.multi_transform({"trained": chain, "frozen": optax.set_to_zero()}, labels)

@@ -573,7 +573,8 @@ def _gather_host_json(value: Any) -> list:
 
 
 def restore_train_state(run_dir: str, step: int, train_step: TrainStep, *,
-                        config: Optional[RealmConfig] = None
+                        config: Optional[RealmConfig] = None,
+                        peft: Optional[checkpoints.PeftCheckpoints] = None
                         ) -> tuple[TrainState, Optional[dict], dict]:
   """Restores a TrainState (sharded like `train_step.state_sharding`) and the input position.
 
@@ -583,6 +584,8 @@ def restore_train_state(run_dir: str, step: int, train_step: TrainStep, *,
     train_step: the step the state is for (gives the abstract state and shardings).
     config: the run's model config; a checkpoint of another model size is a one-line
       CheckpointError.
+    peft: the run's parameter-efficient checkpointing (None: an ordinary run); a checkpoint of
+      another method is a one-line CheckpointError.
 
   Returns:
     (state, data_state, metadata): data_state is this process's saved input position (None if
@@ -603,6 +606,12 @@ def restore_train_state(run_dir: str, step: int, train_step: TrainStep, *,
           f"{step_dir}: not a training checkpoint (no {needed!r} item; has "
           f"{metadata.get('extra_items', [])}); to start from its parameters, warm-start "
           f"instead of resuming")
+  theirs = (metadata.get("peft") or {}).get("method", "none")
+  ours = "none" if peft is None else peft.settings.get("method")
+  if theirs != ours:
+    raise checkpoints.CheckpointError(
+        f"{step_dir}: saved by a run with peft={theirs!r}, this run has peft={ours!r}; resume "
+        f"with the setting it was started with")
   targets = {checkpoints.PARAMS_ITEM: abstract.params, OPT_STATE_ITEM: abstract.opt_state,
              TRAIN_STATE_ITEM: {"step": abstract.step, "rng": abstract.rng}}
   has_data = DATA_STATE_ITEM in metadata.get("json_items", [])
@@ -723,7 +732,8 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
           flops_per_example: Optional[float] = None,
           peak_flops_per_device: Optional[float] = None, async_checkpoints: bool = True,
           compiler_options: Optional[dict[str, Any]] = None,
-          train_step: Optional[TrainStep] = None) -> TrainState:
+          train_step: Optional[TrainStep] = None,
+          peft: Optional[checkpoints.PeftCheckpoints] = None) -> TrainState:
   """Trains to `num_steps` updates, resuming from the newest checkpoint in `run_dir`.
 
   Per step `s` (1-based; the state then holds `s` updates):
@@ -779,6 +789,9 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
     compiler_options: XLA options for the step's compile.
     train_step: a TrainStep built by `make_train_step` for this model, optimizer, mesh and
       rules, to reuse its compiled program (otherwise one is built).
+    peft: parameter-efficient fine-tuning: the frozen parameters are written once as the
+      run's base (`<run_dir>/peft_base`) when it starts, and checkpoints hold only the trained
+      ones (`checkpoints.PeftCheckpoints`); resuming joins them again.
 
   Returns:
     The final TrainState.
@@ -810,13 +823,16 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
   latest, restored = checkpoints.latest_checkpoint_step(run_dir), None
   while latest is not None and restored is None:
     try:
-      restored = restore_train_state(run_dir, latest, train_step, config=config)
+      restored = restore_train_state(run_dir, latest, train_step, config=config, peft=peft)
     except checkpoints.CorruptCheckpointError as e:
       latest = _set_aside_corrupt(run_dir, latest, e)
   if latest is None:
     state = train_step.init_state(seed)
     start = 0
     log.info("%s: no checkpoint, starting from step 0 (seed %d)", run_dir, seed)
+    if peft is not None:
+      log.info("%s: the frozen parameters written as the base of its checkpoints: %s", run_dir,
+               peft.save_base(state.params))
   else:
     state, data_state, _ = restored
     start = int(jax.device_get(state.step))
@@ -848,7 +864,7 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
   num_devices = mesh.devices.size
   saver = checkpoints.CheckpointWriter(run_dir, keep=keep, async_save=async_checkpoints,
                                        best_metric=best_metric if eval_fn else None,
-                                       best_mode=best_mode)
+                                       best_mode=best_mode, peft=peft)
   interval = _Interval()
   run_start = time.perf_counter()
   steps_timed, seconds_timed = 0, 0.0
