@@ -75,7 +75,8 @@ def finetune_costs(run_dir: str, log_path: str) -> dict:
   perf/steps_per_s, the mean over the run) and the newest checkpoint's size in MB."""
   with open(log_path, encoding="utf-8") as f:
     text = f.read()
-  trainable = re.search(r"([\d,]+) trainable", text) or re.search(r"([\d,]+) params", text)
+  # "8,805,185 params (16,384 trained)" for a PEFT run; "8,788,801 params" when all train.
+  trainable = re.search(r"\(([\d,]+) trained\)", text) or re.search(r"([\d,]+) params", text)
   logdir = os.path.join(run_dir, "tensorboard")
   scalars = recipe_lib.read_scalars(logdir) if os.path.isdir(logdir) else {}
   rates = list(scalars.get("perf/steps_per_s", {}).values())

@@ -48,9 +48,11 @@ def test_finetune_costs_from_a_run_directory(tmp_path, monkeypatch):
   (step / "a.bin").write_bytes(b"x" * (3 << 20))
   (step / "b.bin").write_bytes(b"x" * (1 << 20))
   log = tmp_path / "finetune.log"
-  log.write_text("train: done (job finetune, ..., 8,788,801 params, 12,345 trainable, ...)\n")
+  log.write_text("train: done (job finetune, ..., 8,805,185 params (12,345 trained), ...)\n")
   from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(checkpoints, "latest_checkpoint_step", lambda run_dir: 120)
   costs = methods.finetune_costs(str(run), str(log))
   assert costs["trainable_params"] == 12345 and costs["checkpoint_mb"] == 4.0
   assert costs["step_seconds"] != costs["step_seconds"]  # no TensorBoard: NaN
+  log.write_text("train: done (job finetune, ..., 8,788,801 params, mesh ...)\n")
+  assert methods.finetune_costs(str(run), str(log))["trainable_params"] == 8788801
