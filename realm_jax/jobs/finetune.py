@@ -49,6 +49,12 @@ class FinetuneJob(IndexJob):
     lora_targets: the kernels of each BERT layer LoRA updates: of 'query', 'key', 'value',
       'out' (attention), 'intermediate', 'output' (feed-forward).
     adapter_size: the adapters' bottleneck width (peft='adapters').
+    retriever_objective: how the question tower learns: "marginal" (ORQA's retriever and
+      reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop", "adist" over the
+      reader beam (the reader's loss then reads the scores held fixed; ORQA's retriever loss
+      over the whole beam stays: realm_jax.models.retriever_objectives).
+    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
+      (must stay 1.0 with "marginal").
   """
   retriever_beam: int = 5000
   reader_beam: int = 5
@@ -64,12 +70,15 @@ class FinetuneJob(IndexJob):
   lora_alpha: float = 16.0
   lora_targets: Sequence[str] = ("query", "value")
   adapter_size: int = 64
+  retriever_objective: str = "marginal"
+  objective_temperature: float = 1.0
 
   name = "finetune"
 
   def configure(self, ctx: RunContext) -> None:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    self.check_retriever_objective()
     if realm_jax_tasks.is_qa_path(self.task):
       try:
         self.task = realm_jax_tasks.register_qa_files(self.task)
@@ -97,6 +106,8 @@ class FinetuneJob(IndexJob):
       return open_qa.OpenQAModel(self.peft_model_config(ctx), reader_beam=self.reader_beam,
                                  train_document_tower=self.train_document_tower,
                                  document_beam=self.document_beam,
+                                 retriever_objective=self.retriever_objective,
+                                 objective_temperature=self.objective_temperature,
                                  peft=self.peft_config())
     except ValueError as e:
       raise ConfigError(f"FinetuneJob: {e}") from e

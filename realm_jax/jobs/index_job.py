@@ -56,6 +56,15 @@ class IndexJob(Job):
     self.store = corpus_lib.BlockStore.open(path, verify="fast")
     return self.store
 
+  def check_retriever_objective(self) -> None:
+    """A one-line ConfigError unless the job's `retriever_objective` and
+    `objective_temperature` settings are valid (retriever_objectives.check_objective)."""
+    from realm_jax.models import retriever_objectives  # pylint: disable=g-import-not-at-top
+    try:
+      retriever_objectives.check_objective(self.retriever_objective, self.objective_temperature)
+    except ValueError as e:
+      raise ConfigError(f"{type(self).__name__}.{e}") from e
+
   def optimizer_options(self) -> dict[str, Any]:
     # Both jobs' parameter trees keep the retriever (fine-tuning: the question tower) under
     # "retriever"; with the options off this is the plain optimizer.
@@ -71,6 +80,9 @@ class IndexJob(Job):
       parts.append(f"retriever lr x{self.retriever_lr_scale:g}")
     if self.freeze_retriever_steps:
       parts.append(f"retriever frozen for {self.freeze_retriever_steps} steps")
+    objective = getattr(self, "retriever_objective", "marginal")  # PretrainJob, FinetuneJob
+    if objective != "marginal":
+      parts.append(f"retriever objective {objective} (T {self.objective_temperature:g})")
     return ", ".join(parts)
 
   def extra_warm_starts(self) -> list[tuple[str, str]]:

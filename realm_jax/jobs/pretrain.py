@@ -32,15 +32,24 @@ class PretrainJob(IndexJob):
       eval/mlm/accuracy).
     eval_batches: batches (drawn with the current index) whose retrieval utility is computed at
       every checkpoint to pick the best one; 0 disables.
+    retriever_objective: how the retriever learns: "marginal" (REALM: the marginal MLM loss
+      trains reader and retriever) or Atlas's "emdr2", "pdist", "loop", "adist" (the reader
+      keeps the marginal MLM loss with the scores held fixed; the objective trains the
+      retriever: realm_jax.models.retriever_objectives).
+    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
+      (must stay 1.0 with "marginal").
   """
   pretrain_records: Optional[str] = None
   num_candidates: int = 8
   null_document: bool = True
   eval_batches: int = 4
+  retriever_objective: str = "marginal"
+  objective_temperature: float = 1.0
 
   name = "pretrain"
 
   def configure(self, ctx: RunContext) -> None:
+    self.check_retriever_objective()
     self.register_corpus(pretrain_records=self.pretrain_records)
     self.check_task_prefix("realm_")
     self.open_store()
@@ -48,7 +57,9 @@ class PretrainJob(IndexJob):
   def build_model(self, ctx: RunContext) -> Any:
     from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
     return realm.RealmPretrainModel(ctx.model_config,
-                                    null_index=0 if self.null_document else None)
+                                    null_index=0 if self.null_document else None,
+                                    retriever_objective=self.retriever_objective,
+                                    objective_temperature=self.objective_temperature)
 
   def _batches(self, ctx: RunContext, retriever: Any = None, **masked_options: Any) -> Any:
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top

@@ -291,6 +291,13 @@ class SelfAttention(nn.Module):
     # A fully padded row softmaxes to uniform weights, as transformers' additive mask does.
     scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(cfg.compute_dtype)
+    if self.is_mutable_collection("intermediates"):
+      # Atlas's attention distillation (retriever_objectives.attention_relevance): the weights
+      # before dropout and each key's value norm per head, [batch, heads, key_length]. Only for
+      # a caller that collects "intermediates"; the default pass computes and keeps nothing.
+      self.sow("intermediates", "attention_probs", probs)
+      self.sow("intermediates", "value_norms",
+               jnp.linalg.norm(value.astype(jnp.float32), axis=-1).transpose(0, 2, 1))
     probs = nn.Dropout(cfg.attention_dropout)(probs, deterministic=deterministic)
 
     # [batch, length, heads, kv]

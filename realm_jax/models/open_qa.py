@@ -38,8 +38,10 @@ import jax.numpy as jnp
 
 from realm_jax.models import losses
 from realm_jax.models import peft as peft_lib
+from realm_jax.models import retriever_objectives
 from realm_jax.models.config import RealmConfig
-from realm_jax.models.reader import RealmReader, predict_span, span_correctness
+from realm_jax.models.reader import (RealmReader, block_attention_relevance, predict_span,
+                                     span_correctness)
 from realm_jax.models.realm import ParamsFromBoxedInit, dropout_rngs, init_retriever_params
 from realm_jax.models.retriever import RealmRetriever, relevance_scores
 
@@ -90,6 +92,12 @@ class OpenQAModel(ParamsFromBoxedInit):
       tower (see the module docstring); needs the batch's `document_*` inputs and an index
       builder refreshing the searcher.
     document_beam: blocks re-embedded when training the document tower (None: reader_beam).
+    retriever_objective: "marginal" (ORQA's losses, REALM_SPEC 28) or one of Atlas's "emdr2",
+      "pdist", "loop", "adist" over the reader beam (realm_jax.models.retriever_objectives;
+      `_objective_sum`): the reader's loss then reads the scores held fixed, ORQA's retriever
+      loss over the whole beam stays.
+    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
+      (1.0 with "marginal").
     peft: parameter-efficient fine-tuning (`models.peft`): LoRA factors under params["peft"]
       merged into the reader's and the question tower's kernels, or adapters (their width is
       `config.bert.adapter_size`); only those train. None: every parameter trains.
@@ -99,9 +107,12 @@ class OpenQAModel(ParamsFromBoxedInit):
   reader_beam: int = 5
   train_document_tower: bool = False
   document_beam: int | None = None
+  retriever_objective: str = "marginal"
+  objective_temperature: float = 1.0
   peft: peft_lib.PeftConfig | None = None
 
   def __post_init__(self):
+    retriever_objectives.check_objective(self.retriever_objective, self.objective_temperature)
     if self.reader_beam < 1:
       raise ValueError(f"reader_beam must be positive, got {self.reader_beam}")
     if self.document_beam is not None and self.document_beam < 1:
@@ -185,6 +196,12 @@ class OpenQAModel(ParamsFromBoxedInit):
   def forward(self, params: Params, batch: Batch, rng: Array | None = None,
               question_emb: Array | None = None) -> tuple[Array, Array, Array, Array]:
     """(retrieval scores [Q, beam], reader logits [Q, reader_beam, spans], starts, ends)."""
+    return self._forward(params, batch, rng, question_emb)[:4]
+
+  def _forward(self, params: Params, batch: Batch, rng: Array | None = None,
+               question_emb: Array | None = None, attention: bool = False) -> tuple:
+    """`forward`'s four outputs and, with `attention`, the reader's attention relevance of
+    each reader block [Q, reader_beam] (adist; else None)."""
     params = peft_lib.effective_params(params, self.peft)
     question_rng, document_rng, reader_rng = (
         (None, None, None) if rng is None else jax.random.split(rng, 3))
@@ -194,15 +211,29 @@ class OpenQAModel(ParamsFromBoxedInit):
     if batch["reader_ids"].shape[1] != self.reader_beam:
       raise ValueError(f"the batch has {batch['reader_ids'].shape[1]} reader blocks per "
                        f"question, the model reader_beam={self.reader_beam}")
+    reader_scores = scores[:, :self.reader_beam]
+    if self.retriever_objective != "marginal":
+      # Atlas's objectives: the reader's loss trains the reader, not the retriever.
+      reader_scores = jax.lax.stop_gradient(reader_scores)
     # [Q, reader_beam, spans]: span logits + the block's retrieval score (joint scoring).
-    logits, starts, ends = RealmReader(self.config).apply(
+    outputs = RealmReader(self.config).apply(
         {"params": params["reader"]}, batch["reader_ids"], batch["reader_type_ids"],
-        batch["reader_mask"], batch["reader_block_mask"], scores[:, :self.reader_beam],
-        deterministic=rng is None, rngs=dropout_rngs(reader_rng))
-    return scores, logits, starts, ends
+        batch["reader_mask"], batch["reader_block_mask"], reader_scores,
+        deterministic=rng is None, rngs=dropout_rngs(reader_rng),
+        mutable=["intermediates"] if attention else False)
+    if not attention:
+      return (scores, *outputs, None)
+    (logits, starts, ends), state = outputs
+    # The question's tokens ([CLS] question [SEP]) attending to the block.
+    question = ((batch["reader_type_ids"] == 0) & (batch["reader_mask"] > 0)).astype(jnp.float32)
+    relevance = block_attention_relevance(state["intermediates"], self.config.bert.num_layers,
+                                          question, batch["reader_type_ids"],
+                                          batch["reader_mask"])
+    return scores, logits, starts, ends, jax.lax.stop_gradient(relevance)
 
   def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
-    scores, logits, starts, ends = self.forward(params, batch, rng)
+    scores, logits, starts, ends, relevance = self._forward(
+        params, batch, rng, attention=self.retriever_objective == "adist")
     num_questions = logits.shape[0]
     example_mask = batch["example_mask"].astype(jnp.float32)  # [Q]
     retriever_correct = batch["retriever_correct"].astype(bool)  # [Q, beam]
@@ -216,6 +247,11 @@ class OpenQAModel(ParamsFromBoxedInit):
     retriever_loss_sum = jnp.sum(retriever_loss * example_mask)
     reader_loss_sum = jnp.sum(reader_loss * example_mask)
     loss_sum = retriever_loss_sum + reader_loss_sum
+    objective = {}
+    if self.retriever_objective != "marginal":
+      objective["objective_loss_sum"] = self._objective_sum(scores, logits, reader_correct,
+                                                            example_mask, relevance)
+      loss_sum = loss_sum + objective["objective_loss_sum"]
     weight_sum = jnp.sum(example_mask)
     # Per-question mean; 0 (not NaN) for a batch of padding only.
     loss = jnp.where(weight_sum > 0, loss_sum / jnp.maximum(weight_sum, 1.0), 0.0)
@@ -233,7 +269,45 @@ class OpenQAModel(ParamsFromBoxedInit):
         "retriever_any_correct_sum": jnp.sum(jnp.any(retriever_correct, -1) * example_mask),
         "reader_any_correct_sum": jnp.sum(reader_any * example_mask),
         "span_match_sum": jnp.sum(span_match * example_mask),
+        **objective,
     }
+
+  def _objective_sum(self, scores: Array, logits: Array, reader_correct: Array,
+                     example_mask: Array, relevance: Array | None) -> Array:
+    """The summed loss of Atlas's objective over the reader beam (retriever_objectives).
+
+    `log p(y | z_k, x)` of reader block k: the reader's probability of the block's gold spans
+    among the block's spans (its span logits softmaxed within the block; the marginal over
+    its correct spans), -inf for a block without a gold span; a question without any gold
+    span in the reader beam gives 0 (ORQA's convention), as its reader loss does. "adist"
+    reads the attention of the question's tokens on each block (the span reader has no output
+    tokens: Atlas's decoder attends from the answer it generates), for the questions that have
+    a gold span in the reader beam. The retriever's scores of the rest of the beam are trained
+    by ORQA's retriever loss alone (kept: the objectives replace only what the reader's joint
+    loss gave the retriever, and the beam beyond the reader's blocks has no reader output).
+
+    Args:
+      scores: [Q, beam] retrieval scores.
+      logits: [Q, reader_beam, spans] joint logits.
+      reader_correct: [Q, reader_beam, spans] bool.
+      example_mask: [Q] float, 0 for padding questions.
+      relevance: [Q, reader_beam] ("adist") or None.
+
+    Returns:
+      scalar float32, summed over questions (the per-question mean divides by weight_sum).
+    """
+    block_correct = jnp.any(reader_correct, axis=-1)  # [Q, reader_beam]
+    weights = example_mask
+    if relevance is None:
+      # -log of the block's gold spans' share of its spans; 0 where it has none, replaced.
+      block_nll = losses.marginal_log_loss(logits, reader_correct)  # [Q, reader_beam]
+      values = jnp.where(block_correct, -block_nll, -jnp.inf)
+    else:
+      values = relevance
+      weights = weights * jnp.any(block_correct, axis=-1).astype(jnp.float32)
+    _, aux = retriever_objectives.RETRIEVER_LOSSES[self.retriever_objective](
+        scores[:, :self.reader_beam], values, weights, temperature=self.objective_temperature)
+    return aux["loss_sum"]
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
     """(mean per-question retriever + reader loss, summed aux) with dropout."""
@@ -279,4 +353,6 @@ def summarize(aux: dict) -> dict[str, Array]:
          "reader_any_correct": per_question("reader_any_correct_sum")}
   if "span_match_sum" in aux:
     out["span_exact_match"] = per_question("span_match_sum")
+  if "objective_loss_sum" in aux:
+    out["retriever_objective"] = per_question("objective_loss_sum")
   return out

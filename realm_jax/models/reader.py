@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from realm_jax.models import retriever_objectives
 from realm_jax.models.bert import BertModel, activation, dense, layer_norm, zeros_init
 from realm_jax.models.config import BertConfig, RealmConfig
 
@@ -215,3 +216,32 @@ def span_correctness(starts: Array, ends: Array, gold_starts: Array, gold_ends: 
   hit = ((jnp.asarray(starts) == gold_starts[..., None])
          & (jnp.asarray(ends) == gold_ends[..., None]))
   return jnp.any(hit, axis=-2)
+
+
+def block_attention_relevance(intermediates: dict, num_layers: int, query_weights: Array,
+                              token_type_ids: Array, attention_mask: Array) -> Array:
+  """Atlas's attention relevance of each reader row's block (retriever_objectives.adist_loss).
+
+  Reads what the reader's BERT (the submodule "bert" of RealmKnowledgeAugEncoder and
+  RealmReader) sowed when applied with `mutable=["intermediates"]`: every layer's attention
+  weights and value norms (bert.SelfAttention). The block's tokens are the row's segment-1
+  tokens, its body and the [SEP] closing it (the null document's block is that [SEP] alone).
+
+  Args:
+    intermediates: the "intermediates" collection the apply returned.
+    num_layers: the BERT's layers.
+    query_weights: [..., length] weights of the attending positions of each row.
+    token_type_ids, attention_mask: [..., length] the reader rows'.
+
+  Returns:
+    [...] float32 (retriever_objectives.attention_relevance of each row).
+  """
+  bert = intermediates["bert"]
+  layers = [bert[f"layer_{i}"]["attention"] for i in range(num_layers)]
+  length = query_weights.shape[-1]
+  key_mask = (token_type_ids == 1) & (attention_mask > 0)
+  relevance = retriever_objectives.attention_relevance(
+      [layer["attention_probs"][0] for layer in layers],
+      [layer["value_norms"][0] for layer in layers],
+      query_weights.reshape(-1, length), key_mask.reshape(-1, length))
+  return relevance.reshape(query_weights.shape[:-1])

@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 
 from realm_jax.models import losses
+from realm_jax.models import retriever_objectives
 from realm_jax.models.config import RealmConfig
-from realm_jax.models.reader import RealmKnowledgeAugEncoder
+from realm_jax.models.reader import RealmKnowledgeAugEncoder, block_attention_relevance
 from realm_jax.models.retriever import RealmRetriever
 
 Array = jax.Array
@@ -180,11 +181,22 @@ class RealmPretrainModel(ParamsFromBoxedInit):
     null_index: candidate slot of the null document (0); None for batches without one (the
       ablation without the null document: no retrieval utility, null probability or
       null-only accuracy then).
+    retriever_objective: "marginal" (REALM: the marginal MLM loss trains reader and
+      retriever) or one of Atlas's "emdr2", "pdist", "loop", "adist": the reader keeps the
+      marginal MLM loss with the scores held fixed and the retriever is trained by the
+      objective (realm_jax.models.retriever_objectives; `_objective_sums`).
+    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
+      (1.0 with "marginal").
   """
 
   config: RealmConfig
   marginalization: str = "per_token"
   null_index: int | None = 0
+  retriever_objective: str = "marginal"
+  objective_temperature: float = 1.0
+
+  def __post_init__(self):
+    retriever_objectives.check_objective(self.retriever_objective, self.objective_temperature)
 
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, encoder_rng = jax.random.split(rng)
@@ -200,18 +212,27 @@ class RealmPretrainModel(ParamsFromBoxedInit):
         batch["query_mask"], batch["candidate_input_ids"], batch["candidate_type_ids"],
         batch["candidate_mask"], deterministic=deterministic, rngs=dropout_rngs(retriever_rng))
     # [B, K, M, V] MLM logits at the mask positions only.
+    adist = self.retriever_objective == "adist"
     logits = RealmKnowledgeAugEncoder(self.config).apply(
         {"params": params["encoder"]}, batch["reader_ids"], batch["reader_type_ids"],
         batch["reader_mask"], batch["mlm_positions"], deterministic=deterministic,
-        rngs=dropout_rngs(encoder_rng))
+        rngs=dropout_rngs(encoder_rng), mutable=["intermediates"] if adist else False)
+    intermediates = None
+    if adist:  # the encoder's attention maps too (bert.SelfAttention sows them)
+      logits, intermediates = logits[0], logits[1]["intermediates"]
     # [B, K, M] log p(y_j | z_k, x)
     token_log_probs = losses.mlm_token_log_probs(logits, batch["mlm_targets"])
     example_mask = batch["example_mask"].astype(jnp.float32)
     # [B, M] skipped examples (duplicate candidates) contribute nothing.
     weights = batch["mlm_weights"].astype(jnp.float32) * example_mask[:, None]
-    loss, loss_aux = losses.marginal_mlm_loss(scores, token_log_probs, weights,
-                                              marginalization=self.marginalization)
-    aux = {"loss_sum": loss_aux["loss_sum"], "weight_sum": loss_aux["weight_sum"]}
+    if self.retriever_objective != "marginal":
+      relevance = (None if intermediates is None
+                   else self._attention_relevance(intermediates, batch, weights))
+      loss, aux = self._objective_sums(scores, token_log_probs, weights, relevance)
+    else:
+      loss, loss_aux = losses.marginal_mlm_loss(scores, token_log_probs, weights,
+                                                marginalization=self.marginalization)
+      aux = {"loss_sum": loss_aux["loss_sum"], "weight_sum": loss_aux["weight_sum"]}
     if deterministic:
       # Evaluation only: another pass over the [B, K, M, V] logits, a large share of a CPU
       # train step at toy sizes.
@@ -228,6 +249,66 @@ class RealmPretrainModel(ParamsFromBoxedInit):
                   "example_sum": jnp.sum(example_mask)})
     return loss, aux
 
+  def _objective_sums(self, scores: Array, token_log_probs: Array, weights: Array,
+                      relevance: Array | None) -> tuple[Array, dict]:
+    """Loss and sums under one of Atlas's objectives (retriever_objectives).
+
+    The reader: REALM's marginal MLM loss (`marginalization` as configured) with the scores
+    held fixed, so it trains the encoder alone. The retriever: the objective. Its targets are
+    per example, `log p(y | z_k, x) = sum_j w_j log p(y_j | z_k, x)` over the example's masked
+    tokens (Atlas's whole target), except EMDR^2 under "per_token", one target per masked
+    token (Atlas's code; the release's marginal). Each example's objective is weighted by its
+    masked tokens' weight ("per_token") or 1 ("per_example"), so the objective's denominator is
+    the reader's `weight_sum` and the loss stays `loss_sum / weight_sum` (exact under
+    microbatches). aux adds `reader_loss_sum` and `objective_loss_sum` (their sum is
+    `loss_sum`).
+
+    Args:
+      scores: [B, K] live retrieval scores.
+      token_log_probs: [B, K, M] log p(y_j | z_k, x).
+      weights: [B, M] mask weights (0 for padding and skipped examples).
+      relevance: [B, K] the reader's attention relevance ("adist"), else None.
+    """
+    _, reader_aux = losses.marginal_mlm_loss(jax.lax.stop_gradient(scores), token_log_probs,
+                                             weights, marginalization=self.marginalization)
+    batch_size, num_candidates, num_masks = token_log_probs.shape
+    if self.retriever_objective == "emdr2" and self.marginalization == "per_token":
+      # [B * M, K]: one row per masked token, its example's scores.
+      rows = jnp.broadcast_to(scores[:, None, :], (batch_size, num_masks, num_candidates))
+      values = jnp.swapaxes(token_log_probs, 1, 2)
+      row_weights = weights
+    else:
+      rows, values = scores, relevance
+      if relevance is None:
+        valid = (weights > 0)[:, None, :]  # [B, 1, M]
+        # [B, K] the example's masked tokens under each candidate (padded slots made 0 first).
+        values = jnp.sum(jnp.where(valid, token_log_probs.astype(jnp.float32), 0.0)
+                         * weights[:, None, :], axis=-1)
+      row_weights = (jnp.sum(weights, axis=-1) if self.marginalization == "per_token"
+                     else (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32))
+    _, objective_aux = retriever_objectives.RETRIEVER_LOSSES[self.retriever_objective](
+        rows.reshape(-1, num_candidates), values.reshape(-1, num_candidates),
+        row_weights.reshape(-1), temperature=self.objective_temperature)
+    loss_sum = reader_aux["loss_sum"] + objective_aux["loss_sum"]
+    weight_sum = reader_aux["weight_sum"]
+    loss = losses._safe_divide(loss_sum, weight_sum)  # pylint: disable=protected-access
+    return loss, {"loss_sum": loss_sum, "weight_sum": weight_sum,
+                  "reader_loss_sum": reader_aux["loss_sum"],
+                  "objective_loss_sum": objective_aux["loss_sum"]}
+
+  def _attention_relevance(self, intermediates: dict, batch: Batch, weights: Array) -> Array:
+    """[B, K] the attention the masked positions (weighted as the loss) put on each
+    candidate's block, from the encoder's sown attention maps (retriever_objectives.adist_loss)."""
+    batch_size, num_candidates, length = batch["reader_ids"].shape
+    # [B, L] mask weights at their query positions (padding slots point at 0 with weight 0).
+    query_weights = jnp.zeros((batch_size, length), jnp.float32).at[
+        jnp.arange(batch_size)[:, None], batch["mlm_positions"]].add(weights)
+    query_weights = jnp.broadcast_to(query_weights[:, None],
+                                     (batch_size, num_candidates, length))
+    return jax.lax.stop_gradient(block_attention_relevance(
+        intermediates, self.config.bert.num_layers, query_weights, batch["reader_type_ids"],
+        batch["reader_mask"]))
+
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
     return self._sums(params, batch, rng)
 
@@ -243,6 +324,10 @@ def summarize(aux: dict) -> dict[str, Array]:
     return jnp.where(den > 0, aux[numerator] / jnp.maximum(den, 1e-12), 0.0)
 
   out = {"loss": ratio("loss_sum", "weight_sum")}
+  if "objective_loss_sum" in aux:
+    # Atlas's objectives: the reader's loss and the retriever's, parts of "loss".
+    out["reader_loss"] = ratio("reader_loss_sum", "weight_sum")
+    out["retriever_objective"] = ratio("objective_loss_sum", "weight_sum")
   if "accuracy_sum" in aux:
     out["accuracy"] = ratio("accuracy_sum", "weight_sum")
   if "mlm_correct_sum" in aux:

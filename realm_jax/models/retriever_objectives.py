@@ -1,0 +1,301 @@
+"""Atlas's retriever objectives (Izacard et al. 2022, "Atlas: Few-shot Learning with Retrieval
+Augmented Language Models", section 2.2) beside REALM's marginal likelihood: a gin choice
+(`PretrainJob.retriever_objective`, `FinetuneJob.retriever_objective`).
+
+REALM trains its reader and its retriever with one loss, the marginal likelihood (REALM_SPEC 16,
+28); the retriever's gradient arrives through `log_softmax` of its scores. Atlas trains the
+retriever with a loss of its own, built from the reader's output held fixed (stop_gradient), and
+the reader with its own language-modelling loss. The objectives, with `q = softmax(s / T)` the
+retriever's distribution over the K candidates (`T`: `objective_temperature`) and `sg` a
+stop_gradient:
+
+  marginal  -log sum_k softmax(s)_k p(y | z_k, x)           REALM: reader and retriever, one loss
+  emdr2     -log sum_k q_k sg(p(y | z_k, x))                EMDR^2
+  pdist     KL(softmax_k(sg(log p(y | z_k, x))) || q)       perplexity distillation
+  loop      KL(softmax_k(sg(-log p(y | Z \\ z_k, x))) || q)  leave-one-out perplexity distillation
+  adist     KL(softmax_k(sg(a_k)) || q)                     attention distillation
+
+The reader's loss with emdr2, pdist, loop and adist (decided here, the models follow it): REALM's
+own reader loss, computed with the retriever's scores held fixed, `sg(s)`: in pretraining the
+marginal MLM loss of `losses.marginal_mlm_loss` (per token or per example, as configured) with
+`sg(s)` as the prior, in fine-tuning ORQA's reader loss over the joint (block, span) logits with
+`sg(s)` added to the span logits. The reader still reads every candidate weighted by the
+retriever's (fixed) belief, as REALM's reader does, and its loss has the same value as under
+`marginal`; only the retriever's gradient changes: it comes from the objective alone. (Atlas's
+Fusion-in-Decoder reader reads its passages jointly and never sees the retriever's scores.)
+The model's loss is the reader's plus the objective's, over one denominator (see the models).
+
+Every function takes one row per target: `scores [N, K]` (the retriever's scores of the row's
+candidates), what the objective reads (`[N, K]`) and `weights [N]`, and returns `(loss, aux)` in
+the conventions of `losses.py`: float32, `aux["loss_sum"]` = sum over rows of
+`weights * loss_row` and `aux["weight_sum"]` = sum of `weights` (so sums add across devices and
+microbatches), `aux["row_losses"] [N]`; `loss = loss_sum / weight_sum` (0 without weight).
+Rows of weight 0 (padding, skipped examples) affect neither value nor gradient, whatever their
+inputs: they are replaced by `jnp.where` before any arithmetic. A log-likelihood of `-inf`
+marks a candidate under which the target is impossible (fine-tuning: a block without a gold
+span); a row where every candidate is impossible has loss 0 and keeps its weight (ORQA's
+convention: a question with nothing correct counts, with zero loss; REALM_SPEC 28).
+
+Where the encoder reader departs from Atlas's Fusion-in-Decoder (FiD) is said in each function.
+Departures shared by all: Atlas divides its retriever scores by sqrt(d) before the temperature
+(REALM's score is the plain dot product, REALM_SPEC 2, kept); Atlas's code softmaxes its targets
+with a second temperature (`temperature_gold`; none here, T applies to the retriever only) and
+averages its KL over candidates too (`KLDivLoss(reduction="mean")`, a factor 1/K; here the KL
+summed over candidates); Atlas computes its targets in a separate pass of the reader in eval
+mode (its "std" attention modes excepted), here the training pass's own values (dropout
+included) are used: one reader pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from realm_jax.models import losses
+
+Array = jax.Array
+
+OBJECTIVES = ("marginal", "emdr2", "pdist", "loop", "adist")
+_NEG = float(jnp.finfo(jnp.float32).min)  # a finite -inf: its logsumexp stays finite
+
+
+def check_objective(objective: str, temperature: float) -> None:
+  """Raises ValueError (one line, naming the setting) unless `objective` is one of OBJECTIVES and
+  `temperature` a finite number > 0, equal to 1 with "marginal" (REALM's score has no
+  temperature, REALM_SPEC 2)."""
+  if objective not in OBJECTIVES:
+    raise ValueError(f"retriever_objective={objective!r}: not one of {', '.join(OBJECTIVES)}")
+  if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+      or not math.isfinite(temperature) or temperature <= 0):
+    raise ValueError(f"objective_temperature={temperature!r}: expected a finite number > 0")
+  if objective == "marginal" and temperature != 1:
+    raise ValueError(f"objective_temperature={temperature!r} applies to "
+                     f"{', '.join(OBJECTIVES[1:])}; REALM's marginal has no temperature "
+                     f"(REALM_SPEC 2): leave it at 1.0")
+
+
+def _prepare(scores: Array, values: Array, weights: Array):
+  """float32 inputs with rows of weight 0 and impossible (-inf) candidates made 0.
+
+  Returns:
+    (scores [N, K], values [N, K], weights [N], possible [N, K] bool, defined [N] bool): a row is
+    defined when it has weight and at least one possible candidate. NaN counts as possible, so
+    it reaches the loss (the trainer stops on it) instead of being hidden.
+  """
+  scores = scores.astype(jnp.float32)
+  values = values.astype(jnp.float32)
+  weights = weights.astype(jnp.float32)
+  live = weights > 0  # [N]
+  possible = (values != -jnp.inf) & live[:, None]  # [N, K]
+  values = jnp.where(possible, values, 0.0)
+  scores = jnp.where(live[:, None], scores, 0.0)
+  return scores, values, weights, possible, jnp.any(possible, axis=-1)
+
+
+def _weighted(row_losses: Array, weights: Array, defined: Array) -> tuple[Array, dict]:
+  """`(loss, aux)` from per-row losses: undefined rows give 0 and keep their weight."""
+  row_losses = jnp.where(defined, row_losses, 0.0)
+  loss_sum = jnp.sum(row_losses * weights)
+  weight_sum = jnp.sum(weights)
+  return losses._safe_divide(loss_sum, weight_sum), {  # pylint: disable=protected-access
+      "loss_sum": loss_sum, "weight_sum": weight_sum, "row_losses": row_losses}
+
+
+def marginal_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
+                  temperature: float = 1.0) -> tuple[Array, dict]:
+  """REALM's marginal likelihood over the candidates of each row (REALM_SPEC 16, 28).
+
+  `loss_row = -log sum_k softmax(s / T)_k p(y | z_k, x)`, differentiable in both the scores and
+  the log-likelihoods: the reader and the retriever trained by one loss. Rows of one masked
+  token each give `losses.marginal_mlm_loss(marginalization="per_token")` (the models keep
+  calling that function for the objective "marginal", unchanged), rows of one example
+  "per_example", and rows of one question with the block's gold-span likelihood ORQA's reader
+  loss.
+
+  Args:
+    scores: [N, K] retrieval scores f(x, z_k).
+    log_likelihoods: [N, K] log p(y | z_k, x); -inf where y is impossible under z_k.
+    weights: [N] non-negative row weights, 0 for padding.
+    temperature: T (1: REALM).
+
+  Returns:
+    (loss, aux) as the module docstring says.
+  """
+  scores, values, weights, possible, defined = _prepare(scores, log_likelihoods, weights)
+  log_q = jax.nn.log_softmax(scores / temperature, axis=-1)  # [N, K]
+  joint = jnp.where(possible, log_q + values, _NEG)  # [N, K]
+  return _weighted(-jax.nn.logsumexp(joint, axis=-1), weights, defined)
+
+
+def emdr2_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
+               temperature: float = 1.0) -> tuple[Array, dict]:
+  """EMDR^2 (Sachan et al. 2021; Atlas's "EMDR^2"): REALM's marginal with the reader held fixed.
+
+  `loss_row = -log sum_k q_k sg(p(y | z_k, x))`, `q = softmax(s / T)`: the retriever's gradient
+  `(q_k - r_k) / T`, `r` the posterior `q_k p(y|z_k,x) / sum_j q_j p(y|z_j,x)`, moves its
+  probability towards the candidates under which the reader predicts y; the log-likelihoods get
+  no gradient.
+
+  Departure from Atlas: its FiD decoder reads all passages at once, so its EMDR^2 runs the
+  decoder on each passage alone to get `p(y | z_k, x)`; REALM's encoder reader reads one
+  candidate per row anyway, so these are the likelihoods its marginal already uses. Atlas's code
+  marginalises per target token (as REALM's release does, the default `per_token`); its paper
+  writes the sequence-level form (`per_example`): the pretraining model follows its
+  `marginalization` setting.
+
+  Args and returns as `marginal_loss`.
+  """
+  return marginal_loss(scores, jax.lax.stop_gradient(log_likelihoods), weights,
+                       temperature=temperature)
+
+
+def _distillation(scores: Array, target_logits: Array, support: Array, weights: Array,
+                  defined: Array, temperature: float) -> tuple[Array, dict]:
+  """`KL(softmax(target_logits over support) || softmax(scores / T))` per row.
+
+  Args:
+    scores, weights: prepared (`_prepare`).
+    target_logits: [N, K] finite logits of the target (held fixed by the callers).
+    support: [N, K] bool, the candidates the target may put mass on.
+    defined: [N] bool, rows that have a target.
+    temperature: T.
+  """
+  log_target = jax.nn.log_softmax(jnp.where(support, target_logits, _NEG), axis=-1)  # [N, K]
+  target = jnp.exp(log_target)
+  log_q = jax.nn.log_softmax(scores / temperature, axis=-1)  # [N, K]
+  # 0 log 0 = 0: candidates outside the support (exp underflows to exactly 0) add nothing.
+  terms = jnp.where(target > 0, target * (log_target - log_q), 0.0)
+  return _weighted(jnp.sum(terms, axis=-1), weights, defined)
+
+
+def pdist_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
+               temperature: float = 1.0) -> tuple[Array, dict]:
+  """Perplexity distillation (Atlas's "PDist").
+
+  `loss_row = KL(p || q)`, `p_k = softmax_k(sg(log p(y | z_k, x)))` over the candidates (an
+  impossible candidate, -inf, gets 0), `q = softmax(s / T)`. Gradient in the scores
+  `(q_k - p_k) / T`; none in the log-likelihoods.
+
+  Departures from Atlas: its FiD decoder runs on each passage alone for `p(y | z_k, x)`; REALM's
+  encoder reader reads one candidate per row anyway, so these are the likelihoods of its
+  marginal. Atlas's code length-normalises (the mean per target token, `ppmean`); here the
+  paper's `log p(y | z_k, x)`, the sum over the target's tokens (pretraining: the example's
+  masked tokens; fine-tuning: the block's gold spans, one target).
+
+  Args:
+    scores: [N, K] retrieval scores.
+    log_likelihoods: [N, K] log p(y | z_k, x); -inf where y is impossible under z_k.
+    weights: [N] row weights, 0 for padding.
+    temperature: T of the retriever's softmax.
+
+  Returns:
+    (loss, aux) as the module docstring says.
+  """
+  scores, values, weights, possible, defined = _prepare(
+      scores, jax.lax.stop_gradient(log_likelihoods), weights)
+  return _distillation(scores, values, possible, weights, defined, temperature)
+
+
+def loop_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
+              temperature: float = 1.0) -> tuple[Array, dict]:
+  """Leave-one-out perplexity distillation (Atlas's "LOOP").
+
+  `loss_row = KL(p || q)` with `p_k ∝ exp(-log p(y | Z \\ z_k, x))`: the more the prediction of y
+  worsens without candidate k, the more mass. The prediction without k is REALM's marginal over
+  the other candidates, their prior renormalised:
+  `log p(y | Z \\ z_k, x) = logsumexp_{j != k}(log pi_j + log p(y|z_j,x)) - logsumexp_{j != k}
+  log pi_j`, `pi = softmax(sg(s))` (the reader's prior: no temperature), everything held fixed.
+  With exactly one possible candidate, removing it leaves y impossible (`p_k = 1` there, 0
+  elsewhere); with none the row is undefined (loss 0).
+
+  Departure from Atlas: its FiD decoder is re-run on the K - 1 remaining passages, which it reads
+  jointly with equal standing; REALM's encoder reader has one row per candidate and predicts
+  through the marginal, so leaving candidate k out is dropping its term from the marginal and
+  renormalising the retriever's (fixed) prior, no extra reader pass. Atlas's code
+  length-normalises the log-likelihoods (mean per target token); here the sum, as `pdist_loss`.
+
+  Args and returns as `pdist_loss`.
+  """
+  scores, values, weights, possible, defined = _prepare(
+      scores, jax.lax.stop_gradient(log_likelihoods), weights)
+  num_candidates = scores.shape[-1]
+  log_prior = jax.nn.log_softmax(jax.lax.stop_gradient(scores), axis=-1)  # [N, K]
+  joint = jnp.where(possible, log_prior + values, _NEG)  # [N, K]
+  # [K, K]: others[k, j] = j is still there when k is left out.
+  others = ~jnp.eye(num_candidates, dtype=bool)
+  # [N, K(left out), K]
+  kept = others[None] & possible[:, None, :]
+  log_num = jax.nn.logsumexp(jnp.where(kept, joint[:, None, :], _NEG), axis=-1)  # [N, K]
+  log_den = jax.nn.logsumexp(jnp.where(others[None], log_prior[:, None, :], _NEG), axis=-1)
+  remaining = jnp.any(kept, axis=-1)  # [N, K]: some possible candidate is left
+  log_left_out = jnp.where(remaining, log_num, 0.0) - jnp.where(remaining, log_den, 0.0)
+  several = jnp.sum(possible, axis=-1) >= 2  # [N]
+  # Several possible: every candidate's left-out prediction is finite. One: it alone matters.
+  target_logits = jnp.where(several[:, None], -log_left_out, 0.0)
+  support = several[:, None] | possible
+  return _distillation(scores, target_logits, support, weights, defined, temperature)
+
+
+def adist_loss(scores: Array, attention_scores: Array, weights: Array, *,
+               temperature: float = 1.0) -> tuple[Array, dict]:
+  """Attention distillation (Atlas's "ADist", from Izacard & Grave 2021).
+
+  `loss_row = KL(p || q)`, `p = softmax_k(sg(a_k))`, `a_k` the reader's attention relevance of
+  candidate k (`attention_relevance`: attention weights times value norms, averaged over layers,
+  heads and the query positions, summed over the candidate's block tokens), `q = softmax(s / T)`.
+
+  Departures from Atlas: its FiD decoder's cross-attention runs one softmax over the tokens of
+  all passages at once, so the mass a passage receives is relative to the other passages, and
+  the attending positions are the decoder's target tokens; REALM's encoder reader has one row
+  per candidate, each with its own softmax, so `a_k` is the mass the query positions of row k
+  put on the block against the query's own tokens, and the comparison between candidates is
+  only the softmax over k here. Atlas sums over every token of a passage's input (its question
+  prefix too; scaled by a fixed 1/256, with a target temperature); here only the block's tokens,
+  no scaling.
+
+  Args and returns as `pdist_loss`, with `attention_scores` [N, K], the `a_k`, in place of the
+  log-likelihoods: the same distillation of a fixed softmax target.
+  """
+  return pdist_loss(scores, attention_scores, weights, temperature=temperature)
+
+
+# The retriever's losses of the objectives that add one (the reader keeping its own).
+RETRIEVER_LOSSES = {"emdr2": emdr2_loss, "pdist": pdist_loss, "loop": loop_loss,
+                    "adist": adist_loss}
+
+
+def attention_relevance(attention_probs: Sequence[Array], value_norms: Sequence[Array],
+                        query_weights: Array, key_mask: Array) -> Array:
+  """Atlas's attention score of each reader row: `alpha * ||v||`, averaged over layers, heads and
+  the query positions, summed over the key positions of the block.
+
+  `a = sum_l sum_h sum_i w_i sum_j m_j alpha^{l,h}_{ij} ||v^{l,h}_j|| / (layers * heads * sum_i
+  w_i)`: `alpha` the attention weights (before dropout), `||v||` the norm of the attended
+  position's value vector in that head (Kobayashi et al. 2020: a weight on a small value moves
+  the output little; Atlas multiplies them), `w` the weights of the attending (query) positions,
+  `m` the key positions that count (the block). 0 for a row without query weight. Cost: every
+  layer's attention weights stay alive until this reduction (the backward pass keeps them
+  anyway); nothing is collected unless the objective is "adist".
+
+  Args:
+    attention_probs: per layer, [rows, heads, length, length] (query, key).
+    value_norms: per layer, [rows, heads, length] (key).
+    query_weights: [rows, length] non-negative weights of the attending positions.
+    key_mask: [rows, length] the attended positions that count.
+
+  Returns:
+    [rows] float32.
+  """
+  query_weights = query_weights.astype(jnp.float32)
+  key_mask = key_mask.astype(jnp.float32)
+  total = 0.0
+  for probs, norms in zip(attention_probs, value_norms, strict=True):
+    # Keys first: [rows, heads, length] weighted value norms of the counted keys.
+    keys = norms.astype(jnp.float32) * key_mask[:, None, :]
+    total = total + jnp.einsum("rhqk,rhk,rq->r", probs.astype(jnp.float32), keys, query_weights)
+  heads = attention_probs[0].shape[1]
+  return losses._safe_divide(  # pylint: disable=protected-access
+      total, len(attention_probs) * heads * jnp.sum(query_weights, axis=-1))
