@@ -412,3 +412,27 @@ def test_parameter_efficient_fine_tuning_dry_run(peft, expected, tmp_path, capsy
       f"--gin.FinetuneJob.peft='{peft}'", "--gin.FinetuneJob.train_document_tower=True",
       "--dry_run"))
   assert "cannot train the document tower" in line
+
+
+@pytest.mark.parametrize("objective", ["emdr2", "pdist", "loop", "adist"])
+@pytest.mark.parametrize("name", ["toy_pretrain", "toy_finetune"])
+def test_atlas_retriever_objectives_dry_run(name, objective, tmp_path, capsys):
+  """Atlas's retriever objectives (retriever_objectives) build and lower through the entry
+  point; unknown names and a temperature on REALM's marginal are one-line config errors."""
+  job = JOB_CLASSES[name]
+  code = _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path / 'run'}'",
+                f"--gin.{job}.retriever_objective='{objective}'",
+                f"--gin.{job}.objective_temperature=0.5", "--dry_run")
+  out, err = _stderr_lines(capsys)
+  assert code == 0, err
+  assert f"retriever objective {objective} (T 0.5)" in out, out
+  if objective != "adist":
+    return
+  line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
+                                          f"--gin.{job}.retriever_objective='atlas'",
+                                          "--dry_run"))
+  assert f"{job}.retriever_objective='atlas': not one of marginal, emdr2" in line, line
+  line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
+                                          f"--gin.{job}.objective_temperature=0.5",
+                                          "--dry_run"))
+  assert "REALM's marginal has no temperature" in line, line
