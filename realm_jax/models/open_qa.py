@@ -317,6 +317,10 @@ class OpenQAModel(ParamsFromBoxedInit):
     """Summed aux values, deterministic."""
     return self._sums(params, batch, None)[1]
 
+  def summarize(self, aux: dict) -> dict[str, Array]:
+    """The train step's means (the trainer asks the model for them): `summarize` below."""
+    return summarize(aux)
+
   def predict_batch(self, params: Params, batch: Batch) -> dict[str, Array]:
     """The best (block, span) per question by a global argmax (REALM_SPEC 29).
 

@@ -274,6 +274,10 @@ def test_losses_equal_numpy_marginal_log_loss(store, vocab, block_emb, model, pa
   means = open_qa.summarize(aux)
   np.testing.assert_allclose(means["loss"], (sum(retriever) + sum(reader)) / 4, rtol=1e-5)
   np.testing.assert_allclose(means["reader_any_correct"], 0.75)
+  # The train step writes these means: the trainer takes the model's own summarize.
+  from realm_jax.training import trainer  # pylint: disable=import-outside-toplevel
+  written = trainer._summarize_fn(model, None)(aux)  # pylint: disable=protected-access
+  np.testing.assert_allclose(written["retriever_loss"], sum(retriever) / 4, rtol=1e-5)
 
   # Padding questions count for nothing; sharding the batch over devices changes no sum.
   padded = dict(batch, example_mask=np.array([True, True, False, False]))
