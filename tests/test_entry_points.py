@@ -45,6 +45,11 @@ DRY_RUNS = {
                      "--gin.INIT_CHECKPOINT=None"],
     "runs_ict": ["--gin_file=gin_configs/models/tiny.gin", "--gin_file=gin_configs/runs/ict.gin",
                  "--gin.TASK='ict_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10"],
+    "toy_retromae": ["--gin_file=gin_configs/experiments/toy_retromae.gin"],
+    "runs_retromae": ["--gin_file=gin_configs/models/tiny.gin",
+                      "--gin_file=gin_configs/runs/retromae.gin", "--gin.TASK='ict_toy'",
+                      "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
+                      "--gin.model_config.RealmConfig.share_embedders=False"],
     "runs_pretrain": ["--gin_file=gin_configs/models/tiny.gin",
                       "--gin_file=gin_configs/runs/pretrain.gin",
                       "--gin.TASK='realm_toy_salient_span'", "--gin.BATCH_SIZE=8",
@@ -78,7 +83,7 @@ DRY_RUNS = {
 }
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
         "toy_bert": "mlm", "toy_bert_copy": "mlm", "toy_bert_distract": "mlm",
-        "runs_mlm": "mlm"}
+        "runs_mlm": "mlm", "toy_retromae": "retromae", "runs_retromae": "retromae"}
 
 
 def _resolved(args):

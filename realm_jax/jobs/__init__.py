@@ -31,15 +31,16 @@ from realm_jax.jobs.ict import IctJob  # noqa: E402
 from realm_jax.jobs.index_job import IndexJob  # noqa: E402
 from realm_jax.jobs.mlm import MlmJob  # noqa: E402
 from realm_jax.jobs.pretrain import PretrainJob  # noqa: E402
+from realm_jax.jobs.retromae import RetroMaeJob  # noqa: E402
 
 
 def all_jobs() -> tuple[type, ...]:
   """Every runnable job class defined so far (this package's in pipeline order, then any
   defined elsewhere)."""
-  pipeline = ("mlm", "ict", "pretrain", "finetune")
+  pipeline = ("mlm", "ict", "retromae", "pretrain", "finetune")
   jobs = dict.fromkeys(_runnable(Job))
   return tuple(sorted(jobs, key=lambda j: pipeline.index(j.name) if j.name in pipeline else 99))
 
 
-__all__ = ["FinetuneJob", "IctJob", "IndexJob", "Job", "MlmJob", "PretrainJob", "RunContext",
-           "SeqioJob", "all_jobs"]
+__all__ = ["FinetuneJob", "IctJob", "IndexJob", "Job", "MlmJob", "PretrainJob", "RetroMaeJob",
+           "RunContext", "SeqioJob", "all_jobs"]

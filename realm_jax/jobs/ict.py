@@ -15,6 +15,18 @@ from realm_jax.gin_utils import ConfigError
 from realm_jax.jobs.base import RunContext, SeqioJob, bert_from_encoder, require
 
 
+def towers_from_encoder(checkpoint: Mapping[str, Any], params: dict, source: str,
+                        what: str = "ICT") -> tuple[dict, str]:
+  """A job's `warm_start` of every retriever tower's BERT from the checkpoint's encoder (a
+  converted BERT or an `mlm` checkpoint): ICT's, and RetroMAE's (`what` names the job)."""
+  encoder = require(checkpoint, "encoder", "init_checkpoint", source,
+                    f"; {what} starts from a BERT: python -m realm_jax.convert.hf, or an 'mlm' "
+                    f"run")
+  towers = {name: bert_from_encoder(tower, encoder)
+            for name, tower in params["retriever"].items()}
+  return {**params, "retriever": towers}, "retriever towers' BERT (from the encoder)"
+
+
 @gin.configurable
 @dataclasses.dataclass
 class IctJob(SeqioJob):
@@ -55,9 +67,4 @@ class IctJob(SeqioJob):
                  ) -> tuple[dict, str]:
     """Every retriever tower's BERT from the checkpoint's encoder (a converted BERT or an
     `mlm` checkpoint)."""
-    encoder = require(checkpoint, "encoder", "init_checkpoint", source,
-                      "; ICT starts from a BERT: python -m realm_jax.convert.hf, or an 'mlm' "
-                      "run")
-    towers = {name: bert_from_encoder(tower, encoder)
-              for name, tower in params["retriever"].items()}
-    return {**params, "retriever": towers}, "retriever towers' BERT (from the encoder)"
+    return towers_from_encoder(checkpoint, params, source)

@@ -1,0 +1,97 @@
+"""`retromae`: the RetroMAE warm start of the retriever (Xiao et al. 2022), beside ICT.
+
+The retriever's document tower learns to be the encoder of a masked auto-encoder over the
+corpus' blocks (`realm_jax.models.retromae`: the encoder reads a block with 30% of its
+wordpieces masked, a one-layer decoder rebuilds every wordpiece from the block's embedding and
+a half-masked view of it, plus the encoder's own MLM loss). The blocks are those of the
+`ict_<corpus>` task (its block features; a block comes once per sentence of it, as ICT sees
+them); on a corpus registered over `block_store` the task keeps every block whole
+(`ict_remove_probability` 0). The towers' BERT starts from `init_checkpoint`'s encoder (a
+converted BERT or an `mlm` checkpoint), as ICT's does.
+
+Its checkpoints hold `params["retriever"]` as ICT's do (and `params["decoder"]`, which nothing
+else reads), so they warm-start REALM pretraining (`INIT_CHECKPOINT` of runs/pretrain.gin)
+and give the first index (`build_index --once` with `checkpoint_dir`) exactly as an ICT
+checkpoint does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import gin
+
+from realm_jax.gin_utils import ConfigError
+from realm_jax.jobs.base import Job, RunContext, global_spec
+from realm_jax.jobs.ict import towers_from_encoder
+
+
+@gin.configurable
+@dataclasses.dataclass
+class RetroMaeJob(Job):
+  """RetroMaeModel on the blocks of an `ict_<corpus>` task.
+
+  Attributes:
+    encoder_mask_rate: fraction of a block's wordpieces (not [CLS]/[SEP]) the encoder sees
+      masked (BERT's 80% [MASK] / 10% random / 10% kept); the paper's 0.3 (it tried 0.15-0.3).
+    decoder_mask_rate: fraction of the other wordpieces each decoder row does not see, drawn
+      per row (enhanced decoding); the paper's 0.5 (0.5-0.7 worked best).
+    decoder_predictions: at most this many decoder rows (predicted wordpieces) per block, a
+      uniform sample of a longer block's; None: every wordpiece but [CLS] (the paper). A cost
+      knob: each row is a softmax over the whole vocabulary.
+    encoder_loss_weight: weight of the encoder's MLM loss beside the decoder's (the paper: 1).
+  """
+  encoder_mask_rate: float = 0.3
+  decoder_mask_rate: float = 0.5
+  decoder_predictions: Optional[int] = None
+  encoder_loss_weight: float = 1.0
+
+  name = "retromae"
+  warm_start_bert_only = True
+
+  def configure(self, ctx: RunContext) -> None:
+    from realm_jax.batches import retromae  # pylint: disable=g-import-not-at-top
+    problem = retromae.check_rates(self.encoder_mask_rate, self.decoder_mask_rate,
+                                   self.decoder_predictions)
+    if problem:
+      raise ConfigError(f"RetroMaeJob.{problem}")
+    weight = self.encoder_loss_weight
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+      raise ConfigError(f"RetroMaeJob.encoder_loss_weight={weight!r}: expected a number >= 0")
+    # A corpus this run registers keeps its blocks whole (ICT removes a sentence with p 0.9).
+    self.register_corpus(ict_remove_probability=0.0)
+    self.check_task_prefix("ict_")
+
+  def describe(self) -> str:
+    rows = ("" if self.decoder_predictions is None
+            else f", at most {self.decoder_predictions} decoder rows")
+    return (f"encoder mask {self.encoder_mask_rate:g}, decoder mask "
+            f"{self.decoder_mask_rate:g}{rows}")
+
+  def build_model(self, ctx: RunContext) -> Any:
+    from realm_jax.models import retromae  # pylint: disable=g-import-not-at-top
+    return retromae.RetroMaeModel(ctx.model_config,
+                                  encoder_loss_weight=float(self.encoder_loss_weight))
+
+  def _batches(self, ctx: RunContext) -> Any:
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import retromae  # pylint: disable=g-import-not-at-top
+    blocks = inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                                 feature_keys=retromae.BLOCK_KEYS)
+    return retromae.RetroMaeBatches(
+        blocks, seed=ctx.seed, vocab_size=ctx.model_config.bert.vocab_size,
+        encoder_mask_rate=self.encoder_mask_rate, decoder_mask_rate=self.decoder_mask_rate,
+        decoder_predictions=self.decoder_predictions)
+
+  def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
+    return global_spec(self._batches(ctx).element_spec(), ctx.global_batch)
+
+  def build_batches(self, ctx: RunContext, model: Any) -> Any:
+    return self._batches(ctx)
+
+  def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                 ) -> tuple[dict, str]:
+    """Every retriever tower's BERT from the checkpoint's encoder, as ICT's (untied towers
+    stay equal: they start equal, see RetroMaeModel)."""
+    return towers_from_encoder(checkpoint, params, source, "RetroMAE")
