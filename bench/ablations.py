@@ -236,6 +236,35 @@ def directions(rows: dict[str, list[dict]]) -> str:
   return "\n".join(lines)
 
 
+def add_cell_flags(parser: argparse.ArgumentParser, default_cells: str) -> None:
+  """--cells and --fresh_cells (and the --toy_bert they fingerprint) of a cell-keeping bench."""
+  parser.add_argument("--toy_bert", default="shipped",
+                      help="what every tower starts from, as the recipe's --toy_bert: 'shipped' "
+                           "(default, the toy BERT), 'none' (random weights) or a "
+                           "BertForMaskedLM directory")
+  parser.add_argument("--cells", default=default_cells,
+                      help="where finished cells are kept and reused (default: "
+                           f"{os.path.relpath(default_cells, REPO)})")
+  parser.add_argument("--fresh_cells", action="store_true",
+                      help="delete the kept cells first (after a code change that alters "
+                           "results)")
+
+
+def parse_cell_flags(parser: argparse.ArgumentParser, args) -> tuple[str | None, str]:
+  """(the toy BERT directory, the cells directory); deletes the kept cells on --fresh_cells and
+  moves to the repository root, where the recipe's children run."""
+  try:
+    toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)
+  except ValueError as e:
+    parser.error(str(e))
+  cells = os.path.abspath(args.cells)
+  os.chdir(REPO)
+  if args.fresh_cells:
+    for path in glob.glob(os.path.join(cells, "seed*_*.json")):
+      os.remove(path)
+  return toy_bert, cells
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,28 +277,11 @@ def main() -> int:
                       help="pretraining steps per row (default: the recipe's)")
   parser.add_argument("--finetune_steps", type=int, default=None,
                       help="fine-tuning steps per row (default: the recipe's)")
-  parser.add_argument("--toy_bert", default="shipped",
-                      help="what every tower starts from, as the recipe's --toy_bert: 'shipped' "
-                           "(default, the toy BERT), 'none' (random weights) or a "
-                           "BertForMaskedLM directory")
   parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
                       help="what ICT's towers start from, as the recipe's --ict_from")
-  parser.add_argument("--cells", default=DEFAULT_CELLS,
-                      help="where finished cells are kept and reused (default: "
-                           "bench/results/ablations)")
-  parser.add_argument("--fresh_cells", action="store_true",
-                      help="delete the kept cells first (after a code change that alters "
-                           "results)")
+  add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args()
-  try:
-    toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)
-  except ValueError as e:
-    parser.error(str(e))
-  cells = os.path.abspath(args.cells)
-  os.chdir(REPO)
-  if args.fresh_cells:
-    for path in glob.glob(os.path.join(cells, "seed*_*.json")):
-      os.remove(path)
+  toy_bert, cells = parse_cell_flags(parser, args)
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
              toy_bert=toy_bert, ict_from_bert=args.ict_from == "bert", cells=cells)

@@ -30,7 +30,6 @@ hours can be finished in another sitting); `--write` puts the tables into docs/b
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import sys
@@ -177,25 +176,9 @@ def main() -> int:
   parser.add_argument("--only", nargs="*", default=(), choices=[r[0] for r in rows()])
   parser.add_argument("--seeds", nargs="+", type=int, default=(0, 1, 2),
                       help="seeds of every row (default: 0 1 2)")
-  parser.add_argument("--toy_bert", default="shipped",
-                      help="what the encoder and the readers start from, as the recipe's "
-                           "--toy_bert (default: the shipped toy BERT)")
-  parser.add_argument("--cells", default=DEFAULT_CELLS,
-                      help="where finished cells are kept and reused (default: "
-                           "bench/results/methods)")
-  parser.add_argument("--fresh_cells", action="store_true",
-                      help="delete the kept cells first (after a code change that alters "
-                           "results)")
+  ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args()
-  try:
-    toy_bert = recipe_lib.toy_bert_dir(args.toy_bert)
-  except ValueError as e:
-    parser.error(str(e))
-  cells = os.path.abspath(args.cells)
-  os.chdir(REPO)
-  if args.fresh_cells:
-    for path in glob.glob(os.path.join(cells, "seed*_*.json")):
-      os.remove(path)
+  toy_bert, cells = ablations.parse_cell_flags(parser, args)
   results = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
                 toy_bert=toy_bert, cells=cells)
   text = tables(results)

@@ -53,8 +53,6 @@ class FinetuneJob(IndexJob):
       reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop", "adist" over the
       reader beam (the reader's loss then reads the scores held fixed; ORQA's retriever loss
       over the whole beam stays: realm_jax.models.retriever_objectives).
-    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
-      (must stay 1.0 with "marginal").
   """
   retriever_beam: int = 5000
   reader_beam: int = 5
@@ -70,8 +68,6 @@ class FinetuneJob(IndexJob):
   lora_alpha: float = 16.0
   lora_targets: Sequence[str] = ("query", "value")
   adapter_size: int = 64
-  retriever_objective: str = "marginal"
-  objective_temperature: float = 1.0
 
   name = "finetune"
 

@@ -32,12 +32,19 @@ class IndexJob(Job):
     index_check_every: look for a newer published index every this many steps.
     first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
       `init_checkpoint`), for its query tower.
+    retriever_objective: how the retriever learns: "marginal" (REALM's and ORQA's own loss)
+      or one of Atlas's "emdr2", "pdist", "loop", "adist" (realm_jax.models.
+      retriever_objectives; what each job does with it: its own description).
+    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
+      (must stay 1.0 with "marginal").
   """
   encoder_checkpoint: Optional[str] = None
   retriever_lr_scale: float = 1.0
   freeze_retriever_steps: int = 0
   index_check_every: int = 100
   first_index_checkpoint_dir: Optional[str] = None
+  retriever_objective: str = "marginal"
+  objective_temperature: float = 1.0
 
   def __post_init__(self):
     self.store = None  # the BlockStore, opened by `open_store`
@@ -80,9 +87,9 @@ class IndexJob(Job):
       parts.append(f"retriever lr x{self.retriever_lr_scale:g}")
     if self.freeze_retriever_steps:
       parts.append(f"retriever frozen for {self.freeze_retriever_steps} steps")
-    objective = getattr(self, "retriever_objective", "marginal")  # PretrainJob, FinetuneJob
-    if objective != "marginal":
-      parts.append(f"retriever objective {objective} (T {self.objective_temperature:g})")
+    if self.retriever_objective != "marginal":
+      parts.append(f"retriever objective {self.retriever_objective} "
+                   f"(T {self.objective_temperature:g})")
     return ", ".join(parts)
 
   def extra_warm_starts(self) -> list[tuple[str, str]]:

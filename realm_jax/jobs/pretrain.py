@@ -36,15 +36,11 @@ class PretrainJob(IndexJob):
       trains reader and retriever) or Atlas's "emdr2", "pdist", "loop", "adist" (the reader
       keeps the marginal MLM loss with the scores held fixed; the objective trains the
       retriever: realm_jax.models.retriever_objectives).
-    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
-      (must stay 1.0 with "marginal").
   """
   pretrain_records: Optional[str] = None
   num_candidates: int = 8
   null_document: bool = True
   eval_batches: int = 4
-  retriever_objective: str = "marginal"
-  objective_temperature: float = 1.0
 
   name = "pretrain"
 
