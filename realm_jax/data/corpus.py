@@ -82,6 +82,7 @@ import re
 import struct
 import sys
 import time
+import zlib
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -355,18 +356,39 @@ def _tfrecord_compression(path: str) -> str:
     return "GZIP" if f.read(2) == b"\x1f\x8b" else ""
 
 
+def _gzip_complete(path: str, chunk_bytes: int = 8 << 20) -> bool:
+  """Whether every GZIP member of `path` reaches its end marker (decompressed and discarded
+  in chunks: memory stays bounded)."""
+  with open(path, "rb") as f:
+    stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    while chunk := f.read(chunk_bytes):
+      while chunk:
+        stream.decompress(chunk, chunk_bytes)
+        chunk = stream.unconsumed_tail
+        if stream.eof:  # a member ended; another may follow (concatenated GZIP)
+          chunk = stream.unused_data + chunk
+          if not chunk:
+            break
+          stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    return stream.eof
+
+
 def _iter_tfrecords(path: str) -> Iterator[tuple[int, bytes]]:
   """(0-based record index, serialized record) of one TFRecord file, via tf.data."""
   import tensorflow as tf  # lazily
 
-  dataset = tf.data.TFRecordDataset(path, compression_type=_tfrecord_compression(path),
-                                    buffer_size=8 << 20)
+  compression = _tfrecord_compression(path)
+  dataset = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=8 << 20)
   iterator = dataset.as_numpy_iterator()
   index = 0
   while True:
     try:
       raw = next(iterator)
     except StopIteration:
+      if compression == "GZIP" and not _gzip_complete(path):
+        # tf.data ends a cut GZIP stream as if it were the file's end: never a shorter shard.
+        raise CorpusInputError(f"tfrecord:{path}:{index}: corrupt TFRecord data (the GZIP "
+                               f"stream ends before its end marker: a truncated file)") from None
       return
     except tf.errors.DataLossError as e:
       # A corrupt stream cannot be resynchronised: never skippable.

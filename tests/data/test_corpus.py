@@ -634,3 +634,16 @@ def test_the_inputs_own_document_ids_are_kept(tmp_path):
   bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": [1], "title": "A", "text": "B."}])
   with pytest.raises(corpus.CorpusInputError, match=r"bad\.jsonl:1: field 'id' must be"):
     corpus.build_block_store(corpus.JsonlSource(bad), str(tmp_path / "bad_out"))
+
+
+def test_a_gzip_stream_is_complete_only_with_every_members_end_marker(tmp_path):
+  """tf.data ends a cut GZIP TFRecord stream silently; the reader checks the stream itself,
+  here against files made by Python's gzip module (two members, and cuts of them)."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "x.gz"
+  data = gzip.compress(bytes(range(256)) * 400) + gzip.compress(b"hello" * 1000)
+  path.write_bytes(data)
+  assert corpus._gzip_complete(str(path), chunk_bytes=4096)  # pylint: disable=protected-access
+  for cut in (len(data) - 10, len(data) // 3):
+    path.write_bytes(data[:cut])
+    assert not corpus._gzip_complete(str(path), chunk_bytes=4096)  # pylint: disable=protected-access
