@@ -356,21 +356,19 @@ def _tfrecord_compression(path: str) -> str:
     return "GZIP" if f.read(2) == b"\x1f\x8b" else ""
 
 
-def _gzip_complete(path: str, chunk_bytes: int = 8 << 20) -> bool:
-  """Whether every GZIP member of `path` reaches its end marker (decompressed and discarded
-  in chunks: memory stays bounded)."""
+def _gzip_complete(path: str, chunk_bytes: int = 1 << 20) -> bool:
+  """Whether the last GZIP member of `path` reaches its end marker (decompressed chunk by chunk
+  and discarded; members may be concatenated)."""
+  stream, ended = zlib.decompressobj(16 + zlib.MAX_WBITS), False
   with open(path, "rb") as f:
-    stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
     while chunk := f.read(chunk_bytes):
       while chunk:
-        stream.decompress(chunk, chunk_bytes)
-        chunk = stream.unconsumed_tail
-        if stream.eof:  # a member ended; another may follow (concatenated GZIP)
-          chunk = stream.unused_data + chunk
-          if not chunk:
-            break
-          stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    return stream.eof
+        if ended:  # another member starts
+          stream, ended = zlib.decompressobj(16 + zlib.MAX_WBITS), False
+        stream.decompress(chunk)  # consumes all of `chunk`, or up to its member's end
+        ended = stream.eof
+        chunk = stream.unused_data if ended else b""
+  return ended
 
 
 def _iter_tfrecords(path: str) -> Iterator[tuple[int, bytes]]:
