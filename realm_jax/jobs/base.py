@@ -138,9 +138,11 @@ class Job:
     """What the run's one-line description says about this job beyond its name and task."""
     return ""
 
-  # -- model and batches
+  # -- model and batches (every job defines the four methods that raise NotImplementedError
+  # here: the interface train_main calls, not missing work)
 
   def build_model(self, ctx: RunContext) -> Any:
+    """The model (`realm_jax.models.realm`'s interface) the job trains."""
     raise NotImplementedError
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
@@ -167,6 +169,7 @@ class Job:
 
   def warm_start_extra(self, knob: str, checkpoint: Mapping[str, Any], params: dict,
                        source: str) -> tuple[dict, str]:
+    """Applies one of `extra_warm_starts` (only a job that lists some defines it)."""
     raise NotImplementedError
 
   # -- around training
