@@ -2,6 +2,7 @@ r"""Embedding throughput of the index builder's document tower, against the meas
 
   python bench/embedding_throughput.py                 # BERT-base, block_len 288, writes docs
   python bench/embedding_throughput.py --batch_sizes 8 32 128 --batches 10   # on an accelerator
+  python bench/embedding_throughput.py --dtype bfloat16 ...   # bf16 compute, its own section
 
 Runs `realm_jax.index.builder.embed_blocks` (the production path: BlockStore inputs, jitted fixed
 -shape batches sharded over a 1-D "data" mesh, rows streamed to a writer) on one device of the
@@ -9,9 +10,10 @@ local backend with a BERT-base retriever (random weights: speed does not depend 
 synthetic BlockStore of 288-wordpiece blocks, for a few batch sizes. Each batch size is warmed
 up once (compilation), then `--batches` batches are timed, best of `--repeats` runs.
 
-The peer measured in the same run is the device's float32 matmul peak: a jitted
-[n, n] x [n, n] product (n = 4096 by default), best of 5 warm runs before and 5 after the
-embedding runs, 2 n^3 FLOPs each. Both
+The peer measured in the same run is the device's matmul peak in the model's compute dtype
+(`--dtype`, float32 by default; both at XLA's default precision, which on a recent NVIDIA GPU
+computes float32 products with TF32 tensor cores): a jitted [n, n] x [n, n] product (n = 4096
+by default), best of 5 warm runs before and 5 after the embedding runs, 2 n^3 FLOPs each. Both
 figures are best-of because the machine may be shared: the best run is the undisturbed one.
 
 FLOPs per block (forward, counted analytically; L = block_len, H = hidden, I = intermediate,
@@ -32,6 +34,7 @@ Writes the section "Embedding throughput" of docs/benchmarks.md (unless --no_wri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -62,12 +65,14 @@ def flops_per_block(config: config_lib.RealmConfig, block_len: int) -> float:
   return float(N * per_layer + 2 * H * H + 2 * H * P)
 
 
-def measure_matmul_peak(device: jax.Device, n: int = 4096, reps: int = 5) -> dict:
-  """float32 [n, n] x [n, n] on `device`: best (least) seconds of warm runs and FLOP/s."""
+def measure_matmul_peak(device: jax.Device, n: int = 4096, reps: int = 5,
+                        dtype: str = "float32") -> dict:
+  """`dtype` [n, n] x [n, n] on `device`: best (least) seconds of warm runs and FLOP/s."""
   key_a, key_b = jax.random.split(jax.random.PRNGKey(0))
-  a = jax.device_put(jax.random.normal(key_a, (n, n), jnp.float32), device)
-  b = jax.device_put(jax.random.normal(key_b, (n, n), jnp.float32), device)
-  # Default precision, as the model's own matmuls (on CPU: true float32).
+  a = jax.device_put(jax.random.normal(key_a, (n, n), dtype), device)
+  b = jax.device_put(jax.random.normal(key_b, (n, n), dtype), device)
+  # Default precision, as the model's own matmuls (on CPU: true float32; on a recent NVIDIA
+  # GPU float32 runs as TF32).
   matmul = jax.jit(jnp.matmul)
   matmul(a, b).block_until_ready()  # compile + warm up
   times = []
@@ -124,19 +129,21 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3,
                       help="timed runs per batch size; the best is reported")
   parser.add_argument("--matmul_n", type=int, default=4096)
+  parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                      help="the model's compute dtype (`bert.dtype`) and the peak's")
   parser.add_argument("--no_write", action="store_true", help="do not update docs")
   args = parser.parse_args()
 
   bert = {"tiny": config_lib.tiny_bert, "small": config_lib.small_bert,
           "base": config_lib.base_bert}[args.size]()
-  config = config_lib.RealmConfig(bert=bert)
+  config = config_lib.RealmConfig(bert=dataclasses.replace(bert, dtype=args.dtype))
   device = jax.devices()[0]
   mesh = builder.local_mesh([device])
   total_start = time.perf_counter()
 
-  peak = measure_matmul_peak(device, args.matmul_n)
-  print(f"matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({args.matmul_n}^3 float32 in "
-        f"{peak['seconds']:.3f}s)", flush=True)
+  peak = measure_matmul_peak(device, args.matmul_n, dtype=args.dtype)
+  print(f"matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({args.matmul_n}^3 "
+        f"{args.dtype} in {peak['seconds']:.3f}s)", flush=True)
 
   params = random_retriever_params(config)
   needed = max(args.batch_sizes) * (args.batches + 1)
@@ -173,7 +180,7 @@ def main() -> None:
     shutil.rmtree(workdir, ignore_errors=True)
   # Measured again after the embedding runs and the best of both kept: a peak measured during
   # a moment of contention would flatter the share of peak.
-  peak_after = measure_matmul_peak(device, args.matmul_n)
+  peak_after = measure_matmul_peak(device, args.matmul_n, dtype=args.dtype)
   print(f"matmul peak after: {peak_after['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
   if peak_after["flops_per_s"] > peak["flops_per_s"]:
     peak = peak_after
@@ -184,8 +191,10 @@ def main() -> None:
   if args.no_write:
     return
   from bench import report  # pylint: disable=g-import-not-at-top
-  report.write_section("Embedding throughput",
-                       _markdown(args, config, device, peak, rows, block_flops, fill, total_s))
+  title = "Embedding throughput" + ("" if args.dtype == "float32" else f", {args.dtype}")
+  report.write_section(title,
+                       _markdown(args, config, device, peak, rows, block_flops, fill, total_s),
+                       accelerator=None if device.platform == "cpu" else device.device_kind)
 
 
 def _markdown(args, config, device, peak, rows, block_flops, fill, total_s) -> str:
@@ -197,10 +206,24 @@ def _markdown(args, config, device, peak, rows, block_flops, fill, total_s) -> s
                  f"{r['blocks_per_s']:.2f} | {r['flops_per_s'] / 1e9:.1f} | "
                  f"{100 * r['share_of_peak']:.0f}% |")
   best = max(rows, key=lambda r: r["blocks_per_s"])
-  corpus_days = 13_353_718 / best["blocks_per_s"] / 86400
+  corpus_hours = 13_353_718 / best["blocks_per_s"] / 3600
+  corpus_time = (f"{corpus_hours / 24:,.0f} days" if corpus_hours > 48
+                 else f"{corpus_hours:,.1f} hours")
+  if device.platform == "cpu":
+    scale = ("the paper re-embedded with 16 TPUs alongside the 64 training ones (REALM_SPEC "
+             "19); a CPU builder is for toy corpora only.")
+  else:
+    scale = ("the paper re-embedded with 16 TPUs alongside the 64 training ones (REALM_SPEC "
+             "19); the builder shards blocks over every local device, so a host of n such "
+             "devices takes about 1/n of it.")
+  precision = ""
+  if device.platform == "gpu" and args.dtype == "float32":
+    precision = ("; the model and the peer both at XLA's default precision, which on this GPU "
+                 "multiplies float32 in TF32 on the tensor cores")
   largest = max(rows, key=lambda r: r["batch_size"])
   note = ""
-  if largest is not best and largest["blocks_per_s"] < 0.9 * best["blocks_per_s"]:
+  if (device.platform == "cpu" and largest is not best
+      and largest["blocks_per_s"] < 0.9 * best["blocks_per_s"]):
     # [batch, heads, L, L] float32 attention scores of one layer, in MB.
     scores_mb = largest["batch_size"] * b.num_heads * args.block_len ** 2 * 4 / 1e6
     note = (f" Batch {largest['batch_size']} is slower than batch {best['batch_size']}: "
@@ -210,7 +233,7 @@ def _markdown(args, config, device, peak, rows, block_flops, fill, total_s) -> s
   return (
       f"`python bench/embedding_throughput.py --size {args.size} --batch_sizes "
       f"{' '.join(map(str, args.batch_sizes))} --batches {args.batches} --repeats "
-      f"{args.repeats}`: "
+      f"{args.repeats}" + ("" if args.dtype == "float32" else f" --dtype {args.dtype}") + "`: "
       f"`builder.embed_blocks` (the index builder's path) on one `{device.platform}` device "
       f"({device.device_kind}), {args.size} retriever ({b.num_layers} layers, hidden "
       f"{b.hidden_size}, mlp {b.intermediate_size}, {b.dtype}), blocks of {args.block_len} "
@@ -218,19 +241,17 @@ def _markdown(args, config, device, peak, rows, block_flops, fill, total_s) -> s
       f"weights, rows to a null writer. Each batch size is compiled on a warm-up batch first; "
       f"then {args.batches} batches are timed, best of {args.repeats} runs (the machine is "
       f"shared: the best run is the undisturbed one). Whole run {total_s:.0f}s.\n\n"
-      f"Peer in the same run: float32 {peak['n']}x{peak['n']} @ {peak['n']}x{peak['n']} "
+      f"Peer in the same run: {args.dtype} {peak['n']}x{peak['n']} @ {peak['n']}x{peak['n']} "
       f"matmul, jitted, best of 5 before and 5 after the embedding runs: "
       f"**{peak['flops_per_s'] / 1e9:.1f} GFLOP/s** "
-      f"({peak['seconds']:.3f}s).\n\n"
+      f"({1e3 * peak['seconds']:.2f} ms){precision}.\n\n"
       f"FLOPs per block, counted: N (8 L H^2 + 4 L H I + 4 L^2 H) + 2 H^2 + 2 H P = "
       f"**{block_flops / 1e9:.1f} GFLOP** (L={args.block_len}, H={b.hidden_size}, "
       f"I={b.intermediate_size}, N={b.num_layers}, P={config.proj_size}; elementwise ops not "
       f"counted).\n\n" + "\n".join(table) +
       f"\n\nBest: {best['blocks_per_s']:.2f} blocks/s at batch {best['batch_size']}, "
       f"{100 * best['share_of_peak']:.0f}% of the measured matmul peak.{note} At that rate one "
-      f"refresh of REALM's 13.35M blocks would take {corpus_days:,.0f} days on this device: "
-      f"the paper re-embedded with 16 TPUs alongside the 64 training ones (REALM_SPEC 19); a CPU "
-      f"builder is for toy corpora only.")
+      f"refresh of REALM's 13.35M blocks would take {corpus_time} on this device: {scale}")
 
 
 if __name__ == "__main__":

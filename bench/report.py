@@ -33,10 +33,19 @@ def machine() -> str:
   return f"{model}, {os.cpu_count()} cores{memory}"
 
 
-def write_section(title: str, body: str, path: str = BENCHMARKS_MD) -> None:
-  """Replaces (or appends) the `## title` section of docs/benchmarks.md."""
+def write_section(title: str, body: str, path: str = BENCHMARKS_MD, *,
+                  accelerator: str | None = None) -> None:
+  """Replaces (or appends) the `## title` section of docs/benchmarks.md.
+
+  `accelerator` (a device kind, e.g. "NVIDIA H100 80GB HBM3") names the device the figures were
+  measured on when it is not the host CPU: the section is then `## title (accelerator)`, beside
+  the CPU's, and its stamp names both the accelerator and its host.
+  """
   text = open(path, encoding="utf-8").read() if os.path.exists(path) else HEADER
-  stamp = f"_{datetime.date.today().isoformat()}, {machine()}._\n\n"
+  where = f"{accelerator}; host {machine()}" if accelerator else machine()
+  if accelerator:
+    title = f"{title} ({accelerator})"
+  stamp = f"_{datetime.date.today().isoformat()}, {where}._\n\n"
   section = f"## {title}\n\n{stamp}{body.strip()}\n"
   pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
   if pattern.search(text):

@@ -53,8 +53,8 @@ K = 8 candidates, query 96, block 288, reader rows `[CLS] query [SEP] block [SEP
 `--device gpu` runs the same comparison with jax on its first GPU and torch on `cuda`, both in
 full float32 (`jax_default_matmul_precision=float32`, torch's TF32 off), torch timed with
 `torch.cuda.synchronize()`, jax's allocator not preallocating (the two share the GPU's memory,
-about 9 GB per example per side); use more `--steps` and a larger `--embed_batch` there. It is
-not assumed here: CPU is the default.
+about 9 GB per example per side); use more `--steps` and a larger `--embed_batch` there. Its
+`--write` section is named after the GPU, beside the CPU's.
 
 `--write` replaces the section "Versus the transformers REALM port" of docs/benchmarks.md
 (bench/report.py `write_section`).
@@ -444,8 +444,10 @@ def _versions() -> dict[str, str]:
           "torch": torch.__version__, "transformers": transformers.__version__}
 
 
-def _torch_backend() -> str:
+def _torch_backend(torch_device) -> str:
   import torch  # pylint: disable=g-import-not-at-top
+  if torch_device.type == "cuda":
+    return f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}"
   parts = []
   if torch.backends.mkl.is_available():
     parts.append("MKL")
@@ -678,7 +680,8 @@ def main(argv: list[str] | None = None) -> int:
 
   r = {
       "args": args, "config": config, "threads": threads, "versions": versions, "peak": peak,
-      "jax_device": jax_device, "torch_device": torch_device, "torch_backend": _torch_backend(),
+      "jax_device": jax_device, "torch_device": torch_device,
+      "torch_backend": _torch_backend(torch_device),
       "ours_flops": ours_flops, "theirs_flops": theirs_flops, "block_flops": block_flops,
       "ours_loss0": ours_loss0, "theirs_loss0": theirs_loss0,
       "ours_first_s": ours_first_s, "theirs_first_s": theirs_first_s,
@@ -694,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
   print("\n" + body, flush=True)
   if args.write:
     from bench import report  # pylint: disable=g-import-not-at-top
-    report.write_section(SECTION, body)
+    report.write_section(SECTION, body, accelerator=(
+        jax_device.device_kind if args.device == "gpu" else None))
     print(f"\nwrote the section {SECTION!r} of {report.BENCHMARKS_MD}", flush=True)
   return 0
 
@@ -713,8 +717,9 @@ def markdown(r: dict) -> str:
   n = args.embed_batch
   ours_bps, theirs_bps = n / best(r["ours_embed_times"]), n / best(r["theirs_embed_times"])
   v = r["versions"]
-  device = (f"CPU ({r['threads']} threads each)" if args.device == "cpu"
-            else f"GPU {r['jax_device'].device_kind}")
+  on_gpu = args.device == "gpu"
+  device = (f"GPU {r['jax_device'].device_kind}" if on_gpu
+            else f"CPU ({r['threads']} threads each)")
   loss_diff = abs(r["ours_loss0"] - r["theirs_loss0"])
   phases = {k: med(x) for k, x in r["phases"].items()}
   cmd = (f"python bench/vs_transformers.py --batch {args.batch} --steps {args.steps} "
@@ -723,14 +728,21 @@ def markdown(r: dict) -> str:
          + (f" --threads {args.threads}" if args.threads else "")
          + (" --device gpu" if args.device == "gpu" else "") + " --write")
 
+  if on_gpu:
+    placement = (f"{device}, both sides on it, both in full float32 "
+                 "(`jax_default_matmul_precision=float32`, torch's TF32 off); torch timed with "
+                 "`torch.cuda.synchronize()`, jax with `block_until_ready()`; jax's allocator "
+                 "not preallocating, as the two share the GPU's memory.")
+  else:
+    placement = (f"{device}: torch `set_num_threads({r['threads']})`, XLA's pool sized by the "
+                 f"process's CPU affinity, pinned to the same {r['threads']} cores.")
   lines = [
       f"`{cmd}` (whole run {r['total_s']:.0f}s; 1-minute load average at the end "
-      f"{r['load']:.1f} on {os.cpu_count()} cores: the machine is shared, so the timed runs of "
-      f"the two sides interleave and the best of each is reported). jax {v['jax']} (jaxlib "
+      f"{r['load']:.1f} on {os.cpu_count()} host cores; the timed runs of the two sides "
+      f"interleave and the best of each is reported). jax {v['jax']} (jaxlib "
       f"{v['jaxlib']}, flax {v['flax']}, optax {v['optax']}), torch {v['torch']} "
       f"({r['torch_backend']}), transformers {v['transformers']}, Python {v['python']}; "
-      f"{device}: torch `set_num_threads({r['threads']})`, XLA's pool sized by the process's "
-      f"CPU affinity, pinned to the same {r['threads']} cores.",
+      + placement,
       "",
       f"Shapes, both sides: {'BERT-base' if args.size == 'base' else 'tiny'} ({bc.num_layers} "
       f"layers, hidden {bc.hidden_size}, {bc.num_heads} heads, intermediate "
@@ -759,10 +771,11 @@ def markdown(r: dict) -> str:
       f"{r['ours_temp_gb']:.1f} GB (`memory_analysis()`), the port saves "
       f"{r['theirs_saved_gb']:.1f} GB of activations for its backward pass "
       f"(`saved_tensors_hooks`), both in float32 without rematerialisation, and both sides stay "
-      f"resident so that their steps can interleave, on a machine shared with other jobs. Freed "
-      f"heap memory goes back to the OS between steps (`malloc_trim`, untimed), so every step of "
-      f"either side faults its activation memory in afresh, as XLA's per-execution temporary "
-      f"buffer does anyway.",
+      f"resident so that their steps can interleave"
+      + (" on the GPU." if on_gpu else
+         ", on a machine shared with other jobs. Freed heap memory goes back to the OS between "
+         "steps (`malloc_trim`, untimed), so every step of either side faults its activation "
+         "memory in afresh, as XLA's per-execution temporary buffer does anyway."),
       "",
       f"MFU peer in the same run: `measure_matmul_peak` of bench/embedding_throughput.py, jitted "
       f"float32 {peak['n']}^3 matmul, best of 5 before and 5 after: **{peak_flops / 1e9:.1f} "
@@ -808,11 +821,9 @@ def markdown(r: dict) -> str:
   ]
   lines += ["", _verdict(r, ours_eps / theirs_eps, ours_bps / theirs_bps, ours_gf, theirs_gf,
                          peak_flops, phases)]
-  lines += ["", "`--device gpu` runs the same comparison on a GPU (jax on its first GPU, torch "
-            "on `cuda`, both full float32: `jax_default_matmul_precision=float32`, torch TF32 "
-            "off; torch timed with `torch.cuda.synchronize()`; jax's allocator not "
-            "preallocating, as the two share the GPU's memory); pass more `--steps` and a "
-            "larger `--embed_batch` there. It has not been run for this section."]
+  if not on_gpu:
+    lines += ["", "`--device gpu` runs the same comparison on a GPU and writes its own section, "
+              "named after the GPU."]
   return "\n".join(lines)
 
 
@@ -824,8 +835,10 @@ def _verdict(r, train_ratio, embed_ratio, ours_gf, theirs_gf, peak_flops, phases
   throughput = ours_gf / theirs_gf
   mm = r["layer_mm"]
   mm_ratio = mm["jax"] / mm["torch"]
-  library = (f"at the step's feed-forward shape XLA's CPU dot reaches {mm['jax']:.0f} GFLOP/s "
-             f"and torch's (MKL) {mm['torch']:.0f}, {mm_ratio:.2f}x")
+  on_gpu = r["args"].device == "gpu"
+  library = (f"at the step's feed-forward shape XLA's {'GPU' if on_gpu else 'CPU'} dot reaches "
+             f"{mm['jax']:.0f} GFLOP/s and torch's ({'cuBLAS' if on_gpu else 'MKL'}) "
+             f"{mm['torch']:.0f}, {mm_ratio:.2f}x")
   if train_ratio >= 1:
     out.append(
         f"Train step: ours does {train_ratio:.2f}x the port's examples/s = {extra:.2f}x fewer "
@@ -838,14 +851,18 @@ def _verdict(r, train_ratio, embed_ratio, ours_gf, theirs_gf, peak_flops, phases
     else:
       step_s = statistics.median(r["theirs_times"])
       opt_s = phases.get("optimizer", float("nan"))
+      outside = throughput / mm_ratio
+      share = (f"Part of the throughput gap is the matmul library ({library}); the rest, "
+               f"{outside:.2f}x, is outside the matmuls." if mm_ratio >= 1 else
+               f"The matmul library favours the port ({library}); ours gains {outside:.2f}x "
+               "outside the matmuls.")
       out.append(
-          f"Part of the throughput gap is the matmul library ({library}); the rest, "
-          f"{throughput / mm_ratio:.2f}x, is outside the matmuls. Measured there: the port's "
-          f"clip + AdamW (torch's default, per-tensor on CPU) takes {opt_s:.1f}s of its "
-          f"{step_s:.1f}s step, where ours is fused into the compiled step; not measured "
-          f"separately: the port's elementwise work (the tanh GELU as separate ops, softmax, "
-          f"LayerNorm, the vocabulary-wide log-softmax) runs one kernel at a time, XLA fuses "
-          f"it.")
+          f"{share} Measured there: the "
+          f"port's clip + AdamW (torch's default{'' if on_gpu else ', per-tensor on CPU'}) "
+          f"takes {opt_s:.2f}s of its {step_s:.2f}s step, where ours is fused into the "
+          f"compiled step; not measured separately: the port's elementwise work (the tanh GELU "
+          f"as separate ops, softmax, LayerNorm, the vocabulary-wide log-softmax) runs one "
+          f"kernel at a time, XLA fuses it.")
   else:
     out.append(
         f"Train step: **ours is slower**, {train_ratio:.2f}x the port's examples/s, although "
@@ -857,17 +874,22 @@ def _verdict(r, train_ratio, embed_ratio, ours_gf, theirs_gf, peak_flops, phases
         + (f"the matmul library ({mm_ratio:.2f}x at the feed-forward shape) accounts for "
            f"{'all' if mm_ratio >= embed_ratio else 'most'} of it." if mm_ratio >= 0.9 * embed_ratio
            else f"the matmul library accounts for {mm_ratio:.2f}x of it, the rest is outside "
-           f"the matmuls."))
+           f"the matmuls." if mm_ratio >= 1
+           else f"the matmul library favours the port ({mm_ratio:.2f}x), so all of it, "
+           f"{embed_ratio / mm_ratio:.2f}x, is gained outside the matmuls."))
   else:
     out.append(f"Embedding: **ours is slower**, {embed_ratio:.2f}x the port's blocks/s on "
                f"identical work.")
   if train_ratio < 1 or embed_ratio < 1:
     if mm_ratio < 1:
+      fix = ("bfloat16 compute (`bert.dtype=\"bfloat16\"`), which runs on the tensor cores"
+             if on_gpu else
+             "XLA's oneDNN or XNNPACK dot paths for x86 (this jaxlib has "
+             "`--xla_cpu_use_onednn` and `--xla_cpu_use_xnnpack`), or bfloat16 compute "
+             "(`bert.dtype=\"bfloat16\"`) on a CPU with AVX512-BF16")
       out.append(
           f"Why: the matmuls themselves ({library}); the model is matmul-bound, so that ratio "
-          f"carries over. What would fix it: XLA's oneDNN or XNNPACK dot paths for x86 "
-          f"(this jaxlib has `--xla_cpu_use_onednn` and `--xla_cpu_use_xnnpack`), or bfloat16 "
-          f"compute (`bert.dtype=\"bfloat16\"`) on a CPU with AVX512-BF16.")
+          f"carries over. What would fix it: {fix}.")
     else:
       out.append(
           f"Why: not the matmul library ({library}), so the time is lost outside the matmuls "

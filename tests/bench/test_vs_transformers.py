@@ -73,3 +73,33 @@ def test_block_count_agrees_with_the_embedding_benchmark():
     config = config_lib.RealmConfig(bert=bert)
     assert bench.embedder_flops(288, bert.hidden_size, bert.intermediate_size, bert.num_layers,
                                 config.proj_size) == flops_per_block(config, 288)
+
+
+def _verdict_inputs(device: str, jax_mm: float, torch_mm: float) -> dict:
+  """The run record `_verdict` reads: ours 1.1 TFLOP per step, the port 1.2 (hand-made)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import config as config_lib  # pylint: disable=g-import-not-at-top
+  return {"args": types.SimpleNamespace(device=device),
+          "config": config_lib.RealmConfig(bert=config_lib.tiny_bert()),
+          "ours_flops": 1.1e12, "theirs_flops": 1.2e12, "theirs_times": [0.3, 0.28, 0.32],
+          "layer_mm": {"jax": jax_mm, "torch": torch_mm}}
+
+
+def test_verdict_splits_the_gap_between_the_matmul_library_and_the_rest():
+  phases = {"optimizer": 0.01}
+  # Ours 1.2x the port's FLOP/s; the matmul library gives 1.1x of it, 1.2 / 1.1 = 1.09x is
+  # outside the matmuls.
+  text = bench._verdict(_verdict_inputs("cpu", 330.0, 300.0), 1.3, 1.5, 120.0, 100.0, 0.0,
+                        phases)
+  assert "Part of the throughput gap is the matmul library" in text
+  assert "the rest, 1.09x, is outside the matmuls" in text
+  assert "XLA's CPU dot reaches 330 GFLOP/s and torch's (MKL) 300, 1.10x" in text
+  # On the GPU the library favours the port (0.8x): all of ours' 1.2x, 1.2 / 0.8 = 1.50x,
+  # is gained outside the matmuls, for the step and for the embedding (1.2 / 0.8 = 1.50x).
+  text = bench._verdict(_verdict_inputs("gpu", 32000.0, 40000.0), 1.3, 1.2, 120.0, 100.0, 0.0,
+                        phases)
+  assert "The matmul library favours the port" in text and "Part of" not in text
+  assert "XLA's GPU dot reaches 32000 GFLOP/s and torch's (cuBLAS) 40000, 0.80x" in text
+  assert "ours gains 1.50x outside the matmuls" in text
+  assert "the matmul library favours the port (0.80x), so all of it, 1.50x" in text
+  assert "takes 0.01s of its 0.30s step" in text
