@@ -137,7 +137,11 @@ def emdr2_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
   `loss_row = -log sum_k q_k sg(p(y | z_k, x))`, `q = softmax(s / T)`: the retriever's gradient
   `(q_k - r_k) / T`, `r` the posterior `q_k p(y|z_k,x) / sum_j q_j p(y|z_j,x)`, moves its
   probability towards the candidates under which the reader predicts y; the log-likelihoods get
-  no gradient.
+  no gradient. That is the marginal's own score gradient at T = 1, and the reader's loss under
+  `sg(s)` has the marginal's reader gradient, so in pretraining (whose reader loss is the
+  marginal) EMDR^2 at T = 1 trains exactly as REALM does; only T != 1 sets it apart there. In
+  fine-tuning the reader's loss is ORQA's joint softmax over (block, span), not a marginal over
+  blocks, and EMDR^2 differs at any T.
 
   Departure from Atlas: its FiD decoder reads all passages at once, so its EMDR^2 runs the
   decoder on each passage alone to get `p(y | z_k, x)`; REALM's encoder reader reads one

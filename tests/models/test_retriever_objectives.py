@@ -475,6 +475,25 @@ def test_pretraining_model_adds_the_objective_to_realms_reader_loss(name, margin
              - _norm(realm_grads["loss_sum"]["retriever"])) > 1e-6
 
 
+@pytest.mark.parametrize("marginalization", ["per_token", "per_example"])
+def test_emdr2_at_temperature_1_trains_exactly_as_realms_marginal(marginalization):
+  """Worked by hand: with q = softmax(s) and p_k = p(y | z_k, x), d/ds_k of
+  -log sum_j q_j sg(p_j) is q_k - q_k p_k / sum_j q_j p_j, the marginal's own score gradient;
+  and the reader's loss under sg(s) has the marginal's reader gradient (the prior is a
+  constant to the reader). So with a reader trained on the marginal, EMDR^2 at T = 1 is
+  REALM's gradient, both towers; only T != 1 (or Atlas's separate reader loss) tells them
+  apart."""
+  marginal = realm.RealmPretrainModel(CONFIG, marginalization=marginalization)
+  model = realm.RealmPretrainModel(CONFIG, marginalization=marginalization,
+                                   retriever_objective="emdr2", objective_temperature=1.0)
+  params = marginal.init(jax.random.PRNGKey(0))
+  batch = _pretrain_batch()
+  _, realm_grads = _eval_and_grads(marginal, ("loss_sum",))(params, batch)
+  _, grads = _eval_and_grads(model, ("loss_sum",))(params, batch)
+  assert _norm(realm_grads["loss_sum"]["retriever"]) > 0.0
+  _assert_trees_close(grads["loss_sum"], realm_grads["loss_sum"])
+
+
 def test_pretraining_objective_is_exact_under_microbatches():
   """The objective's denominator is the reader's (masked tokens), so cutting the batch into
   microbatches of different mask counts leaves the gradient unchanged."""
