@@ -168,6 +168,38 @@ def tables(results: dict[str, list[dict]]) -> str:
   return "\n\n".join([objectives, warm, peft])
 
 
+# (row, against, summary key, what is compared): each row against the one it changes.
+COMPARISONS = (
+    *[(f"objective_{name}", BASE_ROW, key, f"{description} vs REALM's marginal, {title}")
+      for name, description in OBJECTIVES[1:]
+      for key, title in (("retrieval_utility_last", "retrieval utility"),
+                         ("qa_em_realm", "fine-tuned EM"))],
+    ("warm_retromae", BASE_ROW, "recall@5_before", "RetroMAE vs ICT, recall@5 before pretraining"),
+    ("warm_retromae", BASE_ROW, "qa_em_realm", "RetroMAE vs ICT, fine-tuned EM"),
+    *[(f"peft_{name}", BASE_ROW, "qa_em_realm", f"{description} vs full fine-tuning, EM")
+      for name, description, _ in PEFTS],
+)
+
+
+def comparisons(results: dict[str, list[dict]], seeds: tuple[int, ...]) -> str:
+  """One line per COMPARISONS entry measured for every seed: the per-seed differences (rows of a
+  seed share their warm start or pretraining, so a seed's pair differs by the change alone plus
+  run-to-run noise), their mean ± std, and whether the mean stands clear of that std."""
+  lines = []
+  for row, against, key, says in COMPARISONS:
+    if len(results.get(row, [])) != len(seeds) or len(results.get(against, [])) != len(seeds):
+      continue
+    # Rounded so that float noise in the subtraction has no sign.
+    diffs = np.round([a[key] - b[key] for a, b in zip(results[row], results[against])], 9)
+    mean, std = float(diffs.mean()), float(diffs.std())
+    agree = int(np.sum(np.sign(diffs) == np.sign(mean))) if mean else 0
+    verdict = ("differs beyond the seed spread" if abs(mean) > std and agree == len(diffs)
+               else "within the seed spread")
+    lines.append(f"* {says}: {verdict} (difference {mean:+.3f} ± {std:.3f} over seeds "
+                 f"{', '.join(map(str, seeds))}; same sign in {agree} of {len(diffs)})")
+  return "\n".join(lines)
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -182,6 +214,9 @@ def main() -> int:
   results = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
                 toy_bert=toy_bert, cells=cells)
   text = tables(results)
+  compared = comparisons(results, tuple(args.seeds))
+  if compared:
+    text += "\n\n" + compared
   print("\n" + text)
   if args.write:
     minutes = sum(s["minutes"] for r in results.values() for s in r)

@@ -56,3 +56,21 @@ def test_finetune_costs_from_a_run_directory(tmp_path, monkeypatch):
   assert costs["step_seconds"] != costs["step_seconds"]  # no TensorBoard: NaN
   log.write_text("train: done (job finetune, ..., 8,788,801 params, mesh ...)\n")
   assert methods.finetune_costs(str(run), str(log))["trainable_params"] == 8788801
+
+
+def test_comparisons_pair_each_seed_with_the_row_it_changes():
+  # PDist minus marginal, per seed: 0.1 - 0.2 = -0.1 and 0.1 - 0.4 = -0.3: mean -0.2, std 0.1,
+  # the same sign in both: beyond the spread. LoRA: 0.15 - 0.2 = -0.05, 0.45 - 0.4 = +0.05:
+  # mean 0, within. RetroMAE has one seed of two: left out.
+  results = {"objective_marginal": [_summary(0.2), _summary(0.4)],
+             "objective_pdist": [_summary(0.1), _summary(0.1)],
+             "warm_retromae": [_summary(0.3, recall_before=0.2)],
+             "peft_lora": [_summary(0.15), _summary(0.45)]}
+  lines = methods.comparisons(results, (0, 1)).splitlines()
+  assert lines == [
+      "* perplexity distillation (PDist) vs REALM's marginal, retrieval utility: within the "
+      "seed spread (difference +0.000 ± 0.000 over seeds 0, 1; same sign in 0 of 2)",
+      "* perplexity distillation (PDist) vs REALM's marginal, fine-tuned EM: differs beyond the "
+      "seed spread (difference -0.200 ± 0.100 over seeds 0, 1; same sign in 2 of 2)",
+      "* LoRA vs full fine-tuning, EM: within the seed spread (difference +0.000 ± 0.050 over "
+      "seeds 0, 1; same sign in 0 of 2)"]
