@@ -81,6 +81,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data.masking import SkipCounter
+from realm_jax.data import tensorflow_setup
 from realm_jax.batches import candidates as candidates_lib
 from realm_jax.index import search as search_lib
 from realm_jax.index import store as store_lib
@@ -261,7 +262,7 @@ class SeqioBatches:
     ds = self._epoch_dataset(self._epoch)
     if self._batches_in_epoch:
       ds = ds.skip(self._batches_in_epoch)  # a restore into the middle of this epoch
-    return ds.prefetch(2).as_numpy_iterator()
+    return tensorflow_setup.numpy_iterator(ds.prefetch(2))
 
   def __iter__(self) -> "SeqioBatches":
     return self

@@ -36,6 +36,7 @@ import numpy as np
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
+from realm_jax.data import tensorflow_setup
 from realm_jax.batches import open_qa as qa_batches
 from realm_jax.models import open_qa
 from realm_jax.batches import inputs
@@ -78,7 +79,7 @@ def qa_task_examples(task_name: str, split: str, *,
   examples = [QAExample(question=_text(ex["question"]),
                         answers=tuple(_text(a) for a in ex["answers"]),
                         answers_are_regex=regex, source=f"{task_name}/{split}:{i}")
-              for i, ex in enumerate(dataset.as_numpy_iterator())]
+              for i, ex in enumerate(tensorflow_setup.numpy_iterator(dataset))]
   if not examples:
     raise ValueError(f"task {task_name!r} split {split!r} has no examples")
   return examples

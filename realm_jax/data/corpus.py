@@ -89,6 +89,7 @@ import numpy as np
 
 from realm_jax import fileio
 from realm_jax.data import sentences as sentences_lib
+from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
 
 FORMAT_NAME = "realm_jax.BlockStore"
@@ -333,7 +334,7 @@ class TfdsSource:
           f"tfds:{self.name}:{self.split}: {str(e).strip().splitlines()[0]} (prepare the "
           f"dataset under --tfds_data_dir first; this build downloads nothing)") from e
     self.index = 0
-    for example in dataset.as_numpy_iterator():
+    for example in tensorflow_setup.numpy_iterator(dataset):
       where = f"tfds:{self.split}:{self.index}"
       self.index += 1
       fields = {}
@@ -377,7 +378,7 @@ def _iter_tfrecords(path: str) -> Iterator[tuple[int, bytes]]:
 
   compression = _tfrecord_compression(path)
   dataset = tf.data.TFRecordDataset(path, compression_type=compression, buffer_size=8 << 20)
-  iterator = dataset.as_numpy_iterator()
+  iterator = tensorflow_setup.numpy_iterator(dataset)
   index = 0
   while True:
     try:

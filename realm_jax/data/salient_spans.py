@@ -39,6 +39,7 @@ import os
 import re
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from realm_jax.data import tensorflow_setup
 from realm_jax.data.sentences import split_sentences
 
 Span = tuple[int, int]  # (byte_start, byte_limit) into text.encode("utf-8")
@@ -542,7 +543,7 @@ def _iter_tfrecord(path: str, gzipped: bool) -> Iterator[tuple[int, Any]]:
   import tensorflow as tf
   dataset = tf.data.TFRecordDataset(path, compression_type="GZIP" if gzipped else "")
   record_number = 0
-  iterator = dataset.as_numpy_iterator()
+  iterator = tensorflow_setup.numpy_iterator(dataset)
   while True:
     try:
       serialized = next(iterator)

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from realm_jax.data import tensorflow_setup
 from realm_jax.evaluation import metrics
 
 __all__ = ["ict_query_texts", "ict_task_queries", "registered_tasks", "task_kind"]
@@ -49,7 +50,7 @@ def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = N
   from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   task = inputs.get_task(task_name)
   rows = {"query_ids": [], "query_mask": [], "block_uid": []}
-  for example in _split_dataset(task, split, max_examples).as_numpy_iterator():
+  for example in tensorflow_setup.numpy_iterator(_split_dataset(task, split, max_examples)):
     for name, values in rows.items():
       values.append(example[name])
   if not rows["block_uid"]:

@@ -84,6 +84,23 @@ def test_same_seed_same_batches_and_each_epoch_is_a_permutation():
   assert a[0]["x"].shape == (4, 2) and a[0]["x"].dtype == np.int32
 
 
+def test_every_epoch_is_read_without_tf_data_autotuning(monkeypatch):
+  # An autotuned iterator left idle (an evaluation stream) took up to a minute to delete.
+  from realm_jax.data import tensorflow_setup  # pylint: disable=g-import-not-at-top
+  seen = []
+
+  def recording(dataset):
+    quiet = real(dataset)
+    seen.append(quiet.options().autotune.enabled)
+    return quiet
+
+  real = tensorflow_setup.without_autotune
+  monkeypatch.setattr(tensorflow_setup, "without_autotune", recording)
+  take(inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=1, num_shards=1, shard_index=0),
+       10)  # two epochs of 9 batches
+  assert seen == [False, False]
+
+
 def test_restore_continues_exactly_where_the_straight_run_was():
   make = lambda: inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=1,
                                      shard_index=0)

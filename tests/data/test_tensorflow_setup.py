@@ -38,3 +38,31 @@ def test_tensorflow_runs_on_the_cpu_without_the_false_alarm(tmp_path):
   if os.path.exists(tensorflow_setup.NVIDIA_DRIVER):
     return  # a machine with a driver: there is no false alarm to compare with
   assert "failed call to cuInit" in plain  # what every job printed before
+
+
+def test_numpy_iterator_turns_autotuning_off_and_keeps_other_options():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  options = tf.data.Options()
+  options.deterministic = False
+  dataset = tf.data.Dataset.range(5).with_options(options)
+  assert dataset.options().autotune.enabled is not False  # tf.data's default: on
+  quiet = tensorflow_setup.without_autotune(dataset)
+  assert quiet.options().autotune.enabled is False
+  assert quiet.options().deterministic is False
+  assert list(tensorflow_setup.numpy_iterator(dataset)) == [0, 1, 2, 3, 4]
+
+
+def test_every_tf_data_reader_goes_through_numpy_iterator():
+  # The one way to iterate a pipeline (an autotuned iterator left idle takes up to a minute to
+  # delete): no other call of as_numpy_iterator in the package or the tasks.
+  offenders = []
+  for root in ("realm_jax", "tasks"):
+    for folder, _, names in os.walk(os.path.join(REPO, root)):
+      for name in names:
+        path = os.path.join(folder, name)
+        if not name.endswith(".py") or path.endswith("tensorflow_setup.py"):
+          continue
+        with open(path, encoding="utf-8") as f:
+          if ".as_numpy_iterator(" in f.read():
+            offenders.append(os.path.relpath(path, REPO))
+  assert not offenders, offenders
