@@ -41,7 +41,8 @@ class FinetuneJob(IndexJob):
     peft: parameter-efficient fine-tuning (realm_jax.models.peft): 'none' (every parameter
       trains), 'lora' (Hu et al. 2021: low-rank updates of the reader's and the question
       tower's kernels) or 'adapters' (Houlsby et al. 2019: bottleneck adapters in every BERT
-      layer). Only those parameters train; checkpoints hold only them and name the run's base
+      layer). Only those parameters train, with the reader's span head (the output layer
+      fine-tuning adds, `models.peft.TASK_HEAD`); checkpoints hold only them and name the run's base
       (<run_dir>/peft_base) with its hash; `python -m realm_jax.export_peft` writes a merged,
       ordinary checkpoint.
     lora_rank: r of each LoRA update (A [in, r] @ B [r, out]).

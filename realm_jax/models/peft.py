@@ -1,7 +1,10 @@
 """Parameter-efficient fine-tuning (PEFT) of open-QA fine-tuning: LoRA and bottleneck adapters.
 
-Two methods train a few new parameters while every parameter the run starts from stays frozen
-(by the optimizer: `optim.bert_optimizer(trainable=...)`, with `PeftConfig.trainable_mask`):
+Two methods train a few new parameters while the pretrained model stays frozen (by the
+optimizer: `optim.bert_optimizer(trainable=...)`, with `PeftConfig.trainable_mask`). The
+reader's span head (`TASK_HEAD`), the task's output layer that fine-tuning adds to the pretrained
+encoder, trains with them, as the LoRA and adapter papers train their tasks' output layers: held
+at its random initialisation it would leave the reader nothing to learn the spans with.
 
 * **LoRA** (Hu et al. 2021), a transformation of the parameters. For each targeted kernel W
   of a BertModel layer (`LORA_TARGETS`: the attention `query`/`key`/`value` [embed, heads, kv]
@@ -52,6 +55,8 @@ PEFT_KEY = "peft"
 # A targeted module -> how many leading dimensions of its kernel are its input.
 LORA_TARGETS = {"query": 1, "key": 1, "value": 1, "out": 2, "intermediate": 1, "output": 1}
 _ATTENTION_TARGETS = ("query", "key", "value", "out")
+# The task's output layer, new at fine-tuning: trained with either method.
+TASK_HEAD = ("reader", "span_head")
 # Adapter modules of a BertModel layer are named "<where>_adapter".
 ADAPTER_SUFFIX = "_adapter"
 LORA_A, LORA_B = "lora_a", "lora_b"
@@ -112,6 +117,8 @@ class PeftConfig:
     """A tree of bools shaped like `params`: True on the leaves this method trains."""
     def trained(path, _):
       keys = [_key_name(k) for k in path]
+      if tuple(keys[:len(TASK_HEAD)]) == TASK_HEAD:
+        return True
       if self.method == "lora":
         return keys[0] == PEFT_KEY
       return (any(k.endswith(ADAPTER_SUFFIX) for k in keys)
@@ -225,15 +232,13 @@ def effective_params(params: Params, config: PeftConfig | None) -> Params:
   """What the forward pass of a PEFT model reads (see the module docstring); `params` as they
   are without PEFT, and for LoRA once merged (no "peft" subtree: a merged export, or
   parameters this function already returned)."""
-  if config is None:
+  if config is None or (config.method == "lora" and PEFT_KEY not in params):
     return params
-  if config.method == "lora":
-    if PEFT_KEY not in params:
-      return params
-    base = jax.lax.stop_gradient({k: v for k, v in params.items() if k != PEFT_KEY})
-    return merge(base, params[PEFT_KEY], config)
-  return jax.tree.map(lambda p, trained: p if trained else jax.lax.stop_gradient(p),
+  held = jax.tree.map(lambda p, trained: p if trained else jax.lax.stop_gradient(p),
                       params, config.trainable_mask(params))
+  if config.method == "lora":
+    return merge({k: v for k, v in held.items() if k != PEFT_KEY}, held[PEFT_KEY], config)
+  return held
 
 
 def with_missing_leaves(params: Params, fresh: Params) -> Params:

@@ -242,10 +242,14 @@ def test_only_the_peft_parameters_change(peft_run):
       assert not np.array_equal(before[path], after[path]), path
     else:
       assert _bitwise_equal(before[path], after[path]), path
-  kinds = {path[0] if peft_run["method"] == "lora" else path[-3]
+  kinds = {path[:2] if path[:2] == peft.TASK_HEAD else
+           path[0] if peft_run["method"] == "lora" else path[-3]
            for path, on in trained.items() if on}
-  assert kinds == ({"peft"} if peft_run["method"] == "lora"
-                   else {"attention_adapter", "output_adapter"})
+  # The span head, new at fine-tuning, trains with either method (all of it, nothing else of
+  # the reader outside the method's own parameters).
+  assert kinds == ({"peft", ("reader", "span_head")} if peft_run["method"] == "lora"
+                   else {"attention_adapter", "output_adapter", ("reader", "span_head")})
+  assert all(on for path, on in trained.items() if path[:2] == ("reader", "span_head"))
   # The document side of an untied retriever would stay frozen; here the towers are tied and
   # the question tower's PEFT parameters train too.
   assert any(on and "retriever" in path for path, on in trained.items())
