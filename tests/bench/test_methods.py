@@ -22,7 +22,8 @@ def test_rows_share_the_base_rows_pretraining_where_they_should():
       "PretrainJob.retriever_objective='pdist'"]
   assert rows["warm_retromae"] == {"warm_start_gin": methods.RETROMAE_GIN}
   assert rows["peft_lora"]["finetune_name"] == "finetune_lora"
-  assert len(rows) == 8
+  assert rows["warm_retromae_dec70"]["warm_start_bindings"] == ["DECODER_MASK_RATE=0.7"]
+  assert len(rows) == 9
 
 
 def test_the_three_tables():
