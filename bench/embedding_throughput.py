@@ -209,13 +209,10 @@ def _markdown(args, config, device, peak, rows, block_flops, fill, total_s) -> s
   corpus_hours = 13_353_718 / best["blocks_per_s"] / 3600
   corpus_time = (f"{corpus_hours / 24:,.0f} days" if corpus_hours > 48
                  else f"{corpus_hours:,.1f} hours")
-  if device.platform == "cpu":
-    scale = ("the paper re-embedded with 16 TPUs alongside the 64 training ones (REALM_SPEC "
-             "19); a CPU builder is for toy corpora only.")
-  else:
-    scale = ("the paper re-embedded with 16 TPUs alongside the 64 training ones (REALM_SPEC "
-             "19); the builder shards blocks over every local device, so a host of n such "
-             "devices takes about 1/n of it.")
+  scale = ("the paper re-embedded with 16 TPUs alongside the 64 training ones (REALM_SPEC 19); "
+           + ("a CPU builder is for toy corpora only." if device.platform == "cpu" else
+              "the builder shards blocks over every local device, so a host of n such devices "
+              "takes about 1/n of it."))
   precision = ""
   if device.platform == "gpu" and args.dtype == "float32":
     precision = ("; the model and the peer both at XLA's default precision, which on this GPU "
