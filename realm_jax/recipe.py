@@ -285,9 +285,9 @@ class Recipe:
     import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
 
     bert = self._bert_checkpoint()
-    self.stage("1 ICT warm start", self.trained(self.ict),
+    self.stage(f"1 warm start ({os.path.basename(self.warm_start_gin)})", self.trained(self.ict),
                lambda: self.train_ict(self.ict, "ict.log", *self.warm_start_bindings))
-    self.stage("2 first index (from the ICT checkpoint)",
+    self.stage("2 first index (from the warm start's checkpoint)",
                 store_lib.latest_index_step(self.pretrain) is not None,
                 lambda: run_child(*self._index_child(self.pretrain, self._ict_checkpoint(),
                                                      "index_0.log")))
