@@ -155,7 +155,8 @@ def _cell(values: list[float], digits: int = 3) -> str:
   values = [v for v in values if v is not None and not math.isnan(v)]
   if not values:
     return "n/a"
-  return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+  # Thousands grouped: parameter counts read as 8,788,801.
+  return f"{np.mean(values):,.{digits}f} ± {np.std(values):,.{digits}f}"
 
 
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,

@@ -38,8 +38,8 @@ def test_the_three_tables():
   assert len(objectives) == 4  # rows not measured are left out
   assert warm[2].startswith("| ICT | 0.400 ± 0.000 |")
   assert warm[3].startswith("| RetroMAE | 0.200 ± 0.000 |")
-  assert peft[2].startswith("| full | 0.300 ± 0.100 | 1000 ± 0 |")
-  assert peft[3].startswith("| LoRA | 0.200 ± 0.050 | 5000 ± 0 |")
+  assert peft[2].startswith("| full | 0.300 ± 0.100 | 1,000 ± 0 |")
+  assert peft[3].startswith("| LoRA | 0.200 ± 0.050 | 5,000 ± 0 |")
 
 
 def test_finetune_costs_from_a_run_directory(tmp_path, monkeypatch):
