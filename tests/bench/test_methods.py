@@ -23,7 +23,8 @@ def test_rows_share_the_base_rows_pretraining_where_they_should():
   assert rows["warm_retromae"] == {"warm_start_gin": methods.RETROMAE_GIN}
   assert rows["peft_lora"]["finetune_name"] == "finetune_lora"
   assert rows["warm_retromae_dec70"]["warm_start_bindings"] == ["DECODER_MASK_RATE=0.7"]
-  assert len(rows) == 9
+  assert rows["warm_retromae_bert_dec70"]["ict_from_bert"] is True
+  assert len(rows) == 10
 
 
 def test_the_three_tables():
