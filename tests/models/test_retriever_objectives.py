@@ -417,9 +417,11 @@ def _eval_and_grads(model, keys):
   """(eval aux, {key: d aux[key] / d params}), deterministic, in one compiled function."""
 
   def run(params, batch):
-    aux = model.eval_fn(params, batch)
-    jacobian = jax.jacrev(lambda p: jnp.stack([model.eval_fn(p, batch)[k] for k in keys]))(
-        params)
+    def stacked(p):  # one forward pass gives the values and, by vmapped VJPs, every gradient
+      aux = model.eval_fn(p, batch)
+      return jnp.stack([aux[k] for k in keys]), aux
+
+    jacobian, aux = jax.jacrev(stacked, has_aux=True)(params)
     return aux, {k: jax.tree_util.tree_map(lambda g, i=i: g[i], jacobian)
                  for i, k in enumerate(keys)}
 

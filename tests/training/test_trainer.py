@@ -276,7 +276,7 @@ def test_per_tower_grad_norms_match_numpy():
   metrics = {name: float(value) for name, value in jax.device_get(metrics).items()}
 
   key = jax.random.fold_in(jax.random.wrap_key_data(rng), 0)  # the step's dropout key
-  grads = jax.device_get(jax.grad(lambda p: model.loss_fn(p, batch, key)[0])(params))
+  grads = jax.device_get(jax.jit(jax.grad(lambda p: model.loss_fn(p, batch, key)[0]))(params))
 
   def norm(tree):
     return float(np.linalg.norm(np.concatenate(
