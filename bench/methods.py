@@ -53,6 +53,17 @@ OBJECTIVES = (("marginal", "REALM's marginal likelihood"), ("emdr2", "EMDR²"),
 PEFTS = (("lora", "LoRA", ["FinetuneJob.peft='lora'"]),
          ("adapters", "bottleneck adapters", ["FinetuneJob.peft='adapters'"]))
 RETROMAE_GIN = "gin_configs/experiments/toy_retromae.gin"
+# (row, description, Recipe keyword arguments besides RETROMAE_GIN): the gin's decoder mask
+# rate and the top of the paper's 50-70%, from random weights as the toy ICT, and from the toy
+# BERT, as published RetroMAE continues BERT's pretraining (from random weights its toy
+# embeddings collapse at either rate: gin_configs/experiments/toy_retromae.gin).
+WARM_STARTS = (
+    ("warm_retromae", "RetroMAE", {}),
+    ("warm_retromae_dec70", "RetroMAE, decoder mask 70%",
+     {"warm_start_bindings": ["DECODER_MASK_RATE=0.7"]}),
+    ("warm_retromae_bert_dec70", "RetroMAE from the toy BERT, decoder mask 70%",
+     {"ict_from_bert": True, "warm_start_bindings": ["DECODER_MASK_RATE=0.7"]}),
+)
 DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "methods")
 # The marginal row is also the ICT warm start's and the full fine-tuning's.
 BASE_ROW = "objective_marginal"
@@ -64,17 +75,8 @@ def rows() -> list[tuple[str, str, dict]]:
   out = [(f"objective_{name}", description,
           {"pretrain_bindings": [f"PretrainJob.retriever_objective='{name}'"]})
          for name, description in OBJECTIVES]
-  out.append(("warm_retromae", "RetroMAE", {"warm_start_gin": RETROMAE_GIN}))
-  # The decoder mask rate at the top of the paper's 50-70%: at toy scale it decides whether the
-  # decoder needs the sentence embedding at all (gin_configs/experiments/toy_retromae.gin).
-  out.append(("warm_retromae_dec70", "RetroMAE, decoder mask 70%",
-              {"warm_start_gin": RETROMAE_GIN,
-               "warm_start_bindings": ["DECODER_MASK_RATE=0.7"]}))
-  # RetroMAE as published continues BERT's pretraining; from random weights its toy embeddings
-  # collapse at either rate, from the toy BERT they do not (gin_configs/experiments/toy_retromae.gin).
-  out.append(("warm_retromae_bert_dec70", "RetroMAE from the toy BERT, decoder mask 70%",
-              {"warm_start_gin": RETROMAE_GIN, "ict_from_bert": True,
-               "warm_start_bindings": ["DECODER_MASK_RATE=0.7"]}))
+  out += [(row, description, {"warm_start_gin": RETROMAE_GIN, **kwargs})
+          for row, description, kwargs in WARM_STARTS]
   out += [(f"peft_{name}", description, {"finetune_bindings": bindings,
                                           "finetune_name": f"finetune_{name}"})
           for name, description, bindings in PEFTS]
@@ -168,10 +170,8 @@ def tables(results: dict[str, list[dict]]) -> str:
                        ("mlm_accuracy_realm", "masked-span accuracy", 3),
                        ("retrieval_utility_last", "retrieval utility", 3),
                        ("qa_em_realm", "fine-tuned EM (dev)", 3), ("minutes", "minutes", 1)])
-  warm = _table(results, "warm start", [(BASE_ROW, "ICT"), ("warm_retromae", "RetroMAE"),
-                                        ("warm_retromae_dec70", "RetroMAE, decoder mask 70%"),
-                                        ("warm_retromae_bert_dec70",
-                                         "RetroMAE from the toy BERT, decoder mask 70%")],
+  warm = _table(results, "warm start",
+                [(BASE_ROW, "ICT"), *[(row, label) for row, label, _ in WARM_STARTS]],
                 [("recall@5_before", "recall@5 before pretraining (dev)", 3),
                  ("recall@5_after", "recall@5 after pretraining (dev)", 3),
                  ("qa_em_realm", "fine-tuned EM (dev)", 3)])
@@ -190,10 +190,7 @@ COMPARISONS = (
       for key, title in (("retrieval_utility_last", "retrieval utility"),
                          ("qa_em_realm", "fine-tuned EM"))],
     *[(row, BASE_ROW, key, f"{label} vs ICT, {title}")
-      for row, label in (("warm_retromae", "RetroMAE"),
-                         ("warm_retromae_dec70", "RetroMAE (decoder mask 70%)"),
-                         ("warm_retromae_bert_dec70",
-                          "RetroMAE from the toy BERT (decoder mask 70%)"))
+      for row, label, _ in WARM_STARTS
       for key, title in (("recall@5_before", "recall@5 before pretraining"),
                          ("qa_em_realm", "fine-tuned EM"))],
     *[(f"peft_{name}", BASE_ROW, "qa_em_realm", f"{description} vs full fine-tuning, EM")
