@@ -26,6 +26,10 @@ TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + (
 # step. At 128 a longer document is packed into two or three blocks, as a long Wikipedia
 # article is into many.
 TOY_BLOCK_LEN = 128
+# The toy BERT's reading worlds are cut into blocks of this length, and its reading rows hold one:
+# its own constant, so that resizing the toy world's blocks does not change how the shipped toy
+# BERT is rebuilt (docs/toy_bert.md: its sha256).
+TOY_BERT_BLOCK_LEN = 128
 # ICT keeps the query sentence in its block (ORQA removes it with p = 0.9). ORQA's blocks are 288
 # wordpieces of many sentences, so removing one leaves the block nearly whole; a toy document has
 # 2-6 short templated sentences, and without one of them it is that sentence's complement. At
@@ -76,9 +80,9 @@ def toy_block_store_dir() -> str:
   return block_store_dir(toy_world.toy_world_dir())
 
 
-def block_store_dir(world: str) -> str:
-  """A generated world's corpus as a BlockStore of `TOY_BLOCK_LEN`, built once next to it."""
-  store = f"{world}-blocks{TOY_BLOCK_LEN}"
+def block_store_dir(world: str, block_len: int = TOY_BLOCK_LEN) -> str:
+  """A generated world's corpus as a BlockStore of `block_len`, built once next to it."""
+  store = f"{world}-blocks{block_len}"
   try:
     corpus_lib.BlockStore.open(store, verify="fast")
     return store
@@ -87,7 +91,7 @@ def block_store_dir(world: str) -> str:
   source = corpus_lib.JsonlSource(os.path.join(world, toy_world.CORPUS_FILE))
   try:
     corpus_lib.build_block_store(source, store, overwrite=os.path.exists(store),
-                                 max_block_len=TOY_BLOCK_LEN)
+                                 max_block_len=block_len)
   except corpus_lib.BlockStoreError:
     # Another process published the same store first (same input, same bytes): use it.
     corpus_lib.BlockStore.open(store, verify="fast")
@@ -97,7 +101,8 @@ def block_store_dir(world: str) -> str:
 def reading_world(seed: int) -> tuple[str, str]:
   """(BlockStore directory, pretraining-text path) of the reading world of `seed`."""
   world = toy_world.reading_world_dir(seed)
-  return block_store_dir(world), os.path.join(world, toy_world.PRETRAIN_FILE)
+  return (block_store_dir(world, TOY_BERT_BLOCK_LEN),
+          os.path.join(world, toy_world.PRETRAIN_FILE))
 
 
 def _reading_worlds() -> list[tuple[str, str]]:
@@ -122,8 +127,10 @@ def register_toy_tasks() -> tuple[str, ...]:
   register_reading_task("mlm_toy_copy", worlds=_reading_worlds,
                         query_len=TOY_BERT_COPY_QUERY_LEN, block_len=TOY_BERT_COPY_BLOCK_LEN,
                         max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_COPY_MIX)
-  register_reading_task("mlm_toy_reading", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN,
+  register_reading_task("mlm_toy_reading", worlds=_reading_worlds,
+                        block_len=TOY_BERT_BLOCK_LEN,
                         max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_MIX)
-  register_reading_task("mlm_toy_distract", worlds=_reading_worlds, block_len=TOY_BLOCK_LEN,
+  register_reading_task("mlm_toy_distract", worlds=_reading_worlds,
+                        block_len=TOY_BERT_BLOCK_LEN,
                         max_masks=TOY_BERT_MAX_MASKS, mix=TOY_BERT_DISTRACT_MIX)
   return TOY_TASKS
