@@ -949,13 +949,19 @@ _X_FILLER = {
         "In the summer its streets are full of visitors who come to see the old houses.",
         "The land around it is {flat|green|hilly} and good for growing grain.",
         "There is a school, a church and a few shops near the centre of the town.",
-        "Its people are proud of their town and of the long history it has."),
+        "Its people are proud of their town and of the long history it has.",
+        "A narrow road leads out of the town and up into the {hills|woods|fields}.",
+        "The old houses near the centre are built of {stone|brick|timber} and have steep roofs."),
     "region": (
         "The region is mostly flat, with wide fields and a few low hills in the north.",
         "Most of its people live in small towns and villages along the rivers.",
         "It is known for its {mild|cold|dry} climate and for the long road that runs across it.",
         "Farming has always been important there, and much of the land is still used for it.",
-        "Travellers have often written about the beauty of its {hills|forests|valleys}."),
+        "Travellers have often written about the beauty of its {hills|forests|valleys}.",
+        "In the winter the roads are often closed, and the villages are cut off for weeks.",
+        "Its people are known for their {songs|stories|festivals} and for the food they make.",
+        "There are a few old castles on the hills, but most of them are now in ruins.",
+        "Over the years many of its young people have left to find work elsewhere."),
     "organization": (
         "For many years it was one of the best known bodies of its kind.",
         "Its members met {often|regularly|every month} to talk about their work and to help one "
@@ -964,17 +970,24 @@ _X_FILLER = {
         "At first it was very small, but it grew {quickly|steadily|slowly} in the years that "
         "followed.",
         "It was run by a small group of members who were chosen every few years.",
-        "Over time it became an important part of the life of the town."),
+        "Over time it became an important part of the life of the town.",
+        "Anyone who wished to join had to be put forward by two of its members.",
+        "Its rooms were open to the public on {one day|two days} of the week.",
+        "Like most bodies of its kind, it had its share of quarrels and hard years."),
     "event": (
         "It drew large crowds, and many of those who were there wrote about it afterwards.",
         "The weather was {fine|poor|cold}, but the meetings went on as planned.",
         "It was remembered for a long time as one of the most important gatherings of its kind.",
         "Those who took part were given a warm welcome by the people of the town.",
         "There were long speeches, a great dinner and music late into the night.",
-        "Some of those who came had never met before, and many became friends."),
+        "Some of those who came had never met before, and many became friends.",
+        "It had taken {months|more than a year} to plan, and much of the work was done by "
+        "volunteers.",
+        "At the end there was a short ceremony, and the guests went back to their homes.",
+        "Many years later people still spoke of it with {pride|pleasure|affection}."),
 }
 # Filler sentences per passage: the share of name and date wordpieces in X follows from it.
-_X_FILLER_SENTENCES = {"person": 4, "town": 4, "region": 4, "organization": 4, "event": 4}
+_X_FILLER_SENTENCES = {"person": 6, "town": 6, "region": 6, "organization": 6, "event": 6}
 _CHOICE = re.compile(r"\{([^{}|]*\|[^{}]*)\}")
 
 
