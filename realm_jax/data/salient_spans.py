@@ -29,7 +29,9 @@ offers both routes:
 
 from __future__ import annotations
 
+import bisect
 import collections
+import dataclasses
 import gzip
 import importlib
 import itertools
@@ -389,6 +391,49 @@ def annotate_record(title: str, text: str, annotator: Annotator | str) -> dict[s
       "span_byte_start": [s for s, _ in spans],
       "span_byte_limit": [l for _, l in spans],
   }
+
+
+@dataclasses.dataclass
+class SalientShare:
+  """How much of a text is salient spans, in wordpieces (what masking draws from) and sentences.
+
+  Attributes:
+    wordpieces: wordpieces of the texts.
+    salient_wordpieces: those lying inside a salient span.
+    sentences: sentences of the texts.
+    salient_sentences: those holding at least one salient span.
+  """
+
+  wordpieces: int = 0
+  salient_wordpieces: int = 0
+  sentences: int = 0
+  salient_sentences: int = 0
+
+  def add(self, record: dict[str, Any], wordpiece_offsets: Callable[[str], tuple]) -> None:
+    """Counts one record of the release schema; `wordpiece_offsets(text)` gives (ids, byte
+    starts, byte limits), as `WordPieceVocabulary.tokenize_with_offsets`."""
+    _, starts, limits = wordpiece_offsets(record["text"])
+    spans = sorted(zip(record["span_byte_start"], record["span_byte_limit"]))
+    span_starts = [s for s, _ in spans]
+    self.wordpieces += len(starts)
+    for start, limit in zip(starts, limits):
+      # The last span starting at or before the wordpiece is the only one that can hold it
+      # (spans do not overlap).
+      i = bisect.bisect_right(span_starts, start) - 1
+      self.salient_wordpieces += i >= 0 and limit <= spans[i][1]
+    for sentence_start, sentence_limit in zip(record["sentence_byte_start"],
+                                              record["sentence_byte_limit"]):
+      self.sentences += 1
+      self.salient_sentences += any(sentence_start <= s and l <= sentence_limit
+                                    for s, l in spans)
+
+  @property
+  def wordpiece_fraction(self) -> float:
+    return self.salient_wordpieces / max(self.wordpieces, 1)
+
+  @property
+  def sentence_fraction(self) -> float:
+    return self.salient_sentences / max(self.sentences, 1)
 
 
 class RecordError(ValueError):

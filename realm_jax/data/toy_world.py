@@ -20,9 +20,32 @@ headquarters, participants...), and writes the REALM inputs over it:
   one sentence (so spec item 9 drops none). Because the wording differs, retrieving the named Z
   document is the retrieval REALM should learn, not a "trivial retrieval" (spec item 12) of the
   passage's own text.
+
+  X is prose, so that REALM's choice of masks matters as it does on real text: each fact
+  sentence carries a descriptive clause, and each passage has six sentences that state no fact
+  (pronouns, function words, common verbs and adjectives, never a name, date, number or
+  occupation). Most wordpieces are then predictable from the sentence around them, and the
+  knowledge a masked name or date needs stands only in Z. Measured by `bench/text_statistics.py`
+  (BERT uncased wordpieces; docs/benchmarks.md):
+
+  ======================================================  =====================  ==============
+  text                                                    wordpieces in salient  sentences with
+                                                          spans                  a salient span
+  ======================================================  =====================  ==============
+  toy world v2, X (this module)                           15.9%                  28.1%
+  toy world v1, X (every sentence a bare fact)            62.5%                  100%
+  Python documentation (`realm_jax.data.python_docs`),    3.6%                   28.1%
+  dates and spaCy entities, as a user's corpus
+  ======================================================  =====================  ==============
+
+  The real-text figure is of technical prose; the toy text's sentences with a salient span are
+  denser in names because each must name enough of its entities for the retriever to find the
+  document that states the masked one. Invented name words are at most 3
+  wordpieces (2.7 on average; unbounded they were 3.4).
 * ``qa/{train,dev,test}.jsonl`` -- open-QA questions in ORQA's form ``{"question", "answer"}``
-  (spec item 30). Every answer string occurs verbatim (case-sensitive, spec item 27) in the text of
-  the subject's document. Splits are made by *subject entity*, so no fact asked about in test is
+  (spec item 30), 2,000/1,000/1,000 of them (dev picks checkpoints, test is reported). Every
+  answer string occurs verbatim (case-sensitive, spec item 27) in the text of the subject's
+  document. Splits are made by *subject entity*, so no fact asked about in test is
   asked about in train: without retrieval the answers cannot be known, which is what makes
   "EM with retrieval >> EM without" a meaningful check of the whole pipeline.
 * ``manifest.json`` -- seed, scale, counts, sha256 of every file and the generator version.
@@ -1308,13 +1331,13 @@ def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | 
 
   Args:
     seed: generation seed.
-    scale: multiplies every default size (1.0: about 2,500 documents and 2,000/300/300
+    scale: multiplies every default size (1.0: about 2,500 documents and 2,000/1,000/1,000
       questions; `SMALL_SCALE`: about 100 documents).
     num_people, num_places, num_organizations, num_events: entity counts (places include the
       regions, about one per 22 towns, and are at least 4: two regions with a town each);
       default to the base sizes times `scale`.
-    num_train, num_dev, num_test: QA split sizes; default to 2,000/300/300 times `scale`. A split
-      gets fewer questions only if its subjects have fewer facts than requested.
+    num_train, num_dev, num_test: QA split sizes; default to 2,000/1,000/1,000 times `scale`. A
+      split gets fewer questions only if its subjects have fewer facts than requested.
     reserved_names: name words of another world (`name_words`); no name of this world
       equals, contains or is contained in one of them (the toy BERT's reading worlds share no
       name with the toy world, see `reading_world_dir`).

@@ -229,3 +229,26 @@ def test_unknown_format_and_bad_on_error(tmp_path):
     list(ss.read_precomputed(str(tmp_path / "records.txt")))
   with pytest.raises(ValueError, match="on_error"):
     list(ss.read_precomputed(str(tmp_path / "r.jsonl"), on_error="ignore"))
+
+
+def test_salient_share_counts_wordpieces_inside_spans_and_sentences_with_one():
+  # Hand-worked: "Anna met Bob. It rained." as 7 wordpieces (words and periods), spans over
+  # "Anna" and "Bo" (a span that ends inside "Bob" holds none of its wordpieces).
+  text = "Anna met Bob. It rained."
+  pieces = [(0, 4), (5, 8), (9, 12), (12, 13), (14, 16), (17, 23), (23, 24)]
+
+  def offsets(t):
+    assert t == text
+    return [0] * len(pieces), [s for s, _ in pieces], [l for _, l in pieces]
+
+  record = {"title": "t", "text": text, "sentence_byte_start": [0, 14],
+            "sentence_byte_limit": [13, 24], "span_byte_start": [9, 0],
+            "span_byte_limit": [11, 4]}
+  share = ss.SalientShare()
+  share.add(record, offsets)
+  assert (share.wordpieces, share.salient_wordpieces) == (7, 1)  # "Anna" only
+  assert (share.sentences, share.salient_sentences) == (2, 1)
+  record["span_byte_limit"] = [12, 4]  # "Bob" whole
+  share.add(record, offsets)
+  assert (share.wordpieces, share.salient_wordpieces) == (14, 3)
+  assert share.wordpiece_fraction == 3 / 14 and share.sentence_fraction == 2 / 4
