@@ -182,6 +182,11 @@ def _quoted(path: Optional[str]) -> str:
   return "None" if path is None else f"'{path}'"
 
 
+def latest_checkpoint_dir(run_dir: str) -> str:
+  """`<run_dir>/checkpoints/<newest step>`: the step directory a warm start or an index reads."""
+  return os.path.join(run_dir, "checkpoints", str(_latest_step(run_dir)))
+
+
 def toy_bert_dir(choice: str) -> Optional[str]:
   """`--toy_bert`: 'shipped' (realm_jax/data/assets/toy_bert), 'none' (None: random weights)
   or a BertForMaskedLM directory; ValueError when it has no weights."""
@@ -206,7 +211,8 @@ class Recipe:
                finetune_bindings: Sequence[str] = (), with_builder: bool = True,
                eval_split: str = "test", baseline: bool = True,
                warm_start_gin: str = "gin_configs/experiments/toy_ict.gin",
-               warm_start_bindings: Sequence[str] = (), finetune_name: str = "finetune"):
+               warm_start_bindings: Sequence[str] = (), finetune_name: str = "finetune",
+               finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain"):
     """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
     run to start from (None: train one in `<out>/ict`); toy_bert: the BertForMaskedLM directory
     ICT's towers, the pretraining encoder and the baseline's reader start from (None: random
@@ -217,7 +223,18 @@ class Recipe:
     retriever's warm start (ICT, or another job whose checkpoint has a retriever, e.g.
     experiments/toy_retromae.gin) and its extra bindings; finetune_name: REALM's fine-tuning
     run directory and evaluation name under `out` (several fine-tunings of one pretraining
-    side by side)."""
+    side by side); finetune_retriever, finetune_reader: what that fine-tuning starts from, each
+    'pretrain' (the final pretraining checkpoint: REALM, the default) or, for the retriever,
+    'warm_start' (the warm start's checkpoint, its index built from it) and, for the reader,
+    'bert' (the BERT, `ENCODER_CHECKPOINT`): 'warm_start' and 'bert' is the ORQA-style
+    baseline's fine-tuning, the other two mixes are the paper's Table 2 rows "REALM retriever
+    + baseline encoder" ('pretrain', 'bert') and "baseline retriever + REALM encoder"
+    ('warm_start', 'pretrain')."""
+    if finetune_retriever not in ("pretrain", "warm_start"):
+      raise ValueError(f"finetune_retriever={finetune_retriever!r}: expected 'pretrain' or "
+                       f"'warm_start'")
+    if finetune_reader not in ("pretrain", "bert"):
+      raise ValueError(f"finetune_reader={finetune_reader!r}: expected 'pretrain' or 'bert'")
     self.out = os.path.abspath(out)
     self.store = store
     self.toy_bert = toy_bert
@@ -236,6 +253,8 @@ class Recipe:
     self.warm_start_bindings = list(warm_start_bindings)
     self.finetune_name = finetune_name
     self.finetune = os.path.join(self.out, finetune_name)
+    self.finetune_retriever = finetune_retriever
+    self.finetune_reader = finetune_reader
     self.evals = os.path.join(self.out, "eval")
     self.times: dict[str, float] = {}
     os.makedirs(self.logs, exist_ok=True)
@@ -255,11 +274,16 @@ class Recipe:
     from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.training_done(run_dir)
 
-  def _index_child(self, run_dir: str, checkpoint_dir: str, log: str) -> tuple[list[str], str]:
-    """`build_index --once` of `checkpoint_dir` into `run_dir`: (command, log path)."""
+  def _index_child(self, run_dir: str, checkpoint_dir: Optional[str],
+                   log: str) -> tuple[list[str], str]:
+    """`build_index --once` of `checkpoint_dir` into `run_dir` (published as index step 0), or
+    with None of `run_dir`'s newest checkpoint (published under its step): (command, log
+    path)."""
+    where = ([] if checkpoint_dir is None
+             else [f"build_index_main.checkpoint_dir='{checkpoint_dir}'"])
     return (python_module("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
                           "--once", *_gin(f"RUN_DIR='{run_dir}'", f"BLOCK_STORE='{self.store}'",
-                                          f"build_index_main.checkpoint_dir='{checkpoint_dir}'")),
+                                          *where)),
             os.path.join(self.logs, log))
 
   def _recall(self, name: str, index_step: int) -> str:
@@ -275,10 +299,24 @@ class Recipe:
     return output
 
   def _ict_checkpoint(self) -> str:
-    return os.path.join(self.ict, "checkpoints", str(_latest_step(self.ict)))
+    return latest_checkpoint_dir(self.ict)
 
   def _pretrain_checkpoint(self) -> str:
-    return os.path.join(self.pretrain, "checkpoints", str(_latest_step(self.pretrain)))
+    return latest_checkpoint_dir(self.pretrain)
+
+  def _finetune_starts(self) -> tuple[str, tuple[str, ...]]:
+    """REALM's fine-tuning slot: (its retriever's checkpoint, which is also its index's and its
+    INIT_CHECKPOINT; its reader binding): `finetune_retriever` and `finetune_reader`. With both
+    'pretrain' there is no binding: the reader takes INIT_CHECKPOINT's encoder (REALM)."""
+    retriever = (self._pretrain_checkpoint() if self.finetune_retriever == "pretrain"
+                 else self._ict_checkpoint())
+    if self.finetune_reader == "bert":
+      reader = self._bert_checkpoint()
+    elif self.finetune_retriever == "warm_start":
+      reader = self._pretrain_checkpoint()  # the warm start has no encoder: take REALM's
+    else:
+      return retriever, ()
+    return retriever, (f"ENCODER_CHECKPOINT={_quoted(reader)}",)
 
   def run(self) -> dict:
     from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
@@ -315,19 +353,31 @@ class Recipe:
     self.stage("3 REALM pretraining" + (" + index builder (two processes)"
                                           if self.with_builder else " (index never refreshed)"),
                 self.trained(self.pretrain), pretrain)
+    if not self.with_builder:
+      # Without the builder the pretraining run's newest index is the warm start's (step 0):
+      # "recall after pretraining" must read the pretrained retriever, so its final checkpoint
+      # is indexed once (as the builder's last refresh would have been).
+      self.stage("  index of the final pretraining checkpoint (no builder ran)",
+                 store_lib.latest_index_step(self.pretrain) == _latest_step(self.pretrain),
+                 lambda: run_child(*self._index_child(self.pretrain, None, "index_final.log")))
     after = os.path.join(self.evals, "recall_after.metrics.json")
     self.stage("  recall after pretraining", os.path.exists(after),
                 lambda: self._recall("after", store_lib.latest_index_step(self.pretrain)))
-    # REALM's fine-tuning from the pretrained model and, side by side, the baseline's from the
-    # ICT retriever and the BERT reader: (run directory, its index's checkpoint, log name,
-    # extra bindings, evaluation name).
-    runs = [(self.finetune, self._pretrain_checkpoint(), self.finetune_name, (),
-             "toy_qa" if self.finetune_name == "finetune" else f"toy_qa_{self.finetune_name}")]
+    # REALM's fine-tuning from the pretrained model (or the mix `finetune_retriever` and
+    # `finetune_reader` ask for) and, side by side, the baseline's from the ICT retriever and
+    # the BERT reader: (run directory, its index's checkpoint, log name, extra bindings,
+    # evaluation name).
+    retriever, reader_bindings = self._finetune_starts()
+    runs = [(self.finetune, retriever, self.finetune_name, reader_bindings, self._qa_name())]
     if self.baseline:
       runs.append((self.orqa, self._ict_checkpoint(), "finetune_orqa",
                    (f"ENCODER_CHECKPOINT={_quoted(self._bert_checkpoint())}",), "toy_qa_orqa"))
-    which = ("REALM and the ORQA-style baseline, side by side"
-             if self.baseline else "REALM")
+    slot = {("pretrain", "pretrain"): "REALM",
+            ("pretrain", "bert"): "REALM's retriever, the BERT reader",
+            ("warm_start", "pretrain"): "the warm start's retriever, REALM's reader",
+            ("warm_start", "bert"): "the warm start's retriever, the BERT reader",
+            }[self.finetune_retriever, self.finetune_reader]
+    which = (f"{slot} and the ORQA-style baseline, side by side" if self.baseline else slot)
     self.stage(f"4 frozen indexes for fine-tuning ({which})",
                all(store_lib.latest_index_step(run[0]) is not None for run in runs),
                lambda: run_children([
@@ -347,13 +397,17 @@ class Recipe:
     return self.summary(before, after, evaluations[0][1],
                         evaluations[1][1] if self.baseline else None)
 
-  def train_ict(self, run_dir: str, log: str, *bindings: str) -> None:
+  def train_ict(self, run_dir: str, log: str, *bindings: str,
+                init_checkpoint: Optional[str] = None) -> None:
     """The warm start (`warm_start_gin`: ICT by default) into `run_dir`, its towers from the
-    BERT when `ict_from_bert`, else from random weights; `bindings` are extra gin bindings."""
-    bert = self._bert_checkpoint() if self.ict_from_bert else None
+    BERT when `ict_from_bert`, else from random weights; `bindings` are extra gin bindings.
+    `init_checkpoint`, a checkpoint step directory with a retriever, is continued instead
+    (ICT after RetroMAE: the RetroMAE run's checkpoint)."""
+    if init_checkpoint is None and self.ict_from_bert:
+      init_checkpoint = self._bert_checkpoint()
     run_child(python_module("realm_jax.train", f"--gin_file={self.warm_start_gin}",
-                            *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT={_quoted(bert)}",
-                                  *bindings)),
+                            *_gin(f"RUN_DIR='{run_dir}'",
+                                  f"INIT_CHECKPOINT={_quoted(init_checkpoint)}", *bindings)),
               os.path.join(self.logs, log))
 
   def _bert_checkpoint(self) -> Optional[str]:
@@ -374,6 +428,15 @@ class Recipe:
                           *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT='{init_checkpoint}'",
                                 *bindings, *self.finetune_bindings)),
             os.path.join(self.logs, f"{log}.log"))
+
+  def _qa_name(self) -> str:
+    """The evaluation name of REALM's fine-tuning slot (`finetune_name`)."""
+    return "toy_qa" if self.finetune_name == "finetune" else f"toy_qa_{self.finetune_name}"
+
+  def qa_metrics_path(self) -> str:
+    """The metrics JSON of the evaluation of REALM's fine-tuning slot, written by `run` (its
+    "checkpoint_choice" says which checkpoint was evaluated: the one best.json names)."""
+    return self._evaluate_child(self.finetune, self._qa_name())[1]
 
   def _evaluate_child(self, run_dir: str, name: str) -> tuple[tuple[list[str], str], str]:
     """EM on the toy QA split: (the evaluation child, the metrics file it writes)."""

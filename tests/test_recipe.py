@@ -1,5 +1,7 @@
 """The main job's driver (`python -m realm_jax.recipe`): its console filter, its result table,
-what ICT starts from and the children's environment.
+what ICT starts from and the children's environment; what the benches' rows ask of it (the
+fine-tuning slot's retriever and reader, the never-refreshed row's final index, a warm start
+continuing a checkpoint) and the warm starts those rows rely on.
 The recipe itself runs for minutes (README command one); its stages are the entry points, each
 tested on its own (tests/test_entry_points.py, tests/test_evaluate_main.py, tests/index)."""
 
@@ -110,3 +112,168 @@ def test_children_side_by_side_each_log_their_own_output_and_failures_are_named(
     recipe.run_children([([sys.executable, "-c", "pass"], str(tmp_path / "good.log")),
                          ([sys.executable, "-c", fail], str(tmp_path / "bad.log"))])
   assert "good.log" not in str(error.value)
+
+
+# -- What the benches' rows ask of the recipe (bench/ablations.py, bench/methods.py): Recipe.run
+# over an output directory whose warm start and pretraining are done, its children recorded
+# rather than run.
+
+
+def _finished_recipe(tmp_path, monkeypatch, *, index_of_pretrain=400, **kwargs):
+  """(Recipe over `tmp_path/out`, its ICT in `tmp_path/ict` and pretraining both done, and the
+  list the children's commands are appended to, in the order they would run)."""
+  from realm_jax.index import store as store_lib  # pylint: disable=import-outside-toplevel
+  out, ict = tmp_path / "out", str(tmp_path / "ict")
+  run = recipe.Recipe(str(out), "/store", ict_dir=ict, toy_bert="/the/bert",
+                      finetune_bindings=["NUM_STEPS=7"], **{"baseline": False, **kwargs})
+  trained, indexes, commands = {ict, run.pretrain}, {run.pretrain: index_of_pretrain}, []
+
+  def record(cmd):
+    commands.append(list(cmd))
+    run_dir = next(a for a in cmd if a.startswith("--gin.RUN_DIR=")).split("'")[1]
+    if cmd[2] == "realm_jax.build_index":  # an index of the newest checkpoint, or step 0
+      indexes[run_dir] = 0 if any("checkpoint_dir=" in a for a in cmd) else 400
+    elif cmd[2] == "realm_jax.train":
+      trained.add(run_dir)
+
+  monkeypatch.setattr(recipe, "run_child", lambda cmd, log: record(cmd))
+  monkeypatch.setattr(recipe, "run_children",
+                      lambda children: [record(cmd) for cmd, _ in children])
+  monkeypatch.setattr(recipe, "_latest_step", lambda run_dir: 400)
+  monkeypatch.setattr(recipe.Recipe, "trained", lambda self, run_dir: run_dir in trained)
+  monkeypatch.setattr(recipe.Recipe, "_bert_checkpoint", lambda self: "/bert/checkpoints/0")
+  monkeypatch.setattr(recipe.Recipe, "summary", lambda self, *paths: paths)
+  monkeypatch.setattr(store_lib, "latest_index_step", indexes.get)
+  for name in ("before", "after"):
+    (out / "eval" / f"recall_{name}.metrics.json").write_text("{}")
+  return run, commands
+
+
+ICT_CHECKPOINT = "ict/checkpoints/400"
+PRETRAIN_CHECKPOINT = "out/pretrain/checkpoints/400"
+
+
+@pytest.mark.parametrize("retriever,reader,init,encoder", [
+    ("pretrain", "pretrain", PRETRAIN_CHECKPOINT, None),  # REALM
+    ("pretrain", "bert", PRETRAIN_CHECKPOINT, "/bert/checkpoints/0"),
+    ("warm_start", "pretrain", ICT_CHECKPOINT, PRETRAIN_CHECKPOINT),
+    ("warm_start", "bert", ICT_CHECKPOINT, "/bert/checkpoints/0"),  # ORQA-style
+])
+def test_the_fine_tuning_slot_starts_from_the_retriever_and_the_reader_asked_for(
+    tmp_path, monkeypatch, retriever, reader, init, encoder):
+  run, commands = _finished_recipe(tmp_path, monkeypatch, finetune_name="mix",
+                                   finetune_retriever=retriever, finetune_reader=reader)
+  run.run()
+  index, finetune, evaluate = commands
+  path = lambda p: p if p.startswith("/") else str(tmp_path / p)
+  assert f"--gin.RUN_DIR='{tmp_path}/out/mix'" in index
+  # The frozen index is the retriever's: built from the checkpoint fine-tuning starts from.
+  assert f"--gin.build_index_main.checkpoint_dir='{path(init)}'" in index
+  assert f"--gin.INIT_CHECKPOINT='{path(init)}'" in finetune
+  encoders = [a for a in finetune if a.startswith("--gin.ENCODER_CHECKPOINT=")]
+  assert encoders == ([] if encoder is None else [f"--gin.ENCODER_CHECKPOINT='{path(encoder)}'"])
+  assert finetune[-1] == "--gin.NUM_STEPS=7"
+  assert f"--gin.evaluate_main.output='{tmp_path}/out/eval/toy_qa_mix_test.jsonl'" in evaluate
+  assert run.qa_metrics_path() == f"{tmp_path}/out/eval/toy_qa_mix_test.metrics.json"
+
+
+def test_the_orqa_mix_is_the_baselines_fine_tuning(tmp_path, monkeypatch):
+  """The ablations' ORQA row ('warm_start', 'bert') issues the baseline's commands."""
+  baseline, baseline_commands = _finished_recipe(tmp_path / "a", monkeypatch, baseline=True)
+  baseline.run()
+  mix, mix_commands = _finished_recipe(tmp_path / "b", monkeypatch, finetune_name="orqa",
+                                       finetune_retriever="warm_start", finetune_reader="bert")
+  mix.run()
+  # The baseline's index, fine-tuning and evaluation, beside REALM's in each stage.
+  orqa = [c for c in baseline_commands if f"--gin.RUN_DIR='{tmp_path}/a/out/orqa'" in c]
+  assert len(orqa) == 3 and len(baseline_commands) == 6
+  normalise = lambda cmd, root: [a.replace(str(root), "ROOT") for a in cmd]
+  assert ([normalise(c, tmp_path / "a") for c in orqa]
+          == [normalise(c, tmp_path / "b") for c in mix_commands])
+  with pytest.raises(ValueError, match="finetune_reader='ict'"):
+    recipe.Recipe(str(tmp_path / "c"), "/store", finetune_reader="ict")
+
+
+def test_without_the_builder_recall_after_pretraining_reads_the_final_checkpoints_index(
+    tmp_path, monkeypatch):
+  run, commands = _finished_recipe(tmp_path, monkeypatch, index_of_pretrain=0,
+                                   with_builder=False)
+  (tmp_path / "out" / "eval" / "recall_after.metrics.json").unlink()
+  run.run()
+  final_index, recall_after = commands[:2]
+  assert final_index[2] == "realm_jax.build_index" and "--once" in final_index
+  assert f"--gin.RUN_DIR='{run.pretrain}'" in final_index
+  assert not any("checkpoint_dir" in a for a in final_index)  # its newest checkpoint, step 400
+  assert recall_after[2] == "realm_jax.evaluate"
+  assert "--gin.evaluate_main.index_step=400" in recall_after
+
+
+def test_the_warm_start_can_continue_a_checkpoint_instead_of_the_bert(tmp_path, monkeypatch):
+  commands = []
+  monkeypatch.setattr(recipe, "run_child", lambda cmd, log: commands.append(list(cmd)))
+  run = recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert="/the/bert", ict_from_bert=True)
+  monkeypatch.setattr(run, "_bert_checkpoint", lambda: "/converted/checkpoints/0")
+  run.train_ict(str(tmp_path / "ict"), "ict.log", init_checkpoint="/retromae/checkpoints/400")
+  run.train_ict(str(tmp_path / "ict2"), "ict.log")
+  assert "--gin.INIT_CHECKPOINT='/retromae/checkpoints/400'" in commands[0]
+  assert "--gin.INIT_CHECKPOINT='/converted/checkpoints/0'" in commands[1]
+
+
+# -- The warm starts those rows rely on, on tiny models.
+
+
+def _tiny_params(model, seed, proj_size=8):
+  import jax  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import config as config_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import open_qa, realm, retromae  # pylint: disable=import-outside-toplevel
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=50), proj_size=proj_size)
+  cls = {"OpenQAModel": open_qa.OpenQAModel, "RetroMaeModel": retromae.RetroMaeModel}.get(
+      model) or getattr(realm, model)
+  return jax.device_get(cls(config).init(jax.random.PRNGKey(seed)))
+
+
+def _equal(a, b):
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  return (jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+          and all(np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(a),
+                                                       jax.tree_util.tree_leaves(b))))
+
+
+def test_encoder_checkpoint_takes_the_reader_from_a_pretraining_checkpoint():
+  """'baseline retriever + REALM encoder': ICT's retriever (INIT_CHECKPOINT), the reader's BERT
+  from the REALM pretraining checkpoint's encoder (ENCODER_CHECKPOINT), a fresh span head."""
+  from realm_jax import jobs  # pylint: disable=import-outside-toplevel
+  ict, pretrained = _tiny_params("IctModel", 1), _tiny_params("RealmPretrainModel", 2)
+  fresh = _tiny_params("OpenQAModel", 3)
+  job = jobs.FinetuneJob(task="toy_qa")
+  params, _ = job.warm_start(ict, fresh, "ict/400")
+  params, taken = job.warm_start_extra("encoder_checkpoint", pretrained, params, "pretrain/400")
+  assert taken == "reader BERT"
+  assert _equal(params["reader"]["bert"], pretrained["encoder"]["bert"])
+  assert not _equal(params["reader"]["bert"], fresh["reader"]["bert"])
+  assert _equal(params["reader"]["span_head"], fresh["reader"]["span_head"])
+  assert _equal(params["retriever"], ict["retriever"])  # not the pretraining's retriever
+  assert not _equal(params["retriever"], pretrained["retriever"])
+
+
+def test_ict_continues_a_retromae_checkpoints_retriever_whole():
+  from realm_jax import jobs  # pylint: disable=import-outside-toplevel
+  from realm_jax.gin_utils import ConfigError  # pylint: disable=import-outside-toplevel
+  retromae, fresh = _tiny_params("RetroMaeModel", 1), _tiny_params("IctModel", 2)
+  job = jobs.IctJob(task="ict_toy", continue_retriever=True)
+  params, taken = job.warm_start(retromae, fresh, "retromae/400")
+  assert taken == "retriever (continued)"
+  # Every tower's BERT, pooler, projection and LayerNorm: the embedding RetroMAE trained.
+  assert _equal(params["retriever"], retromae["retriever"])
+  assert not _equal(params["retriever"], fresh["retriever"])
+  # A retriever of another projection size is refused in one line, and so is a BERT.
+  other = _tiny_params("RetroMaeModel", 4, proj_size=16)
+  with pytest.raises(ConfigError, match="not of this run's shape"):
+    job.warm_start(other, fresh, "retromae/400")
+  with pytest.raises(ConfigError, match="no retriever params"):
+    job.warm_start(_tiny_params("BertMlmModel", 3), fresh, "bert/0")
+  # Without the setting ICT takes only an encoder's BERT, as REALM's ICT from BERT: a RetroMAE
+  # checkpoint, which has none, is refused.
+  with pytest.raises(ConfigError, match="no encoder params"):
+    jobs.IctJob(task="ict_toy").warm_start(retromae, fresh, "retromae/400")

@@ -146,7 +146,9 @@ class FinetuneJob(IndexJob):
   def warm_start_extra(self, knob: str, checkpoint: Mapping[str, Any], params: dict,
                        source: str) -> tuple[dict, str]:
     """`encoder_checkpoint`: the reader's BERT under a fresh span head (ORQA's reader starts
-    from BERT: fine-tuning without REALM pretraining), overriding `init_checkpoint`'s reader."""
+    from BERT: fine-tuning without REALM pretraining), overriding `init_checkpoint`'s reader.
+    Any checkpoint with an encoder: a BERT's, an mlm run's, or a pretraining run's (REALM's
+    encoder beside another retriever, the paper's "baseline retriever + REALM encoder")."""
     encoder = require(checkpoint, "encoder", knob, source)
     return {**params, "reader": {**params["reader"], "bert": encoder["bert"]}}, "reader BERT"
 

@@ -1,38 +1,263 @@
-"""bench/ablations.py's report: mean ± std cells over seeds and the verdict on each of the
-paper's directions, checked on hand-worked numbers."""
+"""bench/ablations.py: the paired statistics, the verdicts, the table, the comparisons and the
+fine-tuning noise line, checked on numbers worked out by hand in the comments; which cells are
+made or reused; and the fingerprint of a cell."""
 
+import json
 import math
 import os
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
 
-
-def _row(em, utility=0.1):
-  return {"qa_em_realm": em, "recall@5_after": 0.25, "mlm_accuracy_realm": 0.5,
-          "retrieval_utility_last": utility, "refreshes": 9.0, "minutes": 2.0}
+PD = ablations.PairedDifference
+DEV_PICKED = "step 100: best by eval/exact_match=0.2 in best.json"
 
 
-def test_cells_are_mean_and_population_std_over_seeds():
-  rows = {"realm": [_row(0.2), _row(0.4)], "no_null": [_row(0.1, math.nan)] * 2}
-  table = ablations.table(rows).splitlines()
-  assert table[2].startswith("| REALM") and "| 0.300 ± 0.100 |" in table[2]
-  assert "| n/a |" in table[3]  # utility is undefined without the null document
+def _cell(em, recall=0.5, *, mlm=0.1, utility=0.2, refreshes=4.0, picked=DEV_PICKED):
+  return {"qa_em": em, "recall@5_zero_shot": recall, "mlm_accuracy": mlm,
+          "retrieval_utility": utility, "refreshes": refreshes, "qa_checkpoint": picked,
+          "minutes": 10.0}
 
 
-def test_a_direction_holds_only_beyond_the_sum_of_the_spreads():
-  rows = {"realm": [_row(0.30), _row(0.32)],          # 0.31 ± 0.01
-          "random_span": [_row(0.20), _row(0.30)],    # 0.25 ± 0.05: gap 0.06 = spread 0.06
-          "random_token": [_row(0.10), _row(0.12)],   # 0.11 ± 0.01: gap 0.14 > 0.06
-          "never_refresh": [_row(0.40), _row(0.40)]}  # better than REALM
-  lines = ablations.directions(rows).splitlines()
-  verdicts = {line.split(":")[0][2:]: line for line in lines}
-  assert "within the seed spread" in verdicts["salient-span masking > random-span masking"]
-  assert "holds beyond" in verdicts["random-span masking > random-token masking"]
-  assert "does not hold" in verdicts["refreshing beats a never-refreshed index"]
-  assert len(lines) == 3  # rows not measured (no_null, no_ict) are not judged
+def _by_seed(*cells):
+  return dict(enumerate(cells))
+
+
+def test_paired_difference_on_hand_worked_numbers():
+  # Differences 0.10, 0.05, 0.10: mean 0.25 / 3 = 0.083333; deviations +1/60, -1/30, +1/60,
+  # squares sum 6/3600, / (n - 1) = 1/1200, sd 0.028868, SE = sd / sqrt(3) = 1/60 = 0.016667.
+  d = ablations.paired_difference([0.30, 0.25, 0.40], [0.20, 0.20, 0.30])
+  assert d.mean == pytest.approx(0.083333, abs=1e-6)
+  assert d.standard_error == pytest.approx(0.016667, abs=1e-6)
+  assert d.per_seed == pytest.approx((0.10, 0.05, 0.10))
+  assert d.all_agree
+  assert ablations.difference_std(d) == pytest.approx(0.028868, abs=1e-6)
+  # Differences 0.10, -0.02, 0.04, 0.00, 0.08: mean 0.04; deviations 0.06, -0.06, 0, -0.04,
+  # 0.04, squares sum 0.0104, / 4 = 0.0026, sd 0.050990, SE = 0.050990 / sqrt(5) = 0.022804.
+  d = ablations.paired_difference([0.5, 0.3, 0.44, 0.2, 0.38], [0.4, 0.32, 0.40, 0.2, 0.30])
+  assert d.mean == pytest.approx(0.04, abs=1e-9)
+  assert d.standard_error == pytest.approx(0.022804, abs=1e-6)
+  assert not d.all_agree  # one negative, one zero
+  # All negative agrees too (in the other direction).
+  assert ablations.paired_difference([0.1, 0.2], [0.2, 0.4]).all_agree
+  # 0.3 - (0.1 + 0.2) is -5.6e-17 in floats: no difference, so no sign to agree on.
+  d = ablations.paired_difference([0.3, 0.3], [0.1 + 0.2, 0.1 + 0.2])
+  assert d.per_seed == (0.0, 0.0) and not d.all_agree
+  # One seed: no standard error.
+  assert math.isnan(ablations.paired_difference([0.3], [0.1]).standard_error)
+  with pytest.raises(ValueError):
+    ablations.paired_difference([0.1, 0.2], [0.1])
+  with pytest.raises(ValueError):
+    ablations.paired_difference([], [])
+
+
+@pytest.mark.parametrize("d,expected", [
+    # 0.0833 > 2 x 0.0167 and every seed positive.
+    (PD(0.0833, 0.0167, (0.10, 0.05, 0.10), True),
+     "holds in every seed, beyond two standard errors"),
+    # Every seed positive, 0.03 < 2 x 0.02.
+    (PD(0.03, 0.02, (0.01, 0.07, 0.01), True), "holds in every seed, within two standard errors"),
+    # One seed: no standard error to exceed.
+    (PD(0.05, math.nan, (0.05,), True), "holds in every seed, within two standard errors"),
+    # 0.05 > 2 x 0.02 but one seed is negative.
+    (PD(0.05, 0.02, (0.09, -0.01, 0.07), False),
+     "beyond two standard errors, but not in every seed"),
+    # 0.04 < 2 x 0.0228, seeds of both signs.
+    (PD(0.04, 0.0228, (0.10, -0.02, 0.04, 0.00, 0.08), False),
+     "same direction on average, not in every seed, within two standard errors"),
+    (PD(-0.05, 0.01, (-0.04, -0.06), True), "reversed in every seed"),
+    (PD(-0.01, 0.02, (0.01, -0.03), False), "does not hold"),
+    (PD(0.0, 0.0, (0.0, 0.0), False), "does not hold"),
+])
+def test_direction_verdict(d, expected):
+  assert ablations.direction_verdict(d) == expected
+
+
+def test_two_sided_verdict_judges_either_sign():
+  assert (ablations.two_sided_verdict(PD(-0.05, 0.01, (-0.04, -0.06), True))
+          == "same sign in every seed, beyond two standard errors")  # |-0.05| > 0.02
+  assert (ablations.two_sided_verdict(PD(-0.05, 0.03, (-0.02, -0.08), True))
+          == "same sign in every seed, within two standard errors")  # 0.05 < 0.06
+  assert (ablations.two_sided_verdict(PD(0.0, 0.05, (-0.05, 0.05), False))
+          == "within two standard errors, not the same sign in every seed")
+
+
+def test_paired_lines_up_seeds_and_skips_missing_or_undefined_values():
+  rows = {"a": {0: _cell(0.3), 1: _cell(0.5), 2: _cell(0.4), 3: _cell(math.nan)},
+          "b": {0: _cell(0.1), 2: _cell(0.1), 3: _cell(0.1)}}
+  seeds, d = ablations.paired(rows, "a", "b", "qa_em")
+  # Seed 1 has no b, seed 3 no finite a: 0.3 - 0.1 and 0.4 - 0.1.
+  assert seeds == (0, 2) and d.per_seed == pytest.approx((0.2, 0.3))
+  assert ablations.paired(rows, "a", "missing", "qa_em") is None
+  assert (ablations.format_difference((0, 2), PD(0.25, 0.05, (0.2, 0.3), True))
+          == "+0.250 ± 0.050 (seeds 0, 2: +0.200, +0.300)")
+
+
+def test_table_cells_are_mean_and_sample_std_in_the_papers_order():
+  rows = {"orqa": _by_seed(_cell(0.1, mlm=math.nan, utility=math.nan, refreshes=math.nan),
+                           _cell(0.1, mlm=math.nan, utility=math.nan, refreshes=math.nan)),
+          "realm": _by_seed(_cell(0.2), _cell(0.4)),
+          "no_null": _by_seed(_cell(0.3, utility=math.nan, picked="step 120: latest"))}
+  lines = ablations.table(rows).splitlines()
+  assert lines[0].startswith("| row | toy QA test EM | zero-shot recall@5 (test) |")
+  # 0.2 and 0.4: mean 0.3, sample std sqrt(0.02 / 1) = 0.141.
+  assert lines[2].startswith("| REALM | 0.300 ± 0.141 | 0.500 ± 0.000 | 0.100 ± 0.000 |")
+  assert lines[3].startswith("| ORQA-style baseline") and "| n/a | n/a | n/a |" in lines[3]
+  # One seed: its value alone; utility undefined without the null document.
+  assert lines[4].startswith("| REALM without the null document (beside the paper) | 0.300 |")
+  assert "| n/a |" in lines[4]
+  assert lines[-1] == "Evaluated on a checkpoint dev did not pick: no_null seed 0."
+
+
+def test_comparisons_give_every_direction_both_columns():
+  rows = {
+      # EM: REALM - random uniform = 0.10, 0.05, 0.10 (the first hand-worked example):
+      # +0.083 ± 0.017. Recall: 0.05 each seed: +0.050 ± 0.000, every seed.
+      "realm": _by_seed(_cell(0.30, 0.55), _cell(0.25, 0.45), _cell(0.40, 0.65)),
+      "random_token": _by_seed(_cell(0.20, 0.50), _cell(0.20, 0.40), _cell(0.30, 0.60)),
+      # Shares REALM's retriever: recall equal by construction, not judged.
+      "realm_retriever_bert_encoder": _by_seed(_cell(0.35, 0.55), _cell(0.20, 0.45),
+                                               _cell(0.30, 0.65)),
+  }
+  lines = ablations.comparisons(rows).splitlines()
+  assert lines == [
+      "* REALM > random uniform masks, toy QA test EM: +0.083 ± 0.017 (seeds 0, 1, 2: +0.100, "
+      "+0.050, +0.100): holds in every seed, beyond two standard errors",
+      "* REALM > random uniform masks, zero-shot recall@5 (test): +0.050 ± 0.000 (seeds 0, 1, "
+      "2: +0.050, +0.050, +0.050): holds in every seed, beyond two standard errors",
+      # -0.05, +0.05, +0.10: mean 0.033; deviations -0.0833, 0.0167, 0.0667, squares sum
+      # 0.011667, / 2 = 0.005833, sd 0.076376, SE 0.044096.
+      "* REALM > REALM retriever + baseline encoder, toy QA test EM: +0.033 ± 0.044 (seeds 0, "
+      "1, 2: -0.050, +0.050, +0.100): same direction on average, not in every seed, within two "
+      "standard errors",
+      "* REALM > REALM retriever + baseline encoder, zero-shot recall@5 (test): one retriever, "
+      "equal by construction"]
+
+
+def test_noise_line_next_to_the_smallest_direction_effect():
+  rows = {
+      "realm": _by_seed(_cell(0.20), _cell(0.30), _cell(0.25)),
+      # Refit minus REALM: +0.02, -0.03, 0.00: mean -0.003333; deviations 0.023333, -0.026667,
+      # 0.003333, squares sum 0.0012667, / 2 = 0.00063333, sd 0.025166, SE 0.014530; one
+      # fine-tuning's spread 0.025166 / sqrt(2) = 0.017795.
+      "realm_refit": _by_seed(_cell(0.22), _cell(0.27), _cell(0.25)),
+      # REALM minus random uniform: 0.05, 0.02, 0.05: mean 0.04, sd 0.017321, SE 0.01;
+      # 0.04 / 0.025166 = 1.59 times the noise.
+      "random_token": _by_seed(_cell(0.15), _cell(0.28), _cell(0.20)),
+      # REALM minus ORQA: 0.15, 0.20, 0.20: mean 0.183, larger.
+      "orqa": _by_seed(_cell(0.05), _cell(0.10), _cell(0.05)),
+  }
+  assert ablations.noise_line(rows) == (
+      "Fine-tuning noise: REALM's pretraining fine-tuned again with fine-tuning seed s + 1000, "
+      "minus REALM, toy QA test EM: -0.003 ± 0.015 (seeds 0, 1, 2: +0.020, -0.030, +0.000); "
+      "standard deviation of the difference 0.025 (one fine-tuning's own spread about 0.018, "
+      "if the two are independent). The smallest direction effect on toy QA test EM, REALM > "
+      "random uniform masks: +0.040 ± 0.010, 1.6 times the noise's standard deviation.")
+  assert ablations.noise_line({"realm": rows["realm"]}) == ""  # not measured: no line
+  one_seed = {name: {0: by_seed[0]} for name, by_seed in rows.items()}
+  assert ablations.noise_line(one_seed) == ""  # no spread from one seed
+
+
+def test_rows_and_directions():
+  names = [row.name for row in ablations.ROWS]
+  assert names[:4] == ["realm", "realm_retriever_bert_encoder", "ict_retriever_realm_encoder",
+                       "orqa"]  # the paper's order
+  assert ablations.FINETUNINGS == ("realm_retriever_bert_encoder", "ict_retriever_realm_encoder",
+                                   "orqa", "realm_refit")
+  kwargs = {row.name: row.kwargs for row in ablations.ROWS}
+  # The ORQA-style baseline: the ICT retriever and the BERT reader, as Recipe(baseline=True).
+  assert kwargs["orqa"] == {"finetune_retriever": "warm_start", "finetune_reader": "bert"}
+  assert kwargs["stale_30x"] == {"with_builder": False}
+  assert kwargs["realm_refit"] == {"finetune_seed_offset": 1000}
+  for direction in ablations.DIRECTIONS:
+    assert {direction.better, direction.worse} <= set(names), direction
+  # The retriever each row fine-tunes: its own pretraining's, or for a fine-tuning row
+  # REALM's ("pretrain") or ICT's ("warm_start"). Rows that fine-tune the same one are exactly
+  # those whose recall the comparisons leave unjudged.
+  retriever = {row.name: row.name if row.pretrains else
+               {"pretrain": "realm", "warm_start": "ict"}[
+                   row.kwargs.get("finetune_retriever", "pretrain")]
+               for row in ablations.ROWS}
+  for direction in ablations.DIRECTIONS:
+    assert direction.same_retriever == (retriever[direction.better]
+                                        == retriever[direction.worse]), direction
+
+
+def test_cell_summary_takes_each_rows_own_retriever_and_pretraining_columns():
+  recipe = {"qa_em_realm": 0.2, "recall@5_before": 0.4, "recall@5_after": 0.6,
+            "mlm_accuracy_realm": 0.13, "retrieval_utility_last": 0.43, "refreshes": 4.0}
+  rows = ablations.ROW_BY_NAME
+  realm = ablations.cell_summary(rows["realm"], recipe, minutes=9.0, qa_checkpoint=DEV_PICKED,
+                                 pretraining="1.5")
+  assert (realm["qa_em"], realm["recall@5_zero_shot"], realm["mlm_accuracy"],
+          realm["retrieval_utility"], realm["refreshes"]) == (0.2, 0.6, 0.13, 0.43, 4.0)
+  assert realm["recipe"] is recipe and realm["pretraining"] == "1.5"
+  for name, recall in (("orqa", 0.4), ("ict_retriever_realm_encoder", 0.4),
+                       ("realm_retriever_bert_encoder", 0.6), ("realm_refit", 0.6)):
+    cell = ablations.cell_summary(rows[name], recipe, minutes=2.0, qa_checkpoint=DEV_PICKED,
+                                  pretraining="1.5")
+    assert cell["recall@5_zero_shot"] == recall, name
+    assert all(math.isnan(cell[key]) for key in ("mlm_accuracy", "retrieval_utility",
+                                                 "refreshes")), name
+
+
+FT = ("f1", "f2")
+
+
+@pytest.mark.parametrize("wanted,kept,in_out,expected", [
+    # Nothing kept: the base first, then its fine-tunings.
+    (["base", "f1", "f2"], {}, None, ["base", "f1", "f2"]),
+    # All kept from one pretraining: nothing to make, whatever --out holds.
+    (["base", "f1", "f2"], {"base": "P1", "f1": "P1", "f2": "P1"}, None, []),
+    # A missing fine-tuning, REALM's pretraining still in --out: only it.
+    (["base", "f1", "f2"], {"base": "P1", "f2": "P1"}, "P1", ["f1"]),
+    # ... and a fine-tuning kept from an older pretraining is made again.
+    (["base", "f1", "f2"], {"base": "P1", "f1": "P0"}, "P1", ["f1", "f2"]),
+    # The pretraining is gone from --out: the base cell is made again with every fine-tuning.
+    (["base", "f1", "f2"], {"base": "P1", "f2": "P1"}, None, ["base", "f1", "f2"]),
+    # --out holds another pretraining than the kept base cell's: all made from it.
+    (["base", "f1"], {"base": "P1", "f1": "P2"}, "P2", ["base"]),
+    # Only a fine-tuning asked for: the base is needed beside it.
+    (["f2"], {}, "P1", ["base", "f2"]),
+    (["f2"], {"base": "P1"}, "P1", ["f2"]),
+    # No fine-tuning asked for: the base alone.
+    (["base"], {"base": "P1"}, None, []),
+    (["other"], {}, None, []),
+])
+def test_family_cells_to_make(wanted, kept, in_out, expected):
+  kept = {row: {"pretraining": pretraining} for row, pretraining in kept.items()}
+  assert ablations.family_cells_to_make("base", FT, wanted, kept, in_out) == expected
+
+
+def test_pretraining_id_and_the_evaluated_checkpoint(tmp_path):
+  assert ablations.pretraining_id(str(tmp_path)) is None  # not finished
+  (tmp_path / "TRAINING_DONE").write_text('{"done_unix": 1764000000.25, "last_checkpoint": 400}')
+  assert ablations.pretraining_id(str(tmp_path)) == "1764000000.25"
+  metrics = tmp_path / "toy_qa_test.metrics.json"
+  metrics.write_text(json.dumps({"checkpoint_step": 100, "checkpoint_choice":
+                                 "best by eval/exact_match=0.2 in best.json", "metrics": {}}))
+  choice = ablations.evaluated_checkpoint(str(metrics))
+  assert choice == DEV_PICKED and ablations.dev_picked({"qa_checkpoint": choice})
+  metrics.write_text(json.dumps({"checkpoint_step": 120, "checkpoint_choice": "latest"}))
+  assert not ablations.dev_picked({"qa_checkpoint": ablations.evaluated_checkpoint(str(metrics))})
+
+
+def test_fingerprint_covers_the_world_version_and_the_report_split(monkeypatch):
+  from realm_jax.data import toy_world  # pylint: disable=import-outside-toplevel
+  options = lambda: ablations.cell_options(toy_bert_sha256="ab", ict_from_bert=False,
+                                           pretrain_steps=None, finetune_steps=None)
+  assert options()["eval_split"] == "test"
+  assert options()["toy_world_generator_version"] == toy_world.GENERATOR_VERSION
+  before = ablations.fingerprint(options())
+  monkeypatch.setattr(toy_world, "GENERATOR_VERSION", toy_world.GENERATOR_VERSION + 1)
+  assert ablations.fingerprint(options()) != before  # a new world: no cell of the old reused
+  monkeypatch.undo()
+  monkeypatch.setattr(ablations, "EVAL_SPLIT", "dev")
+  assert ablations.fingerprint(options()) != before  # cells reported on dev are not reused
 
 
 def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_path,
@@ -41,8 +266,8 @@ def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_pa
   assert fingerprint != ablations.fingerprint({"pretrain_steps": 100})
   path = str(tmp_path / "cells" / "seed0_realm.json")
   assert ablations.load_cell(path, fingerprint) is None  # nothing kept yet
-  ablations.save_cell(path, _row(0.25), fingerprint)
-  assert ablations.load_cell(path, fingerprint) == _row(0.25)
+  ablations.save_cell(path, _cell(0.25), fingerprint)
+  assert ablations.load_cell(path, fingerprint) == _cell(0.25)
   assert os.listdir(tmp_path / "cells") == ["seed0_realm.json"]  # no temporary left behind
   # Another gin's contents change the fingerprint, and the kept cell is not reused.
   gin_dir = tmp_path / "repo" / "gin_configs" / "experiments"
@@ -54,7 +279,7 @@ def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_pa
   assert ablations.fingerprint({}) == before  # comments do not decide results
   (gin_dir / "toy_pretrain.gin").write_text("NUM_STEPS = 201\n")
   assert ablations.fingerprint({}) != before
-  ablations.save_cell(path, _row(0.25), before)
+  ablations.save_cell(path, _cell(0.25), before)
   capsys.readouterr()
   assert ablations.load_cell(path, ablations.fingerprint({})) is None
   assert "made with other gins or options" in capsys.readouterr().out
