@@ -71,6 +71,11 @@ SKIP_REASONS = ("duplicate_candidates", "too_few_candidates")
 # `masking.MaskedQuery.to_dict()`, batched).
 MASKED_BATCH_KEYS = ("query_ids", "query_mask", "mlm_positions", "mlm_targets", "mlm_weights",
                      "source_uid")
+# The reader rows of a pretraining batch, [B, K, reader_len] each and padded at the end
+# ("reader_mask" is 1 on their real tokens): what a length bucket cuts together
+# (`inputs.LengthBucketed`). The rows hold `[CLS] query [SEP] body [SEP]` at their start, so
+# cutting trailing padding moves no token and `mlm_positions` still index them.
+READER_ROW_KEYS = ("reader_ids", "reader_type_ids", "reader_mask")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,7 +425,9 @@ def pretraining_batch_spec(masked_spec: Mapping[str, Any], *, num_candidates: in
       mlm_positions [max_masks], ...
     num_candidates: K, candidates per example including the null document.
     block_len: the BlockStore's block row length.
-    reader_len: reader row length; default query_len + block_len (as `reader_inputs`).
+    reader_len: reader row length; default query_len + block_len (as `reader_inputs`). Batches
+      cut to a length bucket (`inputs.LengthBucketed` over `READER_ROW_KEYS`) have narrower
+      reader rows: `inputs.spec_at_width` gives their schema.
 
   Returns:
     {key: jax.ShapeDtypeStruct of one example}.

@@ -20,6 +20,12 @@ Three iterators:
   batch with `candidates.build_pretraining_batch` (null document at slot 0, the index step that
   chose the candidates recorded, skipped examples kept with zero weights).
 
+And a wrapper, `LengthBucketed(batches, keys=..., mask_key=..., length_bucket=32)`: each batch
+of another iterator with one kind of row (a pretraining or fine-tuning batch's reader rows) cut
+from its full width to the smallest multiple of `length_bucket` that holds the batch's longest
+row. Only padding goes, so the model's values on the real tokens are unchanged; each distinct
+width is one compilation of the step. Single-host only (`check_row_bucket`).
+
 Per-host input sharding (multi-host). Each process reads only its shard of the examples
 (`seqio.ShardInfo(jax.process_index(), jax.process_count())` by default, i.e. every
 `num_shards`-th example) and yields `batch_size` examples per step. The trainer assembles the
@@ -83,6 +89,7 @@ from realm_jax.data import corpus as corpus_lib
 from realm_jax.data.masking import SkipCounter
 from realm_jax.data import tensorflow_setup
 from realm_jax.batches import candidates as candidates_lib
+from realm_jax.index import builder as builder_lib
 from realm_jax.index import search as search_lib
 from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
@@ -849,3 +856,124 @@ class PretrainingBatches:
       self._skips[reason] = int(count)
     self._examples = int(examples or 0)
     self._last_index_step = None if last is None else int(last)
+
+
+# ------------------------------------------------------------------------------ length buckets
+
+
+def check_row_bucket(length_bucket: Any, process_count: Optional[int] = None) -> int:
+  """`length_bucket` if a `LengthBucketed` iterator can use it in this run, else ValueError.
+
+  An int >= 0 (0: no cutting, the batches' full width); and 0 with several hosts: each host
+  would cut its own batch to its own width, and the global batch is one array of one shape.
+  `process_count`: the run's hosts (default `jax.process_count()`).
+  """
+  if (isinstance(length_bucket, bool) or not isinstance(length_bucket, (int, np.integer))
+      or length_bucket < 0):
+    raise ValueError(f"length_bucket must be an int >= 0 (wordpieces; 0: the batches' full "
+                     f"width), got {length_bucket!r}")
+  length_bucket = int(length_bucket)
+  hosts = _default_process_count() if process_count is None else int(process_count)
+  if length_bucket and hosts > 1:
+    raise ValueError(f"length_bucket={length_bucket} cuts each host's batch to that batch's own "
+                     f"width, and the {hosts} hosts' batches must have one shape; use 0 with "
+                     f"several hosts")
+  return length_bucket
+
+
+def cut_rows(batch: Mapping[str, Any], keys: Sequence[str], width: int) -> dict[str, Any]:
+  """`batch` with the last axis of each array of `keys` that it has cut to its first `width`
+  positions (the others as they are)."""
+  return {key: value[..., :width] if key in keys else value for key, value in batch.items()}
+
+
+def spec_at_width(spec: Mapping[str, Any], keys: Sequence[str], width: int
+                  ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The schema of `cut_rows(batch, keys, width)` for batches of schema `spec`: the last axis
+  of `keys` at `width`."""
+  return {key: (jax.ShapeDtypeStruct((*value.shape[:-1], int(width)), value.dtype)
+                if key in keys else value) for key, value in spec.items()}
+
+
+class LengthBucketed:
+  """Batches of another iterator with one kind of row cut to a length bucket.
+
+  In each batch, the arrays `keys` (rows [..., length] padded at the end; `mask_key` nonzero on
+  their real tokens) are cut to `index.builder.bucket_width(mask, length_bucket)`, the index
+  builder's rule: the smallest multiple of `length_bucket` that holds the batch's longest row,
+  capped at the full length. Why: a row's padding costs the encoder as much as its tokens, and
+  the rows of a batch are padded to the longest any batch can have (a pretraining reader row to
+  query_len + block_len), not to the longest this batch has. Only positions that are padding in
+  every row go; attention and pooling leave padding out and the heads read real positions only,
+  so the model gives the same values on the real tokens (up to float rounding).
+
+  Each distinct width is one compilation of the jitted step that reads these batches: every new
+  width is logged, and `metrics()` counts them (`input/<name>_widths`, this process's) with
+  the mean width so far (`input/<name>_width`).
+
+  Iteration, the resume protocol (`state`, `restore`) and every other attribute
+  (`set_retriever`, `set_query_params`, ...) are the wrapped iterator's; so is `element_spec()`:
+  the full width, the widest batch (what a dry run lowers). `spec_at_width` gives the schema of a
+  cut batch.
+  """
+
+  def __init__(self, batches: Any, *, keys: Sequence[str], mask_key: str, length_bucket: int,
+               name: str):
+    """Wraps `batches`.
+
+    Args:
+      batches: an iterator of host batches (dicts of NumPy arrays).
+      keys: the arrays cut together (those a batch has); their last axis is the row length.
+      mask_key: the array (among `keys`, or not) whose nonzero entries mark the real tokens.
+      length_bucket: the bucket, in wordpieces (see `check_row_bucket`; 0: no cutting).
+      name: what the rows are, for the log and the metrics ("reader").
+    """
+    self.batches = batches
+    self.keys = tuple(keys)
+    self.mask_key = mask_key
+    self.length_bucket = check_row_bucket(length_bucket)
+    self.name = name
+    self.widths: set[int] = set()  # every width a batch was cut to, in this process
+    self._batches_cut = 0
+    self._width_sum = 0
+
+  def __iter__(self) -> "LengthBucketed":
+    return self
+
+  def __next__(self) -> dict[str, Any]:
+    batch = next(self.batches)
+    width = builder_lib.bucket_width(np.asarray(batch[self.mask_key]), self.length_bucket)
+    if width not in self.widths:
+      self.widths.add(width)
+      log.info("%s rows: a batch of width %d of %d (widths so far: %s; each is one compilation "
+               "of the step)", self.name, width, np.shape(batch[self.mask_key])[-1],
+               sorted(self.widths))
+    self._batches_cut += 1
+    self._width_sum += width
+    return cut_rows(batch, self.keys, width)
+
+  def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """The wrapped iterator's schema: the full width, the widest batch this yields."""
+    return self.batches.element_spec()
+
+  def metrics(self) -> dict[str, float]:
+    """The wrapped iterator's metrics (if any), the number of distinct widths so far and the
+    mean width so far."""
+    out = dict(self.batches.metrics()) if hasattr(self.batches, "metrics") else {}
+    out[f"input/{self.name}_widths"] = float(len(self.widths))
+    if self._batches_cut:
+      out[f"input/{self.name}_width"] = self._width_sum / self._batches_cut
+    return out
+
+  def state(self) -> dict[str, Any]:
+    return self.batches.state()
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    self.batches.restore(state)
+
+  def __getattr__(self, attribute: str) -> Any:
+    # Only reached for attributes this class does not define: the wrapped iterator's
+    # (`set_retriever`, `set_query_params`, `skip_counts`, ...).
+    if attribute == "batches":  # not set yet (e.g. while unpickling): no recursion
+      raise AttributeError(attribute)
+    return getattr(self.batches, attribute)

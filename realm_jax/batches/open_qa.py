@@ -63,6 +63,12 @@ LABEL_TEXTS = ("body", "title_and_body")
 # Batch entries only the host uses (text mapping, evidence); the model never reads them.
 HOST_ONLY_KEYS = ("retrieved_scores", "reader_token_starts", "reader_token_limits",
                   "reader_offsets_valid")
+# The reader rows, [Q, reader_beam, reader_len] each and padded at the end ("reader_mask" is 1 on
+# their real tokens): what a length bucket cuts together (`inputs.LengthBucketed`). A row is
+# `[CLS] question [SEP] body [SEP]` from position 0, so cutting trailing padding moves no token:
+# gold spans and predicted spans keep their positions. Host-only ones are cut when present.
+READER_ROW_KEYS = ("reader_ids", "reader_type_ids", "reader_mask", "reader_block_mask",
+                   "reader_token_starts", "reader_token_limits")
 
 
 # ------------------------------------------------------------------------------ features
@@ -396,7 +402,9 @@ def open_qa_batch_spec(*, question_len: int, beam: int, proj_size: int, reader_b
                        block_len: int = 0) -> dict[str, Any]:
   """The per-example shapes and dtypes of the `OpenQAModel` batch, `model_inputs` of a
   `build_open_qa_batch` built with fixed `question_len` and `max_occurrences` and a `block_emb`
-  (what `OpenQABatches` yields): the schema, declared once.
+  (what `OpenQABatches` yields): the schema, declared once. Batches cut to a length bucket
+  (`inputs.LengthBucketed` over `READER_ROW_KEYS`) have narrower reader rows:
+  `inputs.spec_at_width` gives their schema.
 
   Returns:
     {key: jax.ShapeDtypeStruct of one question}; `document_*` only with `document_beam`

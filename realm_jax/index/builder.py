@@ -16,7 +16,9 @@ Three layers:
   batch is cut to a length bucket, the smallest multiple of `length_bucket` (32) wordpieces that
   holds its longest block, instead of the store's max_block_len (288): only padding is cut, so
   the embeddings are the same, and a corpus of short documents no longer pays for computing
-  padding (one compilation per bucket width, at most max_block_len / length_bucket). Host-side
+  padding (one compilation per bucket width, at most max_block_len / length_bucket). The blocks
+  are embedded shortest first, so that a batch holds blocks of about one length and its bucket
+  fits all of them (in id order one long block in 128 put the whole batch at its width). Host-side
   input preparation of batch i+1 overlaps the device computation of batch i (JAX dispatch is
   asynchronous); each finished batch is streamed into a writer, so host memory holds one batch,
   never the [num_blocks, proj] matrix. Progress (blocks, blocks/s, ETA) every few seconds.
@@ -213,18 +215,35 @@ def check_length_bucket(length_bucket: Any) -> int:
 
 def bucket_width(mask: np.ndarray, length_bucket: int) -> int:
   """The width a batch is cut to: the smallest multiple of `length_bucket` that holds every
-  position where some row's mask is 1, capped at the full width; the full width for 0.
+  position where some row's mask is nonzero, capped at the full width; the full width for 0.
 
   Args:
-    mask: [batch, max_block_len] attention mask of the batch (1 on real tokens).
+    mask: [..., length] mask of the batch's rows (nonzero on real tokens), e.g. the index
+      builder's [batch, max_block_len] or a pretraining batch's [B, K, reader_len].
     length_bucket: the bucket size in wordpieces; 0: no cutting.
   """
-  full = mask.shape[1]
+  full = mask.shape[-1]
   if length_bucket == 0:
     return full
-  used = np.flatnonzero(mask.any(axis=0))  # [positions real in some row]
+  used = np.flatnonzero(mask.reshape(-1, full).any(axis=0))  # [positions real in some row]
   longest = int(used[-1]) + 1 if used.size else 0
   return min(full, max(1, -(-longest // length_bucket)) * length_bucket)
+
+
+def length_order(store: BlockStore, start: int, end: int) -> np.ndarray:
+  """int64 [end - start] the block ids of [start, end) shortest first (by title + body
+  wordpieces: the document tower's row less its three special tokens), ties in id order."""
+  lengths = (np.asarray(store.title_lengths[start:end], np.int64)
+             + np.asarray(store.body_lengths[start:end], np.int64))  # [end - start]
+  return start + np.argsort(lengths, kind="stable")
+
+
+def write_at(writer: Any, block_ids: np.ndarray, rows: np.ndarray) -> None:
+  """Writes `rows[i]` ([n, proj]) at row `block_ids[i]` ([n]) of `writer`: one `write_rows` per
+  run of consecutive ids (the writers take contiguous rows)."""
+  breaks = np.flatnonzero(np.diff(block_ids) != 1) + 1  # where a run of consecutive ids ends
+  for run_ids, run_rows in zip(np.split(block_ids, breaks), np.split(rows, breaks)):
+    writer.write_rows(int(run_ids[0]), run_rows)
 
 
 def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockStore, *,
@@ -245,8 +264,10 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
       of its last block) and the padding rows are dropped.
     length_bucket: each batch is cut to the smallest multiple of this many wordpieces that holds
       its longest block (capped at `store.max_block_len`); only trailing padding is cut, so the
-      embeddings are the same up to float rounding. One compilation per distinct width (at most
-      max_block_len / length_bucket). 0: every batch at the full `store.max_block_len`.
+      embeddings are the same up to float rounding. The blocks are taken shortest first
+      (`length_order`), so that each batch's width is about its blocks' length. One compilation
+      per distinct width (at most max_block_len / length_bucket). 0: every batch at the full
+      `store.max_block_len`, blocks in id order.
     mesh: a 1-D mesh with axis "data" over the devices to use; default: all local devices.
     dtype: "float32" or "bfloat16", the dtype of the output rows.
     writer: anything with `write_rows(start, rows)` (an `IndexWriter`); rows are written at
@@ -294,19 +315,23 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
 
   def finish(pending) -> None:
     nonlocal done, last_report
-    batch_start, count, out = pending
+    block_ids, out = pending  # [count] the batch's real blocks, [batch, proj]
+    count = block_ids.shape[0]
     rows = np.asarray(out)[:count]  # [count, proj]; blocks until this batch is computed
-    writer.write_rows(batch_start, rows)
+    write_at(writer, block_ids, rows)
     done += count
     now = time.monotonic()
     if progress is not None and (now - last_report >= progress_interval_s or done == total):
       last_report = now
       progress(EmbedProgress(done, total, now - start_time))
 
+  # [end - start] the blocks in the order they are embedded.
+  order = (length_order(store, start, end) if length_bucket
+           else np.arange(start, end, dtype=np.int64))
   pending = None
-  for batch_start in range(start, end, batch_size):
-    count = min(batch_size, end - batch_start)
-    block_ids = np.arange(batch_start, batch_start + count)  # [count]
+  for offset in range(0, total, batch_size):
+    count = min(batch_size, total - offset)
+    block_ids = order[offset:offset + count]  # [count]
     if count < batch_size:  # fixed shape: pad with the last real block, drop its rows later
       block_ids = np.concatenate([block_ids, np.full(batch_size - count, block_ids[-1])])
     ids, type_ids, mask = store.embedder_inputs(block_ids)  # each [batch, max_block_len] int32
@@ -317,13 +342,14 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
     width = bucket_width(mask, length_bucket)
     ids, type_ids, mask = ids[:, :width], type_ids[:, :width], mask[:, :width]  # [batch, width]
     if ids.size and int(ids.max()) >= vocab_size:
-      raise ValueError(f"{store.path}: token id {int(ids.max())} in blocks "
-                       f"[{batch_start}, {batch_start + count}) is outside the model's "
-                       f"vocabulary of {vocab_size} (a BlockStore of another vocabulary?)")
+      bad = int(block_ids[int(np.argmax(ids.max(axis=1)))])
+      raise ValueError(f"{store.path}: token id {int(ids.max())} in block {bad} is outside the "
+                       f"model's vocabulary of {vocab_size} (a BlockStore of another "
+                       f"vocabulary?)")
     out = fn(tower, ids, type_ids, mask)  # [batch, proj], dispatched asynchronously
     if pending is not None:
       finish(pending)  # fetch the previous batch while this one computes
-    pending = (batch_start, count, out)
+    pending = (block_ids[:count], out)
   if pending is not None:
     finish(pending)
   elif progress is not None:

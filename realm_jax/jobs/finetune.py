@@ -29,7 +29,7 @@ class FinetuneJob(IndexJob):
   Attributes:
     retriever_beam: blocks per question for the retriever loss (5000).
     reader_beam: blocks the reader reads (5).
-    reader_len: reader row length (320).
+    reader_len: reader row length (320): the full width of the reader rows.
     question_len: fixed question length (longer questions are left out, counted).
     max_occurrences: gold-span slots per (question, block).
     train_document_tower: also train the document tower (run the index builder alongside so
@@ -50,6 +50,11 @@ class FinetuneJob(IndexJob):
     lora_targets: the kernels of each BERT layer LoRA updates: of 'query', 'key', 'value',
       'out' (attention), 'intermediate', 'output' (feed-forward).
     adapter_size: the adapters' bottleneck width (peft='adapters').
+    length_bucket: cut each training batch's reader rows from `reader_len` to the smallest
+      multiple of this many wordpieces that holds its longest `[CLS] question [SEP] body [SEP]`
+      (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
+      distinct width is one compilation of the train step. 0 (the default): every batch at
+      `reader_len`. The evaluation reads `reader_len` rows. Single-host runs only.
     retriever_objective: how the question tower learns: "marginal" (ORQA's retriever and
       reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop", "adist" over the
       reader beam (the reader's loss then reads the scores held fixed; ORQA's retriever loss
@@ -69,6 +74,7 @@ class FinetuneJob(IndexJob):
   lora_alpha: float = 16.0
   lora_targets: Sequence[str] = ("query", "value")
   adapter_size: int = 64
+  length_bucket: int = 0
 
   name = "finetune"
 
@@ -76,6 +82,10 @@ class FinetuneJob(IndexJob):
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
+    try:
+      inputs.check_row_bucket(self.length_bucket)
+    except ValueError as e:
+      raise ConfigError(f"FinetuneJob.length_bucket: {e}") from e
     if realm_jax_tasks.is_qa_path(self.task):
       try:
         self.task = realm_jax_tasks.register_qa_files(self.task)
@@ -122,13 +132,18 @@ class FinetuneJob(IndexJob):
     """Reads the split's questions (the retriever is the index watcher, set by `start`)."""
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
     try:
-      return qa_inputs.OpenQABatches(
+      batches = qa_inputs.OpenQABatches(
           self.task, batch_size=ctx.batch_size, store=self.store, model=model, seed=ctx.seed,
           retriever_beam=self.retriever_beam, reader_len=self.reader_len,
           question_len=self.question_len, max_occurrences=self.max_occurrences)
     except inputs.UnknownTaskError as e:
       raise ConfigError(f"FinetuneJob.task: {gin_utils.one_line(e)}") from e
+    if not self.length_bucket:
+      return batches
+    return inputs.LengthBucketed(batches, keys=qa_batches.READER_ROW_KEYS, mask_key="reader_mask",
+                                 length_bucket=self.length_bucket, name="reader")
 
   def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
                  ) -> tuple[dict, str]:

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 import gin
 
+from realm_jax.gin_utils import ConfigError
 from realm_jax.jobs.base import RunContext, global_spec, require
 from realm_jax.jobs.index_job import IndexJob
 
@@ -32,6 +33,11 @@ class PretrainJob(IndexJob):
       eval/mlm/accuracy).
     eval_batches: batches (drawn with the current index) whose retrieval utility is computed at
       every checkpoint to pick the best one; 0 disables.
+    length_bucket: cut each training batch's reader rows from query_len + block_len to the
+      smallest multiple of this many wordpieces that holds its longest `[CLS] query [SEP] body
+      [SEP]` (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
+      distinct width is one compilation of the train step. 0 (the default): every batch at the
+      full width. Single-host runs only.
     retriever_objective: how the retriever learns: "marginal" (REALM: the marginal MLM loss
       trains reader and retriever) or Atlas's "emdr2", "pdist", "loop", "adist" (the reader
       keeps the marginal MLM loss with the scores held fixed; the objective trains the
@@ -41,11 +47,17 @@ class PretrainJob(IndexJob):
   num_candidates: int = 8
   null_document: bool = True
   eval_batches: int = 4
+  length_bucket: int = 0
 
   name = "pretrain"
 
   def configure(self, ctx: RunContext) -> None:
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
+    try:
+      inputs.check_row_bucket(self.length_bucket)
+    except ValueError as e:
+      raise ConfigError(f"PretrainJob.length_bucket: {e}") from e
     self.register_corpus(pretrain_records=self.pretrain_records)
     self.check_task_prefix("realm_")
     self.open_store()
@@ -69,7 +81,14 @@ class PretrainJob(IndexJob):
     return global_spec(self._batches(ctx).element_spec(), ctx.global_batch)
 
   def build_batches(self, ctx: RunContext, model: Any) -> Any:
-    return self._batches(ctx)  # the retriever is the index watcher, set by `start`
+    batches = self._batches(ctx)  # the retriever is the index watcher, set by `start`
+    if not self.length_bucket:
+      return batches
+    from realm_jax.batches import candidates  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    return inputs.LengthBucketed(batches, keys=candidates.READER_ROW_KEYS,
+                                 mask_key="reader_mask", length_bucket=self.length_bucket,
+                                 name="reader")
 
   def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
                  ) -> tuple[dict, str]:
@@ -94,7 +113,8 @@ class PretrainJob(IndexJob):
       # Retrieval utility (and the loss) on the task's first `eval_batches` batches in order,
       # candidates retrieved from the index in use at each evaluation (REALM_SPEC 17: the
       # authors pick their best checkpoint on it). The queries are training queries: the
-      # pretraining tasks have one split.
+      # pretraining tasks have one split. At the full width even with `length_bucket`: the
+      # eval step then compiles once, and a few batches cost less than compiling more widths.
       batches = self._batches(ctx, retriever=self.watcher, shuffle=False, num_epochs=1)
       return [next(batches) for _ in range(self.eval_batches)]
 

@@ -2,6 +2,7 @@
 pretraining batches retrieved with the query tower of the index's own checkpoint."""
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -20,9 +21,11 @@ from realm_jax.index import store as store_lib
 from realm_jax.index import swap
 from realm_jax.models import config as config_lib
 from realm_jax.models.realm import IctModel, RealmPretrainModel
+from realm_jax.models.reader import RealmKnowledgeAugEncoder
 from realm_jax.models.retriever import RealmRetriever
 from realm_jax import checkpoints as ckpt
 from realm_jax.batches import inputs
+from realm_jax.training import trainer as trainer_lib
 from realm_jax_tasks import TOY_BLOCK_LEN
 
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=16)
@@ -453,3 +456,140 @@ def test_an_index_carries_its_query_tower_past_its_checkpoints_pruning(world, to
   with pytest.raises(store_lib.IndexLoadError, match="query_tower.msgpack does not match its "
                                                      "sha256"):
     store_lib.load_index(path)
+
+
+# ------------------------------------------------------------------------------ length buckets
+
+
+def spread_retriever(store):
+  """A retriever of candidates spread over the store by the query's wordpieces (blocks of
+  different lengths in every batch), the same for the same query."""
+
+  def fn(query_ids, query_mask, k):
+    first = np.asarray(query_ids, np.int64).sum(axis=1)[:, None]  # [B, 1]
+    ids = (first + np.arange(k)[None, :] * 13) % store.num_blocks  # [B, k], distinct rows
+    return np.zeros(ids.shape, np.float32), ids.astype(np.int32)
+
+  return inputs.FunctionRetriever(3, fn, block_store_id=store.store_id)
+
+
+def pretraining_batches(store, batch_size=4, seed=0):
+  return inputs.PretrainingBatches(toy_masked_queries(batch_size=batch_size, seed=seed), store,
+                                   spread_retriever(store), num_candidates=5)
+
+
+def bucketed(batches, length_bucket=32):
+  return inputs.LengthBucketed(batches, keys=candidates.READER_ROW_KEYS, mask_key="reader_mask",
+                               length_bucket=length_bucket, name="reader")
+
+
+def test_length_buckets_cut_only_the_reader_rows_padding(toy_store):
+  full = take(pretraining_batches(toy_store), 4)
+  cut_batches = bucketed(pretraining_batches(toy_store))
+  cut = take(cut_batches, 4)
+  spec = cut_batches.element_spec()
+  assert spec == pretraining_batches(toy_store).element_spec()  # the widest: 96 + 288
+  assert spec["reader_ids"].shape == (5, 96 + toy_store.max_block_len)
+  widths = []
+  for padded, batch in zip(full, cut):
+    # [CLS] query [SEP] body [SEP] from position 0: the longest row, by hand.
+    longest = int(padded["reader_mask"].sum(axis=-1).max())
+    width = -(-longest // 32) * 32
+    widths.append(width)
+    assert width < 384 and batch["reader_ids"].shape == (4, 5, width)
+    assert sorted(batch) == sorted(padded)
+    for key, value in padded.items():
+      if key in candidates.READER_ROW_KEYS:
+        np.testing.assert_array_equal(batch[key], value[..., :width], err_msg=key)
+        assert not value[..., width:].any(), key  # only padding was cut
+      else:
+        np.testing.assert_array_equal(batch[key], value, err_msg=key)
+    # The schema of a cut batch: the declared one with the reader rows at the batch's width.
+    assert {k: (v.shape, np.dtype(v.dtype)) for k, v in batch.items() if k != "index_step"} == {
+        k: ((4,) + v.shape, np.dtype(v.dtype))
+        for k, v in inputs.spec_at_width(spec, candidates.READER_ROW_KEYS, width).items()}
+  assert cut_batches.widths == set(widths) and len(set(widths)) > 1
+  metrics = cut_batches.metrics()
+  assert metrics["input/reader_widths"] == len(set(widths))
+  assert metrics["input/reader_width"] == np.mean(widths)
+  assert "retrieval/skipped_fraction" in metrics  # the wrapped iterator's metrics too
+  # length_bucket=0 cuts nothing.
+  uncut = next(bucketed(pretraining_batches(toy_store), length_bucket=0))
+  assert uncut["reader_ids"].shape == (4, 5, 384)
+
+
+def test_a_cut_batch_gives_the_padded_batchs_logits_losses_and_gradients(toy_store):
+  """The padded computation is the reference: the same logits at every mask position, the same
+  loss, metrics and gradients, to float32 rounding; a cut into a real token breaks it."""
+  model = RealmPretrainModel(TINY)
+  # Weights of std 0.5: a token more or less moves the outputs far beyond the tolerance.
+  params = random_params(model.init, 5, std=0.5)
+  padded = next(pretraining_batches(toy_store, seed=1))
+  longest = int(padded["reader_mask"].sum(axis=-1).max())
+  cut = inputs.cut_rows(padded, candidates.READER_ROW_KEYS,
+                        builder.bucket_width(padded["reader_mask"], 32))
+  assert cut["reader_ids"].shape[-1] < padded["reader_ids"].shape[-1]
+
+  def logits(batch):  # [B, K, M, V] at the mask positions
+    return RealmKnowledgeAugEncoder(TINY).apply(
+        {"params": params["encoder"]}, batch["reader_ids"], batch["reader_type_ids"],
+        batch["reader_mask"], batch["mlm_positions"])
+
+  eval_and_grad = jax.jit(lambda p, b: (model.eval_fn(p, b),
+                                        jax.grad(lambda q: model.eval_fn(q, b)["loss_sum"])(p)))
+  reference_logits = np.asarray(logits(padded))
+  np.testing.assert_allclose(logits(cut), reference_logits, rtol=1e-5, atol=1e-5)
+  reference_aux, reference_grads = eval_and_grad(params, padded)
+  aux, grads = eval_and_grad(params, cut)
+  assert float(reference_aux["loss_sum"]) > 0 and float(reference_aux["weight_sum"]) > 0
+  for key in reference_aux:
+    np.testing.assert_allclose(aux[key], reference_aux[key], rtol=1e-5, atol=1e-5, err_msg=key)
+  for path, reference in jax.tree_util.tree_leaves_with_path(reference_grads):
+    got = np.asarray(functools.reduce(lambda tree, key: tree[key.key], path, grads))
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-6,
+                               err_msg=jax.tree_util.keystr(path))
+  # The comparison can fail: cut one position into the longest row (its final [SEP]) and
+  # that row's logits move by over 100 times the tolerance.
+  too_short = inputs.cut_rows(padded, candidates.READER_ROW_KEYS, longest - 1)
+  assert np.abs(np.asarray(logits(too_short)) - reference_logits).max() > 1e-3
+
+
+def test_each_reader_width_is_one_compilation(toy_store):
+  model = RealmPretrainModel(TINY)
+  params = random_params(model.init, 6)
+  step = jax.jit(model.eval_fn)
+  cut_batches = bucketed(pretraining_batches(toy_store, batch_size=2), length_bucket=16)
+  for batch in take(cut_batches, 6):
+    step(params, trainer_lib.device_batch(batch))
+  assert 1 < len(cut_batches.widths) < 6
+  assert step._cache_size() == len(cut_batches.widths)  # pylint: disable=protected-access
+
+
+def test_length_bucketed_batches_resume_and_delegate(toy_store):
+  straight = take(bucketed(pretraining_batches(toy_store)), 3)
+  first = bucketed(pretraining_batches(toy_store))
+  take(first, 1)
+  state = json.loads(json.dumps(first.state()))
+  assert state == first.batches.state()  # the wrapped iterator's resume protocol
+  resumed = bucketed(pretraining_batches(toy_store))
+  resumed.restore(state)
+  assert_batches_equal(take(resumed, 2), straight[1:])
+  # Everything else is the wrapped iterator's: the job hands it the index watcher this way.
+  assert resumed.skip_counts() == resumed.batches.skip_counts()
+  resumed.set_retriever(inputs.FunctionRetriever(3, None, block_store_id="another-store"))
+  with pytest.raises(ValueError, match="embeds BlockStore another-store"):
+    next(resumed)
+  with pytest.raises(AttributeError):
+    resumed.no_such_attribute  # pylint: disable=pointless-statement
+
+
+@pytest.mark.parametrize("length_bucket, hosts, expected", [
+    (0, 1, 0), (32, 1, 32), (0, 4, 0),
+    (32, 4, "the 4 hosts' batches must have one shape"), (-1, 1, "length_bucket must be"),
+    (32.0, 1, "length_bucket must be"), (True, 1, "length_bucket must be")])
+def test_check_row_bucket(length_bucket, hosts, expected):
+  if isinstance(expected, str):
+    with pytest.raises(ValueError, match=expected):
+      inputs.check_row_bucket(length_bucket, hosts)
+  else:
+    assert inputs.check_row_bucket(length_bucket, hosts) == expected

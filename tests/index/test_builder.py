@@ -115,9 +115,11 @@ def test_untied_towers_embed_with_the_document_tower(block_store):
   assert not np.allclose(got, direct_embeddings(swapped, untied, block_store), atol=1e-3)
 
 
-# Blocks of 12 to 96 wordpieces ("[CLS] doc i [SEP]" is 5, each sentence 7), in batches of 4:
-# longest 26, 33, 96 and a last partial batch of 2 with longest 26. 33 is one past a bucket of 32:
-# a width of 32 there would drop that block's final [SEP].
+# Blocks of 12 to 96 wordpieces ("[CLS] doc i [SEP]" is 5, each sentence 7). In id order, batches
+# of 4 have longest 26, 33, 96 and a last partial batch of 2 with longest 26; shortest first
+# (what a length bucket embeds), blocks [0, 3, 6, 9], [1, 4, 11, 13], [2, 7, 12, 5] and [8, 10]
+# (padded), longest 12, 19, 33 and 96. 33 is one past a bucket of 32: a width of 32 there would
+# drop that block's final [SEP].
 MIXED_SENTENCES = [1, 2, 3, 1, 2, 4, 1, 3, 12, 1, 13, 2, 3, 2]
 MIXED_LENGTHS = [12, 19, 26, 12, 19, 33, 12, 26, 89, 12, 96, 19, 26, 19]
 
@@ -173,7 +175,7 @@ def test_length_buckets_give_the_full_width_embeddings(sensitive_params, mixed_s
   assert shapes == [(4, 96)] * 4
   np.testing.assert_allclose(full, direct_embeddings(params, config, mixed_store), atol=1e-5,
                              rtol=0)
-  for length_bucket, widths in ((32, [32, 64, 96, 32]), (1, [26, 33, 96, 26]),
+  for length_bucket, widths in ((32, [32, 32, 64, 96]), (1, [12, 19, 33, 96]),
                                 (1000, [96] * 4)):
     shapes.clear()
     got = builder.embed_blocks(params, config, mixed_store, batch_size=4,
@@ -194,12 +196,12 @@ def test_length_buckets_over_8_devices_and_a_sub_range(sensitive_params, mixed_s
   shapes = record_widths(monkeypatch)
   full = builder.embed_blocks(params, TINY, mixed_store, batch_size=8, length_bucket=0,
                               progress=None)
-  # Batches [0, 8) (longest 33) and [8, 14) padded to 8 (longest 96); then [11, 14) padded to 8
-  # (longest 26).
+  # Shortest first: the 8 blocks of 12 and 19 wordpieces (longest 19), then the other 6 padded
+  # to 8 (longest 96); then [11, 14) as 11, 13, 12 padded to 8 (longest 26).
   got = builder.embed_blocks(params, TINY, mixed_store, batch_size=8, progress=None)
   part = builder.embed_blocks(params, TINY, mixed_store, batch_size=8, block_range=(11, 14),
                               progress=None)
-  assert shapes == [(8, 96)] * 2 + [(8, 64), (8, 96)] + [(8, 32)]
+  assert shapes == [(8, 96)] * 2 + [(8, 32), (8, 96)] + [(8, 32)]
   np.testing.assert_allclose(got, full, atol=1e-5, rtol=0)
   np.testing.assert_allclose(part, full[11:], atol=1e-5, rtol=0)
 
@@ -217,6 +219,35 @@ def test_bucket_width_holds_the_longest_row():
   holes = np.zeros((2, 96), np.int32)
   holes[0, [0, 70]] = 1
   assert builder.bucket_width(holes, 32) == 96
+  # Rows of any rank: a pretraining batch's reader mask [B, K, length].
+  assert builder.bucket_width(mask.reshape(3, 1, 96), 32) == 64
+  assert builder.bucket_width(np.stack([mask, holes[:1].repeat(3, 0)]), 32) == 96
+
+
+def test_length_order_is_shortest_first_and_stable(mixed_store):
+  order = builder.length_order(mixed_store, 0, mixed_store.num_blocks)
+  assert order.tolist() == [0, 3, 6, 9, 1, 4, 11, 13, 2, 7, 12, 5, 8, 10]
+  assert builder.length_order(mixed_store, 11, 14).tolist() == [11, 13, 12]
+
+
+class _RecordingWriter:
+  def __init__(self, num_rows):
+    self.rows = np.full((num_rows, 2), np.nan)
+    self.calls = []
+
+  def write_rows(self, start, rows):
+    self.calls.append((start, rows.shape[0]))
+    self.rows[start:start + rows.shape[0]] = rows
+
+
+def test_write_at_puts_each_row_at_its_block_in_contiguous_runs():
+  writer = _RecordingWriter(8)
+  block_ids = np.array([5, 6, 7, 0, 3, 4])
+  rows = np.arange(12, dtype=np.float64).reshape(6, 2)  # [6, 2]
+  builder.write_at(writer, block_ids, rows)
+  assert writer.calls == [(5, 3), (0, 1), (3, 2)]
+  np.testing.assert_array_equal(writer.rows[block_ids], rows)
+  assert np.isnan(writer.rows[[1, 2]]).all()  # rows no block id names are untouched
 
 
 @pytest.mark.parametrize("bad", [-1, -32, 1.5, 32.0, "32", None, True])

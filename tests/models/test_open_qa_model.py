@@ -452,3 +452,61 @@ def test_hf_open_qa_params_fit_the_model(model, params):
   axes = model.logical_axes()
   assert jax.tree.structure(axes, is_leaf=lambda x: isinstance(x, P)) == \
       jax.tree.structure(params)
+
+
+def test_reader_rows_cut_to_a_length_bucket_change_no_loss_logit_or_prediction(store, vocab,
+                                                                               block_emb, model,
+                                                                               params):
+  """Fine-tuning's reader rows cut as `FinetuneJob.length_bucket` cuts them, against the padded
+  rows as the reference: the same losses, metrics and gradients, the same joint logit for every
+  span of the cut rows, the same prediction; a cut into a real token changes the losses."""
+  from realm_jax.batches import inputs  # pylint: disable=import-outside-toplevel
+  from realm_jax.index import builder  # pylint: disable=import-outside-toplevel
+  examples = [QAExample("who founded tessavar?", ("Zoë Müller",)),
+              QAExample("when did the eiffel tower open?", ("1889",)),
+              QAExample("who founded tessavar?", ("Paris",))]
+  padded = qa_batches.model_inputs(qa_batches.build_open_qa_batch(
+      store, examples, np.array([(0, 3, 1), (2, 1, 0), (3, 0, 2)]), vocab=vocab, reader_beam=2,
+      reader_len=64, block_emb=block_emb, question_len=16, max_occurrences=8))
+  longest = int(padded["reader_mask"].sum(axis=-1).max())
+  width = builder.bucket_width(padded["reader_mask"], 8)
+  assert longest <= width < 64
+  cut = inputs.cut_rows(padded, qa_batches.READER_ROW_KEYS, width)
+  assert cut["reader_block_mask"].shape == (3, 2, width)
+
+  @jax.jit
+  def run(p, batch):
+    aux = model.eval_fn(p, batch)
+    grads = jax.grad(lambda q: model.eval_fn(q, batch)["loss_sum"])(p)
+    return aux, grads, model.forward(p, batch)[1], model.predict_batch(p, batch)
+
+  # Weights of std 0.5: a token more or less moves the span logits far beyond the tolerance.
+  rng = np.random.default_rng(3)
+  params = jax.tree.map(lambda x: rng.normal(0, 0.5, x.shape).astype(x.dtype), params)
+  reference_aux, reference_grads, reference_logits, reference_prediction = run(params, padded)
+  aux, grads, logits, prediction = run(params, cut)
+  assert float(reference_aux["reader_loss_sum"]) > 0
+  for key in reference_aux:
+    np.testing.assert_allclose(aux[key], reference_aux[key], rtol=1e-5, atol=1e-5, err_msg=key)
+  for got, reference in zip(jax.tree.leaves(grads), jax.tree.leaves(reference_grads)):
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-6)
+  # [Q, reader_beam, spans]: every span of the cut rows is a span of the padded ones; the ones
+  # inside a block (the others have `invalid_span_logit`, -10000, added) have the same logit.
+  full_index = {span: i for i, span in enumerate(zip(*enumerate_spans(64, CONFIG.max_span_width)))}
+  same = [full_index[span] for span in zip(*enumerate_spans(width, CONFIG.max_span_width))]
+  reference_logits = np.asarray(reference_logits)
+  valid = reference_logits[..., same] > -5000
+  assert valid.any() and np.array_equal(np.asarray(logits) > -5000, valid)
+  np.testing.assert_allclose(np.asarray(logits)[valid], reference_logits[..., same][valid],
+                             rtol=1e-5, atol=1e-5)
+  for key in ("block_index", "start", "end", "block_id"):
+    np.testing.assert_array_equal(prediction[key], reference_prediction[key], err_msg=key)
+  np.testing.assert_allclose(prediction["logit"], reference_prediction["logit"], rtol=1e-5)
+  # The comparison can fail: one position less drops the longest row's final [SEP], and its
+  # spans' logits move by over 100 times the tolerance.
+  too_short = inputs.cut_rows(padded, qa_batches.READER_ROW_KEYS, longest - 1)
+  kept = [full_index[span]
+          for span in zip(*enumerate_spans(longest - 1, CONFIG.max_span_width))]
+  valid = reference_logits[..., kept] > -5000
+  moved = np.asarray(run(params, too_short)[2])[valid] - reference_logits[..., kept][valid]
+  assert np.abs(moved).max() > 1e-3
