@@ -43,7 +43,7 @@ DISTRACT_GIN_FILE = "gin_configs/experiments/toy_bert_distract.gin"
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "assets",
                            "toy_bert")
 # sha256 of the shipped model.safetensors, as the rebuild command prints it (docs/toy_bert.md).
-SHIPPED_SHA256 = "3a4fca6c8c6671e3d7d27d7e1ac61b47100114cc78fea4ace1c0b5e26cbf1299"
+SHIPPED_SHA256 = "1b0deeca906b1754870f965cecda44ec806cf338ba9fb29322f0777889f95e17"
 # Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).
 QUERY_LEN = 64
 READER_LEN = 64 + 128

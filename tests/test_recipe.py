@@ -75,14 +75,19 @@ def test_ict_starts_from_random_weights_unless_asked_to_start_from_the_bert(tmp_
     assert f"--gin.RUN_DIR='{tmp_path / 'ict'}'" in command and "--gin.NUM_STEPS=3" in command
 
 
-def test_children_get_the_launchers_allocator_settings_unless_the_user_set_them(monkeypatch):
+def test_children_get_the_allocator_settings_and_compilation_cache_unless_the_user_set_them(
+    monkeypatch, tmp_path):
+  monkeypatch.setenv("REALM_JAX_CACHE", str(tmp_path))
   expected = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
-              "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+              "MALLOC_TRIM_THRESHOLD_": "4294967296",
+              "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_compilation_cache")}
   for key in expected:
     monkeypatch.delenv(key, raising=False)
   assert recipe.child_env() == expected
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-  assert recipe.child_env() == {k: v for k, v in expected.items() if k != "MALLOC_ARENA_MAX"}
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
+  assert recipe.child_env() == {k: v for k, v in expected.items()
+                                if k not in ("MALLOC_ARENA_MAX", "JAX_COMPILATION_CACHE_DIR")}
 
 
 def test_children_side_by_side_each_log_their_own_output_and_failures_are_named(
