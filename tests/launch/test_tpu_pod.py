@@ -5,6 +5,7 @@ distributed runtime before the entry point (JAX faked)."""
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -257,9 +258,18 @@ except KeyboardInterrupt:
 '''
 
 
+def _sigint_at_its_default():
+  """In the child before exec: SIGINT at its default disposition, as a worker's command has it
+  when ssh starts it. A suite started from a background shell (`pytest &`) runs with SIGINT
+  ignored, which every child inherits; Python then installs no KeyboardInterrupt handler and the
+  stand-in would never see the stop script's SIGINT."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _bash(script, home, **kwargs):
   env = dict(os.environ, HOME=str(home))
-  return subprocess.Popen(["bash", "-c", script], env=env, **kwargs)
+  return subprocess.Popen(["bash", "-c", script], env=env, preexec_fn=_sigint_at_its_default,
+                          **kwargs)
 
 
 def _wait_for(path, timeout=60.0):
@@ -305,7 +315,7 @@ def test_detached_script_returns_and_stop_reaches_it(worker_home, tmp_path):
   started = subprocess.run(["bash", "-c", tpu_pod.detached_script("builder", command,
                                                                   remote_dir="realm_jax")],
                            env=dict(os.environ, HOME=str(home)), capture_output=True, text=True,
-                           timeout=60)
+                           timeout=60, preexec_fn=_sigint_at_its_default)
   assert started.returncode == 0 and "builder started on" in started.stdout
   pid = int(_wait_for(home / ".realm_jax_builder.pid"))
   try:
