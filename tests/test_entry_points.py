@@ -307,6 +307,10 @@ def test_build_index_settings_are_refused_before_any_wait(tmp_path, capsys, bind
      "Configurable 'PretrainJob' doesn't have a parameter named 'ict_remove_probability'"),
     ("toy_pretrain", "PretrainJob.retriever_lr_scale=-1.0",
      "retriever_lr_scale must be finite and >= 0"),
+    ("toy_pretrain", "PretrainJob.length_bucket=-32",
+     "PretrainJob.length_bucket: length_bucket must be an int >= 0"),
+    ("toy_finetune", "FinetuneJob.length_bucket=1.5",
+     "FinetuneJob.length_bucket: length_bucket must be an int >= 0"),
     ("toy_ict", "IctJob.ict_remove_probability=1.5", "expected a probability in [0, 1]"),
     # The toy world's ict_toy is registered (keeping the sentence) before any run.
     ("toy_ict", "IctJob.ict_remove_probability=0.5",
@@ -402,6 +406,34 @@ def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_fr
   assert _leaves_equal(params["reader"]["bert"], mlm["encoder"]["bert"])
   assert _leaves_equal(params["reader"]["span_head"], fresh["reader"]["span_head"])
   assert _leaves_equal(params["retriever"], ict["retriever"])
+
+
+@pytest.mark.parametrize("job_class, task, rows", [
+    ("PretrainJob", "realm_toy_salient_span", "candidates"), ("FinetuneJob", "toy_qa", "open_qa")])
+def test_a_length_bucket_cuts_the_training_batches_reader_rows(job_class, task, rows, tmp_path):
+  """`length_bucket` wraps the job's training batches in `inputs.LengthBucketed` over its
+  reader rows; the schema (what a dry run lowers) stays the full width; 0 wraps nothing."""
+  # pylint: disable=import-outside-toplevel
+  import importlib
+  from realm_jax.batches import inputs
+  from realm_jax.jobs.base import RunContext
+  from realm_jax.training import partitioning
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=8)
+  ctx = RunContext(run_dir=str(tmp_path), model_config=config, batch_size=2, global_batch=2,
+                   seed=0, mesh=partitioning.make_mesh(-1, 1), rules=partitioning.DEFAULT_RULES,
+                   init_checkpoint=None)
+  built = {}
+  for length_bucket in (0, 32):
+    job = getattr(jobs, job_class)(task=task, length_bucket=length_bucket)
+    job.configure(ctx)
+    model = job.build_model(ctx)
+    built[length_bucket] = (job.build_batches(ctx, model), job.abstract_batch(ctx, model))
+  (plain, plain_spec), (cut, cut_spec) = built[0], built[32]
+  assert not isinstance(plain, inputs.LengthBucketed)
+  assert isinstance(cut, inputs.LengthBucketed) and cut.length_bucket == 32
+  assert cut.keys == importlib.import_module(f"realm_jax.batches.{rows}").READER_ROW_KEYS
+  assert type(cut.batches) is type(plain) and cut.mask_key == "reader_mask"
+  assert cut_spec == plain_spec
 
 
 @pytest.mark.parametrize("peft,expected", [
