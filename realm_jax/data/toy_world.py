@@ -40,8 +40,8 @@ headquarters, participants...), and writes the REALM inputs over it:
 
   The real-text figure is of technical prose; the toy text's sentences with a salient span are
   denser in names because each must name enough of its entities for the retriever to find the
-  document that states the masked one. Invented name words are at most 3
-  wordpieces (2.7 on average; unbounded they were 3.4).
+  document that states the masked one. Invented name words are at most 3 wordpieces (2.7 on
+  average; unbounded they were 3.4).
 * ``qa/{train,dev,test}.jsonl`` -- open-QA questions in ORQA's form ``{"question", "answer"}``
   (spec item 30), 2,000/1,000/1,000 of them (dev picks checkpoints, test is reported). Every
   answer string occurs verbatim (case-sensitive, spec item 27) in the text of the subject's
