@@ -97,11 +97,10 @@ def python_module(module: str, *args: str) -> list[str]:
 
 
 def compilation_cache_dir() -> str:
-  """Where the children keep JAX's persistent compilation cache: `$REALM_JAX_CACHE` (else
-  ~/.cache/realm_jax, the toy world's cache root) / jax_compilation_cache."""
-  root = os.environ.get("REALM_JAX_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                           "realm_jax")
-  return os.path.join(root, "jax_compilation_cache")
+  """Where the children keep JAX's persistent compilation cache: jax_compilation_cache in the
+  toy world's cache root (`toy_world.default_cache_root`)."""
+  from realm_jax.data import toy_world  # pylint: disable=g-import-not-at-top
+  return str(toy_world.default_cache_root() / "jax_compilation_cache")
 
 
 def child_env() -> dict[str, str]:

@@ -103,6 +103,7 @@ __all__ = [
     "Town",
     "ToyWorld",
     "ToyWorldError",
+    "default_cache_root",
     "generate",
     "main",
     "qa_file",
@@ -1500,7 +1501,8 @@ def verify(directory: str | os.PathLike) -> dict[str, Any]:
   return manifest
 
 
-def _default_cache_root() -> pathlib.Path:
+def default_cache_root() -> pathlib.Path:
+  """The project's cache of generated data: `$REALM_JAX_CACHE`, else `~/.cache/realm_jax`."""
   override = os.environ.get("REALM_JAX_CACHE")
   return pathlib.Path(override) if override else pathlib.Path.home() / ".cache" / "realm_jax"
 
@@ -1522,7 +1524,7 @@ def toy_world_dir(cache_root: str | os.PathLike | None = None, *, seed: int = DE
   Returns:
     The directory, as a string.
   """
-  root = pathlib.Path(cache_root) if cache_root is not None else _default_cache_root()
+  root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
   scale = SMALL_SCALE if small else 1.0
   directory = root / "toy_world" / f"v{GENERATOR_VERSION}-seed{seed}{'-small' if small else ''}"
   return _cached_world(directory, lambda: generate(seed, scale=scale),
@@ -1539,7 +1541,7 @@ def reading_world_dir(seed: int, cache_root: str | os.PathLike | None = None) ->
   """
   if seed == DEFAULT_SEED:
     raise ValueError(f"reading_world_dir: seed {seed} is the toy world's own seed.")
-  root = pathlib.Path(cache_root) if cache_root is not None else _default_cache_root()
+  root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
   toy_corpus = pathlib.Path(toy_world_dir(root)) / CORPUS_FILE
   reserved = name_words(record["title"] for record in read_jsonl(toy_corpus))
   directory = root / "reading_world" / f"v{GENERATOR_VERSION}-seed{seed}"
