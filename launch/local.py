@@ -23,15 +23,21 @@ Lifecycle:
     so its index only grows stale) unless `stop_on_builder_failure`, which stops the trainer too.
   * SIGINT (Ctrl-C), SIGTERM or SIGHUP to the launcher: SIGINT to both process groups (the
     entry points turn it into a clean exit 130: nothing partial is ever published), SIGKILL
-    after `grace_seconds` (at once on a second Ctrl-C); exit 130.
+    after `grace_seconds` (at once on a second Ctrl-C); exit 128 + the signal's number (130,
+    143, 129).
 "Stopped" always means that sequence. Whatever happens, no child is left running: the stop runs
 in a `finally`, and when a child's main process ends, anything left in its process group is
-killed.
+killed. A launcher killed outright (SIGKILL: no `finally` runs) takes its children with it on
+Linux, where each child asks the kernel for SIGTERM when its parent ends (`prctl`'s
+PR_SET_PDEATHSIG, `tied_to_parent`); elsewhere they are left running and must be stopped by hand.
+Each child starts with SIGINT at its default disposition, whatever the launcher inherited (a
+shell starts background jobs with SIGINT ignored), so the stop sequence's SIGINT reaches it.
 
 Exit status: 0 both finished cleanly (or no builder); the trainer's status when it failed
-(128 + N when killed by signal N); 130 interrupted; 3 the trainer finished but the builder failed,
-timed out, or (with `stop_on_builder_failure`) failed and stopped the run; 127 a command could
-not be started; 2 a usage error.
+(128 + N when killed by signal N); 128 + N stopped by signal N (130 for SIGINT and Ctrl-C, 143
+for SIGTERM); 3 the trainer finished but the builder failed, timed out, or (with
+`stop_on_builder_failure`) failed and stopped the run; 127 a command could not be started; 2 a
+usage error.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,6 +74,78 @@ _PUMP_JOIN_SECONDS = 5.0  # how long to wait for a child's last output once it h
 # set (`env_trainer`, `env_builder`, `--trainer_env`); the process keeps its peak heap.
 ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
                  "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+
+
+# The exec wrapper each child starts through (`tied_to_parent`): SIGINT back at its default
+# disposition, then on Linux prctl(PR_SET_PDEATHSIG, SIGTERM), then exec of the command, which
+# keeps both (and the pid). Run with -S (no site-packages): it imports only the standard library.
+# A wrapper rather than a `preexec_fn`: that would fork a parent that may run threads (JAX's,
+# in the recipe) and run Python between fork and exec.
+_TIE_TO_PARENT = r"""
+import ctypes, os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+if sys.platform.startswith("linux"):
+  ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+  sys.exit(128 + signal.SIGTERM)
+try:
+  os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+  print(f"cannot start {sys.argv[2]}: {e}", file=sys.stderr, flush=True)
+  sys.exit(127)
+"""
+
+
+def tied_to_parent(cmd: Sequence[str]) -> list[str]:
+  """`cmd` started so that it can be stopped and does not outlive this process (the launcher's
+  children and the recipe's stages start so).
+
+  Through a small exec wrapper: SIGINT back at its default disposition (an ignored SIGINT is
+  inherited through exec, and Python then never raises KeyboardInterrupt, so a stop's SIGINT
+  could not reach it), and on Linux SIGTERM from the kernel when this process's starting thread
+  ends, however it ends (PR_SET_PDEATHSIG: a SIGKILLed parent runs no cleanup of its own). A
+  parent that died before that request finds its child exiting at once with 143. Elsewhere than
+  Linux a killed parent's children run on, to be stopped by hand. The pid is the command's
+  own (exec).
+
+  Raises:
+    FileNotFoundError: the program is not found (on the PATH), so nothing is started.
+  """
+  cmd = list(cmd)
+  if not cmd or shutil.which(cmd[0]) is None:
+    raise FileNotFoundError(f"no such program: {cmd[0] if cmd else '(empty command)'}")
+  return [sys.executable, "-S", "-c", _TIE_TO_PARENT, str(os.getpid()), *cmd]
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], *,
+                   grace_seconds: float = DEFAULT_GRACE_SECONDS) -> list[tuple[int, str]]:
+  """Stops the processes still running among `procs` as the launcher stops its children: SIGINT
+  to each (the entry points exit cleanly on it), SIGKILL to any still running after
+  `grace_seconds`; returns once all have ended.
+
+  Returns:
+    (pid, what ended it: "exit 130", "killed by SIGKILL after SIGINT", ...) of each process
+    that was still running.
+  """
+  live = [p for p in procs if p.poll() is None]
+  for proc in live:
+    try:
+      proc.send_signal(signal.SIGINT)
+    except ProcessLookupError:
+      pass
+  deadline = time.monotonic() + grace_seconds
+  while any(p.poll() is None for p in live) and time.monotonic() < deadline:
+    time.sleep(_POLL_SECONDS)
+  outcome = []
+  for proc in live:
+    killed = proc.poll() is None
+    if killed:
+      proc.kill()
+    returncode = proc.wait()
+    what = (f"killed by {signal.Signals(-returncode).name}" if returncode < 0
+            else f"exit {returncode}")
+    outcome.append((proc.pid, f"{what} after SIGINT" if killed else what))
+  return outcome
 
 
 def format_seconds(seconds: float) -> str:
@@ -122,8 +201,9 @@ class _Child:
     # process_group=0: the child leads a new group, so the launcher can signal the child and
     # everything it spawns at once, and a terminal's Ctrl-C reaches only the launcher (which
     # forwards exactly one SIGINT) instead of every process twice.
-    self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, env=env, process_group=0)
+    self.proc = subprocess.Popen(tied_to_parent(self.cmd), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                 process_group=0)
     self.started = time.monotonic()
     self._pump = threading.Thread(target=self._copy_output, name=f"{self.name}-output",
                                   daemon=True)
@@ -313,7 +393,7 @@ class _Launcher:
         self.say(f"got {name}; stopping (SIGINT to both, SIGKILL after "
                  f"{format_seconds(self.grace_seconds)}; Ctrl-C again to kill at once)")
         self.stop(self.children)
-        return EXIT_INTERRUPTED
+        return 128 + self.flag.last
       status = self._check_builder()
       if status is not None:
         return status
@@ -429,8 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
       prog="python -m realm_jax_launch.local",
       description="Run the REALM trainer and its index builder side by side, output prefixed "
                   "and logged; Ctrl-C stops both.",
-      epilog="Exit status: 0 done; the trainer's status if it failed; 130 interrupted; 3 the "
-             "builder failed or timed out; 2 usage error.")
+      epilog="Exit status: 0 done; the trainer's status if it failed; 128 + N stopped by signal N "
+             "(130 Ctrl-C, 143 SIGTERM); 3 the builder failed or timed out; 2 usage error.")
   parser.add_argument("--trainer", required=True,
                       help="the trainer command line, one shell-quoted string")
   parser.add_argument("--builder", default=None,

@@ -44,6 +44,9 @@ and ends with a table (also written to `<out>/summary.md` and `summary.json`):
 
 A stage whose result exists is not run again (delete `<out>` or pass `--fresh` to start over);
 a killed recipe resumes where it stopped (the trainer resumes from its last checkpoint).
+SIGINT (Ctrl-C) or SIGTERM stops the running stages as the launcher stops its children (SIGINT,
+SIGKILL after 30 s) and exits 130 or 143; killed outright (SIGKILL), its stages die with it on
+Linux (`realm_jax_launch.local.tied_to_parent`).
 Every child's full log is in `<out>/logs/`; the console shows progress lines only.
 """
 
@@ -54,11 +57,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from typing import Optional, Sequence
+
+from realm_jax import gin_utils
 
 PROG = "recipe"
 DEFAULT_OUT = "/tmp/realm_toy"
@@ -125,8 +131,13 @@ def run_children(children: Sequence[tuple[Sequence[str], str]]) -> None:
 
   On this 2-core machine two jobs side by side finish sooner than one after the other: neither
   keeps both cores busy alone (the host builds batches and retrieves between steps). Raises
-  RuntimeError naming every child that failed, after all have ended.
+  RuntimeError naming every child that failed, after all have ended. Interrupted (SIGINT or
+  SIGTERM to this process: `gin_utils.Interrupted`), it stops the children as the launcher
+  does (`realm_jax_launch.local.stop_processes`: SIGINT, SIGKILL after a grace period) before
+  the interruption goes on; each child also dies with this process should it be killed outright
+  (`realm_jax_launch.local.tied_to_parent`).
   """
+  import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
   lock = threading.Lock()
   console = _Progress(sys.stdout)
 
@@ -138,26 +149,27 @@ def run_children(children: Sequence[tuple[Sequence[str], str]]) -> None:
           console.write(prefix + line)
 
   running = []
-  for cmd, log_path in children:
-    child = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, env={**os.environ, **child_env()})
-    prefix = (f"[{os.path.splitext(os.path.basename(log_path))[0]}] "
-              if len(children) > 1 else "")
-    thread = threading.Thread(target=copy, args=(child, log_path, prefix), daemon=True)
-    thread.start()
-    running.append((cmd, log_path, child, thread))
-  failed = []
   try:
+    for cmd, log_path in children:
+      child = subprocess.Popen(launcher.tied_to_parent(cmd), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **child_env()})
+      prefix = (f"[{os.path.splitext(os.path.basename(log_path))[0]}] "
+                if len(children) > 1 else "")
+      thread = threading.Thread(target=copy, args=(child, log_path, prefix), daemon=True)
+      thread.start()
+      running.append((cmd, log_path, child, thread))
+    failed = []
     for cmd, log_path, child, thread in running:
       code = child.wait()
       thread.join()
       if code:
         failed.append(f"{' '.join(cmd[2:4])} ... exited with status {code}; see {log_path}")
   finally:
-    for _, _, child, _ in running:  # interrupted: stop the others too
-      if child.poll() is None:
-        child.terminate()
-        child.wait()
+    # Interrupted, or one could not start: stop the others too, and wait for them (bounded).
+    stopped = launcher.stop_processes([child for _, _, child, _ in running])
+    for pid, how in stopped:
+      print(f"{PROG}: stopped child {pid}: {how}", file=sys.stderr, flush=True)
   if failed:
     raise RuntimeError("; ".join(failed))
 
@@ -358,6 +370,9 @@ class Recipe:
       code = launcher.run_local(trainer, builder, log_dir=self.logs,
                                 console=_Progress(sys.stdout), env_trainer=child_env(),
                                 env_builder=child_env(), run_dir=self.pretrain)
+      if code - 128 in gin_utils.STOP_SIGNALS + (signal.SIGHUP,):
+        # The launcher caught the signal meant for this process and stopped both children.
+        raise gin_utils.Interrupted(code - 128)
       if code:
         raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
 
@@ -533,10 +548,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     bert = toy_bert_dir(args.toy_bert)
   except ValueError as e:
     parser.error(str(e))
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    parser.error(f"--out {args.out} is a file; give a directory (created if missing)")
   if args.fresh and os.path.exists(args.out):
     shutil.rmtree(args.out)
   # The gin files are addressed from the repository root, where the children run.
-  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
   os.chdir(gin_utils.REPO_ROOT)
   import realm_jax_tasks  # pylint: disable=g-import-not-at-top
 
@@ -563,4 +579,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  gin_utils.exit_process(main(), PROG)

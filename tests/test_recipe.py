@@ -6,6 +6,11 @@ The recipe itself runs for minutes (README command one); its stages are the entr
 tested on its own (tests/test_entry_points.py, tests/test_evaluate_main.py, tests/index)."""
 
 import io
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -117,6 +122,81 @@ def test_children_side_by_side_each_log_their_own_output_and_failures_are_named(
     recipe.run_children([([sys.executable, "-c", "pass"], str(tmp_path / "good.log")),
                          ([sys.executable, "-c", fail], str(tmp_path / "bad.log"))])
   assert "good.log" not in str(error.value)
+
+
+# The main job stopped the ways schedulers and people stop jobs, with stand-in stages: a
+# process running `run_children` through `run_command`, as `python -m realm_jax.recipe` does.
+_STAGE = r"""
+import os, sys, time
+out, name = sys.argv[1], sys.argv[2]
+open(os.path.join(out, name + ".pid"), "w").write(str(os.getpid()))
+try:
+  time.sleep(120)
+except KeyboardInterrupt:
+  open(os.path.join(out, name + ".sigint"), "w").close()
+  sys.exit(130)
+"""
+_MAIN_JOB = r"""
+import sys
+from realm_jax import gin_utils, recipe
+out = sys.argv[1]
+stages = [([sys.executable, "-c", sys.argv[2], out, name], f"{out}/{name}.log")
+          for name in ("ict", "orqa")]
+def run():
+  recipe.run_children(stages)
+  return 0
+gin_utils.exit_process(gin_utils.run_command("recipe", run, interrupted="run it again"),
+                       "recipe")
+"""
+
+
+def _alive(pid):
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its reaper counts as gone
+    return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _main_job_with_stages_running(tmp_path):
+  """The stand-in main job, once both its stages run: (process, [stage pids])."""
+  proc = subprocess.Popen([sys.executable, "-c", _MAIN_JOB, str(tmp_path), _STAGE],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  pids = [tmp_path / f"{name}.pid" for name in ("ict", "orqa")]
+  deadline = time.monotonic() + 60
+  while not all(p.exists() and p.read_text() for p in pids):
+    assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+    time.sleep(0.02)
+  time.sleep(0.3)  # past the stages' imports: their KeyboardInterrupt handling is in place
+  return proc, [int(p.read_text()) for p in pids]
+
+
+def test_sigterm_to_the_main_job_stops_its_stages_and_says_so(tmp_path):
+  proc, pids = _main_job_with_stages_running(tmp_path)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 143, err
+  lines = err.strip().splitlines()
+  assert lines[-1] == "recipe: interrupted (SIGTERM); run it again", lines
+  assert sorted(lines[:-1]) == sorted(f"recipe: stopped child {pid}: exit 130" for pid in pids)
+  for name, pid in zip(("ict", "orqa"), pids):
+    assert (tmp_path / f"{name}.sigint").exists() and not _alive(pid)
+
+
+def test_stages_die_with_a_main_job_killed_outright(tmp_path):
+  proc, pids = _main_job_with_stages_running(tmp_path)
+  proc.send_signal(signal.SIGKILL)  # nothing of the main job runs: only the kernel acts
+  proc.communicate(timeout=60)
+  deadline = time.monotonic() + 30
+  while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    time.sleep(0.02)
+  try:
+    assert not any(_alive(pid) for pid in pids), "a stage outlived the main job"
+  finally:
+    for pid in pids:
+      if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 # -- What the benches' rows ask of the recipe (bench/ablations.py, bench/methods.py): Recipe.run

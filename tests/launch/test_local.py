@@ -268,8 +268,48 @@ def test_sigterm_to_launcher_also_forwards_sigint(child, tmp_path):
   finally:
     if launcher.proc.poll() is None:
       launcher.proc.kill()
-  assert status == 130
+  assert status == 143  # 128 + SIGTERM: the status says what stopped it
   assert _marker(tmp_path, "trainer", "sigint") and _marker(tmp_path, "builder", "sigint")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="PR_SET_PDEATHSIG is Linux's; elsewhere the docstring says so")
+def test_children_die_with_a_launcher_killed_outright(child, tmp_path):
+  launcher = _Launcher(_launcher_args(tmp_path, child("trainer", 60), child("builder", 60), 10))
+  try:
+    launcher.wait_for("[trainer] trainer ready", "[builder] builder ready")
+    launcher.proc.send_signal(signal.SIGKILL)  # no finally, no stop sequence: only the kernel
+    assert launcher.finish() == -signal.SIGKILL
+    for name in ("trainer", "builder"):
+      assert _gone(_pid(tmp_path, name), timeout=30), f"the {name} outlived its launcher"
+  finally:
+    for name in ("trainer", "builder"):
+      if (tmp_path / f"{name}.pid").exists() and _alive(_pid(tmp_path, name)):
+        os.kill(_pid(tmp_path, name), signal.SIGKILL)
+
+
+def _sigint_ignored():
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_stop_reaches_a_child_whatever_sigint_its_parent_inherited(child, tmp_path):
+  # The parent ignores SIGINT, as a job started from a background shell does; without
+  # tied_to_parent the child would inherit that, ignore the stop's SIGINT and be SIGKILLed.
+  script = (f"import signal, subprocess, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            f"from launch import local\n"
+            f"assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN\n"
+            f"proc = subprocess.Popen(local.tied_to_parent(sys.argv[1:]))\n"
+            f"import time, os\n"
+            f"while not os.path.exists({str(tmp_path / 'trainer.pid')!r}): time.sleep(0.01)\n"
+            f"time.sleep(0.5)\n"
+            f"print(local.stop_processes([proc], grace_seconds=20))\n")
+  parent = subprocess.run([sys.executable, "-c", script, *child("trainer", 60)],
+                          preexec_fn=_sigint_ignored, capture_output=True, text=True, timeout=120)
+  assert parent.returncode == 0, parent.stderr
+  pid = _pid(tmp_path, "trainer")
+  assert parent.stdout.strip().splitlines()[-1] == f"[({pid}, 'exit 130')]"
+  assert _marker(tmp_path, "trainer", "sigint")
 
 
 def test_child_ignoring_sigint_is_killed_after_grace(child, tmp_path):
