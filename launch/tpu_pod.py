@@ -256,9 +256,10 @@ def foreground_script(role: str, python_command: str, *, remote_dir: str) -> str
 def detached_script(role: str, python_command: str, *, remote_dir: str) -> str:
   """Starts in the background, surviving the ssh session; output in ~/realm_jax_<role>.log.
 
-  `set -m`: without job control a shell starts background commands with SIGINT ignored, and
-  Python then never turns SIGINT into KeyboardInterrupt, so `stop` could not reach it. With it,
-  the job also gets its own process group, away from the ssh session's."""
+  `set -m`: the job gets its own process group, away from the ssh session's, and (when the
+  shell itself did not inherit SIGINT ignored) SIGINT at its default. `stop`'s SIGINT reaches it
+  either way: every `python -m realm_jax.*` turns SIGINT into a clean exit whatever disposition
+  it inherited (`gin_utils.run_command`)."""
   return (f"set -m; cd $HOME/{remote_dir} || exit 1; nohup {python_command} > "
           f"{remote_log(role)} 2>&1 < /dev/null & echo $! > {pid_file(role)}; echo \"{role} "
           f"started on $(hostname): pid $!, log {remote_log(role)}\"")

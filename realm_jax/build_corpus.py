@@ -96,4 +96,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  gin_utils.exit_process(main(), "build_corpus")

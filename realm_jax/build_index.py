@@ -9,8 +9,9 @@ root), `--gin_bindings` (repeatable) and `--gin.KEY=VALUE` (the same as
 `once`. Progress and waiting messages go to stderr (logging); one line per published index goes
 to stdout. Exit status: 0 done (training finished and its last checkpoint indexed, or `--once`
 built its index), 1 a runtime error (one line: unreadable checkpoint, bad BlockStore, ...),
-2 a configuration error (one line: unknown flag or gin binding, missing required macro),
-130 interrupted (nothing partial is ever published).
+2 a configuration error (one line: unknown flag or gin binding, missing required macro) or
+another builder holding the run directory (`<run_dir>/builder.lock`), 130 interrupted by
+SIGINT and 143 by SIGTERM (nothing partial is ever published).
 
 Multi-host: start one builder per host (after `jax.distributed.initialize()` in the launcher);
 see `realm_jax.index.builder` for how the hosts split the blocks.
@@ -18,11 +19,12 @@ see `realm_jax.index.builder` for how the hosts split the blocks.
 
 from __future__ import annotations
 
-import sys
+import contextlib
 from typing import Any, Mapping, Optional
 
 import gin
 
+from realm_jax import fileio
 from realm_jax import gin_utils
 from realm_jax.data.corpus import BlockStore, BlockStoreError
 from realm_jax.gin_utils import ConfigError
@@ -67,6 +69,7 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
     The process exit status (0).
   """
   # Heavy imports here, not at module top: `--help` and config errors stay instant.
+  import jax  # pylint: disable=g-import-not-at-top
   from realm_jax.index import builder  # pylint: disable=g-import-not-at-top
   from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
 
@@ -88,10 +91,15 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
           f"({manifest['num_blocks']} x {manifest['dim']} {manifest['dtype']}, "
           f"{manifest['build_seconds']:.1f}s)", flush=True)
 
-  published = builder.follow(
-      run_dir, store=store, poll_seconds=poll_seconds, once=once, checkpoint_dir=checkpoint_dir,
-      keep=keep, dtype=dtype, batch_size=batch_size, length_bucket=length_bucket, scann=scann,
-      scann_options=scann_options, on_publish=announce)
+  # One builder per run directory (it publishes and prunes `index/`); the trainer holds its own
+  # lock. Hosts other than the first share the first's.
+  with (fileio.run_dir_lock(run_dir, "builder") if jax.process_index() == 0
+        else contextlib.nullcontext()):
+    published = builder.follow(
+        run_dir, store=store, poll_seconds=poll_seconds, once=once,
+        checkpoint_dir=checkpoint_dir, keep=keep, dtype=dtype, batch_size=batch_size,
+        length_bucket=length_bucket, scann=scann, scann_options=scann_options,
+        on_publish=announce)
   print(f"{PROG}: done ({len(published)} index(es) published in this run; newest: "
         f"{store_lib.latest_index_step(run_dir)})", flush=True)
   return 0
@@ -101,4 +109,4 @@ main = build_index_main.main  # python -m realm_jax.build_index; returns the exi
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  gin_utils.exit_process(main(), PROG)

@@ -82,10 +82,18 @@ FORMAT_NAME = "realm_jax.checkpoint"
 FORMAT_VERSION = 1
 # Written by Orbax into a step directory when the step is finalized.
 _ORBAX_STEP_METADATA = "_CHECKPOINT_METADATA"
+# How long `CheckpointWriter` waits for an asynchronous save to reach the disk before it calls
+# the save lost: a paper-scale checkpoint takes a minute or two even on remote storage.
+DEFAULT_SAVE_TIMEOUT_SECONDS = 1800.0
 
 
 class CheckpointError(ValueError):
   """A checkpoint is missing, unfinished, unreadable or belongs to another model size."""
+
+
+class CheckpointSaveError(CheckpointError):
+  """An asynchronous save failed or did not finish in time; the message names its step and the
+  last complete checkpoint, which is intact."""
 
 
 class CorruptCheckpointError(CheckpointError):
@@ -428,6 +436,10 @@ class CheckpointWriter:
     selected by.
   * `best.json` only ever names a finished checkpoint: a new best is recorded when its save has
     completed (at the next `save`, or `wait`/`close`).
+  * Waiting for a save is bounded (`save_timeout`): a save that fails or never completes (its
+    files removed under it, a hung filesystem) raises CheckpointSaveError naming the step, and
+    `close` then returns without waiting on Orbax again, so a run can end instead of hanging at
+    exit (`gin_utils.exit_process` ends a process whose Orbax threads still wait).
 
   Multi-host: every process calls `save` with the same step (Orbax synchronises them; process 0
   writes the JSON items); `best.json` is written by process 0 only.
@@ -435,7 +447,8 @@ class CheckpointWriter:
 
   def __init__(self, run_dir: str, *, keep: Optional[int] = 3, async_save: bool = True,
                best_metric: Optional[str] = None, best_mode: str = "max",
-               peft: Optional[PeftCheckpoints] = None):
+               peft: Optional[PeftCheckpoints] = None,
+               save_timeout: float = DEFAULT_SAVE_TIMEOUT_SECONDS):
     """Opens (creates) `<run_dir>/checkpoints`.
 
     Args:
@@ -447,7 +460,13 @@ class CheckpointWriter:
       best_mode: "max" (higher is better) or "min".
       peft: a parameter-efficient run: save only its trained parameters, against its base
         (written before the first save).
+      save_timeout: seconds to wait for a save to reach the disk before raising
+        CheckpointSaveError.
     """
+    if not save_timeout > 0:
+      raise ValueError(f"CheckpointWriter: save_timeout={save_timeout}; expected > 0 seconds")
+    self.save_timeout = float(save_timeout)
+    self._failed: Optional[str] = None  # why a save was lost; Orbax is not waited on again
     self._peft = peft
     self._peft_record: Optional[dict] = None
     if best_mode not in ("max", "min"):
@@ -526,10 +545,46 @@ class CheckpointWriter:
     self._pending_best = candidate
     self._in_flight = step
 
+  def _wait_for_orbax(self) -> None:
+    """Orbax's wait for the in-flight save, bounded by `save_timeout`; raises
+    CheckpointSaveError when the save failed or did not finish."""
+    if self._failed is not None:
+      raise CheckpointSaveError(self._failed)
+    step = self._in_flight
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+      try:
+        self._manager.wait_until_finished()
+      except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+        errors.append(e)
+      finally:
+        done.set()
+
+    # A daemon thread: one blocked for ever must not keep the process alive.
+    threading.Thread(target=wait, name="checkpoint-wait", daemon=True).start()
+    finished = done.wait(self.save_timeout)
+    if finished and not errors:
+      return
+    last = latest_checkpoint_step(self.run_dir)
+    intact = ("no complete checkpoint" if last is None
+              else f"the last complete checkpoint is step {last} "
+                   f"({checkpoint_path(self.run_dir, last)})")
+    reason = " ".join(str(errors[0]).split()) if errors else ""
+    what = (f"did not finish within {self.save_timeout:g}s" if not finished
+            else f"failed ({type(errors[0]).__name__}: {reason})")
+    self._failed = f"saving checkpoint step {step} in {self.run_dir} {what}; {intact}"
+    self._in_flight = None
+    self._pending_best = None
+    raise CheckpointSaveError(self._failed) from (errors[0] if errors else None)
+
   def wait(self) -> None:
     """Blocks until the in-flight save (if any) is on disk, then records its checksums and a
-    pending best."""
-    self._manager.wait_until_finished()
+    pending best. Raises CheckpointSaveError when it failed or took over `save_timeout`."""
+    if self._in_flight is None and self._failed is None:
+      return
+    self._wait_for_orbax()
     with self._lock:
       step, self._in_flight = self._in_flight, None
       if (step is not None and jax.process_index() == 0
@@ -553,11 +608,14 @@ class CheckpointWriter:
                "none" if previous is None else f"step {previous['step']}")
 
   def close(self) -> None:
-    """Waits for the last save and closes the manager."""
+    """Waits for the last save and closes the manager; after a lost save (CheckpointSaveError,
+    raised here or earlier) the manager is left as it is, since closing it waits on the same
+    save."""
     try:
       self.wait()
     finally:
-      self._manager.close()
+      if self._failed is None:
+        self._manager.close()
 
   def __enter__(self) -> "CheckpointWriter":
     return self

@@ -632,4 +632,4 @@ main = evaluate_main.main  # python -m realm_jax.evaluate; returns the exit stat
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  gin_utils.exit_process(main(), PROG)

@@ -45,4 +45,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  gin_utils.exit_process(main(), PROG)

@@ -1,4 +1,5 @@
-"""Small file helpers shared by everything that publishes atomically (stores, indexes, worlds).
+"""Small file helpers shared by everything that publishes atomically (stores, indexes, worlds),
+and the run directory's writer lock.
 
 The pattern: write into a staging directory next to the destination, fsync the files, write
 the manifest (with sha256 of every file) last, fsync the directory, rename into place, fsync the
@@ -10,6 +11,9 @@ In code (`staged_directory`, `publish_staged`):
     ...write and fsync the files, then write_manifest(staging, manifest)...
     publish_staged(staging, dest)  # leaving the block without this removes staging
 
+`run_dir_lock` keeps a second trainer (or builder) out of a run directory another process
+writes.
+
 Private directories (staging, or an old copy being deleted) are named
 `<prefix><host>-<pid>-<random>` (`private_path`), so a later writer can tell those of dead
 processes (`remove_stale`) from those of live ones.
@@ -18,6 +22,7 @@ processes (`remove_stale`) from those of live ones.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -26,7 +31,9 @@ import re
 import secrets
 import shutil
 import socket
+import sys
 import threading
+import time
 from typing import Any, Iterator, Optional
 
 MANIFEST = "manifest.json"
@@ -197,3 +204,83 @@ def remove_stale(parent: str, pattern: str) -> list[str]:
       shutil.rmtree(path, ignore_errors=True)
       removed.append(path)
   return removed
+
+
+class RunDirInUse(RuntimeError):
+  """Another live process holds the run directory's lock (`run_dir_lock`); entry points print
+  it as one line and exit with status 2."""
+
+
+def _lock_holder(fd: int) -> Optional[dict]:
+  """The holder record in an open lock file, or None (empty: released cleanly)."""
+  os.lseek(fd, 0, os.SEEK_SET)
+  text = os.read(fd, 4096).decode("utf-8", errors="replace").strip()
+  if not text:
+    return None
+  try:
+    holder = json.loads(text)
+  except ValueError:
+    return {"pid": "?", "host": "?", "started": "?", "command": text[:80]}
+  return holder if isinstance(holder, dict) else None
+
+
+def _describe_holder(holder: dict) -> str:
+  return (f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started "
+          f"{holder.get('started', '?')}")
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: str, role: str) -> Iterator[str]:
+  """Holds `<run_dir>/<role>.lock` exclusively while in the block: one trainer (and one index
+  builder) per run directory.
+
+  The lock is the kernel's (`flock`), so it ends with its process however that ends; the file
+  also records the holder (pid, host, start time, command line) for the message a second
+  process gets, and is emptied on a clean release. A record found under a free lock is a
+  holder that died without releasing: taken over, with a warning naming it. Filesystems
+  without locks (some network mounts) get a warning and no lock.
+
+  Yields:
+    The lock file's path.
+
+  Raises:
+    RunDirInUse: another process holds it (the message names that process).
+    NotADirectoryError: `run_dir` exists and is not a directory.
+  """
+  if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+    raise NotADirectoryError(f"{run_dir} is a file, not a run directory")
+  os.makedirs(run_dir, exist_ok=True)
+  path = os.path.join(run_dir, f"{role}.lock")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      locked = True
+    except BlockingIOError:
+      holder = _lock_holder(fd) or {}
+      raise RunDirInUse(
+          f"{run_dir} is in use by another {role} ({_describe_holder(holder)}; lock {path}): "
+          f"stop it, or give this run another directory") from None
+    except OSError as e:
+      log.warning("%s: cannot lock (%s): this filesystem has no locks, so nothing stops a "
+                  "second %s from writing the same run directory", path, e, role)
+      locked = False
+    if not locked:
+      yield path
+      return
+    previous = _lock_holder(fd)
+    if previous is not None:
+      log.warning("%s: taking over the lock of a %s that ended without releasing it (%s)",
+                  path, role, _describe_holder(previous))
+    record = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+              "command": " ".join(sys.argv)[:400]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    os.fsync(fd)
+    try:
+      yield path
+    finally:
+      os.ftruncate(fd, 0)  # released cleanly: no record for the next holder to warn about
+  finally:
+    os.close(fd)  # closing the only descriptor releases the flock

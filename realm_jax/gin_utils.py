@@ -13,8 +13,11 @@ them one `@command(...)` function:
   gin parsing, `--help`, and what it raises as one line and an exit status (`run_job`);
 * `run_command` is that last step for every `python -m realm_jax.*`, the argparse ones too
   (build_corpus, recipe, toy_bert, convert.hf, ...): exit status 1 and one line
-  `<prog>: error: ...` for a runtime error, 2 for a configuration error, 130 and the command's
-  own sentence when interrupted.
+  `<prog>: error: ...` for a runtime error, 2 for a configuration error or a run directory
+  another process holds, 128 + N (130, 143) and the command's own sentence when stopped by
+  SIGINT or SIGTERM, which it turns into `Interrupted` whatever dispositions it inherited;
+* `exit_process` is how each `python -m` ends: `sys.exit`, unless background threads (a
+  checkpoint save that never completes) would keep the interpreter from exiting.
 """
 
 from __future__ import annotations
@@ -27,24 +30,45 @@ import inspect
 import logging
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
+import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import gin
 from absl import flags
 
+from realm_jax import fileio
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["ConfigError", "EXPECTED_ERRORS", "HelpRequested", "REPO_ROOT", "command", "help_text",
-           "one_line", "parse_flags", "parse_gin", "report_error", "resolve_gin_file",
-           "run_command", "run_job", "setup_logging", "split_gin_args"]
+__all__ = ["ConfigError", "EXPECTED_ERRORS", "HelpRequested", "Interrupted", "REPO_ROOT", "command",
+           "exit_process", "help_text", "one_line", "parse_flags", "parse_gin", "report_error",
+           "resolve_gin_file", "run_command", "run_job", "setup_logging", "split_gin_args"]
 
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull")
 
 
 class ConfigError(ValueError):
   """A configuration mistake; entry points print it as one line and exit with status 2."""
+
+
+class Interrupted(KeyboardInterrupt):
+  """SIGINT or SIGTERM reached an entry point (`run_command`); a KeyboardInterrupt, so every
+  `except KeyboardInterrupt` and `finally` on the way out runs as for Ctrl-C."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = int(signum)
+
+
+# Signals an entry point turns into `Interrupted`: Ctrl-C, and how schedulers, `timeout`,
+# `kill` and the launchers stop a job.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# How long `exit_process` lets background threads finish before it stops waiting for them.
+EXIT_THREAD_GRACE_SECONDS = 60.0
 
 
 class HelpRequested(Exception):
@@ -218,22 +242,77 @@ def run_command(prog: str, fn: Callable[[], int], *, interrupted: str,
   stderr and the exit status; every `python -m realm_jax.*` goes through here.
 
   Exit statuses: fn's own (0 done); 2 a ConfigError (`<prog>: config error: ...`; argparse
-  refuses bad flags with 2 before this runs); 130 interrupted (`<prog>: interrupted;
-  <interrupted>`, which says what that means for this command, e.g. "nothing was written to
-  --out"); 1 any other error (`report_error`: one line `<prog>: error: ...` worded by
-  `describe`, with a traceback in the log unless it is one of the `expected` types).
+  refuses bad flags with 2 before this runs) or a run directory another live process writes
+  (`fileio.RunDirInUse`, `<prog>: error: ...`); 130 interrupted by SIGINT (Ctrl-C) and 143 by
+  SIGTERM (`<prog>: interrupted (SIGTERM); <interrupted>`, which says what that means for this
+  command, e.g. "nothing was written to --out"); 1 any other error (`report_error`: one line
+  `<prog>: error: ...` worded by `describe`, with a traceback in the log unless it is one of the
+  `expected` types).
+
+  While `fn` runs (in the main thread), SIGINT and SIGTERM raise `Interrupted`, even when the
+  process inherited SIGINT ignored (a shell starts background jobs so, and Python then never
+  raises KeyboardInterrupt): whoever started the job can stop it cleanly.
   """
-  try:
-    return fn()
-  except ConfigError as e:
-    # gin appends "In call to configurable ..." to errors raised inside the configurable.
-    print(f"{prog}: config error: {one_line(e)}", file=sys.stderr, flush=True)
-    return 2
-  except KeyboardInterrupt:
-    print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
-    return 130
-  except Exception as e:  # noqa: BLE001
-    return report_error(prog, e, expected, describe)
+  with _stop_signals_interrupt():
+    try:
+      return fn()
+    except ConfigError as e:
+      # gin appends "In call to configurable ..." to errors raised inside the configurable.
+      print(f"{prog}: config error: {one_line(e)}", file=sys.stderr, flush=True)
+      return 2
+    except fileio.RunDirInUse as e:
+      print(f"{prog}: error: {one_line(e)}", file=sys.stderr, flush=True)
+      return 2
+    except KeyboardInterrupt as e:
+      signum = e.signum if isinstance(e, Interrupted) else int(signal.SIGINT)
+      how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
+      print(f"{prog}: interrupted{how}; {interrupted}", file=sys.stderr, flush=True)
+      return 128 + signum
+    except Exception as e:  # noqa: BLE001
+      return report_error(prog, e, expected, describe)
+
+
+def _raise_interrupted(signum, frame) -> None:
+  del frame
+  raise Interrupted(signum)
+
+
+class _stop_signals_interrupt:  # pylint: disable=invalid-name
+  """Installs `_raise_interrupted` for STOP_SIGNALS while in the block (main thread only: the
+  only thread Python delivers signals to), and puts the previous handlers back after."""
+
+  def __enter__(self):
+    self._previous = {}
+    if threading.current_thread() is threading.main_thread():
+      for sig in STOP_SIGNALS:
+        self._previous[sig] = signal.signal(sig, _raise_interrupted)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def exit_process(status: int, prog: str, *, grace_seconds: float = EXIT_THREAD_GRACE_SECONDS):
+  """Ends a `python -m` entry point with `status`: `sys.exit(status)`, which waits for every
+  non-daemon thread. When such threads are still running after `grace_seconds` (Orbax's
+  signalling threads after a checkpoint save that failed wait for ever), says so on stderr and
+  exits with `status` regardless (`os._exit`, after flushing the streams and the logs)."""
+  deadline = time.monotonic() + grace_seconds
+  for thread in threading.enumerate():
+    if thread is not threading.main_thread() and not thread.daemon:
+      thread.join(max(0.0, deadline - time.monotonic()))
+  left = [t.name for t in threading.enumerate()
+          if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+  if left:
+    print(f"{prog}: {len(left)} background thread(s) still running after {grace_seconds:g}s "
+          f"({', '.join(left[:5])}); exiting with status {status} without them",
+          file=sys.stderr, flush=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+  sys.exit(status)
 
 
 def setup_logging() -> None:

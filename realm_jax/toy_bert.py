@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -207,6 +206,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--examples", type=int, default=1000,
                       help="held-out examples for the reading accuracy (default %(default)s)")
   args, gin_args = parser.parse_known_args(argv)
+  for flag, path in (("--work_dir", args.work_dir), ("--out", args.out)):
+    if os.path.exists(path) and not os.path.isdir(path):
+      parser.error(f"{flag} {path} is a file; give a directory (created if missing)")
   from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
   gin_utils.setup_logging()  # before build() imports Orbax: the train job's progress lines
   os.chdir(gin_utils.REPO_ROOT)  # the gin file is addressed from the repository root
@@ -228,4 +230,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  gin_utils.exit_process(main(), PROG)

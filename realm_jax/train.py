@@ -18,7 +18,10 @@ index watcher (pretraining dry runs need no index) and writes nothing.
 
 Exit status: 0 done (or dry run), 1 a runtime error (one line), 2 a configuration error (one
 line: unknown flag or gin binding, missing required macro, unregistered task, an
-`init_checkpoint` of another model size), 130 interrupted.
+`init_checkpoint` of another model size) or another trainer holding the run directory (one
+trainer per run directory: `<run_dir>/trainer.lock`, whose message names the holder's pid, host
+and start time), 130 interrupted by SIGINT and 143 by SIGTERM (both stop cleanly; a rerun
+resumes from the last checkpoint).
 
 Jobs (`train_main.job`, one class each in `realm_jax.jobs`; a job's settings are bound on its
 class, e.g. `--gin.PretrainJob.num_candidates=8`, and gin refuses another job's):
@@ -36,12 +39,13 @@ class, e.g. `--gin.PretrainJob.num_candidates=8`, and gin refuses another job's)
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import sys
 from typing import Any, Optional, Sequence
 
 import gin
 
+from realm_jax import fileio
 from realm_jax import gin_utils
 from realm_jax import jobs as jobs_lib
 from realm_jax.gin_utils import ConfigError
@@ -109,7 +113,8 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                warmup_steps: Optional[int] = None, checkpoint_every: int = 1000,
                mesh_shape: Sequence[int] = (-1, 1), rules: Optional[Sequence] = None,
                seed: int = 0, init_checkpoint: Optional[str] = None,
-               log_every: int = 100, keep: int = 3, dry_run: bool = False) -> int:
+               log_every: int = 100, keep: int = 3, dry_run: bool = False,
+               checkpoint_timeout: Optional[float] = None) -> int:
   """Runs (or, with `dry_run`, only builds) one training job.
 
   Args:
@@ -134,6 +139,9 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     keep: newest checkpoints to keep (the best one is kept too).
     dry_run: build everything and lower the step on abstract shapes, print one line, no
       training.
+    checkpoint_timeout: seconds a checkpoint save may take before the run stops with an error
+      naming its step (None: `checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS`, 30 minutes); the last
+      complete checkpoint stays intact.
 
   Returns:
     The exit status (0).
@@ -201,21 +209,26 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
           f"compiled)", flush=True)
     return 0
 
-  batches = job.build_batches(ctx, model)
-  if init_checkpoint is not None or job.extra_warm_starts():
-    train_step.init_state = _warm_init(job, train_step, ctx)
-  try:
-    hooks, eval_fn, best_metric = job.start(ctx, model, batches)
-    log.info("%s: %s", PROG, description)
-    # The model's own config: a PEFT run's adapters are part of what its checkpoints hold.
-    trainer.train(model, optimizer, batches, run_dir=run_dir, num_steps=num_steps, mesh=mesh,
-                  config=getattr(model, "config", model_config), rules=rules,
-                  checkpoint_every=checkpoint_every, keep=keep, log_every=log_every,
-                  hooks=hooks, seed=seed, learning_rate_fn=schedule, eval_fn=eval_fn,
-                  best_metric=best_metric, train_step=train_step,
-                  peft=job.peft_checkpoints(ctx, model))
-  finally:
-    job.close()
+  # One trainer per run directory: a second (the same command started twice) stops here, before
+  # it reads or writes anything of the run. Hosts other than the first share the first's lock.
+  with (fileio.run_dir_lock(run_dir, "trainer") if jax.process_index() == 0
+        else contextlib.nullcontext()):
+    batches = job.build_batches(ctx, model)
+    if init_checkpoint is not None or job.extra_warm_starts():
+      train_step.init_state = _warm_init(job, train_step, ctx)
+    try:
+      hooks, eval_fn, best_metric = job.start(ctx, model, batches)
+      log.info("%s: %s", PROG, description)
+      # The model's own config: a PEFT run's adapters are part of what its checkpoints hold.
+      trainer.train(model, optimizer, batches, run_dir=run_dir, num_steps=num_steps, mesh=mesh,
+                    config=getattr(model, "config", model_config), rules=rules,
+                    checkpoint_every=checkpoint_every, keep=keep, log_every=log_every,
+                    hooks=hooks, seed=seed, learning_rate_fn=schedule, eval_fn=eval_fn,
+                    best_metric=best_metric, train_step=train_step,
+                    peft=job.peft_checkpoints(ctx, model),
+                    checkpoint_timeout=checkpoint_timeout)
+    finally:
+      job.close()
   print(f"{PROG}: done ({description})", flush=True)
   return 0
 
@@ -223,4 +236,4 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
 main = train_main.main
 
 if __name__ == "__main__":
-  sys.exit(main())
+  gin_utils.exit_process(main(), PROG)

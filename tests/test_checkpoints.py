@@ -124,3 +124,55 @@ def test_retriever_pooling_must_match_a_checkpoint():
   with pytest.raises(ckpt.CheckpointError,
                      match=r"mean-pooled retriever\).*differs in retriever_pooling mean vs cls"):
     ckpt.check_model_size(mean, base, "here")
+
+
+# ------------------------------------------------------- a save that fails or never completes
+
+
+def _writer_whose_second_save_is_lost(run_dir, params, monkeypatch, wait):
+  """A CheckpointWriter (1 s save timeout) with step 1 on disk and step 2 "in flight": from step
+  2 on, Orbax's save starts nothing and its wait is `wait` (blocks for ever, or raises)."""
+  writer = ckpt.CheckpointWriter(run_dir, save_timeout=1.0)
+  writer.save(1, {"retriever": params}, config=TINY)
+  writer.wait()
+  monkeypatch.setattr(writer._manager, "save", lambda *args, **kwargs: True)
+  monkeypatch.setattr(writer._manager, "wait_until_finished", wait)
+  writer.save(2, {"retriever": params}, config=TINY)
+  return writer
+
+
+@pytest.mark.parametrize("lost", ["never_completes", "fails"])
+def test_a_lost_save_is_an_error_naming_its_step_not_a_hang(lost, tmp_path, retriever_params,
+                                                             monkeypatch):
+  import threading  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  run_dir = str(tmp_path / "run")
+  never = threading.Event()
+
+  def fail():
+    raise FileNotFoundError("2.orbax-checkpoint-tmp: No such file or directory")
+
+  wait = never.wait if lost == "never_completes" else fail
+  writer = _writer_whose_second_save_is_lost(run_dir, retriever_params, monkeypatch, wait)
+  manager = writer._manager
+  try:
+    started = time.monotonic()
+    with pytest.raises(ckpt.CheckpointSaveError) as lost_save:
+      writer.close()
+    assert time.monotonic() - started < 30
+    what = ("did not finish within 1s" if lost == "never_completes" else
+            "failed (FileNotFoundError: 2.orbax-checkpoint-tmp: No such file or directory)")
+    assert str(lost_save.value) == (
+        f"saving checkpoint step 2 in {run_dir} {what}; the last complete checkpoint is step 1 "
+        f"({ckpt.checkpoint_path(run_dir, 1)})")
+    # Once lost, nothing waits on Orbax again: a second close fails at once, the same way.
+    started = time.monotonic()
+    with pytest.raises(ckpt.CheckpointSaveError, match="saving checkpoint step 2"):
+      writer.close()
+    assert time.monotonic() - started < 0.5
+    assert ckpt.list_checkpoint_steps(run_dir) == [1]
+    assert ckpt.verify_checkpoint(ckpt.checkpoint_path(run_dir, 1))
+  finally:
+    never.set()
+    monkeypatch.undo()
+    manager.close()

@@ -3,7 +3,9 @@ training), and config mistakes are one line on stderr with exit status 2. In-pro
 subprocesses), gin's config cleared around each test."""
 
 import inspect
+import json
 import os
+import socket
 import sys
 
 import gin
@@ -473,3 +475,27 @@ def test_atlas_retriever_objectives_dry_run(name, objective, tmp_path, capsys):
                                           f"--gin.{job}.objective_temperature=0.5",
                                           "--dry_run"))
   assert "REALM's marginal has no temperature" in line, line
+
+
+@pytest.mark.parametrize("entry_point", ["train", "build_index"])
+def test_a_run_directory_another_process_writes_is_refused_in_one_line(entry_point, tmp_path,
+                                                                        capsys):
+  from realm_jax import fileio  # pylint: disable=import-outside-toplevel
+  run_dir = str(tmp_path / "run")
+  role = "trainer" if entry_point == "train" else "builder"
+  with fileio.run_dir_lock(run_dir, role) as lock:
+    if entry_point == "train":
+      code = _train(*DRY_RUNS["toy_ict"], f"--gin.RUN_DIR='{run_dir}'",
+                    "--gin.NUM_STEPS=1")
+    else:
+      code = build_index.main(["build_index", "--gin_file=gin_configs/runs/build_index.gin",
+                               f"--gin.RUN_DIR='{run_dir}'", "--once",
+                               f"--gin.BLOCK_STORE='{realm_jax_tasks.toy_block_store_dir()}'"])
+    holder = open(lock).read()
+  _, err = _stderr_lines(capsys)
+  assert code == 2, err
+  started = json.loads(holder)["started"]
+  assert err[-1] == (f"{entry_point}: error: {run_dir} is in use by another {role} (pid "
+                     f"{os.getpid()} on {socket.gethostname()}, started {started}; "
+                     f"lock {lock}): stop it, or give this run another directory"), err
+  assert not os.path.exists(os.path.join(run_dir, "checkpoints"))  # nothing of the run touched

@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -151,3 +152,67 @@ def test_write_manifest_is_sorted_indented_and_leaves_no_temporary(tmp_path):
   fileio.write_json_atomically(str(tmp_path / "x.json"), {"b": 1, "a": 2})
   assert (tmp_path / "x.json").read_text() == '{\n "a": 2,\n "b": 1\n}\n'
   assert json.loads((tmp_path / "manifest.json").read_text())["a"]["z"] == "é"
+
+
+# ------------------------------------------------------------------ run_dir_lock
+
+
+def test_a_held_run_directory_refuses_a_second_holder_and_names_the_first(tmp_path):
+  run_dir = str(tmp_path / "run")
+  with fileio.run_dir_lock(run_dir, "trainer") as path:
+    record = json.loads(open(path).read())
+    assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+    # flock locks belong to an open file: a second open in this very process is refused too.
+    with pytest.raises(fileio.RunDirInUse) as refused:
+      with fileio.run_dir_lock(run_dir, "trainer"):
+        pass
+    message = str(refused.value)
+    assert f"in use by another trainer (pid {os.getpid()} on {socket.gethostname()}, " \
+           f"started {record['started']}" in message
+    # Another role holds its own lock beside it (the builder writes the trainer's run).
+    with fileio.run_dir_lock(run_dir, "builder"):
+      pass
+  # Released cleanly: empty, and the next holder takes it without a word.
+  assert open(path).read() == ""
+  with fileio.run_dir_lock(run_dir, "trainer"):
+    pass
+
+
+def test_a_second_process_is_refused_while_the_first_lives_and_not_after(tmp_path):
+  run_dir = tmp_path / "run"
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from realm_jax import fileio\n"
+       "with fileio.run_dir_lock(sys.argv[1], 'trainer'):\n"
+       "  print('held', flush=True); time.sleep(60)", str(run_dir)],
+      stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(fileio.RunDirInUse, match=f"pid {holder.pid} "):
+      with fileio.run_dir_lock(str(run_dir), "trainer"):
+        pass
+  finally:
+    holder.kill()  # no cleanup runs: its record stays, its flock goes with it
+    holder.wait()
+    holder.stdout.close()
+  assert json.loads((run_dir / "trainer.lock").read_text())["pid"] == holder.pid
+
+
+def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog):
+  run_dir = tmp_path / "run"
+  run_dir.mkdir()
+  stale = {"pid": dead_pid(), "host": socket.gethostname(), "started": "2026-01-02 03:04:05 UTC",
+           "command": "python -m realm_jax.train"}
+  (run_dir / "trainer.lock").write_text(json.dumps(stale) + "\n")
+  with caplog.at_level("WARNING"):
+    with fileio.run_dir_lock(str(run_dir), "trainer") as path:
+      assert json.loads(open(path).read())["pid"] == os.getpid()
+  taken = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
+  assert len(taken) == 1 and f"pid {stale['pid']} on {stale['host']}, started " \
+                             f"2026-01-02 03:04:05 UTC" in taken[0], taken
+
+
+def test_a_run_directory_that_is_a_file_is_refused(tmp_path):
+  (tmp_path / "run").write_text("not a directory")
+  with pytest.raises(NotADirectoryError, match="is a file, not a run directory"):
+    with fileio.run_dir_lock(str(tmp_path / "run"), "trainer"):
+      pass

@@ -226,3 +226,78 @@ def test_argparse_entry_points_share_the_exit_statuses(name, tmp_path, monkeypat
   with pytest.raises(SystemExit) as usage:
     main(argv + (["--examples=many"] if name == "toy_bert" else ["--no_such_flag"]))
   assert usage.value.code == 2
+
+
+# ------------------------------------------------------ signals, a held run directory, exiting
+
+# A stand-in entry point: its work, run through run_command, says "ready" and sleeps; it exits
+# through exit_process, with a non-daemon thread that never ends when asked (as Orbax's
+# signalling threads after a lost checkpoint save).
+ENTRY_POINT = r'''
+import sys, threading, time
+from realm_jax import fileio, gin_utils
+
+what = sys.argv[1]
+if what == "stuck_thread":
+  threading.Thread(target=threading.Event().wait, name="never-ends").start()
+
+def work():
+  if what == "in_use":
+    raise fileio.RunDirInUse("/runs/x is in use by another trainer (pid 7 on h, started t)")
+  if what == "stuck_thread":
+    raise RuntimeError("the save was lost")
+  print("ready", flush=True)
+  time.sleep(60)
+  return 0
+
+gin_utils.exit_process(gin_utils.run_command("standin", work, interrupted="rerun it"),
+                       "standin", grace_seconds=1)
+'''
+
+
+def _sigint_ignored():
+  """In the child before exec: SIGINT ignored, as a shell starts a background job."""
+  import signal  # pylint: disable=import-outside-toplevel
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _entry_point(what, **kwargs):
+  import subprocess  # pylint: disable=import-outside-toplevel
+  return subprocess.Popen([sys.executable, "-c", ENTRY_POINT, what], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+@pytest.mark.parametrize("signame,status", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_sigint_and_sigterm_stop_an_entry_point_even_with_sigint_inherited_ignored(signame,
+                                                                                   status):
+  import signal  # pylint: disable=import-outside-toplevel
+  proc = _entry_point("sleep", preexec_fn=_sigint_ignored)
+  try:
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(getattr(signal, signame))
+    out, err = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  how = "" if signame == "SIGINT" else f" ({signame})"
+  assert proc.returncode == status and err.strip().splitlines()[-1] == \
+      f"standin: interrupted{how}; rerun it", err
+
+
+def test_a_run_directory_in_use_is_one_line_and_status_2():
+  proc = _entry_point("in_use")
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 2
+  assert err.strip() == ("standin: error: /runs/x is in use by another trainer (pid 7 on h, "
+                         "started t)"), err
+
+
+def test_exit_process_does_not_wait_for_ever_on_a_thread_that_never_ends():
+  proc = _entry_point("stuck_thread")
+  _, err = proc.communicate(timeout=60)  # without exit_process, the interpreter waits for ever
+  lines = err.strip().splitlines()
+  assert proc.returncode == 1
+  assert lines[-2] == "standin: error: RuntimeError: the save was lost", lines
+  assert lines[-1] == ("standin: 1 background thread(s) still running after 1s (never-ends); "
+                       "exiting with status 1 without them"), lines

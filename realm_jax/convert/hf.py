@@ -495,4 +495,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  gin_utils.exit_process(main(), "convert.hf")

@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import os
 import platform
-import sys
 import tempfile
 import time
 
@@ -335,4 +334,5 @@ def _transformers_version() -> str:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  gin_utils.exit_process(main(), "parity")

@@ -733,7 +733,8 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
           peak_flops_per_device: Optional[float] = None, async_checkpoints: bool = True,
           compiler_options: Optional[dict[str, Any]] = None,
           train_step: Optional[TrainStep] = None,
-          peft: Optional[checkpoints.PeftCheckpoints] = None) -> TrainState:
+          peft: Optional[checkpoints.PeftCheckpoints] = None,
+          checkpoint_timeout: Optional[float] = None) -> TrainState:
   """Trains to `num_steps` updates, resuming from the newest checkpoint in `run_dir`.
 
   Per step `s` (1-based; the state then holds `s` updates):
@@ -792,6 +793,9 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
     peft: parameter-efficient fine-tuning: the frozen parameters are written once as the
       run's base (`<run_dir>/peft_base`) when it starts, and checkpoints hold only the trained
       ones (`checkpoints.PeftCheckpoints`); resuming joins them again.
+    checkpoint_timeout: seconds a checkpoint save may take to reach the disk before the run
+      stops with CheckpointSaveError naming its step (None:
+      `checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS`); the last complete checkpoint stays intact.
 
   Returns:
     The final TrainState.
@@ -862,9 +866,11 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
     log.info("perf/mfu is not logged: no peak FLOP/s for device kind %r (pass "
              "peak_flops_per_device)", jax.devices()[0].device_kind)
   num_devices = mesh.devices.size
-  saver = checkpoints.CheckpointWriter(run_dir, keep=keep, async_save=async_checkpoints,
-                                       best_metric=best_metric if eval_fn else None,
-                                       best_mode=best_mode, peft=peft)
+  saver = checkpoints.CheckpointWriter(
+      run_dir, keep=keep, async_save=async_checkpoints,
+      best_metric=best_metric if eval_fn else None, best_mode=best_mode, peft=peft,
+      save_timeout=(checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS if checkpoint_timeout is None
+                    else checkpoint_timeout))
   interval = _Interval()
   run_start = time.perf_counter()
   steps_timed, seconds_timed = 0, 0.0

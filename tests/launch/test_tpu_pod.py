@@ -246,29 +246,36 @@ def test_foreground_run_stops_the_workers_when_the_pair_fails(fake_gcloud, monke
   capsys.readouterr()
 
 
+# A worker's command: like every `python -m realm_jax.*`, its work runs through
+# `gin_utils.run_command`, which turns SIGINT into a clean exit 130 whatever it inherited.
 REMOTE_CHILD = r'''
 import os, sys, time
+from realm_jax import gin_utils
 out = sys.argv[1]
 print("started", os.getpid(), flush=True)
-try:
-  time.sleep(60)
-except KeyboardInterrupt:
-  open(os.path.join(out, "sigint"), "w").write(str(os.getpid()))
-  sys.exit(130)
+
+def work():
+  try:
+    time.sleep(60)
+  except KeyboardInterrupt:
+    open(os.path.join(out, "sigint"), "w").write(str(os.getpid()))
+    raise
+  return 0
+
+sys.exit(gin_utils.run_command("standin", work, interrupted="stopped"))
 '''
 
 
-def _sigint_at_its_default():
-  """In the child before exec: SIGINT at its default disposition, as a worker's command has it
-  when ssh starts it. A suite started from a background shell (`pytest &`) runs with SIGINT
-  ignored, which every child inherits; Python then installs no KeyboardInterrupt handler and the
-  stand-in would never see the stop script's SIGINT."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _sigint_ignored():
+  """In the child before exec: SIGINT ignored, the hardest thing a worker's command can
+  inherit (a shell without job control starts background commands so; a suite started from a
+  background shell runs so). The stop script must reach it all the same."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _bash(script, home, **kwargs):
   env = dict(os.environ, HOME=str(home))
-  return subprocess.Popen(["bash", "-c", script], env=env, preexec_fn=_sigint_at_its_default,
+  return subprocess.Popen(["bash", "-c", script], env=env, preexec_fn=_sigint_ignored,
                           **kwargs)
 
 
@@ -315,7 +322,7 @@ def test_detached_script_returns_and_stop_reaches_it(worker_home, tmp_path):
   started = subprocess.run(["bash", "-c", tpu_pod.detached_script("builder", command,
                                                                   remote_dir="realm_jax")],
                            env=dict(os.environ, HOME=str(home)), capture_output=True, text=True,
-                           timeout=60, preexec_fn=_sigint_at_its_default)
+                           timeout=60, preexec_fn=_sigint_ignored)
   assert started.returncode == 0 and "builder started on" in started.stdout
   pid = int(_wait_for(home / ".realm_jax_builder.pid"))
   try:
