@@ -361,12 +361,16 @@ class Recipe:
                         *_gin(f"RUN_DIR='{self.pretrain}'",
                               f"INIT_CHECKPOINT='{self._ict_checkpoint()}'",
                               f"ENCODER_CHECKPOINT={_quoted(bert)}",
+                              # Without a builder no refresh is ever published to wait for.
+                              *([] if self.with_builder
+                                else ["PretrainJob.refresh_in_lockstep=False"]),
                               *self.pretrain_bindings))
       builder = None
       if self.with_builder:
+        # Polling often: in lockstep the trainer waits for each index the builder makes.
         builder = python_module("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
                           *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
-                                "build_index_main.poll_seconds=2.0"))
+                                "build_index_main.poll_seconds=0.5"))
       code = launcher.run_local(trainer, builder, log_dir=self.logs,
                                 console=_Progress(sys.stdout), env_trainer=child_env(),
                                 env_builder=child_env(), run_dir=self.pretrain)

@@ -174,7 +174,8 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                       f"({data_size})")
   ctx = jobs_lib.RunContext(run_dir=run_dir, model_config=model_config,
                             batch_size=int(batch_size), global_batch=global_batch, seed=seed,
-                            mesh=mesh, rules=rules, init_checkpoint=init_checkpoint)
+                            mesh=mesh, rules=rules, init_checkpoint=init_checkpoint,
+                            checkpoint_every=checkpoint_every)
   job.configure(ctx)
   if init_checkpoint is not None:
     _check_init_checkpoint(init_checkpoint, model_config, "init_checkpoint",

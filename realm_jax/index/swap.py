@@ -25,6 +25,15 @@ A newer index that fails to load (incomplete, corrupt, of another BlockStore, wr
 whose `load_fn` raises is logged with its path and the reason; the trainer keeps the index it
 has and never retries that step (a published index is immutable, so it would fail again); the
 next newer publication is tried as usual.
+
+Lockstep (`lockstep_every=R`, R the trainer's checkpoint cadence): instead of whatever the
+builder has published by then, step s always searches the index of checkpoint R * floor((s - 1)
+/ R), the newest checkpoint before it; at the first step after each checkpoint `maybe_swap` waits
+for the builder to publish that checkpoint's index and loads it there and then. What a run
+computes then no longer depends on how fast the builder is next to the trainer (the machine's
+load, another job beside it), so runs compare seed by seed and an interrupted run resumes to
+the same result. Staleness cycles through 1..R steps; the trainer idles while each index is
+built.
 """
 
 from __future__ import annotations
@@ -52,6 +61,11 @@ def _identity(loaded: store.LoadedIndex) -> Any:
   return loaded
 
 
+class IndexNotPublishedError(TimeoutError):
+  """Lockstep: the index a step must search was not published in time (is the builder
+  running?)."""
+
+
 class IndexWatcher(Generic[T]):
   """Follows a run's published indexes and swaps newer ones in at step boundaries.
 
@@ -64,7 +78,8 @@ class IndexWatcher(Generic[T]):
                check_every_steps: int = 100, block_store_id: Optional[str] = None,
                num_blocks: Optional[int] = None, dim: Optional[int] = None,
                clock: Callable[[], float] = time.time, verify: bool | str = True,
-               mmap: bool = True):
+               mmap: bool = True, lockstep_every: Optional[int] = None,
+               lockstep_timeout: float = 600.0, poll_seconds: float = 0.2):
     """Creates a watcher; nothing is loaded until `start`.
 
     Args:
@@ -79,9 +94,20 @@ class IndexWatcher(Generic[T]):
       clock: seconds since the epoch, for staleness in seconds (injectable for tests).
       verify: passed to `store.load_index` (True re-hashes every file).
       mmap: passed to `store.load_index`.
+      lockstep_every: refresh in lockstep with the checkpoints every this many steps (see the
+        module docstring); None: in the background (`check_every_steps`).
+      lockstep_timeout: lockstep: seconds to wait for an index before IndexNotPublishedError.
+      poll_seconds: lockstep: seconds between looks for it.
     """
     if check_every_steps < 1:
       raise ValueError(f"check_every_steps must be >= 1, got {check_every_steps}")
+    if lockstep_every is not None and (isinstance(lockstep_every, bool)
+                                       or not isinstance(lockstep_every, int)
+                                       or lockstep_every < 1):
+      raise ValueError(f"lockstep_every must be None or an int >= 1, got {lockstep_every!r}")
+    self.lockstep_every = lockstep_every
+    self._lockstep_timeout = float(lockstep_timeout)
+    self._poll_seconds = float(poll_seconds)
     self.run_dir = os.fspath(run_dir)
     self._load_fn = load_fn or _identity
     self.check_every_steps = int(check_every_steps)
@@ -204,6 +230,8 @@ class IndexWatcher(Generic[T]):
       `load_fn` of the index to use for this step.
     """
     train_step = int(train_step)
+    if self.lockstep_every is not None:
+      return self._lockstep_swap(train_step)
     with self._lock:
       if self._index is None:
         raise RuntimeError("IndexWatcher.maybe_swap() before start()")
@@ -226,6 +254,40 @@ class IndexWatcher(Generic[T]):
             name=f"IndexWatcher-check-{train_step}", daemon=True)
         self._thread.start()
       return self._value
+
+  def lockstep_index_step(self, train_step: int) -> int:
+    """Lockstep: the checkpoint step whose index `train_step` searches."""
+    return (int(train_step) - 1) // self.lockstep_every * self.lockstep_every
+
+  def _lockstep_swap(self, train_step: int) -> T:
+    """Lockstep `maybe_swap`: swaps in the index `train_step` is due to search, waiting for its
+    publication (IndexNotPublishedError after `lockstep_timeout`); a broken one raises."""
+    due = self.lockstep_index_step(train_step)
+    with self._lock:
+      if self._index is None:
+        raise RuntimeError("IndexWatcher.maybe_swap() before start()")
+      if self._closed:
+        raise RuntimeError("IndexWatcher is closed")
+      if self._index.step == due:
+        return self._value
+      old_step = self._index.step
+    path = store.index_dir(self.run_dir, due)
+    started = self._clock()
+    deadline = time.monotonic() + self._lockstep_timeout
+    while due not in store.list_indexes(self.run_dir):
+      if time.monotonic() >= deadline:
+        raise IndexNotPublishedError(
+            f"step {train_step} searches the index of checkpoint {due} ({path}), which was not "
+            f"published within {self._lockstep_timeout:g}s: is the index builder running "
+            f"(python -m realm_jax.build_index on this run directory)?")
+      time.sleep(self._poll_seconds)
+    loaded, value = self._load(due)  # a published index that does not load: an error here
+    with self._lock:
+      self._index, self._value = loaded, value
+      self._refreshes += 1
+    log.info("Step %d: swapped in index %s (checkpoint step %d, was %d; waited %.1fs for it).",
+             train_step, loaded.path, due, old_step, self._clock() - started)
+    return value
 
   def metrics(self, train_step: int) -> dict[str, float]:
     """The metrics of the index in use: its step, staleness and refreshes.

@@ -46,6 +46,7 @@ class RunContext:
     seed: parameter init, dropout and data seed.
     mesh, rules: the device mesh and logical axis rules.
     init_checkpoint: the warm-start checkpoint step directory, or None.
+    checkpoint_every: the trainer's checkpoint cadence (None where unknown).
   """
   run_dir: str
   model_config: Any
@@ -55,6 +56,7 @@ class RunContext:
   mesh: Any
   rules: Sequence
   init_checkpoint: Optional[str]
+  checkpoint_every: Optional[int] = None
 
 
 def global_spec(spec: Mapping[str, Any], global_batch: int) -> dict[str, Any]:

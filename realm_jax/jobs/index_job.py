@@ -30,6 +30,13 @@ class IndexJob(Job):
       0: off. Either option on changes the optimizer state's structure: a run resumes only
       with the options on or off as they were.
     index_check_every: look for a newer published index every this many steps.
+    refresh_in_lockstep: False (the paper's way): swap in whatever newer index the builder has
+      published, checked every `index_check_every` steps. True: step s searches the index of
+      the newest checkpoint before it (R * floor((s - 1) / R), R = `train_main.
+      checkpoint_every`), the trainer waiting for the builder to publish it (`index.swap`'s
+      lockstep), so that the run does not depend on the builder's speed next to the trainer
+      and resumes to the same result. Needs the builder running alongside once training passes
+      its first checkpoint.
     first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
       `init_checkpoint`), for its query tower.
     retriever_objective: how the retriever learns: "marginal" (REALM's and ORQA's own loss)
@@ -42,6 +49,7 @@ class IndexJob(Job):
   retriever_lr_scale: float = 1.0
   freeze_retriever_steps: int = 0
   index_check_every: int = 100
+  refresh_in_lockstep: bool = False
   first_index_checkpoint_dir: Optional[str] = None
   retriever_objective: str = "marginal"
   objective_temperature: float = 1.0
@@ -62,6 +70,16 @@ class IndexJob(Job):
       path = realm_jax_tasks.toy_block_store_dir()
     self.store = corpus_lib.BlockStore.open(path, verify="fast")
     return self.store
+
+  def lockstep_every(self, ctx: RunContext) -> Optional[int]:
+    """The lockstep refresh cadence (`refresh_in_lockstep`): the run's checkpoint cadence, or
+    None when off; a one-line ConfigError when the cadence is unknown."""
+    if not self.refresh_in_lockstep:
+      return None
+    if ctx.checkpoint_every is None:
+      raise ConfigError(f"{type(self).__name__}.refresh_in_lockstep needs the run's "
+                        f"train_main.checkpoint_every")
+    return int(ctx.checkpoint_every)
 
   def check_retriever_objective(self) -> None:
     """A one-line ConfigError unless the job's `retriever_objective` and
@@ -87,6 +105,8 @@ class IndexJob(Job):
       parts.append(f"retriever lr x{self.retriever_lr_scale:g}")
     if self.freeze_retriever_steps:
       parts.append(f"retriever frozen for {self.freeze_retriever_steps} steps")
+    if self.refresh_in_lockstep:
+      parts.append("index refreshed in lockstep with the checkpoints")
     if self.retriever_objective != "marginal":
       parts.append(f"retriever objective {self.retriever_objective} "
                    f"(T {self.objective_temperature:g})")
@@ -110,7 +130,8 @@ class IndexJob(Job):
     self.watcher = IndexWatcher(ctx.run_dir, load_fn=loader,
                                 check_every_steps=self.index_check_every,
                                 block_store_id=self.store.store_id,
-                                dim=ctx.model_config.proj_size)
+                                dim=ctx.model_config.proj_size,
+                                lockstep_every=self.lockstep_every(ctx))
     self.watcher.start()
     batches.set_retriever(self.watcher)
     return [self.index_hook(batches)], None, None

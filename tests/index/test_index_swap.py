@@ -220,3 +220,59 @@ def test_concurrent_callers_start_one_load_and_close_joins(tmp_path, monkeypatch
   assert loads.steps == [0, 9] and watcher.current == 0
   with pytest.raises(RuntimeError, match="closed"):
     watcher.maybe_swap(2)
+
+
+# ------------------------------------------------------------------------------- lockstep
+
+
+def _lockstep_watcher(run_dir, **kwargs):
+  kwargs = {"lockstep_every": 4, "lockstep_timeout": TIMEOUT, "poll_seconds": 0.01,
+            "load_fn": step_of, **kwargs}
+  return swap.IndexWatcher(str(run_dir), **kwargs)
+
+
+def test_lockstep_step_s_searches_the_newest_checkpoint_before_it_waiting_for_it(tmp_path,
+                                                                                  monkeypatch):
+  publish(tmp_path, 0)
+  publish(tmp_path, 8)  # published early: lockstep never takes an index before its turn
+  loads = CountingLoads(monkeypatch)
+  watcher = _lockstep_watcher(tmp_path)
+  with watcher:
+    watcher.start(initial_step=0)
+    assert [watcher.maybe_swap(s) for s in (1, 2, 3, 4)] == [0, 0, 0, 0]
+    # Step 5 must search checkpoint 4's index, which the builder publishes 0.3 s from now.
+    threading.Timer(0.3, publish, args=(tmp_path, 4)).start()
+    started = time.monotonic()
+    assert watcher.maybe_swap(5) == 4
+    assert time.monotonic() - started >= 0.25
+    assert [watcher.maybe_swap(s) for s in (6, 7, 8)] == [4, 4, 4]
+    assert watcher.maybe_swap(9) == 8  # already there: no wait
+    assert watcher.refreshes == 2
+    assert watcher.metrics(9)["retrieval/staleness_steps"] == 1
+  assert loads.steps == [0, 4, 8]  # nothing loaded in the background, nothing twice
+
+
+def test_lockstep_resumed_run_goes_back_to_the_index_its_step_is_due(tmp_path):
+  for step in (0, 4, 8):
+    publish(tmp_path, step)
+  with _lockstep_watcher(tmp_path) as watcher:
+    assert watcher.start() == 8  # the newest, as any start
+    assert watcher.maybe_swap(5) == 4  # resumed from checkpoint 4: steps 5-8 search index 4
+
+
+def test_lockstep_an_index_never_published_is_an_error_naming_it(tmp_path):
+  publish(tmp_path, 0)
+  with _lockstep_watcher(tmp_path, lockstep_timeout=0.2) as watcher:
+    watcher.start()
+    with pytest.raises(swap.IndexNotPublishedError) as error:
+      watcher.maybe_swap(5)
+  assert str(error.value) == (
+      f"step 5 searches the index of checkpoint 4 ({store.index_dir(str(tmp_path), 4)}), which "
+      f"was not published within 0.2s: is the index builder running (python -m "
+      f"realm_jax.build_index on this run directory)?")
+
+
+@pytest.mark.parametrize("every", [0, -4, 2.5, True])
+def test_lockstep_every_must_be_a_positive_int(tmp_path, every):
+  with pytest.raises(ValueError, match="lockstep_every must be None or an int >= 1"):
+    swap.IndexWatcher(str(tmp_path), lockstep_every=every)
