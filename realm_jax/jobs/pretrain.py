@@ -54,7 +54,6 @@ class PretrainJob(IndexJob):
   def configure(self, ctx: RunContext) -> None:
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
-    self.lockstep_every(ctx)
     try:
       inputs.check_row_bucket(self.length_bucket)
     except ValueError as e:
