@@ -268,6 +268,9 @@ class IndexWatcher(Generic[T]):
         raise RuntimeError("IndexWatcher.maybe_swap() before start()")
       if self._closed:
         raise RuntimeError("IndexWatcher is closed")
+      # The schedule's count, not this invocation's swaps: a resumed run reports what an
+      # uninterrupted one would.
+      self._refreshes = due // self.lockstep_every
       if self._index.step == due:
         return self._value
       old_step = self._index.step
@@ -284,7 +287,6 @@ class IndexWatcher(Generic[T]):
     loaded, value = self._load(due)  # a published index that does not load: an error here
     with self._lock:
       self._index, self._value = loaded, value
-      self._refreshes += 1
     log.info("Step %d: swapped in index %s (checkpoint step %d, was %d; waited %.1fs for it).",
              train_step, loaded.path, due, old_step, self._clock() - started)
     return value
@@ -298,7 +300,8 @@ class IndexWatcher(Generic[T]):
     Returns:
       `retrieval/index_step` (checkpoint step of the index), `retrieval/staleness_steps`
       (train_step - index step), `retrieval/staleness_seconds` (now - the index's publish
-      time) and `retrieval/refreshes` (swaps so far).
+      time) and `retrieval/refreshes` (swaps so far; in lockstep, the refreshes the schedule
+      has made by this step, counting those before a resume).
     """
     with self._lock:
       if self._index is None:

@@ -258,6 +258,7 @@ def test_lockstep_resumed_run_goes_back_to_the_index_its_step_is_due(tmp_path):
   with _lockstep_watcher(tmp_path) as watcher:
     assert watcher.start() == 8  # the newest, as any start
     assert watcher.maybe_swap(5) == 4  # resumed from checkpoint 4: steps 5-8 search index 4
+    assert watcher.refreshes == 1  # as uninterrupted: the refresh at step 5 is the schedule's
 
 
 def test_lockstep_an_index_never_published_is_an_error_naming_it(tmp_path):
