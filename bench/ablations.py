@@ -38,8 +38,12 @@ pretraining (the index the builder makes of every other row's last checkpoint).
 
 Paired rows. For each seed every row but "no ICT" starts from one ICT warm start trained with
 that seed (`<out>/seed<s>/shared/ict`; `--toy_bert` and `--ict_from` as the recipe's), and every
-pretraining reads its data in that seed's order, so a seed's rows differ by their change (plus
-run-to-run noise). The two mixed rows, the ORQA-style baseline and "REALM fine-tuned again" train
+pretraining reads its data in that seed's order, so a seed's rows differ by their change only:
+pretraining refreshes its index in lockstep with its checkpoints (`PretrainJob.
+refresh_in_lockstep` in experiments/toy_pretrain.gin), so which index a step searches does not
+depend on the machine's load (with asynchronous refreshes that timing alone moved one seed's
+REALM recall@5 by 0.097; docs/benchmarks.md), and a cell made again gives the same figures. The
+never-refreshed row has no builder, and so no lockstep. The two mixed rows, the ORQA-style baseline and "REALM fine-tuned again" train
 no model of their own before fine-tuning: they are fine-tunings of the REALM row's pretraining
 (and ICT) of the same seed (`<out>/seed<s>/realm/<row>`), each kept as its own cell.
 
