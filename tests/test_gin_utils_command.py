@@ -255,23 +255,21 @@ gin_utils.exit_process(gin_utils.run_command("standin", work, interrupted="rerun
 '''
 
 
-def _sigint_ignored():
-  """In the child before exec: SIGINT ignored, as a shell starts a background job."""
-  import signal  # pylint: disable=import-outside-toplevel
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _entry_point(what, **kwargs):
+def _entry_point(what, *, sigint_ignored=False):
+  """The stand-in, started (with `sigint_ignored`) with SIGINT ignored, as a shell starts a
+  background job: bash ignores it and exec keeps that."""
   import subprocess  # pylint: disable=import-outside-toplevel
-  return subprocess.Popen([sys.executable, "-c", ENTRY_POINT, what], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, **kwargs)
+  argv = [sys.executable, "-c", ENTRY_POINT, what]
+  if sigint_ignored:
+    argv = ["bash", "-c", "trap '' INT; exec \"$0\" \"$@\"", *argv]
+  return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("signame,status", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_sigint_and_sigterm_stop_an_entry_point_even_with_sigint_inherited_ignored(signame,
                                                                                    status):
   import signal  # pylint: disable=import-outside-toplevel
-  proc = _entry_point("sleep", preexec_fn=_sigint_ignored)
+  proc = _entry_point("sleep", sigint_ignored=True)
   try:
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(getattr(signal, signame))
