@@ -35,12 +35,13 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from realm_jax import data
+
 PROG = "toy_bert"
 GIN_FILE = "gin_configs/experiments/toy_bert.gin"
 COPY_GIN_FILE = "gin_configs/experiments/toy_bert_copy.gin"
 DISTRACT_GIN_FILE = "gin_configs/experiments/toy_bert_distract.gin"
-SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "assets",
-                           "toy_bert")
+SHIPPED_DIR = data.TOY_BERT_DIR
 # sha256 of the shipped model.safetensors, as the rebuild command prints it (docs/toy_bert.md).
 SHIPPED_SHA256 = "1b0deeca906b1754870f965cecda44ec806cf338ba9fb29322f0777889f95e17"
 # Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).

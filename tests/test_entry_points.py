@@ -52,6 +52,10 @@ DRY_RUNS = {
                       "--gin_file=gin_configs/runs/retromae.gin", "--gin.TASK='ict_toy'",
                       "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
                       "--gin.model_config.RealmConfig.share_embedders=False"],
+    "toy_retro": ["--gin_file=gin_configs/experiments/toy_retro.gin"],
+    "runs_retro": ["--gin_file=gin_configs/models/tiny.gin",
+                   "--gin_file=gin_configs/runs/retro.gin", "--gin.CHUNK_DATABASE=None",
+                   "--gin.TASK='retro_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10"],
     "runs_pretrain": ["--gin_file=gin_configs/models/tiny.gin",
                       "--gin_file=gin_configs/runs/pretrain.gin",
                       "--gin.TASK='realm_toy_salient_span'", "--gin.BATCH_SIZE=8",
@@ -85,7 +89,8 @@ DRY_RUNS = {
 }
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
         "toy_bert": "mlm", "toy_bert_copy": "mlm", "toy_bert_distract": "mlm",
-        "runs_mlm": "mlm", "toy_retromae": "retromae", "runs_retromae": "retromae"}
+        "runs_mlm": "mlm", "toy_retromae": "retromae", "runs_retromae": "retromae",
+        "toy_retro": "retro", "runs_retro": "retro"}
 
 
 def _resolved(args):

@@ -1,0 +1,6 @@
+"""Host-side data: vocabulary, corpora, masking, the toy world; no JAX. `TOY_BERT_DIR` is the
+shipped toy BERT (transformers' BertForMaskedLM files; `realm_jax.toy_bert` builds it)."""
+
+import os
+
+TOY_BERT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "toy_bert")
