@@ -279,6 +279,10 @@ def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_pa
   assert ablations.fingerprint({}) == before  # comments do not decide results
   (gin_dir / "toy_pretrain.gin").write_text("NUM_STEPS = 201\n")
   assert ablations.fingerprint({}) != before
+  # RETRO's gins decide no cell of these benches: adding one leaves the fingerprint.
+  changed = ablations.fingerprint({})
+  (gin_dir / "toy_retro.gin").write_text("NUM_STEPS = 300\n")
+  assert ablations.fingerprint({}) == changed
   ablations.save_cell(path, _cell(0.25), before)
   capsys.readouterr()
   assert ablations.load_cell(path, ablations.fingerprint({})) is None
