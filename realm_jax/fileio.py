@@ -284,3 +284,61 @@ def run_dir_lock(run_dir: str, role: str) -> Iterator[str]:
       os.ftruncate(fd, 0)  # released cleanly: no record for the next holder to warn about
   finally:
     os.close(fd)  # closing the only descriptor releases the flock
+
+
+def read_format_manifest(path: str, manifest_name: str, format_name: str, format_version: int,
+                         what: str, fail: Any) -> dict:
+  """The manifest of a published directory of `format_name` (a BlockStore, a chunk database),
+  checked to be one this code reads; every problem goes to `fail(problem)`, which raises."""
+  if not os.path.isdir(path):
+    fail(f"not a directory (no {what} here)")
+  manifest_path = os.path.join(path, manifest_name)
+  if not os.path.isfile(manifest_path):
+    fail(f"no {manifest_name}: not a {what}, or an unfinished build")
+  try:
+    with open(manifest_path, encoding="utf-8") as f:
+      manifest = json.load(f)
+  except (OSError, ValueError) as e:
+    fail(f"unreadable {manifest_name} ({e})")
+  if not isinstance(manifest, dict) or manifest.get("format") != format_name:
+    fail(f"{manifest_name} is not a {format_name} manifest")
+  if manifest.get("format_version") != format_version:
+    fail(f"format_version {manifest.get('format_version')!r} is not supported (this code reads "
+         f"{format_version})")
+  return manifest
+
+
+def verify_listed_files(path: str, files: Any, names: Any, manifest_name: str,
+                        verify: Any, fail: Any) -> None:
+  """Each of `names` is listed in the manifest's `files` ({name: {"bytes", "sha256"}}) and
+  present; with `verify`, of its recorded size; with `verify is True`, of its sha256."""
+  for name in names:
+    file_path = os.path.join(path, name)
+    entry = files.get(name) if isinstance(files, dict) else None
+    if not isinstance(entry, dict):
+      fail(f"{manifest_name} does not list {name}")
+    if not os.path.isfile(file_path):
+      fail(f"missing file {name}")
+    if verify:
+      size = os.path.getsize(file_path)
+      if size != entry.get("bytes"):
+        fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
+             f"modified)")
+    if verify is True and sha256_file(file_path) != entry.get("sha256"):
+      fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
+
+
+def load_checked_arrays(path: str, expected: dict, fail: Any, *, mmap: bool = True) -> dict:
+  """{name: the .npy array of `path`/name}, each of the (shape, dtype) `expected` gives it."""
+  import numpy as np  # pylint: disable=import-outside-toplevel  (fileio stays import-light)
+  arrays = {}
+  for name, (shape, dtype) in expected.items():
+    try:
+      array = np.load(os.path.join(path, name), mmap_mode="r" if mmap else None,
+                      allow_pickle=False)
+    except (OSError, ValueError) as e:
+      fail(f"cannot read {name} ({e})")
+    if array.shape != shape or array.dtype != dtype:
+      fail(f"{name} is {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}")
+    arrays[name] = array
+  return arrays

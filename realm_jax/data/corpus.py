@@ -1308,21 +1308,8 @@ class BlockStore:
     def fail(problem: str):
       raise BlockStoreError(f"{path}: {problem}")
 
-    if not os.path.isdir(path):
-      fail("not a directory (no BlockStore here)")
-    manifest_path = os.path.join(path, MANIFEST)
-    if not os.path.isfile(manifest_path):
-      fail(f"no {MANIFEST}: not a BlockStore, or an unfinished build")
-    try:
-      with open(manifest_path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    except (OSError, ValueError) as e:
-      fail(f"unreadable {MANIFEST} ({e})")
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-      fail(f"{MANIFEST} is not a {FORMAT_NAME} manifest")
-    if manifest.get("format_version") != FORMAT_VERSION:
-      fail(f"format_version {manifest.get('format_version')!r} is not supported (this code "
-           f"reads {FORMAT_VERSION})")
+    manifest = fileio.read_format_manifest(path, MANIFEST, FORMAT_NAME, FORMAT_VERSION,
+                                           "BlockStore", fail)
     try:
       num_blocks = int(manifest["num_blocks"])
       max_block_len = int(manifest["max_block_len"])
@@ -1336,20 +1323,7 @@ class BlockStore:
       fail(f"built with vocabulary {fingerprint[:12]}..., expected {vocab_fingerprint[:12]}...")
 
     optional = (DOC_KEYS,) if isinstance(files, dict) and DOC_KEYS in files else ()
-    for name in DATA_FILES + optional:
-      file_path = os.path.join(path, name)
-      entry = files.get(name) if isinstance(files, dict) else None
-      if entry is None:
-        fail(f"{MANIFEST} does not list {name}")
-      if not os.path.isfile(file_path):
-        fail(f"missing file {name}")
-      if verify:
-        size = os.path.getsize(file_path)
-        if size != entry.get("bytes"):
-          fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
-               f"modified)")
-      if verify is True and fileio.sha256_file(file_path) != entry.get("sha256"):
-        fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
+    fileio.verify_listed_files(path, files, DATA_FILES + optional, MANIFEST, verify, fail)
 
     expected = {TOKENS: ((num_blocks, max_block_len), token_dtype),
                 TITLE_LENGTHS: ((num_blocks,), np.dtype(np.int32)),
@@ -1357,15 +1331,7 @@ class BlockStore:
                 UIDS: ((num_blocks,), np.dtype(np.uint64)),
                 DOC_IDS: ((num_blocks,), np.dtype(np.int64)),
                 TEXT_OFFSETS: ((2 * num_blocks + 1,), np.dtype(np.int64))}
-    arrays = {}
-    for name, (shape, dtype) in expected.items():
-      try:
-        array = np.load(os.path.join(path, name), mmap_mode="r")
-      except (OSError, ValueError) as e:
-        fail(f"cannot map {name} ({e})")
-      if array.shape != shape or array.dtype != dtype:
-        fail(f"{name} is {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}")
-      arrays[name] = array
+    arrays = fileio.load_checked_arrays(path, expected, fail)
     text_path = os.path.join(path, TEXT)
     text_size = os.path.getsize(text_path)
     offsets = arrays[TEXT_OFFSETS]

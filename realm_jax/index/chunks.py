@@ -702,21 +702,8 @@ def _open(path: str, *, verify: Union[bool, str], block_store_id: Optional[str],
   def fail(problem: str):
     raise ChunkDatabaseError(f"{path}: {problem}")
 
-  if not os.path.isdir(path):
-    fail("not a directory (no chunk database here)")
-  manifest_path = os.path.join(path, MANIFEST)
-  if not os.path.isfile(manifest_path):
-    fail(f"no {MANIFEST}: not a chunk database, or an unfinished build")
-  try:
-    with open(manifest_path, encoding="utf-8") as f:
-      manifest = json.load(f)
-  except (OSError, ValueError) as e:
-    fail(f"unreadable {MANIFEST} ({e})")
-  if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-    fail(f"{MANIFEST} is not a {FORMAT_NAME} manifest")
-  if manifest.get("format_version") != FORMAT_VERSION:
-    fail(f"format_version {manifest.get('format_version')!r} is not supported (this code reads "
-         f"{FORMAT_VERSION})")
+  manifest = fileio.read_format_manifest(path, MANIFEST, FORMAT_NAME, FORMAT_VERSION,
+                                        "chunk database", fail)
   try:
     num_chunks = int(manifest["num_chunks"])
     chunk_len = int(manifest["chunk_len"])
@@ -731,35 +718,13 @@ def _open(path: str, *, verify: Union[bool, str], block_store_id: Optional[str],
   if block_store_id is not None and store_id != block_store_id:
     fail(f"built from BlockStore {store_id}, expected {block_store_id}")
 
-  for name in DATA_FILES:
-    file_path = os.path.join(path, name)
-    entry = files.get(name)
-    if not isinstance(entry, dict):
-      fail(f"{MANIFEST} does not list {name}")
-    if not os.path.isfile(file_path):
-      fail(f"missing file {name}")
-    if verify:
-      size = os.path.getsize(file_path)
-      if size != entry.get("bytes"):
-        fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
-             f"modified)")
-    if verify is True and fileio.sha256_file(file_path) != entry.get("sha256"):
-      fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
+  fileio.verify_listed_files(path, files, DATA_FILES, MANIFEST, verify, fail)
 
   expected = {CHUNK_TOKENS: ((num_chunks, chunk_len), token_dtype),
               CONTINUATION_TOKENS: ((num_chunks, chunk_len), token_dtype),
               CHUNK_LENGTHS: ((num_chunks,), np.dtype(np.int32)),
               DOC_IDS: ((num_chunks,), np.dtype(np.int64))}
-  arrays = {}
-  for name, (shape, dtype) in expected.items():
-    try:
-      array = np.load(os.path.join(path, name), mmap_mode="r" if mmap else None,
-                      allow_pickle=False)
-    except (OSError, ValueError) as e:
-      fail(f"cannot read {name} ({e})")
-    if array.shape != shape or array.dtype != dtype:
-      fail(f"{name} is {array.dtype}{list(array.shape)}, expected {dtype}{list(shape)}")
-    arrays[name] = array
+  arrays = fileio.load_checked_arrays(path, expected, fail, mmap=mmap)
 
   try:
     index = store_lib.load_index(os.path.join(path, *index_rel.split("/")),
