@@ -47,6 +47,15 @@ _IN_USE_LOCK = threading.Lock()
 log = logging.getLogger(__name__)
 
 
+def fsync_file(path: str | os.PathLike) -> None:
+  """Makes a written file's contents durable (before it is hashed into a manifest)."""
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
   """Makes a directory's entries (a rename into it) durable.
 

@@ -397,13 +397,6 @@ def query_vectors(keys: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------ publishing
 
 
-def _fsync_file(path: str) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
 
 def _check_dest(dest: str, overwrite: bool) -> None:
   """ChunkDatabaseError unless `dest` is free, or `overwrite` and `dest` is a chunk database."""
@@ -507,7 +500,7 @@ def build_chunk_database(store: BlockStore, dest: str, params: Mapping[str, Any]
     files = {}
     for name in DATA_FILES:
       path = os.path.join(staging, name)
-      _fsync_file(path)
+      fileio.fsync_file(path)
       files[name] = {"bytes": os.path.getsize(path), "sha256": fileio.sha256_file(path)}
     index_manifest = store_lib.load_index(index_path, verify=False).manifest
     manifest = {

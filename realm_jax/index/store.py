@@ -180,13 +180,6 @@ def clean_stale_staging(run_dir: str) -> list[str]:
   return fileio.remove_stale(index_root(run_dir), _PRIVATE_PATTERN)
 
 
-def _fsync_file(path: str) -> None:
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
 
 def _hash_tree(staging: str, subdir: str) -> dict[str, dict]:
   """{relative path: {"sha256", "bytes"}} of every file under `staging/subdir`, all fsynced."""
@@ -202,7 +195,7 @@ def _hash_tree(staging: str, subdir: str) -> dict[str, dict]:
         # A published index must be self-contained: a link would point outside the snapshot.
         raise ValueError(f"{path}: the scann_builder wrote a link or special file; write "
                          f"regular files only")
-      _fsync_file(path)
+      fileio.fsync_file(path)
       files[rel] = {"sha256": _sha256_file(path), "bytes": os.path.getsize(path)}
     _fsync_dir(dirpath)
   return files
@@ -553,7 +546,7 @@ class IndexWriter:
       emb_path = os.path.join(self.staging, EMBEDDINGS)
       self._memmap.flush()
       del self._rows, self._memmap  # unmap before hashing: the file is final now
-      _fsync_file(emb_path)
+      fileio.fsync_file(emb_path)
       files = {EMBEDDINGS: {"sha256": _sha256_file(emb_path),
                             "bytes": os.path.getsize(emb_path)}}
       sha = files[EMBEDDINGS]["sha256"]
@@ -567,7 +560,7 @@ class IndexWriter:
           raise ValueError(f"extra file {name!r}: not a plain file name of its own")
         with open(os.path.join(self.staging, name), "wb") as f:
           f.write(data)
-        _fsync_file(os.path.join(self.staging, name))
+        fileio.fsync_file(os.path.join(self.staging, name))
         files[name] = {"sha256": _sha256_file(os.path.join(self.staging, name)),
                        "bytes": len(data)}
 
