@@ -1242,6 +1242,93 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
                      skip_examples=skip_examples, elapsed_s=time.monotonic() - start_time)
 
 
+def write_tokenized_block_store(dest: str, tokens: np.ndarray, title_lengths: np.ndarray,
+                                body_lengths: np.ndarray, *,
+                                vocab: Optional[vocab_lib.WordPieceVocabulary] = None,
+                                source: Optional[dict] = None,
+                                overwrite: bool = False) -> str:
+  """Publishes a BlockStore whose blocks are already wordpiece ids, without their text.
+
+  For corpora tokenised elsewhere and for synthetic stores at Wikipedia scale (the benchmarks'
+  1M-block rehearsal), where `build_block_store`'s tokenizer would take hours. Every block is
+  its own document; `title()` and `body()` are empty (no text is kept), and a block's uid is
+  `content_uid`-like but over its token row, so distinct rows have distinct uids. Written and
+  published atomically like `build_block_store`, and re-opened (every hash checked) before it
+  is published.
+
+  Args:
+    dest: the new store's directory.
+    tokens: [num_blocks, max_block_len] rows `[CLS] title [SEP] body [SEP]`, 0-padded.
+    title_lengths, body_lengths: [num_blocks] wordpieces of each part (without specials).
+    vocab: the vocabulary the ids belong to (default: the BERT uncased one).
+    source: what the blocks are, for the manifest (default {"kind": "tokenized"}).
+    overwrite: replace an existing BlockStore at `dest`.
+
+  Returns:
+    The store_id.
+  """
+  vocab = vocab or vocab_lib.default_vocabulary()
+  tokens = np.asarray(tokens)
+  title_lengths = np.asarray(title_lengths, np.int32)
+  body_lengths = np.asarray(body_lengths, np.int32)
+  if tokens.ndim != 2 or tokens.shape[0] == 0:
+    raise ValueError(f"tokens must be [num_blocks > 0, max_block_len], got {tokens.shape}")
+  num_blocks, max_block_len = tokens.shape
+  if title_lengths.shape != (num_blocks,) or body_lengths.shape != (num_blocks,):
+    raise ValueError(f"title_lengths and body_lengths must be [{num_blocks}], got "
+                     f"{title_lengths.shape} and {body_lengths.shape}")
+  row_lengths = title_lengths + body_lengths + NUM_SPECIAL_TOKENS  # [num_blocks]
+  if title_lengths.min() < 0 or body_lengths.min() < 1 or row_lengths.max() > max_block_len:
+    raise ValueError(f"every block needs a body and must fit max_block_len={max_block_len}")
+  if tokens.min() < 0 or tokens.max() >= vocab.vocab_size:
+    raise ValueError(f"token ids must lie in [0, {vocab.vocab_size})")
+  token_dtype = token_dtype_for(vocab.vocab_size)
+  tokens = tokens.astype(token_dtype, copy=False)
+  dest = os.path.abspath(os.fspath(dest))
+  _check_dest(dest, overwrite)
+  os.makedirs(os.path.dirname(dest), exist_ok=True)
+  clean_stale_staging(dest)
+
+  store_options = {"format_version": FORMAT_VERSION, "max_block_len": int(max_block_len),
+                   "max_title_len": int(title_lengths.max()),
+                   "vocab_fingerprint": vocab.fingerprint, "text": False}
+  uids = np.fromiter((int.from_bytes(hashlib.sha256(row.tobytes()).digest()[:8], "big")
+                      for row in tokens), np.uint64, num_blocks)  # [num_blocks]
+  if len(np.unique(uids)) != num_blocks:
+    raise ValueError("two blocks have the same token row (a BlockStore's blocks are distinct)")
+  # As _StagingWriter: sha256(options JSON + "\n" + uids as little-endian uint64).
+  store_hash = hashlib.sha256(_canonical_json(store_options) + b"\n")
+  store_hash.update(uids.astype("<u8").tobytes())
+  store_id = store_hash.hexdigest()
+  arrays = {TOKENS: tokens, TITLE_LENGTHS: title_lengths, BODY_LENGTHS: body_lengths,
+            UIDS: uids, DOC_IDS: np.arange(num_blocks, dtype=np.int64),
+            TEXT_OFFSETS: np.zeros(2 * num_blocks + 1, np.int64)}
+  with fileio.staged_directory(dest, f"{os.path.basename(dest)}.staging-") as staging:
+    for name, array in arrays.items():
+      np.save(os.path.join(staging, name), array)
+    open(os.path.join(staging, TEXT), "wb").close()
+    files = {}
+    for name in DATA_FILES:
+      path = os.path.join(staging, name)
+      fileio.fsync_file(path)
+      files[name] = {"bytes": os.path.getsize(path), "sha256": fileio.sha256_file(path)}
+    counts = {"documents_read": num_blocks, "documents_used": num_blocks, "blocks": num_blocks}
+    manifest = {
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "num_blocks": num_blocks,
+        "max_block_len": int(max_block_len), "token_dtype": np.dtype(token_dtype).name,
+        "vocab": {"fingerprint": vocab.fingerprint, "size": vocab.vocab_size},
+        "source": source or {"kind": "tokenized"}, "options": {"text": False},
+        "store_id_options": store_options, "counts": counts, "skip_examples": {},
+        "store_id": store_id, "files": files,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "builder": {"python": sys.version.split()[0], "numpy": np.__version__},
+    }
+    _write_manifest(staging, manifest)
+    BlockStore.open(staging, verify=True, vocab_fingerprint=vocab.fingerprint).close()
+    _publish(staging, dest, overwrite)
+  return store_id
+
+
 # ------------------------------------------------------------------------------ reading
 
 

@@ -647,3 +647,61 @@ def test_a_gzip_stream_is_complete_only_with_every_members_end_marker(tmp_path):
   for cut in (len(data) - 10, len(data) // 3):
     path.write_bytes(data[:cut])
     assert not corpus._gzip_complete(str(path), chunk_bytes=4096)  # pylint: disable=protected-access
+
+
+# ------------------------------------------------------------------------------ token rows
+
+
+def _token_rows(rng, num_blocks, block_len, title_len):
+  rows = np.zeros((num_blocks, block_len), np.int64)
+  body_lens = rng.integers(1, block_len - title_len - 3 + 1, num_blocks)
+  for i, body_len in enumerate(body_lens):
+    ids = rng.integers(1000, 30000, title_len + body_len)
+    rows[i, :title_len + body_len + 3] = [CLS, *ids[:title_len], SEP, *ids[title_len:], SEP]
+  return rows, np.full(num_blocks, title_len), body_lens
+
+
+def test_a_store_of_token_rows_reads_back_with_the_documented_store_id(tmp_path, vocab):
+  rng = np.random.default_rng(0)
+  rows, titles, bodies = _token_rows(rng, 50, 24, 3)
+  store_id = corpus.write_tokenized_block_store(str(tmp_path / "s"), rows, titles, bodies,
+                                                vocab=vocab, source={"kind": "test"})
+  store = corpus.BlockStore.open(str(tmp_path / "s"), verify=True,
+                                 vocab_fingerprint=vocab.fingerprint)
+  assert store.num_blocks == 50 and store.max_block_len == 24 and store.store_id == store_id
+  np.testing.assert_array_equal(store.tokens, rows)
+  assert store.tokens.dtype == np.uint16  # the BERT vocabulary fits
+  assert store.title(7) == "" and store.body(7) == ""  # no text is kept
+  # Each block its own document; a uid is sha256(token row as stored)[:8], big-endian.
+  np.testing.assert_array_equal(store.doc_ids, np.arange(50))
+  row = rows[7].astype(np.uint16).tobytes()
+  assert int(store.uids[7]) == int.from_bytes(hashlib.sha256(row).digest()[:8], "big")
+  # store_id = sha256(options JSON (sorted keys, compact) + "\n" + uids as little-endian u64).
+  options = {"format_version": corpus.FORMAT_VERSION, "max_block_len": 24, "max_title_len": 3,
+             "vocab_fingerprint": vocab.fingerprint, "text": False}
+  expected = hashlib.sha256(json.dumps(options, sort_keys=True, separators=(",", ":")).encode()
+                            + b"\n" + store.uids.astype("<u8").tobytes()).hexdigest()
+  assert store_id == expected
+  # The embedder sees the rows: type 0 through the title's [SEP], then 1.
+  ids, types, mask = store.embedder_inputs([3])
+  np.testing.assert_array_equal(ids[0], rows[3])
+  assert types[0, :5].tolist() == [0, 0, 0, 0, 0] and types[0, 5] == 1
+  assert mask[0].sum() == 3 + 3 + bodies[3]
+
+
+def test_a_store_of_token_rows_refuses_bad_rows_and_an_existing_store(tmp_path, vocab):
+  rng = np.random.default_rng(1)
+  rows, titles, bodies = _token_rows(rng, 4, 16, 2)
+  dest = str(tmp_path / "s")
+  with pytest.raises(ValueError, match="fit max_block_len"):
+    corpus.write_tokenized_block_store(dest, rows, titles, bodies + 20, vocab=vocab)
+  with pytest.raises(ValueError, match="token ids"):
+    corpus.write_tokenized_block_store(dest, rows + vocab.vocab_size, titles, bodies,
+                                       vocab=vocab)
+  with pytest.raises(ValueError, match="same token row"):
+    corpus.write_tokenized_block_store(dest, np.repeat(rows[:1], 4, 0), titles,
+                                       np.repeat(bodies[:1], 4), vocab=vocab)
+  assert not os.path.exists(dest)  # nothing half-written
+  corpus.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
+  with pytest.raises(corpus.BlockStoreError, match="already exists"):
+    corpus.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
