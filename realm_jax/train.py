@@ -114,7 +114,8 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                mesh_shape: Sequence[int] = (-1, 1), rules: Optional[Sequence] = None,
                seed: int = 0, init_checkpoint: Optional[str] = None,
                log_every: int = 100, keep: int = 3, dry_run: bool = False,
-               checkpoint_timeout: Optional[float] = None) -> int:
+               checkpoint_timeout: Optional[float] = None,
+               metrics_format: str = "tensorboard") -> int:
   """Runs (or, with `dry_run`, only builds) one training job.
 
   Args:
@@ -142,6 +143,9 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     checkpoint_timeout: seconds a checkpoint save may take before the run stops with an error
       naming its step (None: `checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS`, 30 minutes); the last
       complete checkpoint stays intact.
+    metrics_format: where the metrics go: "tensorboard" (`<run_dir>/tensorboard`, through clu,
+      which imports TensorFlow) or "jsonl" (`<run_dir>/metrics.jsonl`, one JSON object per
+      write; no TensorFlow needed).
 
   Returns:
     The exit status (0).
@@ -161,6 +165,9 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   if not isinstance(model_config, RealmConfig):
     raise ConfigError(f"train_main.model_config is a {type(model_config).__name__}, not a "
                       f"RealmConfig: include a gin_configs/models/*.gin and bind %MODEL_CONFIG")
+  if metrics_format not in trainer.METRICS_FORMATS:
+    raise ConfigError(f"train_main.metrics_format={metrics_format!r}: one of "
+                      f"{', '.join(trainer.METRICS_FORMATS)}")
   rules = partitioning.DEFAULT_RULES if rules is None else tuple(tuple(r) for r in rules)
   try:
     mesh = partitioning.make_mesh(*mesh_shape)
@@ -227,7 +234,7 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                     hooks=hooks, seed=seed, learning_rate_fn=schedule, eval_fn=eval_fn,
                     best_metric=best_metric, train_step=train_step,
                     peft=job.peft_checkpoints(ctx, model),
-                    checkpoint_timeout=checkpoint_timeout)
+                    checkpoint_timeout=checkpoint_timeout, writer=metrics_format)
     finally:
       job.close()
   print(f"{PROG}: done ({description})", flush=True)

@@ -149,6 +149,12 @@ def test_unknown_gin_binding(tmp_path, capsys):
   assert "bogus_knob" in line
 
 
+def test_an_unknown_metrics_format_is_one_config_error(tmp_path, capsys):
+  line = _one_config_error(capsys, _train(*DRY_RUNS["toy_ict"], f"--gin.RUN_DIR='{tmp_path}'",
+                                          "--gin.train_main.metrics_format='csv'", "--dry_run"))
+  assert "metrics_format='csv'" in line and "tensorboard, jsonl" in line
+
+
 def test_missing_required_macro(capsys):
   line = _one_config_error(capsys, _train(*DRY_RUNS["toy_ict"], "--dry_run"))
   assert "required macro RUN_DIR is not set" in line

@@ -87,6 +87,8 @@ OPT_STATE_ITEM = "opt_state"
 TRAIN_STATE_ITEM = "train_state"
 DATA_STATE_ITEM = "data_state"
 TENSORBOARD_DIR = "tensorboard"
+METRICS_JSONL = "metrics.jsonl"
+METRICS_FORMATS = ("tensorboard", "jsonl")
 
 # Dense bf16 peak FLOP/s per chip, for perf/mfu when `peak_flops_per_device` is not given;
 # matched as a case-insensitive prefix of `jax.Device.device_kind`, longest first. Vendor
@@ -712,7 +714,46 @@ class _Interval:
     return out
 
 
-def _default_writer(run_dir: str):
+class JsonlMetricWriter:
+  """Metrics as JSON lines appended to a file, one `{"step", "time", name: value, ...}` object
+  per write (`time`: seconds since the epoch): for machines without TensorFlow, which clu's
+  TensorBoard writer imports, and for scripts that read a run's metrics back. `path` None
+  writes nothing (the processes other than the first)."""
+
+  def __init__(self, path: Optional[str]):
+    self.path = path
+    self._file = None
+    if path is not None:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      # Line-buffered: a reader following the run sees each record as it is written; a
+      # resumed run appends.
+      self._file = open(path, "a", encoding="utf-8", buffering=1)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    if self._file is not None:
+      record = {"step": int(step), "time": time.time(),
+                **{name: float(value) for name, value in scalars.items()}}
+      self._file.write(json.dumps(record) + "\n")
+
+  def flush(self) -> None:
+    if self._file is not None:
+      self._file.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+def make_metric_writer(run_dir: str, metrics_format: str = "tensorboard") -> Any:
+  """The run's metric writer: "tensorboard" (clu: TensorBoard files in `<run_dir>/tensorboard`
+  and the log on process 0, the log only elsewhere) or "jsonl" (`<run_dir>/metrics.jsonl`,
+  written by process 0)."""
+  if metrics_format == "jsonl":
+    return JsonlMetricWriter(os.path.join(run_dir, METRICS_JSONL)
+                             if jax.process_index() == 0 else None)
+  if metrics_format != "tensorboard":
+    raise ValueError(f"metrics_format must be one of {METRICS_FORMATS}, got {metrics_format!r}")
   # clu imports TensorFlow for its summary writer (seconds): only when it is used.
   from clu import metric_writers  # noqa: PLC0415
   return metric_writers.create_default_writer(
@@ -769,8 +810,9 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
     checkpoint_every: save every this many steps (and at `num_steps`).
     keep: newest checkpoints to keep (None: all); the best one is kept in addition.
     writer: a clu MetricWriter (anything with `write_scalars(step, dict)`, `flush()`,
-      `close()`); default: clu's default writer (TensorBoard files in `<run_dir>/tensorboard`
-      and the log) on process 0, the log only on other processes.
+      `close()`), or the name of one that `make_metric_writer` makes ("tensorboard", "jsonl");
+      default "tensorboard": clu's default writer (TensorBoard files in
+      `<run_dir>/tensorboard` and the log) on process 0, the log only on other processes.
     log_every: write metrics every this many steps.
     hooks: callables `hook(step, state) -> dict | None` (see above).
     eval_fn: `eval_fn(step, state) -> {name: float}` at checkpoint steps (`make_eval_fn`).
@@ -858,9 +900,9 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
     log.info("%s: removed %s: training continues to step %d", run_dir,
              checkpoints.TRAINING_DONE, num_steps)
 
-  own_writer = writer is None
+  own_writer = writer is None or isinstance(writer, str)
   if own_writer:
-    writer = _default_writer(run_dir)
+    writer = make_metric_writer(run_dir, writer or "tensorboard")
   peak = _peak_flops(peak_flops_per_device)
   if peak is None:
     log.info("perf/mfu is not logged: no peak FLOP/s for device kind %r (pass "

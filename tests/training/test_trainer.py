@@ -8,8 +8,10 @@ ICT model wrapped so that a batch feature, `loss_scale`, multiplies the loss; a 
 
 import dataclasses
 import glob
+import json
 import logging
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -341,3 +343,24 @@ def test_a_truncated_checkpoint_is_a_corrupt_one(setup, tmp_path):
     f.truncate(os.path.getsize(path) // 2)
   with pytest.raises(ckpt.CorruptCheckpointError, match="a truncated or corrupt checkpoint"):
     ckpt.restore_checkpoint_dir(step_dir)
+
+
+def test_jsonl_metrics_are_one_record_per_write_and_a_resumed_run_appends(setup, tmp_path):
+  run_dir = str(tmp_path / "run")
+  recorder = Recorder()
+  _train(setup, trainer.ListBatches(_batches(8)), str(tmp_path / "reference"), num_steps=4,
+         writer=recorder)
+  _train(setup, trainer.ListBatches(_batches(8)), run_dir, num_steps=4, writer="jsonl")
+  path = os.path.join(run_dir, trainer.METRICS_JSONL)
+  with open(path, encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  assert [r["step"] for r in records] == [1, 2, 3, 4]
+  times = [r["time"] for r in records]
+  assert times == sorted(times) and abs(times[-1] - time.time()) < 600
+  for record in records:  # the same scalars a writer object is given
+    expected = recorder.scalars[record["step"]]
+    assert {k for k in record if k not in ("step", "time")} == set(expected)
+    assert record["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-6)
+  _train(setup, trainer.ListBatches(_batches(8)), run_dir, num_steps=6, writer="jsonl")
+  with open(path, encoding="utf-8") as f:
+    assert [json.loads(line)["step"] for line in f] == [1, 2, 3, 4, 5, 6]
