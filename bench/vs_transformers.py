@@ -3,6 +3,7 @@ r"""realm_jax against the transformers REALM port: pretraining step and retrieve
   python bench/vs_transformers.py [--batch 1] [--steps 2] [--write]    # BERT-base, CPU
   python bench/vs_transformers.py --batch 2 --steps 3 --write           # >= 48 GB of memory
   python bench/vs_transformers.py --device gpu --batch 2 --steps 10 --embed_batch 64
+  python bench/vs_transformers.py --device gpu --dtype bfloat16 --batch 4 --steps 8 --embed_batch 64
 
 Both implementations run in one process, on the same device, from the same weights (the port's
 random weights imported into ours with `realm_jax.convert.hf`, as the parity check does), on
@@ -36,9 +37,10 @@ K = 8 candidates, query 96, block 288, reader rows `[CLS] query [SEP] block [SEP
 2. Retriever embedding, blocks/s of the document tower at block length 288, eval mode, batch
    `--embed_batch`: ours `RealmRetriever.embed_documents` jitted; theirs `RealmEmbedder`
    under `torch.inference_mode()`. Best of `--embed_repeats` interleaved runs.
-3. MFU: achieved matmul FLOP/s over this device's float32 matmul peak, measured in the same
-   run by `bench.embedding_throughput.measure_matmul_peak` (jitted 4096^3, best of 5 before
-   and 5 after). FLOPs are counted analytically (`forward_flops`): 2 x (weights in matmuls) x
+3. MFU: achieved matmul FLOP/s over this device's matmul peak in the compute dtype (`--dtype`,
+   float32 by default), measured in the same run by
+   `bench.embedding_throughput.measure_matmul_peak` (jitted 4096^3, best of 5 before and 5
+   after). FLOPs are counted analytically (`forward_flops`): 2 x (weights in matmuls) x
    tokens, plus the attention score and context matmuls (4 L^2 H per sequence per layer), x3
    for forward + backward; elementwise work, the embedding gathers and the optimizer are not
    counted. Each side is credited with what it computes: the port's MLM decoder runs at every
@@ -51,18 +53,34 @@ K = 8 candidates, query 96, block 288, reader rows `[CLS] query [SEP] block [SEP
    dashes it is silently ignored.)
 
 `--device gpu` runs the same comparison with jax on its first GPU and torch on `cuda`, both in
-full float32 (`jax_default_matmul_precision=float32`, torch's TF32 off), torch timed with
-`torch.cuda.synchronize()`, jax's allocator not preallocating (the two share the GPU's memory,
-about 9 GB per example per side); use more `--steps` and a larger `--embed_batch` there. Its
-`--write` section is named after the GPU, beside the CPU's.
+full float32 at the default `--dtype float32` (`jax_default_matmul_precision=float32`, torch's
+TF32 off), torch timed with `torch.cuda.synchronize()`, jax's allocator not preallocating (the
+two share the GPU's memory, about 9 GB per example per side in float32); use more `--steps` and
+a larger `--embed_batch` there. Its `--write` section is named after the GPU, beside the CPU's.
+
+`--dtype bfloat16` (default float32) runs both sides in the usual mixed precision of each
+framework, bfloat16 compute over float32 parameters: ours with `bert.dtype="bfloat16"` (the
+config imported from the port, `with_compute_dtype`; dense layers, attention products and
+embeddings in bfloat16, attention softmax, LayerNorms and the residual stream float32, as
+realm_jax/models/bert.py says), for the train step and the embedder alike; the port's forward
+passes (scorer and encoder in the train step, the embedder) under `torch.autocast(device_type,
+dtype=torch.bfloat16)`, the backward pass and the optimizer outside it, as PyTorch recommends
+(on CUDA autocast keeps softmax, LayerNorm and the log-softmax in float32). The MFU peak and the
+diagnostic matmuls are then bfloat16 products on both sides, and on a GPU the float32 run's
+precision forcing (`jax_default_matmul_precision=float32`, TF32 off) is not applied: both
+libraries keep their defaults. The two step-0 losses then agree only approximately (the two
+sides round to bfloat16 at different points); the run reports both and their difference.
 
 `--write` replaces the section "Versus the transformers REALM port" of docs/benchmarks.md
-(bench/report.py `write_section`).
+(bench/report.py `write_section`); with `--dtype bfloat16` the section "Versus the transformers
+REALM port, bfloat16" instead (as bench/embedding_throughput.py names its bfloat16 section),
+beside the float32 one (on a GPU: "Versus the transformers REALM port, bfloat16 (<GPU>)").
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
@@ -79,6 +97,13 @@ os.environ.setdefault("USE_TF", "0")
 import numpy as np  # noqa: E402
 
 SECTION = "Versus the transformers REALM port"
+DTYPES = ("float32", "bfloat16")
+
+
+def section_title(dtype: str = "float32") -> str:
+  """The docs section of a run: the float32 one, or its own section per other compute dtype
+  (named as bench/embedding_throughput.py names its bfloat16 section)."""
+  return SECTION if dtype == "float32" else f"{SECTION}, {dtype}"
 
 # BERT-base REALM, as transformers.RealmConfig() defaults.
 BASE = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
@@ -238,12 +263,27 @@ def port_optimizer(scorer, encoder, learning_rate: float = 3e-5, weight_decay: f
                            lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
 
 
+def port_autocast(model, dtype: str = "float32"):
+  """The context the port's forward passes run in: none for float32, else PyTorch's mixed
+  precision, `torch.autocast` to `dtype` on the device of `model`'s parameters (which stay
+  float32; autocast casts them per op, and on CUDA keeps softmax, LayerNorm, log-softmax in
+  float32)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  if dtype == "float32":
+    return contextlib.nullcontext()
+  device_type = next(model.parameters()).device.type
+  return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+
+
 def port_train_step(scorer, encoder, optimizer, inputs: dict, clip_norm: float = 1.0,
-                    phases: dict | None = None) -> float:
+                    phases: dict | None = None, dtype: str = "float32") -> float:
   """One step of the port: scorer -> encoder marginal MLM loss -> backward -> clip -> AdamW.
 
   Returns the loss (before the update). `phases`, if given, collects seconds per phase
-  (forward, backward, optimizer; on a GPU with a synchronisation at each boundary).
+  (forward, backward, optimizer; on a GPU with a synchronisation at each boundary). `dtype`
+  other than float32: the forward passes under `torch.autocast` to it (`port_autocast`); the
+  backward pass outside, as PyTorch recommends (it runs each op in the dtype autocast chose
+  for its forward), and no loss scaling, which bfloat16's float32 exponent range does not need.
   """
   import torch  # pylint: disable=g-import-not-at-top
   def sync():  # phase boundaries on an accelerator (no-op on CPU)
@@ -252,8 +292,9 @@ def port_train_step(scorer, encoder, optimizer, inputs: dict, clip_norm: float =
 
   t0 = time.perf_counter()
   optimizer.zero_grad(set_to_none=True)
-  scores = scorer(**inputs["scorer"]).relevance_score
-  loss = encoder(**inputs["encoder"], relevance_score=scores).loss
+  with port_autocast(scorer, dtype):  # one context: its cast weights are reused by both
+    scores = scorer(**inputs["scorer"]).relevance_score
+    loss = encoder(**inputs["encoder"], relevance_score=scores).loss
   sync()
   t1 = time.perf_counter()
   loss.backward()
@@ -272,13 +313,14 @@ def port_train_step(scorer, encoder, optimizer, inputs: dict, clip_norm: float =
   return value
 
 
-def port_embed(embedder, inputs: dict):
-  """The port's document tower in eval mode under `torch.inference_mode()`: [n, proj]."""
+def port_embed(embedder, inputs: dict, dtype: str = "float32"):
+  """The port's document tower in eval mode under `torch.inference_mode()` (and autocast to
+  `dtype` when not float32, `port_autocast`): [n, proj], in the dtype its last op computed."""
   import torch  # pylint: disable=g-import-not-at-top
   was_training = embedder.training
   embedder.eval()
   try:
-    with torch.inference_mode():
+    with torch.inference_mode(), port_autocast(embedder, dtype):
       return embedder(**inputs).projected_score
   finally:
     embedder.train(was_training)
@@ -303,6 +345,14 @@ def import_port_weights(scorer, encoder):
   if not config.share_embedders or encoder_config != config:
     raise AssertionError(f"imported configs differ: {config} vs {encoder_config}")
   return config, {"retriever": retriever, "encoder": encoder_params}
+
+
+def with_compute_dtype(config, dtype: str):
+  """`config` (a RealmConfig, as `import_port_weights` returns it) computing in `dtype`: its one
+  BertConfig, which every tower (query, documents, reader) is built from, gets `dtype`;
+  `param_dtype` stays float32, so the imported parameters are stored as they were."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(config, bert=dataclasses.replace(config.bert, dtype=dtype))
 
 
 def build_ours(config, params, device, total_steps: int = 10_000,
@@ -458,13 +508,13 @@ def _torch_backend(torch_device) -> str:
   return ", ".join(parts)
 
 
-def _torch_matmul_gflops(torch_device, n: int, reps: int = 5) -> float:
-  """Diagnostic only (not the MFU peak): the peak helper's float32 [n,n]x[n,n] product run
+def _torch_matmul_gflops(torch_device, n: int, reps: int = 5, dtype: str = "float32") -> float:
+  """Diagnostic only (not the MFU peak): the peak helper's `dtype` [n,n]x[n,n] product run
   through torch (MKL/oneDNN on CPU), to tell library speed from framework overhead."""
   import torch  # pylint: disable=g-import-not-at-top
   g = torch.Generator(device="cpu").manual_seed(0)
-  a = torch.randn(n, n, generator=g).to(torch_device)
-  b = torch.randn(n, n, generator=g).to(torch_device)
+  a = torch.randn(n, n, generator=g).to(torch_device, getattr(torch, dtype))
+  b = torch.randn(n, n, generator=g).to(torch_device, getattr(torch, dtype))
   times = []
   for i in range(reps + 1):
     start = time.perf_counter()
@@ -477,17 +527,18 @@ def _torch_matmul_gflops(torch_device, n: int, reps: int = 5) -> float:
 
 
 def _layer_matmuls(torch_device, jax_device, rows: int, hidden: int, intermediate: int,
-                   reps: int = 15) -> dict[str, float]:
-  """Diagnostic: GFLOP/s of the BERT feed-forward matmul [rows, H] x [H, I], both libraries,
-  interleaved, best of `reps`."""
+                   reps: int = 15, dtype: str = "float32") -> dict[str, float]:
+  """Diagnostic: GFLOP/s of the BERT feed-forward matmul [rows, H] x [H, I] in `dtype` (the
+  models' compute dtype), both libraries, interleaved, best of `reps`."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   x = rng.standard_normal((rows, hidden), dtype=np.float32)
   w = rng.standard_normal((hidden, intermediate), dtype=np.float32)
-  xj, wj = jax.device_put(x, jax_device), jax.device_put(w, jax_device)
-  xt, wt = torch.from_numpy(x).to(torch_device), torch.from_numpy(w).to(torch_device)
+  # Cast on the device (numpy has no bfloat16 of its own for torch.from_numpy).
+  xj, wj = (jax.device_put(a, jax_device).astype(dtype) for a in (x, w))
+  xt, wt = (torch.from_numpy(a).to(torch_device, getattr(torch, dtype)) for a in (x, w))
   mm = jax.jit(jnp.matmul)
   mm(xj, wj).block_until_ready()
   torch.matmul(xt, wt)
@@ -520,11 +571,16 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--threads", type=int, default=None,
                       help="threads for both (default: every core this process may use)")
   parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+  parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                      help="compute dtype of both sides (parameters stay float32): ours "
+                           "`bert.dtype`, the port `torch.autocast`; bfloat16 writes its own "
+                           "section")
   parser.add_argument("--matmul_n", type=int, default=4096)
   parser.add_argument("--size", choices=("base", "tiny"), default="base",
                       help="tiny: a quick check of the script (hidden 32), never written")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the section {SECTION!r} of docs/benchmarks.md (with "
+                           f"--dtype bfloat16: {section_title('bfloat16')!r})")
   args = parser.parse_args(argv)
   if args.write and args.size != "base":
     parser.error("--write records BERT-base only")
@@ -547,16 +603,21 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
       raise SystemExit(f"--device gpu: jax has no GPU backend ({e})") from e
     torch_device = torch.device("cuda")
-    # Full float32 on both sides: JAX's default GPU precision would use TF32, torch's not.
-    jax.config.update("jax_default_matmul_precision", "float32")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    if args.dtype == "float32":
+      # Full float32 on both sides: JAX's default GPU precision would use TF32, torch's not.
+      jax.config.update("jax_default_matmul_precision", "float32")
+      torch.backends.cuda.matmul.allow_tf32 = False
+      torch.backends.cudnn.allow_tf32 = False
+    # bfloat16: both libraries' defaults. Every model matmul takes bfloat16 inputs, so the
+    # float32 comparison's forcing would not apply to them, and mixed precision is what it is
+    # as each framework ships it.
   else:
     jax_device = jax.devices("cpu")[0]
     torch_device = torch.device("cpu")
   versions = _versions()
   print(f"threads: {threads} (torch {torch.get_num_threads()}); jax device "
-        f"{jax_device.device_kind}; torch device {torch_device}; {versions}", flush=True)
+        f"{jax_device.device_kind}; torch device {torch_device}; compute dtype {args.dtype}; "
+        f"{versions}", flush=True)
 
   available = _available_gb()
   needed = 6 + 9.5 * args.batch  # both models, Adam states, one side's activations (measured)
@@ -564,14 +625,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"WARNING: {available:.0f} GB available, about {needed:.0f} GB needed at --batch "
           f"{args.batch}; the run may be killed for memory", flush=True)
 
-  peak = measure_matmul_peak(jax_device, args.matmul_n)
-  print(f"matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s", flush=True)
+  # The peak in the models' compute dtype: bfloat16 products run at another (higher) peak.
+  peak = measure_matmul_peak(jax_device, args.matmul_n, dtype=args.dtype)
+  print(f"matmul peak: {peak['flops_per_s'] / 1e9:.1f} GFLOP/s ({args.dtype})", flush=True)
 
   # ---------------------------------------------------------------- models, same weights
   start = time.perf_counter()
   scorer, encoder = build_port(BASE if args.size == "base" else TINY, NUM_CANDIDATES,
                                args.dropout, seed=0)
   config, params = import_port_weights(scorer, encoder)
+  # The compute dtype, after the import's check that both models' configs agree; the one
+  # config serves our train step and our embedder alike.
+  config = with_compute_dtype(config, args.dtype)
   scorer.to(torch_device)
   encoder.to(torch_device)
   optimizer = port_optimizer(scorer, encoder)
@@ -606,8 +671,10 @@ def main(argv: list[str] | None = None) -> int:
              for k, x in (("input_ids", ids), ("token_type_ids", types),
                           ("attention_mask", mask))}
 
-  ours_emb = np.asarray(embed(retriever_params, jids, jtypes, jmask))  # compiles
-  theirs_emb = port_embed(scorer.embedder, tinputs).cpu().numpy()
+  # Both compared in float32 (in bfloat16 mode both come out bfloat16, which torch's .numpy()
+  # does not take).
+  ours_emb = np.asarray(embed(retriever_params, jids, jtypes, jmask), np.float32)  # compiles
+  theirs_emb = port_embed(scorer.embedder, tinputs, args.dtype).float().cpu().numpy()
   embed_diff = float(np.max(np.abs(ours_emb - theirs_emb)))
   ours_embed_times, theirs_embed_times = [], []
   for _ in range(args.embed_repeats):  # interleaved
@@ -615,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     embed(retriever_params, jids, jtypes, jmask).block_until_ready()
     ours_embed_times.append(time.perf_counter() - start)
     start = time.perf_counter()
-    port_embed(scorer.embedder, tinputs)
+    port_embed(scorer.embedder, tinputs, args.dtype)
     if torch_device.type == "cuda":
       torch.cuda.synchronize()
     theirs_embed_times.append(time.perf_counter() - start)
@@ -643,12 +710,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{ours_first_s:.1f}s, loss {ours_loss0:.6f}", flush=True)
   start = time.perf_counter()
   with _SavedTensors(scorer, encoder) as saved:  # the warm-up only: not timed
-    theirs_loss0 = port_train_step(scorer, encoder, optimizer, inputs)  # step 0
+    theirs_loss0 = port_train_step(scorer, encoder, optimizer, inputs, dtype=args.dtype)
   theirs_first_s = time.perf_counter() - start
   theirs_saved_gb = saved.nbytes / 1e9
   _release_memory()
   print(f"theirs: step 0 {theirs_first_s:.1f}s (activations saved for backward "
-        f"{theirs_saved_gb:.1f} GB), loss {theirs_loss0:.6f}", flush=True)
+        f"{theirs_saved_gb:.1f} GB), loss {theirs_loss0:.6f}; step-0 |diff| "
+        f"{abs(ours_loss0 - theirs_loss0):.1e}", flush=True)
 
   ours_times, theirs_times, phases = [], [], {}
   for i in range(args.steps):  # interleaved: ours, theirs, ours, theirs, ...
@@ -656,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
     state, _ = our_train_step(compiled, state, ours_batch)
     ours_times.append(time.perf_counter() - start)
     start = time.perf_counter()
-    port_train_step(scorer, encoder, optimizer, inputs, phases=phases)
+    port_train_step(scorer, encoder, optimizer, inputs, phases=phases, dtype=args.dtype)
     theirs_times.append(time.perf_counter() - start)
     _release_memory()  # outside the timed region
     print(f"step {i + 1}: ours {ours_times[-1]:.2f}s, theirs {theirs_times[-1]:.2f}s",
@@ -667,9 +735,9 @@ def main(argv: list[str] | None = None) -> int:
   # ---------------------------------------------------------------- diagnostics, peak again
   rows = args.batch * NUM_CANDIDATES * READER_LEN
   layer_mm = _layer_matmuls(torch_device, jax_device, rows, b.hidden_size,
-                            b.intermediate_size)
-  torch_mm = _torch_matmul_gflops(torch_device, args.matmul_n)
-  peak_after = measure_matmul_peak(jax_device, args.matmul_n)
+                            b.intermediate_size, dtype=args.dtype)
+  torch_mm = _torch_matmul_gflops(torch_device, args.matmul_n, dtype=args.dtype)
+  peak_after = measure_matmul_peak(jax_device, args.matmul_n, dtype=args.dtype)
   print(f"matmul peak after: {peak_after['flops_per_s'] / 1e9:.1f} GFLOP/s; torch "
         f"{args.matmul_n}^3: {torch_mm:.1f} GFLOP/s; [{rows},{b.hidden_size}]x"
         f"[{b.hidden_size},{b.intermediate_size}]: jax {layer_mm['jax']:.1f}, torch "
@@ -697,9 +765,10 @@ def main(argv: list[str] | None = None) -> int:
   print("\n" + body, flush=True)
   if args.write:
     from bench import report  # pylint: disable=g-import-not-at-top
-    report.write_section(SECTION, body, accelerator=(
+    title = section_title(args.dtype)
+    report.write_section(title, body, accelerator=(
         jax_device.device_kind if args.device == "gpu" else None))
-    print(f"\nwrote the section {SECTION!r} of {report.BENCHMARKS_MD}", flush=True)
+    print(f"\nwrote the section {title!r} of {report.BENCHMARKS_MD}", flush=True)
   return 0
 
 
@@ -722,20 +791,34 @@ def markdown(r: dict) -> str:
             else f"CPU ({r['threads']} threads each)")
   loss_diff = abs(r["ours_loss0"] - r["theirs_loss0"])
   phases = {k: med(x) for k, x in r["phases"].items()}
+  # getattr: run records made before --dtype existed (and the tests' hand-made ones) are float32.
+  dtype = getattr(args, "dtype", "float32")
+  mixed = dtype != "float32"
   cmd = (f"python bench/vs_transformers.py --batch {args.batch} --steps {args.steps} "
          f"--embed_batch {args.embed_batch} --embed_repeats {args.embed_repeats}"
          + (f" --dropout {args.dropout}" if args.dropout else "")
          + (f" --threads {args.threads}" if args.threads else "")
-         + (" --device gpu" if args.device == "gpu" else "") + " --write")
+         + (" --device gpu" if args.device == "gpu" else "")
+         + (f" --dtype {dtype}" if mixed else "") + " --write")
+  # What "float32" said in the float32 run, in the dtype used.
+  numerics = (f"{dtype} compute, float32 parameters (ours `bert.dtype=\"{dtype}\"`, the port's "
+              f"forward passes under `torch.autocast(..., dtype=torch.{dtype})`, its backward "
+              f"and optimizer outside)" if mixed else "float32")
+  autocast = f"autocast {dtype}"
 
   if on_gpu:
-    placement = (f"{device}, both sides on it, both in full float32 "
-                 "(`jax_default_matmul_precision=float32`, torch's TF32 off); torch timed with "
+    precision = (f"both with {numerics}, and at both libraries' default matmul precision (the "
+                 "float32 run's `jax_default_matmul_precision=float32` and TF32-off are not "
+                 f"applied: the models' matmuls take {dtype} inputs)" if mixed else
+                 "both in full float32 (`jax_default_matmul_precision=float32`, torch's TF32 "
+                 "off)")
+    placement = (f"{device}, both sides on it, {precision}; torch timed with "
                  "`torch.cuda.synchronize()`, jax with `block_until_ready()`; jax's allocator "
                  "not preallocating, as the two share the GPU's memory.")
   else:
     placement = (f"{device}: torch `set_num_threads({r['threads']})`, XLA's pool sized by the "
-                 f"process's CPU affinity, pinned to the same {r['threads']} cores.")
+                 f"process's CPU affinity, pinned to the same {r['threads']} cores"
+                 + (f"; both with {numerics}." if mixed else "."))
   lines = [
       f"`{cmd}` (whole run {r['total_s']:.0f}s; 1-minute load average at the end "
       f"{r['load']:.1f} on {os.cpu_count()} host cores; the timed runs of the two sides "
@@ -749,11 +832,14 @@ def markdown(r: dict) -> str:
       f"{bc.intermediate_size}, vocab {bc.vocab_size}), proj {r['config'].proj_size}, K = "
       f"{NUM_CANDIDATES} candidates, query {QUERY_LEN}, block {BLOCK_LEN}, reader rows "
       f"{READER_LEN}, {MAX_MASKS} mask slots ({MAX_MASKS - 1} real); train batch "
-      f"{args.batch} example(s) x {NUM_CANDIDATES} candidates, float32, dropout "
-      f"{args.dropout:g} on both (training mode). Same weights: the port's random weights "
-      f"imported into ours with `realm_jax.convert.hf`. Step-0 loss: ours "
-      f"{r['ours_loss0']:.6f}, port {r['theirs_loss0']:.6f} (|diff| {loss_diff:.1e}); "
-      f"document embeddings max |diff| {r['embed_diff']:.1e}.",
+      f"{args.batch} example(s) x {NUM_CANDIDATES} candidates, "
+      f"{f'{dtype} compute (ours), {autocast} (port), float32 parameters' if mixed else 'float32'}"
+      f", dropout {args.dropout:g} on both (training mode). Same weights: the port's random "
+      f"weights imported into ours with `realm_jax.convert.hf`. Step-0 loss: ours "
+      f"{r['ours_loss0']:.6f}, port {r['theirs_loss0']:.6f} (|diff| {loss_diff:.1e}"
+      + (f", relative {loss_diff / abs(r['theirs_loss0']):.1e}: in {dtype} the two sides round "
+         f"at different points, so they agree only approximately" if mixed else "")
+      + f"); document embeddings max |diff| {r['embed_diff']:.1e}.",
       "",
       "What one train step includes. **Ours**: `trainer.make_train_step(RealmPretrainModel"
       "(config), optim.bert_optimizer(3e-5, 10000), mesh=partitioning.make_mesh(...))`, one "
@@ -770,15 +856,16 @@ def markdown(r: dict) -> str:
       f"Memory bounds the batch ({args.batch}): our step's XLA temporary buffers are "
       f"{r['ours_temp_gb']:.1f} GB (`memory_analysis()`), the port saves "
       f"{r['theirs_saved_gb']:.1f} GB of activations for its backward pass "
-      f"(`saved_tensors_hooks`), both in float32 without rematerialisation, and both sides stay "
-      f"resident so that their steps can interleave"
+      f"(`saved_tensors_hooks`), both "
+      f"{f'with {dtype} compute ({autocast} on the port)' if mixed else 'in float32'} without "
+      f"rematerialisation, and both sides stay resident so that their steps can interleave"
       + (" on the GPU." if on_gpu else
          ", on a machine shared with other jobs. Freed heap memory goes back to the OS between "
          "steps (`malloc_trim`, untimed), so every step of either side faults its activation "
          "memory in afresh, as XLA's per-execution temporary buffer does anyway."),
       "",
       f"MFU peer in the same run: `measure_matmul_peak` of bench/embedding_throughput.py, jitted "
-      f"float32 {peak['n']}^3 matmul, best of 5 before and 5 after: **{peak_flops / 1e9:.1f} "
+      f"{dtype} {peak['n']}^3 matmul, best of 5 before and 5 after: **{peak_flops / 1e9:.1f} "
       f"GFLOP/s** (best of both: the quietest moment, so load during the timed runs lowers "
       f"both sides' MFU alike; the ours / port ratios, from interleaved runs, are the robust "
       f"figures). FLOPs counted by `forward_flops` (x3 for forward + backward): B E(Lq) + B K "
@@ -810,8 +897,9 @@ def markdown(r: dict) -> str:
       f"| embedding: **MFU** | **{100 * ours_bps * r['block_flops'] / peak_flops:.0f}%** | "
       f"**{100 * theirs_bps * r['block_flops'] / peak_flops:.0f}%** | |",
       "",
-      f"Diagnostics from the same run: the peak's {peak['n']}^3 product through torch (best of "
-      f"5): {r['torch_mm']:.1f} GFLOP/s (XLA: {peak_flops / 1e9:.1f}); the feed-forward matmul "
+      f"Diagnostics from the same run{f', in {dtype}' if mixed else ''}: the peak's "
+      f"{peak['n']}^3 product through torch (best of 5): {r['torch_mm']:.1f} GFLOP/s (XLA: "
+      f"{peak_flops / 1e9:.1f}); the feed-forward matmul "
       f"at the train step's shape, [{r['rows']}, {bc.hidden_size}] x [{bc.hidden_size}, "
       f"{bc.intermediate_size}], best of 15 interleaved calls each: XLA "
       f"{r['layer_mm']['jax']:.1f}, torch {r['layer_mm']['torch']:.1f} GFLOP/s. Port step, "
@@ -882,11 +970,16 @@ def _verdict(r, train_ratio, embed_ratio, ours_gf, theirs_gf, peak_flops, phases
                f"identical work.")
   if train_ratio < 1 or embed_ratio < 1:
     if mm_ratio < 1:
-      fix = ("bfloat16 compute (`bert.dtype=\"bfloat16\"`), which runs on the tensor cores"
+      # bfloat16 compute is the fix offered to a float32 run; a bfloat16 run has it already.
+      mixed = getattr(r["args"], "dtype", "float32") != "float32"
+      fix = (("a faster XLA GPU dot for these shapes (its GEMM autotuning; cuBLAS is "
+              "faster here), not a change to the model" if mixed else
+              "bfloat16 compute (`bert.dtype=\"bfloat16\"`), which runs on the tensor cores")
              if on_gpu else
              "XLA's oneDNN or XNNPACK dot paths for x86 (this jaxlib has "
-             "`--xla_cpu_use_onednn` and `--xla_cpu_use_xnnpack`), or bfloat16 compute "
-             "(`bert.dtype=\"bfloat16\"`) on a CPU with AVX512-BF16")
+             "`--xla_cpu_use_onednn` and `--xla_cpu_use_xnnpack`)"
+             + ("" if mixed else ", or bfloat16 compute (`bert.dtype=\"bfloat16\"`) on a CPU "
+                "with AVX512-BF16"))
       out.append(
           f"Why: the matmuls themselves ({library}); the model is matmul-bound, so that ratio "
           f"carries over. What would fix it: {fix}.")

@@ -103,3 +103,102 @@ def test_verdict_splits_the_gap_between_the_matmul_library_and_the_rest():
   assert "ours gains 1.50x outside the matmuls" in text
   assert "the matmul library favours the port (0.80x), so all of it, 1.50x" in text
   assert "takes 0.01s of its 0.30s step" in text
+
+
+def _port_forward_loss(scorer, encoder, inputs) -> float:
+  """The port's step-0 loss in plain float32 (forward only, no update): the reference."""
+  import torch  # pylint: disable=g-import-not-at-top
+  with torch.no_grad():
+    scores = scorer(**inputs["scorer"]).relevance_score
+    return float(encoder(**inputs["encoder"], relevance_score=scores).loss)
+
+
+def test_bfloat16_train_steps_agree_with_float32_within_bfloat16_rounding():
+  # --dtype bfloat16: ours with bert.dtype="bfloat16" (parameters float32), the port's forward
+  # passes under torch.autocast (CPU here, CUDA on a GPU run).
+  import re  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  candidates = 3
+  scorer, encoder = bench.build_port(TINY, candidates, 0.0, seed=0, randomize=True)
+  config, params = bench.import_port_weights(scorer, encoder)
+  config = bench.with_compute_dtype(config, "bfloat16")
+  assert config.bert.dtype == "bfloat16" and config.bert.param_dtype == "float32"
+  batch = bench.make_batch(batch=2, candidates=candidates, query_len=8, block_len=12, masks=4,
+                           vocab=config.bert.vocab_size, seed=0)
+  inputs = bench.port_inputs(batch)
+  reference = _port_forward_loss(scorer, encoder, inputs)
+
+  # Both document towers really multiply in bfloat16 (their outputs come from a float32
+  # LayerNorm on either side, so the matmuls are what is checked): ours' compiled program has
+  # bfloat16 dots, every Linear of the port returns bfloat16 under autocast.
+  ids = np.asarray(batch["candidate_input_ids"][:, 0])
+  lowered = bench.our_embedder(config).lower(params["retriever"], ids, np.zeros_like(ids),
+                                             np.ones_like(ids)).as_text()
+  assert re.search(r"dot_general.*bf16", lowered), "no bfloat16 matmul in our embedder"
+  linear_dtypes = set()
+  hooks = [m.register_forward_hook(lambda _m, _i, out: linear_dtypes.add(out.dtype))
+           for m in scorer.embedder.modules() if isinstance(m, torch.nn.Linear)]
+  theirs_emb = bench.port_embed(scorer.embedder, {
+      "input_ids": torch.as_tensor(ids, dtype=torch.long),
+      "attention_mask": torch.ones(ids.shape, dtype=torch.long)}, "bfloat16")
+  for hook in hooks:
+    hook.remove()
+  assert linear_dtypes == {torch.bfloat16} and theirs_emb.shape == (2, TINY["retriever_proj_size"])
+
+  step, state = bench.build_ours(config, params, jax.devices()[0],
+                                 compiler_options=FAST_COMPILE)
+  assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(state.params))
+  _, ours = bench.our_train_step(step, state, jax.device_put(batch, step.batch_sharding))
+  optimizer = bench.port_optimizer(scorer, encoder)
+  theirs = bench.port_train_step(scorer, encoder, optimizer, inputs, dtype="bfloat16")
+  assert all(p.dtype == torch.float32 for p in scorer.parameters())  # autocast casts per op
+  print(f"step-0 loss: float32 {reference:.7f}; bfloat16 ours {ours:.7f}, port {theirs:.7f}")
+  # Tolerance: both losses are float32 reductions (log-softmax over the vocabulary) of logits
+  # that went through bfloat16 products (unit roundoff 2^-8 = 3.9e-3 per rounding), whose
+  # errors largely average out over the hidden size and the mask slots; measured here 4e-5
+  # (seed 0) and 6e-4 (seed 1) relative. 5e-3 leaves ~8x room above that and stays under the
+  # 1.7% by which the loss moves between two weight seeds (7.634 vs 7.768), so imported weights
+  # gone wrong on either side would still fail it.
+  for loss in (ours, theirs):
+    assert np.isfinite(loss) and loss > 1.0
+    assert loss == pytest.approx(reference, rel=5e-3), (loss, reference)
+  assert ours == pytest.approx(theirs, rel=5e-3), (ours, theirs)
+
+
+def test_bfloat16_run_at_the_tiny_size_reports_it_and_has_its_own_section(capsys, tmp_path):
+  # The whole script in --dtype bfloat16, as the GPU run will take it (here on CPU, tiny BERT,
+  # full REALM shapes); a small peak matmul and one timed step keep it short.
+  import math  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  from bench import report  # pylint: disable=g-import-not-at-top
+  assert bench.main(["--size", "tiny", "--dtype", "bfloat16", "--steps", "1", "--embed_batch",
+                     "4", "--embed_repeats", "1", "--matmul_n", "512"]) == 0
+  out = capsys.readouterr().out
+  assert "matmul peak: " in out and "(bfloat16)" in out
+  body = out[out.index("`python bench/vs_transformers.py"):]
+  assert "--dtype bfloat16 --write`" in body
+  assert "both with bfloat16 compute, float32 parameters" in body
+  assert "bfloat16 compute (ours), autocast bfloat16 (port), float32 parameters" in body
+  assert "jitted bfloat16 512^3 matmul" in body
+  assert "Diagnostics from the same run, in bfloat16:" in body
+  assert "in float32" not in body and "jitted float32" not in body
+  ours, theirs = (float(x) for x in re.search(
+      r"Step-0 loss: ours ([-\d.]+), port ([-\d.]+) \(\|diff\| [^,]+, relative ", body).groups())
+  print(f"step-0 loss, tiny BERT, vocab 30522: ours {ours}, port {theirs}")
+  # Same tolerance as the direct test above (measured here: 1.7e-4 relative).
+  assert math.isfinite(ours) and math.isfinite(theirs) and ours > 1.0
+  assert ours == pytest.approx(theirs, rel=5e-3), (ours, theirs)
+
+  # --write: a section of its own, beside (and not replacing) the float32 ones.
+  assert bench.section_title() == bench.SECTION == "Versus the transformers REALM port"
+  assert bench.section_title("bfloat16") == "Versus the transformers REALM port, bfloat16"
+  path = str(tmp_path / "benchmarks.md")
+  gpu = "NVIDIA H100 80GB HBM3"
+  report.write_section(bench.SECTION, "float32 figures", path)
+  report.write_section(bench.SECTION, "float32 GPU figures", path, accelerator=gpu)
+  report.write_section(bench.section_title("bfloat16"), body, path, accelerator=gpu)
+  text = open(path, encoding="utf-8").read()
+  assert "## Versus the transformers REALM port, bfloat16 (NVIDIA H100 80GB HBM3)\n" in text
+  assert "float32 figures" in text and "float32 GPU figures" in text
+  assert text.count("## Versus the transformers REALM port") == 3
