@@ -34,15 +34,18 @@ def machine() -> str:
 
 
 def write_section(title: str, body: str, path: str = BENCHMARKS_MD, *,
-                  accelerator: str | None = None) -> None:
+                  accelerator: str | None = None, host: str | None = None) -> None:
   """Replaces (or appends) the `## title` section of docs/benchmarks.md.
 
   `accelerator` (a device kind, e.g. "NVIDIA H100 80GB HBM3") names the device the figures were
   measured on when it is not the host CPU: the section is then `## title (accelerator)`, beside
-  the CPU's, and its stamp names both the accelerator and its host.
+  the CPU's, and its stamp names both the accelerator and its host. `host`: the `machine()` line
+  of the machine that measured, when the section is written elsewhere (from kept figures);
+  default this machine's.
   """
   text = open(path, encoding="utf-8").read() if os.path.exists(path) else HEADER
-  where = f"{accelerator}; host {machine()}" if accelerator else machine()
+  host = host or machine()
+  where = f"{accelerator}; host {host}" if accelerator else host
   if accelerator:
     title = f"{title} ({accelerator})"
   stamp = f"_{datetime.date.today().isoformat()}, {where}._\n\n"

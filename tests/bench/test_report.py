@@ -36,3 +36,11 @@ def test_an_accelerator_section_stands_beside_the_cpu_one(tmp_path):
   assert path.read_text() == (
       "# Benchmarks\n\n## Search\n\ncpu figures\n\n## Search (NVIDIA H100)\n\n"
       f"{_stamp(where)}\n\ngpu figures, again\n")
+
+
+def test_a_section_written_from_kept_figures_names_the_host_that_measured(tmp_path):
+  path = tmp_path / "benchmarks.md"
+  report.write_section("Rehearsal", "figures", str(path), accelerator="NVIDIA H100",
+                       host="16 cores, 125 GiB")
+  assert "## Rehearsal (NVIDIA H100)\n\n" + _stamp("NVIDIA H100; host 16 cores, 125 GiB") \
+      in path.read_text()
