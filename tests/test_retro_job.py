@@ -139,12 +139,8 @@ def test_baseline_reads_no_neighbour_and_retrofit_trains_only_retrieval(tmp_path
 
 
 def _retro_config(run_dir):
-  import json  # pylint: disable=import-outside-toplevel
-  with open(run_dir / retro_job.RETRO_CONFIG_FILE, encoding="utf-8") as f:
-    values = json.load(f)
-  for key in ("retrieval", "num_neighbours", "chunks_per_sequence"):
-    values.pop(key)
-  return retro_model.RetroConfig(**values)
+  from realm_jax.evaluation import retro as retro_eval  # pylint: disable=import-outside-toplevel
+  return retro_eval.read_run_config(str(run_dir))[0]
 
 
 def test_batches_hold_out_documents_and_resume_exactly():

@@ -23,6 +23,7 @@ Batches (host-local; B = this host's batch size):
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterator, Mapping, Optional
 
@@ -48,6 +49,39 @@ def heldout_start(doc_ids: np.ndarray, fraction: float = HELDOUT_FRACTION) -> in
   return int(np.searchsorted(doc_ids, docs[-held], "left"))
 
 
+@functools.lru_cache(maxsize=8)
+def _wordpiece_bytes(vocab: vocab_lib.WordPieceVocabulary) -> tuple[np.ndarray, np.ndarray]:
+  """([V] int64 UTF-8 bytes of each wordpiece's text, [V] bool: a `##` continuation)."""
+  tokens = vocab.tokens
+  # `decode` joins with " " and glues " ##": exact per token only if no wordpiece holds
+  # whitespace (then every " ##" in the joined text is a join before a continuation).
+  spaced = [t for t in tokens if not t or any(c.isspace() for c in t)]
+  if spaced:
+    raise ValueError(f"vocabulary {vocab.fingerprint[:12]}...: wordpieces {spaced[:3]!r} are "
+                     f"empty or hold whitespace; target bytes assume neither")
+  lengths = np.array([len(t.encode("utf-8")) for t in tokens], np.int64)  # [V]
+  continuation = np.array([t.startswith("##") for t in tokens], bool)  # [V]
+  return lengths, continuation
+
+
+def target_token_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
+                       vocab: vocab_lib.WordPieceVocabulary) -> np.ndarray:
+  """[B, n - 1] int64 UTF-8 bytes of each target token's text (column t: the token at t + 1).
+
+  Row sums are `target_bytes`: the bytes of the vocabulary's detokenization of the row's real
+  targets (`WordPieceVocabulary.decode`), split per token: a word-initial wordpiece counts its
+  bytes plus one for the space that joins it to the text before; a `##` continuation counts its
+  bytes without the `##` (glued); the row's first target counts its full text (no space before
+  it, a leading `##` kept). [PAD] (id 0, which `decode` drops) and masked targets count 0.
+  """
+  lengths, continuation = _wordpiece_bytes(vocab)
+  targets = np.asarray(input_ids)[:, 1:].astype(np.int64)  # [B, n - 1]
+  real = (np.asarray(input_mask)[:, 1:] > 0) & (targets != vocab_lib.PAD_ID)  # [B, n - 1]
+  first = real & (np.cumsum(real, axis=1) == 1)  # [B, n - 1] the row's first decoded target
+  joined = np.where(continuation[targets], -2, 1)  # [B, n - 1] "##" glued, or " " added
+  return np.where(real, lengths[targets] + np.where(first, 0, joined), 0)
+
+
 def target_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
                  vocab: vocab_lib.WordPieceVocabulary) -> np.ndarray:
   """[B] float32 UTF-8 bytes of each sequence's target text.
@@ -56,13 +90,10 @@ def target_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
   vocabulary's detokenization (`WordPieceVocabulary.decode`: wordpieces joined by one space,
   `##` continuations glued), so the bytes are those of that normalised text, one space between
   words included: the uncased vocabulary's text (lower case, accents stripped), not the
-  original document's bytes, which the BlockStore does not keep.
+  original document's bytes (the chunk database holds wordpieces). The sum of
+  `target_token_bytes` (per target token), so per-token analyses add up to it exactly.
   """
-  out = np.zeros(input_ids.shape[0], np.float32)
-  for row, (ids, mask) in enumerate(zip(input_ids, input_mask)):
-    targets = ids[1:][mask[1:] > 0]
-    out[row] = len(vocab.decode([int(t) for t in targets]).encode("utf-8"))
-  return out
+  return target_token_bytes(input_ids, input_mask, vocab).sum(axis=1).astype(np.float32)
 
 
 class RetroBatches:

@@ -26,7 +26,10 @@ Checkpoints: the trainer's format records `train_main.model_config` (a RealmConf
 checkpoint's metadata, and it is that config that resuming and `init_checkpoint` check; so a
 RETRO run keeps the model gin of the toy world (or any) as the other jobs do, the parameter
 tree's shapes are checked against `RetroJob.model` at the warm start, and `start` writes
-`<run_dir>/retro_config.json` with the RETRO config for readers of the checkpoints.
+`<run_dir>/retro_config.json` with the RETRO config for readers of the checkpoints, plus the
+run's data: "chunk_database" (the resolved path) and "block_store" (the toy BlockStore for the
+toy database, else null). `realm_jax.evaluation.retro.evaluate_retro` reads it to evaluate a
+checkpoint in depth (loss by token kind, RETRO's leakage-filtered loss).
 """
 
 from __future__ import annotations
@@ -299,14 +302,26 @@ class RetroJob(Job):
                           checkpoint)
     return merged, "the decoder (encoder and CCA fresh)"
 
+  def _data_paths(self) -> dict[str, Optional[str]]:
+    """What `realm_jax.evaluation.retro` needs to rebuild the run's data: the resolved chunk
+    database, and the BlockStore it was built over where the job knows it (the toy world's
+    for the toy database; None: the evaluation takes it as an argument)."""
+    path = os.path.abspath(self.database().path)
+    store = None
+    if self.chunk_database is None:
+      import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+      store = os.path.abspath(realm_jax_tasks.toy_block_store_dir())
+    return {"chunk_database": path, "block_store": store}
+
   def start(self, ctx: RunContext, model: Any, batches: Any):
     import jax  # pylint: disable=g-import-not-at-top
     if jax.process_index() == 0:
       os.makedirs(ctx.run_dir, exist_ok=True)
       with open(os.path.join(ctx.run_dir, RETRO_CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump({**dataclasses.asdict(self.model), "retrieval": bool(self.retrieval),
-                   "num_neighbours": self.num_neighbours,
-                   "chunks_per_sequence": self.chunks_per_sequence}, f, indent=2)
+                   "retrofit": bool(self.retrofit), "num_neighbours": self.num_neighbours,
+                   "chunks_per_sequence": self.chunks_per_sequence,
+                   **self._data_paths()}, f, indent=2)
     if not self.eval_sequences:
       return [], None, None
     from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
