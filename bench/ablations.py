@@ -302,13 +302,15 @@ def cell_options(*, toy_bert_sha256: Optional[str], ict_from_bert: bool,
           "refit_seed_offset": REFIT_SEED_OFFSET, **world_options()}
 
 
-def fingerprint(options: dict) -> str:
+def fingerprint(options: dict, *, gins: Sequence[str] = FINGERPRINT_GINS,
+                excluded: Sequence[str] = FINGERPRINT_EXCLUDED) -> str:
   """sha256 over the gins every stage reads (comments aside) and `options` (the toy BERT's
-  sha256, `world_options()`, steps...)."""
+  sha256, `world_options()`, steps...). `gins`: glob patterns under the repository (another
+  bench's own), less `excluded`."""
   digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
-  for pattern in FINGERPRINT_GINS:
+  for pattern in gins:
     for path in sorted(glob.glob(os.path.join(REPO, pattern))):
-      if os.path.relpath(path, REPO) in FINGERPRINT_EXCLUDED:
+      if os.path.relpath(path, REPO) in excluded:
         continue
       with open(path, encoding="utf-8") as f:
         # Comments and blank lines do not decide results.

@@ -1,0 +1,316 @@
+r"""RETRO against the same decoder without retrieval, and RETRO-fitting, on two corpora.
+
+  python bench/retro.py [--seeds 0 1 2] [--corpora toy pydocs] [--out /tmp/retro_bench] [--write]
+
+Rows, per corpus and seed (paired by seed: one seed sets the initialisation and data order of
+each row of it):
+  baseline  the decoder without retrieval (`RETRIEVAL=False`)
+  retro     the same decoder with the neighbour encoder and CCA, trained together
+  retrofit  the baseline's final checkpoint, its decoder frozen, only the encoder and the CCA
+            trained (RETRO section 4), for as many steps as the others
+Every run is gin_configs/experiments/toy_retro.gin (`python -m realm_jax.train`; m = 16,
+l = 2 chunks, k = 2 neighbours in training) over the corpus's chunk database, keyed by the
+shipped toy BERT. Corpora: `toy` (the toy world's, built once next to its BlockStore) and
+`pydocs` (Python's documentation, `python -m realm_jax.data.python_docs`, built into --out).
+Each run is evaluated on the held-out documents (the last 5% by id: never trained on, never
+retrieved) by `realm_jax.evaluation.retro.evaluate_retro`, with the training's k:
+bits per byte with retrieval and without, the loss on salient-span tokens (names and dates)
+and on the others, and RETRO's filtered evaluation (only chunks whose longest common token
+substring with their neighbours is at most half the chunk).
+
+Cells are kept in bench/results/retro/ (`<corpus>_seed<s>_<row>.json`, with the commit, date and
+a fingerprint of the gins and options that made them) and reused, as bench/ablations.py keeps
+its own; `--write` puts the table, the paired differences and the cells' provenance into the
+section "RETRO on the toy world and Python's documentation" of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Optional, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)
+
+from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
+from bench import report  # noqa: E402  pylint: disable=wrong-import-position
+
+SECTION = "RETRO on the toy world and Python's documentation"
+DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "retro")
+GIN = "gin_configs/experiments/toy_retro.gin"
+FINGERPRINT_GINS = (GIN, "gin_configs/runs/retro.gin", "gin_configs/experiments/toy_model.gin",
+                    "gin_configs/models/tiny.gin")
+CORPORA = ("toy", "pydocs")
+ROWS = (("baseline", "decoder without retrieval"),
+        ("retro", "RETRO (trained with retrieval)"),
+        ("retrofit", "RETRO-fitted baseline (decoder frozen)"))
+EVAL_SEQUENCES = 256
+MAX_OVERLAP = 0.5  # the filtered evaluation's threshold in the table
+
+
+# ------------------------------------------------------------------------------ corpora
+
+
+def chunk_database(corpus: str, out: str) -> tuple[str, Optional[str]]:
+  """(the corpus's chunk database, the BlockStore it was built over; None: the toy world's,
+  which the evaluation finds itself), built on first use, then reused."""
+  from realm_jax.index import chunks  # pylint: disable=g-import-not-at-top
+  from realm_jax.jobs import retro  # pylint: disable=g-import-not-at-top
+  if corpus == "toy":
+    return retro.toy_chunk_database(chunks.TOY_CHUNK_LEN), None
+  from realm_jax import data  # pylint: disable=g-import-not-at-top
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import python_docs  # pylint: disable=g-import-not-at-top
+  docs, blocks = os.path.join(out, "pydocs"), os.path.join(out, "pydocs_blocks")
+  dest = os.path.join(out, f"pydocs_retro{chunks.TOY_CHUNK_LEN}")
+  if not os.path.exists(docs):
+    python_docs.generate(docs, seed=0)
+  if not os.path.exists(blocks):
+    corpus_lib.build_block_store(corpus_lib.JsonlSource(os.path.join(docs, "docs.jsonl")),
+                                 blocks)
+  if not os.path.exists(dest):
+    config, params, _ = hf.load_checkpoint(data.TOY_BERT_DIR)
+    store = corpus_lib.BlockStore.open(blocks, verify="fast")
+    try:
+      chunks.build_chunk_database(store, dest, params, config.bert,
+                                  chunk_len=chunks.TOY_CHUNK_LEN, model=data.TOY_BERT_DIR)
+    finally:
+      store.close()
+  return dest, blocks
+
+
+def database_identity(path: str) -> dict:
+  """What a cell's results depend on in its database (not where it lies): the BlockStore's
+  id, the chunking and the keys' sha256."""
+  with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+    manifest = json.load(f)
+  return {"block_store_id": manifest["block_store_id"], "chunk_len": manifest["chunk_len"],
+          "num_chunks": manifest["num_chunks"],
+          "key_index_sha256": manifest["key_index"]["sha256"]}
+
+
+# ------------------------------------------------------------------------------ cells
+
+
+def _train(run_dir: str, database: str, seed: int, bindings: Sequence[str],
+           steps: Optional[int]) -> None:
+  """One `python -m realm_jax.train` run of the toy RETRO gin (resumed if interrupted)."""
+  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  if checkpoints.training_done(run_dir):
+    return
+  cmd = [sys.executable, "-m", "realm_jax.train", f"--gin_file={GIN}",
+         f"--gin.RUN_DIR={run_dir!r}", f"--gin.CHUNK_DATABASE={database!r}",
+         f"--gin.train_main.seed={seed}", *(f"--gin.{b}" for b in bindings)]
+  if steps is not None:
+    cmd.append(f"--gin.NUM_STEPS={steps}")
+  os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+  with open(run_dir + ".log", "a", encoding="utf-8") as log:
+    code = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+  if code:
+    raise SystemExit(f"retro: {' '.join(cmd)} exited with {code}; see {run_dir}.log")
+
+
+def _final_checkpoint(run_dir: str) -> str:
+  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  step = checkpoints.latest_checkpoint_step(run_dir)
+  if step is None:
+    raise SystemExit(f"retro: {run_dir} has no checkpoint")
+  return checkpoints.checkpoint_path(run_dir, step)
+
+
+def run_cell(corpus: str, seed: int, row: str, out: str, database: str,
+             block_store: Optional[str], steps: Optional[int]) -> dict:
+  """Trains the cell's run (the retrofit row after its seed's baseline) and evaluates it."""
+  from realm_jax.evaluation import retro as retro_eval  # pylint: disable=g-import-not-at-top
+  start = time.monotonic()
+  seed_dir = os.path.join(out, corpus, f"seed{seed}")
+  bindings = {"baseline": ["RETRIEVAL=False"], "retro": []}.get(row)
+  if row == "retrofit":
+    baseline = os.path.join(seed_dir, "baseline")
+    _train(baseline, database, seed, ["RETRIEVAL=False"], steps)
+    bindings = ["RETROFIT=True", f"INIT_CHECKPOINT={_final_checkpoint(baseline)!r}"]
+  run_dir = os.path.join(seed_dir, row)
+  _train(run_dir, database, seed, bindings, steps)
+  result = retro_eval.evaluate_retro(run_dir, max_sequences=EVAL_SEQUENCES,
+                                     block_store=block_store)
+  return {"corpus": corpus, "seed": seed, "row": row, "minutes": (time.monotonic() - start) / 60,
+          **cell_figures(result, run_dir)}
+
+
+def cell_figures(result: dict, run_dir: str) -> dict:
+  """The figures a cell keeps, from `evaluate_retro`'s result and the run's config."""
+  from realm_jax.evaluation import retro as retro_eval  # pylint: disable=g-import-not-at-top
+  config, run_keys = retro_eval.read_run_config(run_dir)
+  on, off = result.get("retrieval"), result["no_retrieval"]
+  kinds = result["by_kind"]
+  filtered = next(x for x in result["by_overlap"] if x["max_overlap"] == MAX_OVERLAP)
+  figures = {
+      "step": result["step"], "target_tokens": result["target_tokens"],
+      "bpb": (on or off)["bits_per_byte"], "bpb_no_retrieval": off["bits_per_byte"],
+      "loss": (on or off)["loss"], "loss_no_retrieval": off["loss"],
+      "salient_share": kinds["salient"]["share"],
+      "loss_salient": kinds["salient"]["retrieval" if on else "no_retrieval"]["loss"],
+      "loss_other": kinds["other"]["retrieval" if on else "no_retrieval"]["loss"],
+      "filtered_share": filtered["tokens"] / result["target_tokens"],
+      "bpb_filtered": (filtered["retrieval"] or filtered["no_retrieval"])["bits_per_byte"],
+      "overlap_histogram": result["overlap_histogram"],
+  }
+  figures.update(model_costs(config, run_keys))
+  return figures
+
+
+def model_costs(config: Any, run_config: dict) -> dict:
+  """Parameters (all, trained) and forward FLOPs per token of a run's model (`config`, a
+  RetroConfig) as it runs (`run_config`: retrieval, retrofit, num_neighbours,
+  chunks_per_sequence)."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from realm_jax.models import retro  # pylint: disable=g-import-not-at-top
+  shapes = jax.eval_shape(lambda: nn.unbox(retro.init_params(config, jax.random.PRNGKey(0))))
+  counts = retro.parameter_counts(shapes)
+  context = config.chunk_size * int(run_config["chunks_per_sequence"])
+  k = int(run_config["num_neighbours"]) if run_config["retrieval"] else 0
+  return {"params": counts["total"] if k else counts["decoder"],
+          "params_trained": counts["retrieval"] if run_config.get("retrofit") else (
+              counts["total"] if k else counts["decoder"]),
+          "flops_per_token": retro.flops_per_token(config, context, k)}
+
+
+def cell_fingerprint(corpus: str, database: str, steps: Optional[int]) -> str:
+  return ablations.fingerprint({"bench": "retro", "corpus": corpus, "steps": steps,
+                                "eval_sequences": EVAL_SEQUENCES,
+                                "database": database_identity(database)},
+                               gins=FINGERPRINT_GINS, excluded=())
+
+
+def run(out: str, corpora: Sequence[str], seeds: Sequence[int], steps: Optional[int],
+        cells: str) -> dict:
+  """{(corpus, row): {seed: cell}}, every cell made or reused."""
+  results: dict = {}
+  for corpus in corpora:
+    database, block_store = chunk_database(corpus, out)
+    fp = cell_fingerprint(corpus, database, steps)
+    for seed in seeds:
+      for row, label in ROWS:
+        path = os.path.join(cells, f"{corpus}_seed{seed}_{row}.json")
+        cell = ablations.load_cell(path, fp)
+        if cell is None:
+          print(f"retro: {corpus}, seed {seed}: {label} ...", flush=True)
+          cell = run_cell(corpus, seed, row, out, database, block_store, steps)
+          ablations.save_cell(path, cell, fp)
+          print(f"retro: {corpus}, seed {seed}, {row}: bits per byte {cell['bpb']:.4f} "
+                f"(without retrieval {cell['bpb_no_retrieval']:.4f}), "
+                f"{cell['minutes']:.1f} min", flush=True)
+        results.setdefault((corpus, row), {})[seed] = cell
+  return results
+
+
+# ------------------------------------------------------------------------------ the report
+
+
+def table(results: dict, corpora: Sequence[str]) -> str:
+  header = ("| corpus | row | params (trained) | forward FLOPs / token | bits/byte, retrieval | "
+            "bits/byte, no retrieval | loss: salient spans / other (nats) | "
+            f"bits/byte, chunks with overlap <= {MAX_OVERLAP:g} |")
+  lines = [header, "|" + "---|" * 8]
+  for corpus in corpora:
+    for row, label in ROWS:
+      cells = results.get((corpus, row), {})
+      if not cells:
+        continue
+      values = lambda key: [c[key] for c in cells.values()]  # noqa: E731
+      first = next(iter(cells.values()))
+      on = ablations.mean_sd_cell(values("bpb"), 4) if row != "baseline" else "-"
+      lines.append(
+          f"| {corpus} | {label} | {first['params']:,} ({first['params_trained']:,}) | "
+          f"{first['flops_per_token'] / 1e6:.2f} M | {on} | "
+          f"{ablations.mean_sd_cell(values('bpb_no_retrieval'), 4)} | "
+          f"{ablations.mean_sd_cell(values('loss_salient'))} / "
+          f"{ablations.mean_sd_cell(values('loss_other'))} | "
+          f"{ablations.mean_sd_cell(values('bpb_filtered'), 4)} |")
+  return "\n".join(lines)
+
+
+def differences(results: dict, corpora: Sequence[str]) -> str:
+  """Paired differences (mean over seeds, standard error, whether every seed agrees)."""
+  out = []
+  pairs = (("retro", "bpb", "baseline", "bpb_no_retrieval",
+            "RETRO (retrieval on) minus the baseline, bits per byte"),
+           ("retro", "bpb", "retro", "bpb_no_retrieval",
+            "RETRO with retrieval minus the same model without, bits per byte"),
+           ("retrofit", "bpb", "baseline", "bpb_no_retrieval",
+            "RETRO-fitted minus its baseline, bits per byte"),
+           ("retrofit", "bpb", "retro", "bpb", "RETRO-fitted minus RETRO from scratch"),
+           ("retro", "loss_salient", "baseline", "loss_salient",
+            "salient-span loss, RETRO minus the baseline (nats)"),
+           ("retro", "loss_other", "baseline", "loss_other",
+            "other tokens' loss, RETRO minus the baseline (nats)"))
+  for corpus in corpora:
+    for row_a, key_a, row_b, key_b, label in pairs:
+      a, b = results.get((corpus, row_a), {}), results.get((corpus, row_b), {})
+      seeds = sorted(set(a) & set(b))
+      if not seeds:
+        continue
+      d = ablations.paired_difference([a[s][key_a] for s in seeds],
+                                      [b[s][key_b] for s in seeds])
+      agree = "every seed agrees" if d.all_agree else "the seeds do not agree"
+      out.append(f"- {corpus}: {label}: {ablations.format_difference(seeds, d)}; {agree}")
+  return "\n".join(out)
+
+
+def markdown(results: dict, corpora: Sequence[str], seeds: Sequence[int]) -> str:
+  cells = [c for by_seed in results.values() for c in by_seed.values()]
+  minutes = sum(c["minutes"] for c in cells)
+  first = cells[0] if cells else {}
+  return "\n".join([
+      f"`python bench/retro.py --seeds {' '.join(map(str, seeds))} --corpora "
+      f"{' '.join(corpora)} --write` ({minutes:.0f} minutes of runs; cells kept in "
+      f"bench/results/retro/ with their commit and date). Each row is "
+      f"gin_configs/experiments/toy_retro.gin (decoder of 4 layers, width 128, CCA in layers 2 "
+      f"and 4, m = 16, sequences of 2 chunks, k = 2 neighbours of 32 tokens) trained "
+      f"{first.get('step', '?')} steps; evaluated on {EVAL_SEQUENCES} held-out sequences (the "
+      f"last 5% of each corpus's documents: never trained on, never retrieved) with the "
+      f"training's k. Bits per byte count the UTF-8 bytes of the targets' detokenised text "
+      f"(lower case, as the uncased vocabulary). Salient spans: names and dates found by the "
+      f"'union' annotator in the documents' text ({first.get('salient_share', 0):.0%} of the "
+      f"held-out target tokens on the corpus of the first cell). Overlap: RETRO's filtered "
+      f"evaluation, the longest common token substring of a chunk and its neighbours over the "
+      f"chunk's length. Cells: mean ± standard deviation over seeds.",
+      "",
+      table(results, corpora),
+      "",
+      "Paired differences:",
+      "",
+      differences(results, corpora),
+  ])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--corpora", nargs="+", choices=CORPORA, default=list(CORPORA))
+  parser.add_argument("--out", default="/tmp/retro_bench",
+                      help="run directories and the Python-docs corpus (resumable)")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="training steps of every run (default: the gin's)")
+  parser.add_argument("--cells", default=DEFAULT_CELLS, help="where finished cells are kept")
+  parser.add_argument("--write", action="store_true",
+                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+  args = parser.parse_args(argv)
+  results = run(os.path.abspath(args.out), args.corpora, args.seeds, args.steps, args.cells)
+  body = markdown(results, args.corpora, args.seeds)
+  print("\n" + body, flush=True)
+  if args.write:
+    report.write_section(SECTION, body)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

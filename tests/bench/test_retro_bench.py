@@ -1,0 +1,70 @@
+"""bench/retro.py: its table and paired differences on hand-made cells (the runs themselves
+are tests/test_retro_job.py's and tests/evaluation/test_retro_eval.py's)."""
+
+import os
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO_ROOT not in sys.path:
+  sys.path.insert(0, REPO_ROOT)
+
+from bench import retro as retro_bench  # noqa: E402
+
+
+def _cell(bpb, bpb_off, salient, other, minutes=1.0):
+  return {"bpb": bpb, "bpb_no_retrieval": bpb_off, "loss": 0.0, "loss_no_retrieval": 0.0,
+          "loss_salient": salient, "loss_other": other, "bpb_filtered": bpb, "step": 300,
+          "salient_share": 0.16, "params": 1000, "params_trained": 1000,
+          "flops_per_token": 2e6, "minutes": minutes}
+
+
+def test_the_paired_differences_are_per_seed_and_say_whether_seeds_agree():
+  results = {
+      ("toy", "baseline"): {0: _cell(2.0, 2.0, 5.0, 3.0), 1: _cell(2.2, 2.2, 5.2, 3.1)},
+      ("toy", "retro"): {0: _cell(1.8, 2.1, 4.0, 2.9), 1: _cell(2.1, 2.3, 4.6, 3.2)},
+  }
+  text = retro_bench.differences(results, ["toy"])
+  lines = {line.split(": ")[1]: line for line in text.splitlines()}
+  # RETRO on minus the baseline: 1.8 - 2.0 = -0.2, 2.1 - 2.2 = -0.1: mean -0.15, SE 0.05.
+  on = lines["RETRO (retrieval on) minus the baseline, bits per byte"]
+  assert "-0.150 ± 0.050 (seeds 0, 1: -0.200, -0.100); every seed agrees" in on
+  # With minus without retrieval, the same model: -0.3, -0.2.
+  assert "-0.250 ± 0.050" in lines[
+      "RETRO with retrieval minus the same model without, bits per byte"]
+  # Other tokens: -0.1 and +0.1: the seeds disagree.
+  other = lines["other tokens' loss, RETRO minus the baseline (nats)"]
+  assert "+0.000 ± 0.100" in other and other.endswith("the seeds do not agree")
+  assert not any("RETRO-fitted" in line for line in lines)  # no retrofit cells, no line
+
+
+def test_the_table_has_a_row_per_corpus_and_row_and_no_retrieval_figure_for_the_baseline():
+  results = {("toy", "baseline"): {0: _cell(2.0, 2.0, 5.0, 3.0)},
+             ("toy", "retro"): {0: _cell(1.8, 2.1, 4.0, 2.9), 1: _cell(2.0, 2.3, 4.2, 3.1)}}
+  lines = retro_bench.table(results, ["toy"]).splitlines()
+  assert len(lines) == 4  # header, rule, two rows
+  baseline, retro = lines[2].split(" | "), lines[3].split(" | ")
+  assert baseline[4] == "-" and baseline[5] == "2.0000"
+  assert retro[4] == "1.9000 ± 0.1414" and retro[5] == "2.2000 ± 0.1414"
+  assert retro[3] == "2.00 M"
+
+
+@pytest.mark.parametrize("row", ["baseline", "retro", "retrofit"])
+def test_model_costs_count_what_each_row_has_and_trains(row):
+  from realm_jax.models import retro  # pylint: disable=import-outside-toplevel
+  config = retro.RetroConfig(vocab_size=64, hidden_size=16, num_layers=2, num_heads=2,
+                             intermediate_size=32, chunk_size=4, neighbour_len=8,
+                             encoder_layers=1, cca_start=1, cca_every=1)
+  run = lambda r: {"chunks_per_sequence": 2, "num_neighbours": 2,  # noqa: E731
+                   "retrieval": r != "baseline", "retrofit": r == "retrofit"}
+  costs = retro_bench.model_costs(config, run(row))
+  reference = {r: retro_bench.model_costs(config, run(r)) for r in ("baseline", "retro")}
+  if row == "baseline":
+    assert costs["params"] == costs["params_trained"] < reference["retro"]["params"]
+  elif row == "retro":
+    assert costs["params"] == costs["params_trained"]
+    assert costs["flops_per_token"] > reference["baseline"]["flops_per_token"]
+  else:  # the decoder is frozen: only the encoder and the CCA train
+    assert costs["params"] == reference["retro"]["params"]
+    assert costs["params_trained"] == costs["params"] - reference["baseline"]["params"]
