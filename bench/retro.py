@@ -8,6 +8,10 @@ each row of it):
   retro     the same decoder with the neighbour encoder and CCA, trained together
   retrofit  the baseline's final checkpoint, its decoder frozen, only the encoder and the CCA
             trained (RETRO section 4), for as many steps as the others
+  retro_own_document  a positive control, not a result: RETRO without its rule against
+            trivial copies (`RetroJob.exclude_own_document=False`), so that a chunk retrieves
+            its own text and continuation; it shows what the model does with neighbours that
+            hold the text it predicts
 Every run is gin_configs/experiments/toy_retro.gin (`python -m realm_jax.train`; m = 16,
 l = 2 chunks, k = 2 neighbours in training) over the corpus's chunk database, keyed by the
 shipped toy BERT. Corpora: `toy` (the toy world's, built once next to its BlockStore) and
@@ -49,7 +53,8 @@ FINGERPRINT_GINS = (GIN, "gin_configs/runs/retro.gin", "gin_configs/experiments/
 CORPORA = ("toy", "pydocs")
 ROWS = (("baseline", "decoder without retrieval"),
         ("retro", "RETRO (trained with retrieval)"),
-        ("retrofit", "RETRO-fitted baseline (decoder frozen)"))
+        ("retrofit", "RETRO-fitted baseline (decoder frozen)"),
+        ("retro_own_document", "RETRO, own document retrievable (positive control)"))
 EVAL_SEQUENCES = 256
 MAX_OVERLAP = 0.5  # the filtered evaluation's threshold in the table
 
@@ -131,7 +136,8 @@ def run_cell(corpus: str, seed: int, row: str, out: str, database: str,
   from realm_jax.evaluation import retro as retro_eval  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
   seed_dir = os.path.join(out, corpus, f"seed{seed}")
-  bindings = {"baseline": ["RETRIEVAL=False"], "retro": []}.get(row)
+  bindings = {"baseline": ["RETRIEVAL=False"], "retro": [],
+              "retro_own_document": ["RetroJob.exclude_own_document=False"]}.get(row)
   if row == "retrofit":
     baseline = os.path.join(seed_dir, "baseline")
     _train(baseline, database, seed, ["RETRIEVAL=False"], steps)
@@ -248,6 +254,8 @@ def differences(results: dict, corpora: Sequence[str]) -> str:
            ("retrofit", "bpb", "baseline", "bpb_no_retrieval",
             "RETRO-fitted minus its baseline, bits per byte"),
            ("retrofit", "bpb", "retro", "bpb", "RETRO-fitted minus RETRO from scratch"),
+           ("retro_own_document", "bpb", "retro", "bpb",
+            "the positive control (own document retrievable) minus RETRO, bits per byte"),
            ("retro", "loss_salient", "baseline", "loss_salient",
             "salient-span loss, RETRO minus the baseline (nats)"),
            ("retro", "loss_other", "baseline", "loss_other",

@@ -167,3 +167,22 @@ def test_batches_hold_out_documents_and_resume_exactly():
   assert (np.asarray(db.doc_ids)[stream.neighbours] != own).all()
   heldout = make(split="heldout")
   assert (heldout.starts >= cut).all() and (stream.starts < cut).all()
+
+
+def test_without_retros_rule_a_chunk_retrieves_itself_and_training_never_sees_heldout_text():
+  db = chunks.ChunkDatabase.open(retro_job.toy_chunk_database(chunks.TOY_CHUNK_LEN),
+                                 verify="fast")
+  make = lambda split: retro_batches.RetroBatches(  # noqa: E731
+      db, batch_size=3, chunks_per_sequence=2, seed=1, max_sequences=40, process_index=0,
+      process_count=1, split=split, exclude_own_document=False)
+  train, heldout = make("train"), make("heldout")
+  # A chunk's own key is its nearest (L2 distance 0): the positive control retrieves the chunk
+  # itself, whose continuation is the text that follows it (or, a tie broken by the lower id,
+  # a chunk of the very same text elsewhere).
+  keys = np.asarray(db.keys)
+  for batches in (train, heldout):
+    first = batches.neighbours[:, :, 0]  # [S, l]
+    np.testing.assert_array_equal(keys[first], keys[batches.chunk_ids])
+    assert (first == batches.chunk_ids).mean() > 0.9
+  assert (train.neighbours < train.train_rows).all()  # training never retrieves held-out text
+  assert (heldout.neighbours >= heldout.train_rows).mean() > 0.4  # held-out text searched

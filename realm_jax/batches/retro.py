@@ -118,6 +118,11 @@ class RetroBatches:
     max_sequences: use only the split's first this many sequences (None: all).
     vocab: the vocabulary; given, every batch has `target_bytes` (for bits per byte).
     heldout_fraction: the held-out share of the documents.
+    exclude_own_document: RETRO's rule: no neighbour from the sequence's own document (nor,
+      for training sequences, from the held-out documents). False is a positive control for
+      analyses, never a result: the chunk's own document may be retrieved (its own chunk
+      first, then that chunk's continuation, the very text that follows), and the held-out
+      sequences search the held-out documents too (training sequences still never do).
     process_index, process_count: this host among the hosts (default: JAX's).
   """
 
@@ -126,7 +131,7 @@ class RetroBatches:
                split: str = "train", seed: int = 0, shuffle: bool = True,
                max_sequences: Optional[int] = None,
                vocab: Optional[vocab_lib.WordPieceVocabulary] = None,
-               heldout_fraction: float = HELDOUT_FRACTION,
+               heldout_fraction: float = HELDOUT_FRACTION, exclude_own_document: bool = True,
                process_index: Optional[int] = None, process_count: Optional[int] = None):
     if split not in ("train", "heldout"):
       raise ValueError(f"split={split!r}; expected 'train' or 'heldout'")
@@ -141,6 +146,8 @@ class RetroBatches:
     self.seed = int(seed)
     self.shuffle = bool(shuffle)
     self.vocab = vocab
+    self.split = split
+    self.exclude_own_document = bool(exclude_own_document)
     self._host = (int(process_index), int(process_count))
     doc_ids = np.asarray(database.doc_ids)  # [C]
     self.train_rows = heldout_start(doc_ids, heldout_fraction)  # chunks [0, this) train
@@ -169,16 +176,20 @@ class RetroBatches:
 
   def _neighbours(self) -> np.ndarray:
     """[S, l, k] int32 chunk ids: each chunk's k nearest training chunks outside its own
-    document, computed once (exact L2 search over the training rows only)."""
+    document, computed once (exact L2 search over the training rows only); or, without
+    `exclude_own_document`, its k nearest chunks of the split's searchable rows."""
     from realm_jax.index import search as search_lib  # pylint: disable=g-import-not-at-top
     db = self.database
-    rows = self.train_rows
+    doc_ids = np.asarray(db.doc_ids)
+    leak = not self.exclude_own_document and self.split == "heldout"
+    rows = doc_ids.shape[0] if leak else self.train_rows
     searcher = search_lib.make_searcher("exact", np.asarray(db.index.embeddings[:rows]))
     flat = self.chunk_ids.reshape(-1)  # [S * l]
     queries = chunks_lib.query_vectors(np.asarray(db.keys[flat]))  # [S * l, hidden + 1]
-    doc_ids = np.asarray(db.doc_ids)
+    exclude = (doc_ids[flat] if self.exclude_own_document
+               else np.full(flat.shape, -1, np.int64))  # [S * l]; -1: none
     _, ids = chunks_lib.search_excluding_documents(
-        searcher, queries, doc_ids[flat], doc_ids[:rows], self.num_neighbours)  # [S * l, k]
+        searcher, queries, exclude, doc_ids[:rows], self.num_neighbours)  # [S * l, k]
     return ids.reshape(*self.chunk_ids.shape, self.num_neighbours).astype(np.int32)
 
   def element_spec(self) -> dict[str, Any]:

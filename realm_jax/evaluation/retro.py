@@ -37,7 +37,7 @@ from realm_jax.data import vocab as vocab_lib
 RETRO_CONFIG_FILE = "retro_config.json"
 # retro_config.json's keys that are the run's, not RetroConfig fields.
 RUN_KEYS = ("retrieval", "retrofit", "num_neighbours", "chunks_per_sequence", "chunk_database",
-            "block_store")
+            "block_store", "exclude_own_document")
 OVERLAP_THRESHOLDS = (0.125, 0.25, 0.5, 0.75, 1.0)
 HISTOGRAM_BINS = 8  # r(C) in bins of 1/8
 
@@ -341,7 +341,10 @@ def evaluate_retro(run_dir: str, *, step: Optional[int] = None,
     batches = retro_batches.RetroBatches(
         database, batch_size=batch_size, chunks_per_sequence=int(run["chunks_per_sequence"]),
         num_neighbours=k, retrieval=True, split="heldout", shuffle=False,
-        max_sequences=max_sequences, vocab=vocab, process_index=0, process_count=1)
+        max_sequences=max_sequences, vocab=vocab, process_index=0, process_count=1,
+        # As the run retrieved (True unless the run is the positive control without RETRO's
+        # rule; runs from before the setting was recorded kept the rule).
+        exclude_own_document=run.get("exclude_own_document") is not False)
     salient_chunks = chunk_salient_marks(database, store, batches.chunk_ids, annotator,
                                          vocab)  # [S, l, m]
   finally:

@@ -189,6 +189,9 @@ class RetroJob(Job):
     retrofit: True: RETRO-fitting, only the neighbour encoder and the CCA train (the rest
       frozen, taken from `init_checkpoint`, a baseline's checkpoint, which it requires).
     eval_sequences: held-out sequences evaluated at every checkpoint (0: no evaluation).
+    exclude_own_document: RETRO's rule against trivial copies (default True). False is a
+      positive control for analyses (`batches.retro.RetroBatches`): a chunk may retrieve its
+      own document's text, the continuation it is about to predict included.
   """
   task: str = "retro_toy"
   model: Any = gin.REQUIRED
@@ -198,6 +201,7 @@ class RetroJob(Job):
   retrieval: bool = True
   retrofit: bool = False
   eval_sequences: int = 64
+  exclude_own_document: bool = True
 
   name = "retro"
 
@@ -241,6 +245,8 @@ class RetroJob(Job):
     cfg = self.model
     mode = ("RETRO-fitting" if self.retrofit else
             f"retrieval k={self.num_neighbours}" if self.retrieval else "no retrieval")
+    if self.retrieval and not self.exclude_own_document:
+      mode += ", own document retrievable (positive control)"
     return (f"RETRO hidden {cfg.hidden_size}, {cfg.num_layers} layers, CCA in "
             f"{list(cfg.cca_layers)}, vocab {cfg.vocab_size}, m {cfg.chunk_size}, "
             f"l {self.chunks_per_sequence}, {mode}")
@@ -275,7 +281,8 @@ class RetroJob(Job):
     return retro.RetroBatches(self.database(), batch_size=ctx.batch_size,
                               chunks_per_sequence=self.chunks_per_sequence,
                               num_neighbours=self.num_neighbours, retrieval=self.retrieval,
-                              split=split, seed=ctx.seed, **options)
+                              split=split, seed=ctx.seed,
+                              exclude_own_document=self.exclude_own_document, **options)
 
   def build_batches(self, ctx: RunContext, model: Any) -> Any:
     return self._batches(ctx, "train")
@@ -320,6 +327,7 @@ class RetroJob(Job):
       with open(os.path.join(ctx.run_dir, RETRO_CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump({**dataclasses.asdict(self.model), "retrieval": bool(self.retrieval),
                    "retrofit": bool(self.retrofit), "num_neighbours": self.num_neighbours,
+                   "exclude_own_document": bool(self.exclude_own_document),
                    "chunks_per_sequence": self.chunks_per_sequence,
                    **self._data_paths()}, f, indent=2)
     if not self.eval_sequences:
