@@ -22,6 +22,9 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     # The BM25 baseline's sparse inverted index (evaluation/bm25.py); jax needs it too.
     "scipy==1.17.1",
+    # The compiled WordPiece backends (data/vocab.py; the corpus build); the version
+    # transformers 4.46.3 of the test extra requires too.
+    "tokenizers==0.20.3",
 ]
 
 # The parity peers. torch is pinned exactly: this CPU build is what the test machines carry,

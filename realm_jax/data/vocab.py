@@ -18,16 +18,40 @@ non-spacing marks (accents), lower-case. Then split on whitespace and on every p
 character (ASCII punctuation and Unicode category P*), and run WordPiece on each word (a word
 over 100 characters is `[UNK]`).
 
+The Python encoder is the reference. Two backends give exactly its ids and byte offsets, faster
+(`WordPieceVocabulary(backend=...)`; `tokenize_batch` tokenises many texts in one call):
+
+* "rust": the Rust `tokenizers` package (BertNormalizer, BertPreTokenizer, WordPiece with this
+  vocabulary), its character offsets converted to bytes. Its Unicode tables are not Python's
+  (other versions; it keeps unassigned code points, NFD-decomposes CJK compatibility
+  ideographs, puts spaces around a slightly different CJK range), so every character is first
+  checked against the reference (`_char_is_safe`): a text with a character the two treat
+  differently is tokenised by the Python encoder.
+* "cached" (the default when `tokenizers` imports): a text's tokens are those of its
+  space-separated parts, shifted (a space ends a word in both encoders). Each distinct part is
+  tokenised once and kept in flat NumPy tables, so most of a text costs one `str.split` and one
+  dict probe per part, and a batch of texts is assembled with a few NumPy calls. A new part is
+  cut by a regular expression into words, each with the ASCII whitespace before it, looked up
+  the same way one level down; a new word is tokenised by the reference's own greedy WordPiece
+  when it is an ASCII letter/digit run or punctuation character (one dict probe: cheaper than
+  a call into Rust), else (a chunk with non-ASCII or control characters) by "rust". The tables
+  start afresh beyond `MAX_CACHED_KEYS` entries (bounded memory).
+
+Measured on the corpus build (bench/corpus_build_speed.py): per text, Rust is no faster than
+the reference here (its normaliser and per-call costs), the "cached" backend several times.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.resources
+import itertools
 import re
+import threading
 import unicodedata
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -84,14 +108,301 @@ def _stands_alone(char: str) -> bool:
   return _is_punctuation(char) or _is_cjk(ord(char))
 
 
+# --------------------------------------------------------------------------- compiled backends
+
+BACKENDS = ("python", "rust", "cached")
+# A word key of the "cached" backend: the ASCII whitespace before a word, then the word. A word
+# is a letter/digit run or one punctuation character of an all-ASCII chunk, or a whole chunk
+# (between ASCII whitespace) that holds a non-ASCII or control character (_ASCII_KEYS: for
+# texts without either). Every character but trailing whitespace lands in exactly one key, and
+# ASCII whitespace and punctuation end words in both encoders, so no wordpiece spans two keys.
+_ASCII_KEYS = re.compile(r"[\t\n\r ]*(?:[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
+_MIXED_KEYS = re.compile(r"[\t\n\r ]*(?:(?<![^\t\n\r ])[^\t\n\r ]*[^\t\n\r -~][^\t\n\r ]*"
+                         r"|[A-Za-z0-9]+|[!-/:-@\[-`{-~])")
+# Distinct keys the "cached" backend keeps at each level (parts, words) before that level starts
+# afresh: about 200 bytes a key, so some 80 MB at most.
+MAX_CACHED_KEYS = 200_000
+
+
+@functools.lru_cache(maxsize=None)
+def _rust_available() -> bool:
+  try:
+    import tokenizers  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
+  except ImportError:
+    return False
+  return True
+
+
+def default_backend() -> str:
+  """"cached" when the Rust `tokenizers` package imports, else "python"."""
+  return "cached" if _rust_available() else "python"
+
+
+@functools.lru_cache(maxsize=None)
+def _rust_bert_steps():
+  """The Rust normaliser and pre-tokeniser, configured as the Python reference."""
+  from tokenizers import normalizers, pre_tokenizers  # pylint: disable=import-outside-toplevel
+  return (normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                     strip_accents=True, lowercase=True),
+          pre_tokenizers.BertPreTokenizer())
+
+
+def _effect(items: Iterable[tuple[str, str]]) -> list[tuple[str, ...]]:
+  """What a character's normalised output does to the words around it.
+
+  Args:
+    items: (normalised char, class) with class "S" (whitespace), "P" (a word of its own) or
+      "W" (part of a word).
+
+  Returns:
+    Word text runs ("W", text) and the boundaries ("B",) between them, in a form where equal
+    means "splits and spells every text the same way": a stand-alone character is a boundary,
+    a one-character run and a boundary, whether it came as "x" (P) or " x " (S W S).
+  """
+  out: list[tuple[str, ...]] = []
+  for char, kind in items:
+    if kind != "W" and (not out or out[-1] != ("B",)):
+      out.append(("B",))
+    if kind == "S":
+      continue
+    if kind == "W" and out and out[-1][0] == "W":
+      out[-1] = ("W", out[-1][1] + char)
+    else:
+      out.append(("W", char))
+    if kind == "P":
+      out.append(("B",))
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _rust_class(char: str) -> str:
+  """How the Rust pre-tokeniser treats one normalised character: "S", "P" or "W"."""
+  pieces = [p for p, _ in _rust_bert_steps()[1].pre_tokenize_str(f"a{char}a")]
+  if pieces == ["a", "a"]:
+    return "S"
+  if pieces == ["a", char, "a"]:
+    return "P"
+  if pieces == [f"a{char}a"]:
+    return "W"
+  raise AssertionError(f"unexpected pre-tokenisation of {char!r}: {pieces}")
+
+
+def _char_is_safe(char: str) -> bool:
+  """Whether the Rust pipeline treats `char` exactly as the Python reference does, in any text.
+
+  Both pipelines work character by character (clean, CJK spacing, NFD, drop Mn, lower-case,
+  split on whitespace/punctuation), except that NFD reorders runs of combining marks; that is
+  harmless only when every combining mark with a nonzero class is dropped. So a character is
+  safe when its normalised output and the classes of that output agree, and its decomposition
+  keeps no combining mark.
+  """
+  if 0xD800 <= ord(char) <= 0xDFFF:  # lone surrogates: the reference raises, Rust cannot take them
+    return False
+  decomposed = unicodedata.normalize("NFD", char)
+  if any(unicodedata.combining(c) and unicodedata.category(c) != "Mn" for c in decomposed):
+    return False
+  python = _normalize_char.__wrapped__(char)  # uncached: keep the reference's cache as it was
+  rust = _rust_bert_steps()[0].normalize_str(char)
+  python_effect = _effect(
+      (c, "S" if c == " " else "P" if _stands_alone(c) else "W") for c in python)
+  return python_effect == _effect((c, _rust_class(c)) for c in rust)
+
+
+_SAFE_CHARS: set[str] = set()
+_UNSAFE_CHARS: set[str] = set()
+
+
+def _all_chars_safe(text: str) -> bool:
+  """Whether the Rust pipeline gives the reference's output for `text` (checked per character,
+  each character once per process)."""
+  chars = set(text)
+  if chars <= _SAFE_CHARS:
+    return True
+  for char in chars - _SAFE_CHARS - _UNSAFE_CHARS:
+    (_SAFE_CHARS if _char_is_safe(char) else _UNSAFE_CHARS).add(char)
+  return chars <= _SAFE_CHARS
+
+
+def _char_to_byte(text: str) -> np.ndarray:
+  """[len(text) + 1] UTF-8 byte offset of every character boundary of `text`."""
+  points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+  widths = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+  out = np.zeros(len(points) + 1, np.int64)
+  np.cumsum(widths, out=out[1:])
+  return out
+
+
+@dataclasses.dataclass
+class TokenizedBatch:
+  """Wordpieces of many texts, flat.
+
+  Attributes:
+    ids: [num_tokens] int32 wordpiece ids of all texts, text after text.
+    starts: [num_tokens] int64 byte offsets into each token's own text (its UTF-8 encoding).
+    limits: [num_tokens] int64 byte limits, likewise.
+    bounds: [num_texts + 1] int64: the tokens of text i are `bounds[i]:bounds[i + 1]`.
+  """
+
+  ids: np.ndarray
+  starts: np.ndarray
+  limits: np.ndarray
+  bounds: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.bounds) - 1
+
+  def item(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, starts, limits) arrays of text i."""
+    begin, end = self.bounds[i], self.bounds[i + 1]
+    return self.ids[begin:end], self.starts[begin:end], self.limits[begin:end]
+
+  @classmethod
+  def from_texts(cls, tokenized: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]]
+                 ) -> "TokenizedBatch":
+    """From one (ids, starts, limits) per text."""
+    bounds = np.zeros(len(tokenized) + 1, np.int64)
+    np.cumsum([len(ids) for ids, _, _ in tokenized], out=bounds[1:])
+    flat = lambda column, dtype: np.concatenate(  # noqa: E731
+        [np.zeros(0, dtype)] + [np.asarray(t[column], dtype) for t in tokenized])
+    return cls(flat(0, np.int32), flat(1, np.int64), flat(2, np.int64), bounds)
+
+
+class _KeyRows(dict):
+  """key -> row of the key tables; a new key gets the next row and waits in `pending`."""
+
+  def __init__(self):
+    super().__init__()
+    self.pending: list[str] = []
+
+  def __missing__(self, key: str) -> int:
+    row = self[key] = len(self)
+    self.pending.append(key)
+    return row
+
+
+class _Grown:
+  """A NumPy array that grows by doubling (appends are amortised O(1))."""
+
+  def __init__(self, dtype, capacity: int = 1024):
+    self.data = np.zeros(capacity, dtype)
+    self.size = 0
+
+  def extend(self, values: np.ndarray) -> None:
+    end = self.size + len(values)
+    if end > len(self.data):
+      grown = np.zeros(max(end, 2 * len(self.data)), self.data.dtype)
+      grown[:self.size] = self.data[:self.size]
+      self.data = grown
+    self.data[self.size:end] = values
+    self.size = end
+
+
+def _word_keys(text: str) -> list[str]:
+  """The words of `text`, each with the ASCII whitespace before it (see `_ASCII_KEYS`)."""
+  ascii_only = text.isascii() and not _ASCII_CONTROL.search(text)
+  return (_ASCII_KEYS if ascii_only else _MIXED_KEYS).findall(text)
+
+
+def _space_keys(text: str) -> list[str]:
+  """The space-separated parts of `text` (C speed; a space separates words in both
+  encoders)."""
+  return text.split(" ")
+
+
+class _KeyCache:
+  """Tokenisation of each distinct key of texts, in flat tables.
+
+  Args:
+    split: text -> keys, which are the text when joined with `separator`, and no wordpiece of
+      the text spans two keys.
+    separator: "" or one ASCII whitespace character.
+    tokenize_keys: list of keys -> TokenizedBatch (for keys not seen yet).
+    max_keys: distinct keys kept; beyond, the tables start afresh (bounded memory).
+  """
+
+  def __init__(self, split: Callable[[str], list[str]], separator: str, tokenize_keys,
+               max_keys: int = MAX_CACHED_KEYS):
+    self._split, self.separator = split, separator
+    self._tokenize_keys = tokenize_keys
+    self.max_keys = max_keys
+    self.clear()
+
+  def clear(self) -> None:
+    self.rows = _KeyRows()
+    # Per row: first piece, number of pieces, UTF-8 bytes of the key.
+    self.first, self.count, self.nbytes = (_Grown(np.int64) for _ in range(3))
+    # Per piece: id and byte offsets within its key.
+    self.ids, self.starts, self.limits = _Grown(np.int32), _Grown(np.int64), _Grown(np.int64)
+
+  def tokenize(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, byte starts, byte limits) of `text`."""
+    if len(self.rows) > self.max_keys:  # between texts only: rows of this text stay valid
+      self.clear()
+    keys = self._split(text)
+    # [num_keys] row of each key.
+    rows = np.fromiter(map(self.rows.__getitem__, keys), np.int64, len(keys))
+    if self.rows.pending:
+      pending, self.rows.pending = self.rows.pending, []
+      try:
+        self._add(pending)
+      except BaseException:  # rows without table entries: start afresh
+        self.clear()
+        raise
+    count = self.count.data[rows]
+    # [num_keys] bytes from one key's start to the next one's.
+    step = self.nbytes.data[rows] + len(self.separator)
+    key_end = np.cumsum(count)
+    # [num_tokens] piece row of every token, and the byte offset of its key in `text`.
+    pieces = np.arange(key_end[-1] if len(keys) else 0) + np.repeat(
+        self.first.data[rows] - (key_end - count), count)
+    base = np.repeat(np.cumsum(step) - step, count)
+    return (self.ids.data[pieces], self.starts.data[pieces] + base,
+            self.limits.data[pieces] + base)
+
+  def tokenize_batch(self, texts: list[str]) -> TokenizedBatch:
+    """`tokenize` of each text, in one call."""
+    # One text: a space is whitespace to both encoders, so no wordpiece crosses it.
+    joined = " ".join(texts)
+    ids, starts, limits = self.tokenize(joined)
+    encoded = texts if joined.isascii() else map(str.encode, texts)
+    nbytes = np.fromiter(map(len, encoded), np.int64, len(texts))
+    # [num_texts] byte offset of each text in the joined one.
+    text_start = np.cumsum(nbytes + 1) - (nbytes + 1)
+    bounds = np.append(np.searchsorted(starts, text_start), len(ids))
+    shift = np.repeat(text_start, np.diff(bounds))
+    return TokenizedBatch(ids, starts - shift, limits - shift, bounds)
+
+  def _add(self, keys: list[str]) -> None:
+    batch = self._tokenize_keys(keys)
+    counts = np.diff(batch.bounds)
+    self.first.extend(self.ids.size + batch.bounds[:-1])
+    self.count.extend(counts)
+    self.nbytes.extend(np.fromiter(map(len, map(str.encode, keys)), np.int64, len(keys)))
+    self.ids.extend(batch.ids)
+    self.starts.extend(batch.starts)
+    self.limits.extend(batch.limits)
+
+
 class WordPieceVocabulary:
   """BERT uncased WordPiece: Python and tf.data encoders with identical ids.
 
   The Python API needs neither TensorFlow nor seqio; `as_seqio()` (or `seqio_vocabulary()`)
   gives the seqio.Vocabulary for tasks.
+
+  Args:
+    vocab_path: one wordpiece per line (the bundled BERT uncased vocabulary by default).
+    backend: "python" (the reference), "rust" or "cached" (see the module docstring; the same
+      ids and offsets); default `default_backend()`.
   """
 
-  def __init__(self, vocab_path: str | None = None):
+  def __init__(self, vocab_path: str | None = None, backend: Optional[str] = None):
+    backend = backend or default_backend()
+    if backend not in BACKENDS:
+      raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "python" and not _rust_available():
+      raise ImportError(f"backend {backend!r} needs the Rust tokenizers package (pip install "
+                        f"tokenizers==0.20.3); backend='python' needs nothing")
+    self.backend = backend
     self.vocab_path = vocab_path or bundled_vocab_path()
     with open(self.vocab_path, "rb") as f:
       data = f.read()
@@ -103,6 +414,19 @@ class WordPieceVocabulary:
         raise ValueError(f"{self.vocab_path}: {token} must have id {expected} (BERT layout); "
                          f"found {self.token_ids.get(token)}.")
     self._word_cache = functools.lru_cache(maxsize=200_000)(self._wordpiece_uncached)
+    if backend == "cached":
+      # Space-separated parts; a new part is cut into words, a new word tokenised by
+      # `_tokenize_new_words`. The tables change on every miss: one thread at a time.
+      self._word_keys = _KeyCache(_word_keys, "", self._tokenize_new_words)
+      self._keys = _KeyCache(_space_keys, " ", self._word_keys.tokenize_batch)
+      self._keys_lock = threading.Lock()
+
+  def __getstate__(self) -> dict:
+    # Caches and compiled tokenizers are rebuilt on the other side (e.g. a worker process).
+    return {"vocab_path": self.vocab_path, "backend": self.backend}
+
+  def __setstate__(self, state: dict) -> None:
+    self.__init__(state["vocab_path"], state["backend"])
 
   @property
   def vocab_size(self) -> int:
@@ -161,16 +485,8 @@ class WordPieceVocabulary:
       if chars:
         yield "".join(chars), origin
 
-  def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[int], list[int]]:
-    """WordPiece ids and the byte span of the original text behind each.
-
-    Args:
-      text: raw text (no special tokens are added).
-
-    Returns:
-      (ids, byte_starts, byte_limits): for wordpiece i, `text.encode("utf-8")[start:limit]` is
-      the original text it came from (a whole word for `[UNK]`).
-    """
+  def _tokenize_python(self, text: str) -> tuple[list[int], list[int], list[int]]:
+    """The reference `tokenize_with_offsets`."""
     # [num_chars + 1] byte offset of every character boundary.
     if text.isascii():
       char_to_byte = None
@@ -190,9 +506,52 @@ class WordPieceVocabulary:
           limits.append(char_to_byte[last + 1])
     return ids, starts, limits
 
+  def _encode_python(self, text: str) -> list[int]:
+    """The reference `encode`."""
+    return [piece for word, _ in self._words(text) for piece, _, _ in self._word_cache(word)]
+
+  # --------------------------------------------------------------------------- public API
+
+  def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[int], list[int]]:
+    """WordPiece ids and the byte span of the original text behind each.
+
+    Args:
+      text: raw text (no special tokens are added).
+
+    Returns:
+      (ids, byte_starts, byte_limits): for wordpiece i, `text.encode("utf-8")[start:limit]` is
+      the original text it came from (a whole word for `[UNK]`).
+    """
+    if self.backend == "python":
+      return self._tokenize_python(text)
+    try:
+      ids, starts, limits = self._tokenize_compiled(text)
+    except UnicodeEncodeError:  # lone surrogates: whatever the reference does (it raises)
+      return self._tokenize_python(text)
+    return ids.tolist(), starts.tolist(), limits.tolist()
+
+  def tokenize_batch(self, texts: Sequence[str]) -> TokenizedBatch:
+    """`tokenize_with_offsets` of many texts at once, as flat arrays (one call, so the
+    per-call costs of the compiled backends are paid once)."""
+    texts = list(texts)
+    if self.backend != "python":
+      try:
+        if self.backend == "rust":
+          return self._tokenize_rust(texts)
+        with self._keys_lock:
+          return self._keys.tokenize_batch(texts)
+      except UnicodeEncodeError:
+        pass  # lone surrogates: whatever the reference does (it raises)
+    return TokenizedBatch.from_texts([self._tokenize_python(t) for t in texts])
+
   def encode(self, text: str) -> list[int]:
     """WordPiece ids of `text` (no [CLS]/[SEP])."""
-    return [piece for word, _ in self._words(text) for piece, _, _ in self._word_cache(word)]
+    if self.backend == "python":
+      return self._encode_python(text)
+    try:
+      return self._tokenize_compiled(text)[0].tolist()
+    except UnicodeEncodeError:  # lone surrogates, which the reference drops
+      return self._encode_python(text)
 
   def decode(self, ids: Sequence[int]) -> str:
     """Ids back to text: wordpieces joined, `##` continuations glued; [PAD] dropped."""
@@ -210,6 +569,83 @@ class WordPieceVocabulary:
 
   def __hash__(self) -> int:
     return hash(self.fingerprint)
+
+  # --------------------------------------------------------------------------- compiled paths
+
+  def _tokenize_compiled(self, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if self.backend == "cached":
+      with self._keys_lock:
+        return self._keys.tokenize(text)
+    return self._tokenize_rust([text]).item(0)
+
+  @functools.cached_property
+  def _rust_tokenizer(self):
+    # pylint: disable-next=import-outside-toplevel
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    tokenizer = Tokenizer(models.WordPiece(
+        vocab=self.token_ids, unk_token="[UNK]", continuing_subword_prefix="##",
+        max_input_chars_per_word=MAX_CHARS_PER_WORD))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return tokenizer
+
+  def _tokenize_new_words(self, keys: list[str]) -> TokenizedBatch:
+    """Word keys not seen yet (see `_ASCII_KEYS`): an ASCII word by the reference's own
+    WordPiece (one dict probe or a few: cheaper than a call into Rust, whose per-text costs
+    dominate for one word), a chunk with other characters by Rust (or the reference)."""
+    words = [key.lstrip("\t\n\r ") for key in keys]
+    # An ASCII letter/digit run, or one ASCII punctuation character.
+    simple = [word.isascii() and (word.isalnum() or (len(word) == 1 and "!" <= word <= "~"))
+              for word in words]
+    others = self._tokenize_rust([key for key, ok in zip(keys, simple) if not ok])
+    other = iter(range(len(others)))
+    ids, starts, limits = [], [], []
+    bounds = [0]
+    for key, word, ok in zip(keys, words, simple):
+      if ok:  # as `_tokenize_python` on an ASCII chunk: one lower-cased word
+        pad = len(key) - len(word)
+        for piece_id, begin, end in self._word_cache(word.lower()):
+          ids.append(piece_id)
+          starts.append(pad + begin)
+          limits.append(pad + end)
+      else:
+        piece_ids, piece_starts, piece_limits = others.item(next(other))
+        ids += piece_ids.tolist()
+        starts += piece_starts.tolist()
+        limits += piece_limits.tolist()
+      bounds.append(len(ids))
+    return TokenizedBatch(np.array(ids, np.int32), np.array(starts, np.int64),
+                          np.array(limits, np.int64), np.array(bounds, np.int64))
+
+  def _tokenize_rust(self, texts: list[str]) -> TokenizedBatch:
+    """Rust for texts whose every character it treats as the reference does, else Python."""
+    safe = [_all_chars_safe(text) for text in texts]
+    rust_texts = [text for text, ok in zip(texts, safe) if ok]
+    encodings = self._rust_tokenizer.encode_batch(rust_texts, add_special_tokens=False)
+    ids = [encoding.ids for encoding in encodings]
+    bounds = np.zeros(len(ids) + 1, np.int64)
+    np.cumsum([len(x) for x in ids], out=bounds[1:])
+    # [num_tokens, 2] Rust's character offsets into the original texts; ours are UTF-8 bytes.
+    offsets = np.array(list(itertools.chain.from_iterable(e.offsets for e in encodings)),
+                       np.int64).reshape(-1, 2)
+    for k, text in enumerate(rust_texts):
+      if not text.isascii():
+        part = offsets[bounds[k]:bounds[k + 1]]
+        part[:] = _char_to_byte(text)[part]
+    if all(safe):
+      return TokenizedBatch(np.fromiter(itertools.chain.from_iterable(ids), np.int32, bounds[-1]),
+                            offsets[:, 0].copy(), offsets[:, 1].copy(), bounds)
+    rust = iter(range(len(rust_texts)))
+    results = []
+    for text, ok in zip(texts, safe):
+      if ok:
+        k = next(rust)
+        part = offsets[bounds[k]:bounds[k + 1]]
+        results.append((ids[k], part[:, 0], part[:, 1]))
+      else:
+        results.append(self._tokenize_python(text))
+    return TokenizedBatch.from_texts(results)
 
   # --------------------------------------------------------------------------- TF path
 

@@ -1,5 +1,12 @@
 """WordPiece vocabulary: Python and tf.data ids agree with each other and with transformers'
-BertTokenizerFast; byte offsets point at the original text; sentence splitting."""
+BertTokenizerFast; byte offsets point at the original text; the compiled backends ("rust",
+"cached") give exactly the Python reference's ids and offsets; sentence splitting."""
+
+import concurrent.futures
+import json
+import pickle
+import random
+import unicodedata
 
 import numpy as np
 import pytest
@@ -137,3 +144,239 @@ def test_sentence_offsets_are_utf8_bytes_and_lines_split():
   assert spans[0] == (2, 2 + len("Zoë Müller wrote.".encode("utf-8")))
   assert split_sentences("   \n ") == []
   assert np.all(np.diff(np.array(spans).ravel()) >= 0)
+
+
+# ------------------------------------------------------------------------------ compiled backends
+#
+# The "rust" and "cached" backends must give exactly the Python reference's ids and byte
+# offsets. Every comparison is against the reference run in the same test.
+
+COMPILED = ("rust", "cached")
+
+
+@pytest.fixture(scope="module")
+def backends(vocab):
+  """The reference and a fresh vocabulary of each compiled backend."""
+  reference = vocab_lib.WordPieceVocabulary(backend="python")
+  return reference, {name: vocab_lib.WordPieceVocabulary(backend=name) for name in COMPILED}
+
+
+def _assert_same_as_reference(reference, compiled, texts, single=True):
+  """tokenize_batch (and tokenize_with_offsets/encode one by one) equal the reference."""
+  expected = [reference.tokenize_with_offsets(text) for text in texts]
+  batch = compiled.tokenize_batch(texts)
+  assert len(batch) == len(texts)
+  for i, (text, want) in enumerate(zip(texts, expected)):
+    got = tuple(array.tolist() for array in batch.item(i))
+    assert got == want, (compiled.backend, "batch", ascii(text))
+  if single:
+    for text, want in zip(texts, expected):
+      assert compiled.tokenize_with_offsets(text) == want, (compiled.backend, ascii(text))
+      assert compiled.encode(text) == want[0], (compiled.backend, ascii(text))
+  return sum(len(ids) for ids, _, _ in expected)
+
+
+def test_default_backend_is_compiled():
+  assert vocab_lib.default_backend() == "cached"
+  assert vocab_lib.WordPieceVocabulary().backend == "cached"
+  assert vocab_lib.default_vocabulary().backend == "cached"
+  with pytest.raises(ValueError, match="backend must be one of"):
+    vocab_lib.WordPieceVocabulary(backend="fast")
+
+
+def test_compiled_backends_equal_python_on_real_text(tmp_path, backends):
+  from realm_jax.data import python_docs  # pylint: disable=import-outside-toplevel
+  python_docs.generate(str(tmp_path / "pydocs"))
+  with open(tmp_path / "pydocs" / "docs.jsonl", encoding="utf-8") as f:
+    docs = [json.loads(line) for line in f]
+  texts = [doc["text"] for doc in docs] + [doc["title"] for doc in docs]
+  assert len(docs) >= 2000 and sum(not t.isascii() for t in texts) >= 20
+  reference, compiled = backends
+  for backend in compiled.values():
+    tokens = _assert_same_as_reference(reference, backend, texts, single=False)
+    assert tokens > 200_000
+  # One by one too (the "cached" tables now warm), on a slice.
+  _assert_same_as_reference(reference, compiled["cached"], texts[::7])
+
+
+def _category_samples(per_category: int = 24, seed: int = 0) -> dict[str, list[str]]:
+  """Characters of every Unicode general category (Cs left out: they cannot be UTF-8)."""
+  by_category: dict[str, list[str]] = {}
+  for cp in range(0x110000):
+    char = chr(cp)
+    by_category.setdefault(unicodedata.category(char), []).append(char)
+  rng = random.Random(seed)
+  samples = {}
+  for category, chars in by_category.items():
+    if category != "Cs":
+      samples[category] = chars[:4] + chars[-4:] + rng.sample(chars, min(per_category,
+                                                                           len(chars)))
+  return samples
+
+
+HARD = [
+    "café CAFÉ cafe\u0301 Ångström ÅNGSTRÖM naïve résumé Zoë Łódź Dvořák ǅemal İstanbul ıi",
+    "e\u0301\u0323 a\u0308\u0304 o\u0327\u0301 q\u0307\u0323 \u0301leading x\u20dd\u20e3",
+    "ka\u0903\u093f \U0001d15e\U0001d165\U0001d16e\u0301 \u0f39\u0f71 \u302a\u3099",
+    "東京タワー北京 서울 日本語の文章です。中文，标点！ 豈更車 \U00020000\U0002b820\U0002b920",
+    "ctrl\x00x\x01y\x07\x1b\x7f\x80\x9fz \u00ad\u200b\u200c\u200d\u200e\u2060\ufeff\ufffd\ufffe",
+    "sep\x0b\x0c\x1c\x1d\x1e\x1f\x85 tab\tnl\nret\r\n end",
+    "a\u00a0b\u1680c\u2000d\u2007e\u200af\u2028g\u2029h\u202fi\u205fj\u3000k\u180el",
+    "x" * 100 + " " + "y" * 101 + " " + "é" * 100 + " " + "é" * 101 + " " + "東" * 150,
+    "unaffable" * 12 + " " + "a" * 99 + "\u0301" * 5,
+    "😀😃👍👍🏽👨\u200d👩\u200d👧🏳️\u200d🌈🥰🫠 ✓™©®½¼∞≈≠±×÷° ☃\ufe0f",
+    "«quote» ‹q› „low“ ‘single’ —dash– ‐‑‒― …‰′″ ¡¿¶§•·†‡※⁂ ⸮؟،۔ ।॥ ။ ៕ ።",
+    "(parens) [brackets] {braces} <angles> ⟨math⟩ 「括弧」 『二重』 【隅付】 〔亀甲〕",
+    "$100 €50 ¥30 £20 ₹10 ₿1 ^caret^ `tick` ~tilde~ |pipe| _under_ a+b=c 50% #tag @user",
+    "ﬁnance ﬂow Ⅻ ⅻ Ｆｕｌｌ ｗｉｄｔｈ １２３ 𝐀𝐁𝐂 𝑎𝑏𝑐 ㎏ ℃ ℡ ＡＢＣ",
+    "Σίσυφος ΣΑΣ σας ς ΐΰ Ωμέγα ΆΈΉΊΌΎΏ",
+    "нет Да Ёлка ёж Їжак ЎЎ Ӂ",
+    "नमस्ते दुनिया مرحبا بالعالم שָׁלוֹם עולם สวัสดีชาวโลก ສະບາຍດີ မင်္ဂလာပါ",
+    "\u0378\u0380\u08ca\u0c04\u1abf\u2e52\U000e0001\U000e0100\ue000\U000f0000\U0010fffd",
+    "\u200b\u200b", "\x00\x01\x02", "\u0301\u0302", "\ufeff", " \t\n ", "", "\ue000",
+    "[CLS] [SEP] [MASK] [UNK] ##ing ## # ###",
+]
+
+
+def test_compiled_backends_equal_python_on_hard_strings(backends):
+  texts = list(HARD) + list(TEXTS)
+  for category, chars in _category_samples().items():
+    # Each character alone, inside a word, between spaces, after a combining mark, doubled.
+    texts += [f"ab{c}cd {c} x{c}{c}y {c}\u0301z Q{c}." for c in chars]
+    texts.append(" ".join(chars))
+    texts.append("".join(chars))
+  reference, compiled = backends
+  for backend in compiled.values():
+    _assert_same_as_reference(reference, backend, texts)
+
+
+def test_compiled_backends_equal_python_on_the_whole_bmp(backends):
+  # Every BMP code point, 40 to a text in varied neighbourhoods.
+  chars = [chr(cp) for cp in range(0x10000) if not 0xD800 <= cp <= 0xDFFF]
+  texts = []
+  for i in range(0, len(chars), 40):
+    part = chars[i:i + 40]
+    texts.append("w" + "".join(part[:20]) + " " + "a".join(part[20:]) + " end")
+  reference, compiled = backends
+  for backend in compiled.values():
+    _assert_same_as_reference(reference, backend, texts, single=False)
+
+
+SCRIPT_POOLS = [
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789",
+    "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~",
+    " \t\n\r\x0b\x0c\x1c\x1f\x85\xa0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000\u180e",
+    "\x00\x07\x1b\x7f\x9f\u00ad\u200b\u200c\u200d\u2060\ufeff\ufffd\ue000\U000f0000",
+    "".join(map(chr, range(0x300, 0x370))) + "\u0483\u0903\u20dd\U0001d165\u0f39\u302a\u3099",
+    "àáâãäåæçèéêëìíîïðñòóôõöøùúûüýþÿĀāĲĳŉſǅǆİıßẞﬁﬂ",
+    "ΑΒΓΔΣσςαβγδεζηθικλμνξοπρτυφχψωάέήίόύώΐΰ",
+    "абвгдежзийклмнопрстуфхцчшщъыьэюяАБВГДЁё",
+    "אבגדהוזחטיךכלםמןנסעףפץצקרשת\u05b0\u05b4\u05bc",
+    "ابتثجحخدذرزسشصضطظعغفقكلمنهوي\u064b\u064e\u0650\u0651",
+    "अआइईउऊएऐओऔकखगघचछजझटठडढणतथदधनपफबभमयरलवशषसह\u093f\u0940\u094d",
+    "กขคงจฉชซญดตถทธนบปผพฟภมยรลวศษสหอฮ\u0e31\u0e34\u0e47",
+    "的一是不了人我在有他这为之大来以个中上们東京北海道日本語中文漢字",
+    "あいうえおかきくけこアイウエオカキクケコーッ가각간갈감갑강개객거",
+    "😀😃👍🏽👨\u200d👩\u200d👧🥰🫠✓™©½∞≈≠±×÷°豈更車賈",
+    "\U00020000\U0002a6d6\U0002b820\U0002b8ff\U0002b920\U0002ceaf\U0002f800\U00030000",
+    "𝐀𝐁𝐂𝑎𝑏𝑐𝟎ＡＢＣａｂｃ０１\u0378\u08ca\u0c04\u1abf\u2e52\U000e0100",
+    "«»‹›„“”‘’—–‐…‰′″¡¿¶§•·†‡※⁂。、！？",
+]
+
+
+def _random_text(rng: random.Random) -> str:
+  pools = rng.sample(SCRIPT_POOLS, rng.randint(1, 4))
+  out = []
+  for _ in range(rng.randint(0, 30)):
+    roll = rng.random()
+    if roll < 0.2:
+      out.append(rng.choice(" \n\t"))
+    elif roll < 0.25:  # any code point at all
+      cp = rng.randrange(0x110000)
+      out.append(chr(cp) if not 0xD800 <= cp <= 0xDFFF else "?")
+    else:
+      pool = rng.choice(pools)
+      out.append("".join(rng.choice(pool) for _ in range(rng.randint(1, 8))))
+  if rng.random() < 0.05:  # a word around the 100-character limit
+    out.append(rng.choice(SCRIPT_POOLS[0]) * rng.randint(95, 105))
+  return "".join(out)
+
+
+def test_compiled_backends_equal_python_on_random_unicode(backends):
+  rng = random.Random(1234)
+  texts = [_random_text(rng) for _ in range(5000)]
+  reference, compiled = backends
+  for backend in compiled.values():
+    _assert_same_as_reference(reference, backend, texts, single=backend.backend == "cached")
+
+
+def test_characters_rust_treats_otherwise_go_to_python(backends):
+  # Where the Rust tables differ from Python's, the text takes the reference path.
+  differing = {
+      "\uf900": "CJK compatibility ideograph: Rust NFD-decomposes it, the reference keeps it",
+      "\U0002b820": "in the reference's CJK range, not in Rust's",
+      "\u0378": "unassigned: the reference drops it, Rust keeps it",
+      "\U0001d165": "a spacing combining mark with a nonzero class: NFD reorders it",
+  }
+  for char in differing:
+    assert not vocab_lib._char_is_safe(char), char  # pylint: disable=protected-access
+  for char in "aZ09 .,!\t\n\u00e9\u00df\u6771\u00a0\u200b\x00\u0301😀":
+    assert vocab_lib._char_is_safe(char), ascii(char)  # pylint: disable=protected-access
+  reference, compiled = backends
+  texts = [f"Ab{c}cd x {c}" for c in differing]
+  for backend in compiled.values():
+    _assert_same_as_reference(reference, backend, texts)
+
+
+def test_lone_surrogates_behave_as_in_the_reference(backends):
+  reference, compiled = backends
+  text = "ab \ud800 cd"
+  with pytest.raises(UnicodeEncodeError):
+    reference.tokenize_with_offsets(text)
+  for backend in compiled.values():
+    assert backend.encode(text) == reference.encode(text)
+    with pytest.raises(UnicodeEncodeError):
+      backend.tokenize_with_offsets(text)
+    with pytest.raises(UnicodeEncodeError):
+      backend.tokenize_batch(["fine", text])
+    # And the backend still works afterwards.
+    assert backend.encode("fine words") == reference.encode("fine words")
+
+
+def test_cached_backend_with_tiny_tables_still_exact(backends):
+  reference, _ = backends
+  cached = vocab_lib.WordPieceVocabulary(backend="cached")
+  cached._keys.max_keys = cached._word_keys.max_keys = 5  # pylint: disable=protected-access
+  rng = random.Random(7)
+  texts = [_random_text(rng) for _ in range(300)] + TEXTS
+  _assert_same_as_reference(reference, cached, texts)
+  assert len(cached._keys.rows) < 200  # pylint: disable=protected-access
+
+
+def test_vocabulary_pickles_with_its_backend(backends):
+  _, compiled = backends
+  for backend in compiled.values():
+    backend.encode("warm the caches")
+    copy = pickle.loads(pickle.dumps(backend))
+    assert copy.backend == backend.backend and copy == backend
+    assert copy.tokenize_with_offsets(TEXTS[1]) == backend.tokenize_with_offsets(TEXTS[1])
+
+
+def test_batch_of_nothing(backends):
+  _, compiled = backends
+  for backend in compiled.values():
+    batch = backend.tokenize_batch([])
+    assert len(batch) == 0 and batch.ids.size == 0
+    batch = backend.tokenize_batch(["", " ", "x"])
+    assert batch.bounds.tolist() == [0, 0, 0, 1]
+
+
+def test_cached_backend_is_safe_across_threads(backends):
+  reference, _ = backends
+  cached = vocab_lib.WordPieceVocabulary(backend="cached")
+  rng = random.Random(11)
+  texts = [_random_text(rng) for _ in range(400)]
+  expected = [reference.tokenize_with_offsets(text) for text in texts]
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    got = list(pool.map(cached.tokenize_with_offsets, texts))
+  assert got == expected
