@@ -67,20 +67,34 @@ The BlockStore (one directory, written atomically; see `build_block_store`):
 options (format version, max_block_len, max_title_len, vocab fingerprint) followed by the uids
 array (little-endian uint64). Same input and options -> same block ids and the same store_id,
 whichever source the documents came from.
+
+Speed: documents are read in chunks (`CHUNK_DOCS`), each tokenised in one batch call (the
+vocabulary's compiled backend) and each sentence's wordpieces read off its document's (when
+that is provably the same as tokenising the sentence alone). With `workers > 1` the chunks are
+tokenised and packed in worker processes while this process reads, counts and writes, in
+order: the store is byte for byte that of one process (bench/corpus_build_speed.py).
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import datetime
+import functools
 import glob as glob_lib
 import hashlib
 import itertools
 import json
+import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
 import re
+import signal
 import struct
 import sys
+import threading
 import time
 import zlib
 from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
@@ -745,6 +759,15 @@ class _NpyAppender:
     if self._pending == len(self._buffer):
       self.flush()
 
+  def next_row(self) -> np.ndarray:
+    """The next row (zeros), to fill in place and then `commit()`."""
+    return self._buffer[self._pending]
+
+  def commit(self) -> None:
+    self._pending += 1
+    if self._pending == len(self._buffer):
+      self.flush()
+
   def flush(self) -> None:
     if self._pending:
       self._file.write(self._buffer[:self._pending].tobytes())
@@ -795,12 +818,20 @@ class _StagingWriter:
     self._store_hash = hashlib.sha256(store_options_json + b"\n")
 
   def add(self, title_ids: Sequence[int], body_ids: Sequence[int], title: bytes, body: bytes,
-          doc_id: int) -> int:
-    """Appends one block; returns its uid."""
-    row = [vocab_lib.CLS_ID, *title_ids, vocab_lib.SEP_ID, *body_ids, vocab_lib.SEP_ID]
-    assert len(row) <= self.max_block_len, (len(row), self.max_block_len)
-    uid = _uid_from_bytes(title, body)
-    self.tokens.append_prefix(row)
+          doc_id: int, uid: Optional[int] = None) -> int:
+    """Appends one block; returns its uid (`_uid_from_bytes(title, body)`, unless given)."""
+    t, b = len(title_ids), len(body_ids)
+    assert t + b + NUM_SPECIAL_TOKENS <= self.max_block_len, (t + b + 3, self.max_block_len)
+    if uid is None:
+      uid = _uid_from_bytes(title, body)
+    # [CLS] title [SEP] body [SEP], written into the (zero-padded) row in place.
+    row = self.tokens.next_row()
+    row[0] = vocab_lib.CLS_ID
+    row[1:1 + t] = title_ids
+    row[1 + t] = vocab_lib.SEP_ID
+    row[2 + t:2 + t + b] = body_ids
+    row[2 + t + b] = vocab_lib.SEP_ID
+    self.tokens.commit()
     self.title_lengths.append(len(title_ids))
     self.body_lengths.append(len(body_ids))
     self.uids.append(uid)
@@ -925,6 +956,346 @@ def _publish(staging: str, dest: str, overwrite: bool) -> None:
       f"{os.path.basename(dest)}.old-" if overwrite else None))
 
 
+# ------------------------------------------------------------------------------ tokenising
+
+
+# Documents are tokenised in chunks of at most this many documents or characters: one batch
+# call per chunk (so per-call costs are paid per chunk), and the unit of work of a worker.
+CHUNK_DOCS = 128
+CHUNK_CHARS = 1 << 20
+# Chunks handed to the workers ahead of the writer, per worker (memory stays bounded).
+CHUNKS_AHEAD_PER_WORKER = 2
+
+# What the analysis of one document says (the first element of its result tuple).
+_EMPTY, _TITLE_TOO_LONG, _TITLE_MISMATCH, _BODY_MISMATCH, _BLOCKS = range(5)
+
+
+def default_workers() -> int:
+  """The CPU cores this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not on Linux
+    return os.cpu_count() or 1
+
+
+@dataclasses.dataclass
+class _Analyzer:
+  """Tokenises and packs documents: everything of a build but its bookkeeping and writing.
+
+  Pure (the same documents give the same result in any process), so that chunks can go to
+  worker processes and come back in order while one writer keeps the one-process order and
+  counts.
+  """
+
+  vocab: vocab_lib.WordPieceVocabulary
+  max_block_len: int
+  max_title_len: int
+  record_token_ids: str
+  sentence_splitter: Callable[[str], list[tuple[int, int]]]
+
+  @functools.cached_property
+  def word_start_table(self) -> np.ndarray:
+    # [vocab_size] True for wordpieces that start a word (not "##" continuations).
+    return np.array([not t.startswith("##") for t in self.vocab.tokens], bool)
+
+  def __call__(self, docs: Sequence[tuple]) -> "_ChunkResult":
+    """Analyses (title, text, is_block, title_token_ids, body_token_ids) documents.
+
+    Returns:
+      One result tuple per document up to the first that raised, and that error (the
+      one-process build stopped there); the chunk's tokens and blocks.
+    """
+    results: list = [(_EMPTY,)] * len(docs)
+    stop, error = len(docs), None
+    texts = []
+    for i, (title, text, *_) in enumerate(docs):
+      try:
+        texts.append((title.strip(), text.strip()))
+      except Exception as e:  # pylint: disable=broad-except
+        stop, error = i, e
+        break
+    todo = [i for i, (_, text) in enumerate(texts) if text]
+    titles = self._tokenize([texts[i][0] for i in todo], encode=True)
+    survivors = []  # (index, title ids, title bytes, text bytes, sentence spans)
+    for i, title_ids in zip(todo, titles):
+      title, text = texts[i]
+      _, _, is_block, title_token_ids, _ = docs[i]
+      if len(title_ids) > self.max_title_len:
+        results[i] = (_TITLE_TOO_LONG, len(title_ids))
+        continue
+      if is_block and self.record_token_ids == "verify" and title_token_ids is not None \
+          and list(title_token_ids) != title_ids:
+        results[i] = (_TITLE_MISMATCH,)
+        continue
+      try:
+        title_bytes, text_bytes = title.encode("utf-8"), text.encode("utf-8")
+        spans = None if is_block else self.sentence_splitter(text)
+      except Exception as e:  # pylint: disable=broad-except
+        stop, error = i, e
+        break
+      survivors.append((i, title_ids, title_bytes, text_bytes, spans))
+    try:
+      bodies = self._tokenize([texts[i][1] for i, *_ in survivors])
+    except Exception:  # pylint: disable=broad-except
+      bodies = None  # find the document that raises, one by one
+    chunk = _ChunkResult([], [], [])
+    for k, (i, title_ids, title_bytes, text_bytes, spans) in enumerate(survivors):
+      try:
+        body = bodies[k] if bodies is not None else self._tokenize([texts[i][1]])[0]
+        results[i] = self._pack(docs[i], title_ids, title_bytes, text_bytes, spans, body, chunk)
+      except Exception as e:  # pylint: disable=broad-except
+        stop, error = i, e
+        break
+    chunk.docs = results[:stop]
+    chunk.error = None if error is None else _picklable(error)
+    return chunk.finish()
+
+  def _tokenize(self, texts: list[str], encode: bool = False) -> list:
+    """Per text: ids (`encode`) or (ids, starts, limits) arrays, in one batch call."""
+    try:
+      batch = self.vocab.tokenize_batch(texts)
+    except UnicodeEncodeError:  # lone surrogates: the reference's `encode` drops them
+      if encode:
+        return [self.vocab.encode(t) for t in texts]
+      raise
+    if encode:
+      return [ids.tolist() for ids in np.split(batch.ids, batch.bounds[1:-1])]
+    return [batch.item(i) for i in range(len(batch))]
+
+  def _pack(self, doc, title_ids, title_bytes, text_bytes, spans, body, chunk) -> tuple:
+    """The result of one document that reached tokenisation, its blocks added to `chunk`."""
+    _, _, is_block, title_token_ids, body_token_ids = doc
+    budget = self.max_block_len - NUM_SPECIAL_TOKENS - len(title_ids)
+    mismatches = truncated = oversize = 0
+    if is_block:
+      # One record, one block: the body tokenised whole.
+      ids, starts, limits = body
+      if body_token_ids is not None and list(body_token_ids) != ids.tolist():
+        if self.record_token_ids == "verify":
+          return (_BODY_MISMATCH,)
+        mismatches += 1
+      if title_token_ids is not None and list(title_token_ids) != title_ids:
+        mismatches += 1  # only reachable with record_token_ids="ours"
+      if len(ids) > budget:  # as the authors' featurize_document: truncate
+        truncated = 1
+      ranges = [(0, min(len(ids), budget))] if len(ids) else []
+    else:
+      ids, starts, limits, lengths = self._sentences(text_bytes, spans, body)
+      oversize = int(np.count_nonzero(lengths > budget))
+      word_starts = self.word_start_table[ids] if oversize else None
+      ranges = pack_sentences(lengths.tolist(), budget, word_starts)
+    first_block = len(chunk.blocks)
+    for begin, end in ranges:
+      start, limit = int(starts[begin]), int(limits[end - 1])
+      chunk.blocks.append((chunk.num_tokens, end - begin, start, limit))
+      # Hashed here, not by the one writer: its time bounds a build with many workers.
+      chunk.uids.append(_uid_from_bytes(title_bytes, text_bytes[start:limit]))
+      chunk.tokens.append(ids[begin:end])
+      chunk.num_tokens += end - begin
+    return (_BLOCKS, title_ids, (mismatches, truncated, oversize), first_block, len(ranges),
+            _uid_from_bytes(title_bytes, text_bytes))
+
+  def _sentences(self, text_bytes: bytes, spans, body):
+    """(ids, starts, limits, [num_sentences] wordpieces per sentence) of the sentences.
+
+    As if each sentence were tokenised alone (what the build does by definition), but read
+    off the whole text's tokens when that is provably the same: every token lies inside a
+    sentence and each sentence starts a word; else each sentence is tokenised alone.
+    """
+    spans = np.asarray(spans, np.int64).reshape(-1, 2)
+    lengths = _sentence_lengths(spans, text_bytes, body, self.word_start_table)
+    if lengths is not None:
+      if len(spans) == 0:
+        return (np.zeros(0, np.int32),) + (np.zeros(0, np.int64),) * 2 + (lengths,)
+      return (*body, lengths)
+    sentences = [text_bytes[start:limit].decode("utf-8") for start, limit in spans.tolist()]
+    batch = self.vocab.tokenize_batch(sentences)
+    shift = np.repeat(spans[:, 0], np.diff(batch.bounds))
+    return batch.ids, batch.starts + shift, batch.limits + shift, np.diff(batch.bounds)
+
+
+def _sentence_lengths(spans: np.ndarray, text_bytes: bytes, body, word_start_table
+                      ) -> Optional[np.ndarray]:
+  """Wordpieces per sentence read off the whole text's tokens, or None where that could differ
+  from tokenising each sentence alone.
+
+  Both encoders work character by character and split words only at whitespace and
+  punctuation, so a sentence that starts and ends at word boundaries has exactly the whole
+  text's tokens inside it. A sentence boundary inside a word shows as a token crossing it, as a
+  token outside every sentence, or as a sentence whose first token continues a word ("##").
+  """
+  ids, starts, limits = body
+  if len(spans) == 0:
+    return np.zeros(0, np.int64) if len(ids) == 0 else None
+  span_starts, span_limits = spans[:, 0], spans[:, 1]
+  # In order, inside the text, on character boundaries (else slicing and decoding them, as the
+  # reference does, may behave otherwise).
+  ends = np.concatenate([span_starts, span_limits])
+  if (span_starts > span_limits).any() or (span_starts[1:] < span_limits[:-1]).any() or \
+      span_starts[0] < 0 or span_limits[-1] > len(text_bytes):
+    return None
+  raw = np.frombuffer(text_bytes + b"\0", np.uint8)
+  if ((raw[ends] & 0xC0) == 0x80).any():
+    return None
+  # [num_tokens] the sentence each token would belong to.
+  sentence = np.searchsorted(span_starts, starts, side="right") - 1
+  if len(ids) and (sentence[0] < 0 or (limits > span_limits[sentence]).any()):
+    return None
+  lengths = np.bincount(sentence, minlength=len(spans)) if len(ids) else np.zeros(
+      len(spans), np.int64)
+  firsts = (np.cumsum(lengths) - lengths)[lengths > 0]
+  if not word_start_table[ids[firsts]].all():
+    return None
+  return lengths
+
+
+@dataclasses.dataclass
+class _ChunkResult:
+  """Per document: its result tuple; the blocks' body tokens, flat; per block: first token,
+  number of tokens, byte start and limit of its body in the document's stripped text, and
+  its uid."""
+
+  docs: list
+  tokens: Union[list, np.ndarray]
+  blocks: Union[list, np.ndarray]
+  error: Optional[BaseException] = None
+  num_tokens: int = 0
+  uids: list = dataclasses.field(default_factory=list)  # per block: its content uid
+
+  def finish(self) -> "_ChunkResult":
+    """Flat arrays (pickle fast) instead of lists."""
+    self.tokens = (np.concatenate(self.tokens) if self.tokens else np.zeros(0, np.int32))
+    self.blocks = np.array(self.blocks, np.int64).reshape(-1, 4)
+    return self
+
+
+def _picklable(error: Exception) -> Exception:
+  """`error`, or one that says the same and survives the trip back from a worker."""
+  try:
+    pickle.loads(pickle.dumps(error))
+    return error
+  except Exception:  # pylint: disable=broad-except
+    return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+@dataclasses.dataclass
+class _Chunk:
+  """Source items in order, each Document with its (title, text, is_block, title_token_ids,
+  body_token_ids); `error`: what the source raised after them (raised once they are built);
+  `fractions`: the source's fraction_done() before and after reading them."""
+
+  items: list
+  documents: list
+  error: Optional[Exception] = None
+  fractions: tuple = (None, None)
+
+  def fraction_done(self, done: int) -> Optional[float]:
+    """The source's fraction_done() when `done` of the items had been read (interpolated: the
+    source is read ahead of the writer)."""
+    before, after = self.fractions
+    if before is None or after is None:
+      return after
+    return before + (after - before) * done / max(1, len(self.items))
+
+
+def _read_chunks(items: Iterator[SourceItem], fraction_done: Callable[[], Optional[float]]
+                 ) -> Iterator[_Chunk]:
+  chunk = _Chunk([], [], fractions=(fraction_done(), None))
+  chars = 0
+  try:
+    for item in items:
+      if not isinstance(item, BadRecord):
+        document = (item.title, item.text, item.is_block, item.title_token_ids,
+                    item.body_token_ids)
+        chars += sum(len(x) for x in document[:2] if isinstance(x, str))
+        chunk.documents.append(document)
+      chunk.items.append(item)
+      if len(chunk.items) >= CHUNK_DOCS or chars >= CHUNK_CHARS:
+        after = fraction_done()
+        chunk.fractions = (chunk.fractions[0], after)
+        yield chunk
+        chunk = _Chunk([], [], fractions=(after, None))
+        chars = 0
+  except Exception as e:  # pylint: disable=broad-except
+    # The source failed (or gave something that is not a document): what came before it is
+    # built first, as in a build that takes one document at a time.
+    chunk.error = e
+  if chunk.items or chunk.error is not None:
+    chunk.fractions = (chunk.fractions[0], fraction_done())
+    yield chunk
+
+
+_worker_analyzer: Optional[_Analyzer] = None
+
+
+def _init_worker(analyzer: _Analyzer) -> None:
+  global _worker_analyzer  # pylint: disable=global-statement
+  # The parent handles Ctrl-C: it stops reading, lets the running chunks finish and shuts the
+  # workers down.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # A killed parent cannot shut the pool down, and a worker waiting for work would wait
+  # forever (it holds the queue's other end itself): leave with the parent.
+  parent = multiprocessing.parent_process()
+  if parent is not None:
+    threading.Thread(target=_exit_when_ready, args=(parent.sentinel,), daemon=True).start()
+  # One thread per process: the workers already fill the cores.
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
+  _worker_analyzer = analyzer
+
+
+def _exit_when_ready(sentinel) -> None:
+  multiprocessing.connection.wait([sentinel])
+  os._exit(1)
+
+
+def _analyze_in_worker(documents: list) -> _ChunkResult:
+  return _worker_analyzer(documents)
+
+
+def _analyzed_chunks(chunks: Iterator[_Chunk], analyzer: _Analyzer, workers: int
+                     ) -> Iterator[tuple[_Chunk, _ChunkResult]]:
+  """(chunk, its analysis), in order; with workers > 1 chunks are analysed ahead, in
+  `workers` processes (started only for an input of more than one chunk)."""
+  if workers > 1:
+    head = list(itertools.islice(chunks, 2))
+    chunks = itertools.chain(head, chunks)
+    if len(head) == 2 and head[0].error is None:
+      yield from _analyzed_in_workers(chunks, analyzer, workers)
+      return
+  for chunk in chunks:
+    yield chunk, analyzer(chunk.documents)
+
+
+def _analyzed_in_workers(chunks: Iterator[_Chunk], analyzer: _Analyzer, workers: int
+                         ) -> Iterator[tuple[_Chunk, _ChunkResult]]:
+  # "spawn": the parent may have imported JAX or TensorFlow, whose threads make fork unsafe.
+  pool = concurrent.futures.ProcessPoolExecutor(
+      max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+      initializer=_init_worker, initargs=(analyzer,))
+  pending: collections.deque = collections.deque()
+  try:
+    for chunk in chunks:
+      pending.append((chunk, pool.submit(_analyze_in_worker, chunk.documents)))
+      while len(pending) >= workers * CHUNKS_AHEAD_PER_WORKER:
+        chunk, future = pending.popleft()
+        yield chunk, future.result()
+    while pending:
+      chunk, future = pending.popleft()
+      yield chunk, future.result()
+  finally:
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _check_picklable(analyzer: _Analyzer) -> None:
+  try:
+    pickle.dumps(analyzer)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(
+        f"workers > 1 sends the vocabulary and sentence_splitter to worker processes, but they "
+        f"cannot be pickled ({type(e).__name__}: {e}); pass a module-level function as "
+        f"sentence_splitter, or workers=1") from e
+
+
 # ------------------------------------------------------------------------------ building
 
 
@@ -1020,7 +1391,8 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
                       progress: Optional[Callable[[BuildProgress], None]] = None,
                       progress_interval_s: float = 5.0,
                       sentence_splitter: Callable[[str], list[tuple[int, int]]] = (
-                          sentences_lib.split_sentences)) -> BuildReport:
+                          sentences_lib.split_sentences),
+                      workers: int = 1) -> BuildReport:
   """Builds a BlockStore at `dest` from documents, streaming and atomically.
 
   Everything is written into `<dest>.staging-<host>-<pid>-<random>` next to `dest`: arrays are
@@ -1046,6 +1418,11 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
     progress: called with a BuildProgress every `progress_interval_s` seconds and at the end.
     progress_interval_s: seconds between progress calls.
     sentence_splitter: text -> byte spans of its sentences.
+    workers: processes that tokenise documents (`default_workers()`: this machine's cores).
+      Chunks of documents are tokenised and packed in worker processes ("spawn"; started only
+      for an input of more than one chunk) and come back in order to this process, which does
+      all the bookkeeping and writing: the store, counts and messages are byte for byte those
+      of workers=1. With workers > 1, `vocab` and `sentence_splitter` must be picklable.
 
   Returns:
     A BuildReport.
@@ -1058,12 +1435,17 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
     raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
   if record_token_ids not in ("verify", "ours"):
     raise ValueError(f"record_token_ids must be 'verify' or 'ours', got {record_token_ids!r}")
+  if workers < 1:
+    raise ValueError(f"workers must be >= 1, got {workers}")
   if max_title_len is None:
     max_title_len = min(DEFAULT_MAX_TITLE_LEN, max_block_len - NUM_SPECIAL_TOKENS - 1)
   if max_title_len < 0 or max_block_len - NUM_SPECIAL_TOKENS - max_title_len < 1:
     raise ValueError(f"max_title_len={max_title_len} leaves no room for a body in "
                      f"max_block_len={max_block_len} (need max_title_len <= max_block_len - 4)")
   vocab = vocab or vocab_lib.default_vocabulary()
+  analyzer = _Analyzer(vocab, max_block_len, max_title_len, record_token_ids, sentence_splitter)
+  if workers > 1:
+    _check_picklable(analyzer)
   dest = os.path.abspath(os.fspath(dest))
   _check_dest(dest, overwrite)
   os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -1073,9 +1455,6 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
   token_dtype = token_dtype_for(vocab.vocab_size)
   store_options = {"format_version": FORMAT_VERSION, "max_block_len": max_block_len,
                    "max_title_len": max_title_len, "vocab_fingerprint": vocab.fingerprint}
-  # [vocab_size] True for wordpieces that start a word (not "##" continuations).
-  word_start_table = np.array([not t.startswith("##") for t in vocab.tokens], bool)
-
   counts = {"documents_read": 0, "documents_used": 0, "blocks": 0,
             "skipped": {reason: 0 for reason in BAD_INPUT_REASONS + DATA_SKIP_REASONS},
             "oversize_sentences": 0, "truncated_records": 0, "token_mismatches": 0,
@@ -1094,11 +1473,14 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
     skip(bad.reason, bad.message)
 
   fraction_done = getattr(source, "fraction_done", lambda: None)
+  position = [None, 0]  # the chunk being written and how many of its items are done
 
   def report_progress() -> None:
     if progress is not None:
+      chunk, done = position
       progress(BuildProgress(counts["documents_read"], counts["documents_used"],
-                             counts["blocks"], time.monotonic() - start_time, fraction_done()))
+                             counts["blocks"], time.monotonic() - start_time,
+                             fraction_done() if chunk is None else chunk.fraction_done(done)))
 
   writer = keys = None
   with fileio.staged_directory(dest, f"{os.path.basename(dest)}.staging-") as staging:
@@ -1111,84 +1493,79 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
       seen = _UInt64Set()
       last_progress = time.monotonic()
       items = iter(source) if limit is None else itertools.islice(source, limit)
-      for item in items:
-        counts["documents_read"] += 1
-        now = time.monotonic()
-        if now - last_progress >= progress_interval_s:
-          report_progress()
-          last_progress = now
-        if isinstance(item, BadRecord):
-          bad_input(item)
-          continue
 
-        title = item.title.strip()
-        text = item.text.strip()
-        if not text:
+      def add_document(item: Document, result: tuple, chunk: _ChunkResult) -> None:
+        """Bookkeeping and writing of one analysed document, in the order of `_Analyzer`."""
+        nonlocal any_key
+        kind = result[0]
+        if kind == _EMPTY:
           skip("empty", f"{item.source}: no text")
-          continue
-        title_ids = vocab.encode(title)
-        if len(title_ids) > max_title_len:
-          skip("title_too_long", f"{item.source}: title has {len(title_ids)} wordpieces "
+          return
+        title = item.title.strip()
+        if kind == _TITLE_TOO_LONG:
+          skip("title_too_long", f"{item.source}: title has {result[1]} wordpieces "
                f"(max_title_len={max_title_len}): {title[:60]!r}")
-          continue
-        if item.is_block and record_token_ids == "verify" and item.title_token_ids is not None \
-            and list(item.title_token_ids) != title_ids:
+          return
+        if kind == _TITLE_MISMATCH:
           bad_input(BadRecord(item.source, "token_mismatch", "title_token_ids",
                               f"{item.source}: field 'title_token_ids' differs from our "
                               f"tokenisation of the title (use record_token_ids='ours' to keep "
                               f"ours)"))
-          continue
-        title_bytes = title.encode("utf-8")
-        text_bytes = text.encode("utf-8")
-
-        budget = max_block_len - NUM_SPECIAL_TOKENS - len(title_ids)
-        if item.is_block:
-          # One record, one block: tokenise the body whole.
-          body_ids, starts, limits = vocab.tokenize_with_offsets(text)
-          if item.body_token_ids is not None and list(item.body_token_ids) != body_ids:
-            if record_token_ids == "verify":
-              bad_input(BadRecord(item.source, "token_mismatch", "body_token_ids",
-                                  f"{item.source}: field 'body_token_ids' differs from our "
-                                  f"tokenisation of the body (use record_token_ids='ours' to "
-                                  f"keep ours)"))
-              continue
-            counts["token_mismatches"] += 1
-          if item.title_token_ids is not None and list(item.title_token_ids) != title_ids:
-            counts["token_mismatches"] += 1  # only reachable with record_token_ids="ours"
-          if len(body_ids) > budget:  # as the authors' featurize_document: truncate
-            counts["truncated_records"] += 1
-          ranges = [(0, min(len(body_ids), budget))] if body_ids else []
-        else:
-          body_ids, starts, limits, sentence_lengths = [], [], [], []
-          for span_start, span_limit in sentence_splitter(text):
-            ids, s, l = vocab.tokenize_with_offsets(
-                text_bytes[span_start:span_limit].decode("utf-8"))
-            body_ids.extend(ids)
-            starts.extend(x + span_start for x in s)
-            limits.extend(x + span_start for x in l)
-            sentence_lengths.append(len(ids))
-            if len(ids) > budget:
-              counts["oversize_sentences"] += 1
-          word_starts = (word_start_table[np.asarray(body_ids, np.int64)]
-                         if any(n > budget for n in sentence_lengths) else None)
-          ranges = pack_sentences(sentence_lengths, budget, word_starts)
-        if not ranges:
+          return
+        if kind == _BODY_MISMATCH:
+          bad_input(BadRecord(item.source, "token_mismatch", "body_token_ids",
+                              f"{item.source}: field 'body_token_ids' differs from our "
+                              f"tokenisation of the body (use record_token_ids='ours' to "
+                              f"keep ours)"))
+          return
+        _, title_ids, (mismatches, truncated, oversize), first, num_blocks, doc_uid = result
+        counts["token_mismatches"] += mismatches
+        counts["truncated_records"] += truncated
+        counts["oversize_sentences"] += oversize
+        if not num_blocks:
           skip("empty", f"{item.source}: text has no wordpieces")
-          continue
+          return
         # Checked last so that only documents that would be written claim their content.
-        if not seen.add(_uid_from_bytes(title_bytes, text_bytes)):
+        if not seen.add(doc_uid):
           skip("duplicate", f"{item.source}: same title and text as an earlier document "
                f"({title[:60]!r})")
-          continue
+          return
 
         doc_id = counts["documents_used"]
         counts["documents_used"] += 1
         keys.write(json.dumps(item.key) + "\n")
         any_key = any_key or item.key is not None
-        for begin, end in ranges:
-          body = text_bytes[starts[begin]:limits[end - 1]]
-          writer.add(title_ids, body_ids[begin:end], title_bytes, body, doc_id)
+        title_bytes = title.encode("utf-8")
+        text_bytes = item.text.strip().encode("utf-8")
+        for (token, length, begin, end), uid in zip(
+            chunk.blocks[first:first + num_blocks].tolist(),
+            chunk.uids[first:first + num_blocks]):
+          writer.add(title_ids, chunk.tokens[token:token + length], title_bytes,
+                     text_bytes[begin:end], doc_id, uid)
           counts["blocks"] += 1
+
+      analyzed = _analyzed_chunks(_read_chunks(items, fraction_done), analyzer, workers)
+      try:
+        for chunk, result in analyzed:
+          results = iter(result.docs)
+          for done, item in enumerate(chunk.items, start=1):
+            position[:] = chunk, done
+            counts["documents_read"] += 1
+            now = time.monotonic()
+            if now - last_progress >= progress_interval_s:
+              report_progress()
+              last_progress = now
+            if isinstance(item, BadRecord):
+              bad_input(item)
+              continue
+            doc_result = next(results, None)
+            if doc_result is None:  # its analysis raised, as the one-process build would
+              raise result.error
+            add_document(item, doc_result, result)
+          if chunk.error is not None:
+            raise chunk.error
+      finally:
+        analyzed.close()  # stops the workers, also when the build fails
 
       if counts["blocks"] == 0:
         description = getattr(source, "description", None) or {}  # a property of our sources

@@ -10,7 +10,6 @@ ends a known abbreviation or a single-letter initial; a line break ends a senten
 
 from __future__ import annotations
 
-import itertools
 import re
 
 # Words that end with a period without ending the sentence.
@@ -22,9 +21,10 @@ jan feb mar apr jun jul aug sep sept oct nov dec ca c b d fl
 
 # A candidate boundary: terminal punctuation, optional closing quotes/brackets, whitespace.
 _BOUNDARY = re.compile(r"""([.!?]+)(["'\u2019\u201d)\]]*)(\s+)""")
-_WORD_BEFORE = re.compile(r"""(\w+)$""")
+_WORD_START = re.compile(r"\w+")
 _STARTS_SENTENCE = re.compile(r"""["'\u2018\u201c(\[]*[\w\u00c0-\uffff]""")
 _DOTTED_ACRONYM = re.compile(r"(?:\b\w\.)+\w$")
+_LINES = re.compile(r"[^\n]+")
 _LOOK_BACK = 64  # characters before a period that can decide whether it ends a sentence
 
 
@@ -38,16 +38,19 @@ def _ends_with_abbreviation(line: str, period: int) -> bool:
   letter-period-letter.
   """
   window = max(0, period - _LOOK_BACK)
-  match = _WORD_BEFORE.search(line, window, period)
+  # The word before the period, read backwards: one match instead of a search that tries
+  # every start in the window.
+  match = _WORD_START.match(line[window:period][::-1])
   if not match:
     return False
-  word = match.group(1)
+  word = match.group()[::-1]
   if len(word) == 1 and word.isalpha():
     return True
   if word.lower() in ABBREVIATIONS:
     return True
-  # Dotted acronyms such as "U.S." or "e.g.".
-  return bool(_DOTTED_ACRONYM.search(line, window, period))
+  # Dotted acronyms such as "U.S." or "e.g.": their last word before the period is one
+  # character (a period precedes it), so a longer word needs no search.
+  return len(word) == 1 and bool(_DOTTED_ACRONYM.search(line, window, period))
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
@@ -61,7 +64,7 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     trailing whitespace; empty for text with no non-space characters.
   """
   char_spans = []
-  for paragraph in re.finditer(r"[^\n]+", text):
+  for paragraph in _LINES.finditer(text):
     line, line_start = paragraph.group(), paragraph.start()
     start = 0
     for boundary in _BOUNDARY.finditer(line):
@@ -69,19 +72,17 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
       rest = boundary.end()  # where the next sentence would start (no copy of the rest)
       if rest == len(line) or not _STARTS_SENTENCE.match(line, rest):
         continue
-      if boundary.group(1) == "." and _ends_with_abbreviation(line, boundary.start(1)):
-        continue
-      # Lower-case continuation after a period is rarely a new sentence ("approx. five").
-      if boundary.group(1) == "." and line[rest].islower():
-        continue
+      if boundary.group(1) == ".":
+        # Lower-case continuation after a period is rarely a new sentence ("approx. five").
+        if line[rest].islower() or _ends_with_abbreviation(line, boundary.start(1)):
+          continue
       char_spans.append((line_start + start, line_start + end))
       start = boundary.end()
     char_spans.append((line_start + start, line_start + len(line)))
 
-  # [num_chars + 1] byte offset of every character boundary (identity for ASCII).
-  char_to_byte = (None if text.isascii() else
-                  [0, *itertools.accumulate(len(c.encode("utf-8")) for c in text)])
   spans = []
+  ascii_only = text.isascii()  # character offsets are byte offsets
+  char, byte = 0, 0  # a character offset and its byte offset; spans come in order
   for start, end in char_spans:
     segment = text[start:end]
     stripped = segment.strip()
@@ -89,6 +90,13 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
       continue
     start += len(segment) - len(segment.lstrip())
     end = start + len(stripped)
-    spans.append((start, end) if char_to_byte is None
-                 else (char_to_byte[start], char_to_byte[end]))
+    if ascii_only:
+      spans.append((start, end))
+      continue
+    # Bytes counted by encoding each stretch once (not character by character).
+    byte += len(text[char:start].encode("utf-8"))
+    byte_start = byte
+    byte += len(stripped.encode("utf-8"))
+    char = end
+    spans.append((byte_start, byte))
   return spans

@@ -1,5 +1,6 @@
 """Knowledge corpus -> BlockStore (REALM_SPEC 7, 11, 12, 24): packing, sources, bad input,
-determinism, atomic builds, open() refusals, embedder inputs, and the CLI."""
+determinism, atomic builds, open() refusals, embedder inputs, the CLI, and builds with worker
+processes (byte for byte those of one process)."""
 
 import hashlib
 import json
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from realm_jax.data import corpus
+from realm_jax.data import sentences as sentences_lib
 from realm_jax.data import vocab as vocab_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -705,3 +707,267 @@ def test_a_store_of_token_rows_refuses_bad_rows_and_an_existing_store(tmp_path, 
   corpus.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
   with pytest.raises(corpus.BlockStoreError, match="already exists"):
     corpus.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
+
+
+# ------------------------------------------------------------------------------ workers
+#
+# A build with workers > 1 tokenises chunks of documents in other processes; the writer keeps
+# the one-process order, so everything it writes and reports must be the same.
+
+
+def _varied_docs(count, seed=0):
+  """Articles of 1-12 sentences: accents, CJK, long sentences, ids on some."""
+  rng = np.random.default_rng(seed)
+  words = ["alpha", "Beta", "gamma's", "Zürich", "naïve", "東京", "co-op", "U.S.", "Dr.",
+           "1999", "(note)", "—", "well-known", "ﬁnance", "e.g.", "unaffable", "ΣΑΣ", "x" * 40]
+  docs = []
+  for i in range(count):
+    sentences = []
+    for _ in range(int(rng.integers(1, 13))):
+      n = int(rng.integers(2, 40 if rng.random() < 0.9 else 90))
+      sentence = " ".join(words[int(j)] for j in rng.integers(0, len(words), n))
+      sentences.append(sentence[0].upper() + sentence[1:] + str(rng.choice([".", "!", "?"])))
+    doc = {"title": f"Doc {i} {words[i % len(words)]}",
+           "text": rng.choice(["  ", "", "\n"]) + " ".join(sentences)}
+    if i % 3 == 0:
+      doc["id"] = f"Q{i}"
+    docs.append(doc)
+  return docs
+
+
+def _mixed_jsonl(path, count=300):
+  """Good documents with bad records, blank lines, duplicates and data skips among them."""
+  docs = _varied_docs(count)
+  lines = []
+  for i, doc in enumerate(docs):
+    lines.append(json.dumps(doc, ensure_ascii=i % 2 == 0).encode() + b"\n")
+    if i % 37 == 5:
+      lines.append(json.dumps(docs[i // 2]).encode() + b"\n")  # duplicate
+    if i % 41 == 7:
+      lines.append(BAD_LINES[(i // 41) % len(BAD_LINES)][0] + b"\n")
+    if i % 43 == 9:
+      lines.append(b'{"title": "Nothing", "text": "\\u200b \\u200b"}\n')  # no wordpieces
+    if i % 47 == 11:
+      lines.append(json.dumps({"title": "t " * 70, "text": "Body."}).encode() + b"\n")
+    if i % 53 == 13:
+      lines.append(b"\n")
+  path.write_bytes(b"".join(lines))
+  return str(path)
+
+
+def _everything_written(path):
+  """Every file of a store, the manifest without its creation time."""
+  files = {}
+  for name in sorted(os.listdir(path)):
+    with open(os.path.join(path, name), "rb") as f:
+      files[name] = f.read()
+  manifest = json.loads(files.pop(corpus.MANIFEST))
+  del manifest["created"]
+  return files, manifest
+
+
+def _count_pools(monkeypatch):
+  """A list that gets one entry per worker pool a build starts."""
+  pools = []
+  start = corpus._analyzed_in_workers  # pylint: disable=protected-access
+
+  def counted(chunks, analyzer, workers):
+    pools.append(workers)
+    yield from start(chunks, analyzer, workers)
+
+  monkeypatch.setattr(corpus, "_analyzed_in_workers", counted)
+  return pools
+
+
+def test_workers_build_the_same_store_byte_for_byte(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "CHUNK_DOCS", 32)  # many chunks, several in flight
+  pools = _count_pools(monkeypatch)
+  src = _mixed_jsonl(tmp_path / "mixed.jsonl")
+  built = {}
+  for workers in (1, 2):
+    dest = str(tmp_path / f"store{workers}")
+    lines = []
+    report = corpus.build_block_store(corpus.JsonlSource(src), dest, max_block_len=48,
+                                      on_error="skip", workers=workers,
+                                      progress=lambda p: lines.append(p.line()),
+                                      progress_interval_s=0)
+    built[workers] = report, _everything_written(dest), lines
+  assert pools == [2]
+  (one, (files, manifest), lines), (two, (files2, manifest2), lines2) = built[1], built[2]
+  assert files.keys() == files2.keys() and corpus.DOC_KEYS in files
+  for name in files:
+    assert files[name] == files2[name], name
+  assert manifest == manifest2
+  assert (one.counts, one.skip_examples, one.store_id, one.num_blocks) == (
+      two.counts, two.skip_examples, two.store_id, two.num_blocks)
+  # The summary but its first line (the path) and the time taken.
+  def untimed(report):
+    return [line for line in report.summary_lines()[1:] if " in " not in line]
+  assert untimed(one) == untimed(two)
+  # The input had all of it.
+  skipped = one.counts["skipped"]
+  assert all(skipped[reason] for reason in ("duplicate", "empty", "title_too_long",
+                                            "malformed_json", "missing_field", "wrong_type",
+                                            "invalid_utf8"))
+  assert one.counts["oversize_sentences"] > 0 and one.num_blocks > 600
+  # Progress: the same lines but for rates and ETAs (the fraction done is the source's,
+  # interpolated over each chunk read ahead), rising to 100%.
+  def untimed_lines(lines):
+    return [re.sub(r" \([\d,]+/s\)|, ETA .*", "", line) for line in lines]
+  assert untimed_lines(lines) == untimed_lines(lines2)
+  assert lines2[-1].endswith("100.0%, ETA 0m00s") and len(lines) == 331
+  fractions = [float(re.search(r"([\d.]+)%", line).group(1)) for line in lines2]
+  assert fractions == sorted(fractions) and fractions[0] < 1
+
+
+def test_workers_stop_at_the_same_bad_record(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "CHUNK_DOCS", 16)
+  docs = _varied_docs(200)
+  lines = [json.dumps(d).encode() + b"\n" for d in docs]
+  lines.insert(150, b'{"title": "Broken", "text": \n')
+  src = tmp_path / "bad.jsonl"
+  src.write_bytes(b"".join(lines))
+  errors = []
+  for workers in (1, 2):
+    with pytest.raises(corpus.CorpusInputError) as info:
+      corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp_path / "out"),
+                               workers=workers)
+    errors.append((str(info.value), info.value.record))
+    assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
+  assert errors[0] == errors[1] and f"{src}:151: malformed JSON" in errors[0][0]
+
+
+def _realm_blocks(vocab, count):
+  """Block records carrying token ids, some of which differ from ours."""
+  docs = []
+  for i, doc in enumerate(_varied_docs(count, seed=1)):
+    title, text = doc["title"], doc["text"].strip()[:300]
+    title_ids, body_ids = vocab.encode(title), vocab.encode(text)
+    if i % 9 == 4:
+      body_ids = body_ids[:-1]
+    if i % 11 == 6:
+      title_ids = title_ids + [vocab_lib.UNK_ID]
+    docs.append(corpus.Document(title, text, f"rec:{i}", is_block=True,
+                                title_token_ids=title_ids, body_token_ids=body_ids))
+  return docs
+
+
+@pytest.mark.parametrize("record_token_ids,on_error", [("verify", "skip"), ("ours", "raise"),
+                                                       ("verify", "raise")])
+def test_workers_check_record_token_ids_as_one_process(tmp_path, monkeypatch, vocab,
+                                                       record_token_ids, on_error):
+  monkeypatch.setattr(corpus, "CHUNK_DOCS", 16)
+  docs = _realm_blocks(vocab, 120)
+  outcomes = []
+  for workers in (1, 2):
+    dest = str(tmp_path / f"store{workers}")
+    try:
+      report = corpus.build_block_store(docs, dest, max_block_len=64, on_error=on_error,
+                                        record_token_ids=record_token_ids, workers=workers)
+    except corpus.CorpusInputError as e:
+      outcomes.append(("error", str(e), e.record))
+      continue
+    outcomes.append((report.counts, report.skip_examples, _everything_written(dest)))
+  assert outcomes[0] == outcomes[1]
+  if on_error == "raise" and record_token_ids == "verify":
+    assert outcomes[0][0] == "error" and "rec:4: field 'body_token_ids' differs" in outcomes[0][1]
+  elif record_token_ids == "ours":
+    assert outcomes[0][0]["token_mismatches"] > 20 and outcomes[0][0]["truncated_records"] > 0
+  else:
+    assert outcomes[0][0]["skipped"]["token_mismatch"] > 20
+
+
+def exploding_splitter(text):
+  """The default splitter, except that it raises on a marked document (picklable: workers)."""
+  if "BOOM" in text:
+    raise ValueError("the splitter failed on BOOM")
+  return sentences_lib.split_sentences(text)
+
+
+def test_an_error_in_a_worker_is_raised_where_one_process_raises_it(tmp_path, monkeypatch):
+  monkeypatch.setattr(corpus, "CHUNK_DOCS", 16)
+  docs = _varied_docs(200)
+  docs[170]["text"] += " BOOM."
+  lines = [json.dumps(d).encode() + b"\n" for d in docs]
+  src = tmp_path / "boom.jsonl"
+  src.write_bytes(b"".join(lines))
+  bad = tmp_path / "boom_and_bad.jsonl"
+  bad.write_bytes(b"".join(lines[:120] + [b"[1]\n"] + lines[120:]))
+  for workers in (1, 2):
+    with pytest.raises(ValueError, match="the splitter failed on BOOM"):
+      corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp_path / "out"),
+                               workers=workers, sentence_splitter=exploding_splitter)
+    # A bad record before it is what a build that reads one record at a time meets first.
+    with pytest.raises(corpus.CorpusInputError, match=r"boom_and_bad\.jsonl:121: expected"):
+      corpus.build_block_store(corpus.JsonlSource(str(bad)), str(tmp_path / "out"),
+                               workers=workers, sentence_splitter=exploding_splitter)
+    assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
+
+
+def test_workers_need_a_picklable_splitter(tmp_path):
+  with pytest.raises(ValueError, match="cannot be pickled"):
+    corpus.build_block_store([corpus.Document("A", "Text.", "m:0")], str(tmp_path / "out"),
+                             workers=2, sentence_splitter=lambda text: [(0, len(text))])
+  with pytest.raises(ValueError, match="workers must be >= 1"):
+    corpus.build_block_store([corpus.Document("A", "Text.", "m:0")], str(tmp_path / "out"),
+                             workers=0)
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_sentences_read_off_the_whole_text_are_tokenised_sentence_by_sentence(vocab):
+  """The build takes each sentence's tokens from the whole text's when that is the same as
+  tokenising the sentence alone (the definition); otherwise it tokenises sentence by
+  sentence."""
+  reference = vocab_lib.WordPieceVocabulary(backend="python")
+
+  def expected(text, spans):
+    raw = text.encode("utf-8")
+    ids, starts, limits, lengths = [], [], [], []
+    for start, limit in spans:
+      i, s, l = reference.tokenize_with_offsets(raw[start:limit].decode("utf-8"))
+      ids += i
+      starts += [x + start for x in s]
+      limits += [x + start for x in l]
+      lengths.append(len(i))
+    return ids, starts, limits, lengths
+
+  def cut_words(text):  # every 7 bytes, on character boundaries: cuts inside words
+    raw = text.encode("utf-8")
+    cuts = [i for i in range(0, len(raw), 7) if i == 0 or (raw[i] & 0xC0) != 0x80]
+    return list(zip(cuts, cuts[1:] + [len(raw)]))
+
+  texts = [d["text"].strip() for d in _varied_docs(150, seed=3)] + [
+      "A. B. C.", "Zoë's   naïve café.  東京タワー!  Ok.", "ab\u200bcd. ef\u0301gh!"]
+  fast = 0
+  for splitter in (sentences_lib.split_sentences, cut_words):
+    # pylint: disable-next=protected-access
+    analyzer = corpus._Analyzer(vocab, 288, 64, "verify", splitter)
+    for text in texts:
+      raw = text.encode("utf-8")
+      spans = splitter(text)
+      body = vocab.tokenize_batch([text]).item(0)
+      got = analyzer._sentences(raw, spans, body)  # pylint: disable=protected-access
+      assert tuple(x.tolist() for x in got) == tuple(expected(text, spans)), text
+      fast += corpus._sentence_lengths(  # pylint: disable=protected-access
+          np.asarray(spans, np.int64).reshape(-1, 2), raw, body,
+          analyzer.word_start_table) is not None
+  # The default splitter always cuts between words; cutting every 7 bytes almost never does.
+  assert len(texts) <= fast < len(texts) + 10
+
+
+def test_cli_workers_write_the_same_store(tmp_path):
+  src = _mixed_jsonl(tmp_path / "mixed.jsonl", count=400)
+  env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+  outputs = []
+  for workers in ("1", "2"):
+    out = tmp_path / f"blocks{workers}"
+    done = subprocess.run([sys.executable, "-m", "realm_jax.build_corpus", "--source", "jsonl",
+                           "--input", src, "--out", str(out), "--on_error", "skip",
+                           "--workers", workers], capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=env)
+    assert done.returncode == 0, done.stderr
+    outputs.append((_everything_written(str(out)),
+                    done.stdout.replace(str(out), "OUT").splitlines()[1:]))
+  assert outputs[0][0] == outputs[1][0]
+  assert [line for line in outputs[0][1] if " in " not in line] == [
+      line for line in outputs[1][1] if " in " not in line]  # all but the timing line
