@@ -132,9 +132,9 @@ def _markdown(results: list[dict], max_block_len: int) -> str:
           f"\n\nPeak RSS, {large['documents']:,} vs {small['documents']:,} documents: "
           f"**{ratio:.2f}x** for {large['documents'] / small['documents']:.0f}x the input: the "
           "build streams. What grows is the duplicate-detection table (8-24 bytes per document) "
-          "and the tokenizer's word cache (bounded). Throughput is bound by the pure-Python "
-          "WordPiece tokenizer and sentence splitter (about 85% of the time); a sharded, "
-          "multi-process build is the way to speed it up.")
+          "and the tokenizer's tables of parts and words already tokenised (bounded: "
+          "`vocab.MAX_CACHED_KEYS` each). Throughput by tokenizer backend and number of worker "
+          "processes: the section \"Corpus build speed\" (bench/corpus_build_speed.py).")
 
 
 if __name__ == "__main__":
