@@ -68,3 +68,14 @@ def test_model_costs_count_what_each_row_has_and_trains(row):
   else:  # the decoder is frozen: only the encoder and the CCA train
     assert costs["params"] == reference["retro"]["params"]
     assert costs["params_trained"] == costs["params"] - reference["baseline"]["params"]
+
+
+def test_the_leakage_table_averages_each_threshold_over_the_seeds():
+  curve = lambda bpbs: [{"max_overlap": a, "token_share": s, "bpb": b,  # noqa: E731
+                         "bpb_no_retrieval": b}
+                        for a, s, b in zip((0.25, 1.0), (0.5, 1.0), bpbs)]
+  results = {("toy", "retro"): {0: {**_cell(1, 1, 1, 1), "overlap_curve": curve((1.0, 2.0))},
+                                1: {**_cell(1, 1, 1, 1), "overlap_curve": curve((3.0, 4.0))}}}
+  lines = retro_bench.leakage_table(results, ["toy"]).splitlines()
+  assert lines[0] == "| corpus | row | alpha <= 0.25 | alpha <= 1 |"
+  assert lines[2] == "| toy | RETRO (trained with retrieval) | 2.0000 (50%) | 3.0000 (100%) |"
