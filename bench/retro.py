@@ -71,26 +71,15 @@ def chunk_database(corpus: str, out: str) -> tuple[str, Optional[str]]:
   from realm_jax.jobs import retro  # pylint: disable=g-import-not-at-top
   if corpus == "toy":
     return retro.toy_chunk_database(chunks.TOY_CHUNK_LEN), None
-  from realm_jax import data  # pylint: disable=g-import-not-at-top
-  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.data import python_docs  # pylint: disable=g-import-not-at-top
   docs, blocks = os.path.join(out, "pydocs"), os.path.join(out, "pydocs_blocks")
-  dest = os.path.join(out, f"pydocs_retro{chunks.TOY_CHUNK_LEN}")
   if not os.path.exists(docs):
     python_docs.generate(docs, seed=0)
   if not os.path.exists(blocks):
     corpus_lib.build_block_store(corpus_lib.JsonlSource(os.path.join(docs, "docs.jsonl")),
                                  blocks)
-  if not os.path.exists(dest):
-    config, params, _ = hf.load_checkpoint(data.TOY_BERT_DIR)
-    store = corpus_lib.BlockStore.open(blocks, verify="fast")
-    try:
-      chunks.build_chunk_database(store, dest, params, config.bert,
-                                  chunk_len=chunks.TOY_CHUNK_LEN, model=data.TOY_BERT_DIR)
-    finally:
-      store.close()
-  return dest, blocks
+  return retro.cached_chunk_database(blocks, chunks.TOY_CHUNK_LEN), blocks
 
 
 def database_identity(path: str) -> dict:

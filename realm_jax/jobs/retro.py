@@ -53,17 +53,22 @@ def toy_chunk_database(chunk_len: int) -> str:
   BERT: built once next to the toy BlockStore (as `realm_jax_tasks.toy.block_store_dir`
   caches stores) and reused."""
   import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+  return cached_chunk_database(realm_jax_tasks.toy_block_store_dir(), chunk_len)
+
+
+def cached_chunk_database(store_path: str, chunk_len: int) -> str:
+  """`<store_path>-retro<chunk_len>`, the BlockStore's chunk database keyed by the shipped toy
+  BERT: opened if it is there, else built once and published."""
+  from realm_jax import data  # pylint: disable=g-import-not-at-top
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.index import chunks  # pylint: disable=g-import-not-at-top
-  store_path = realm_jax_tasks.toy_block_store_dir()
   dest = f"{store_path}-retro{chunk_len}"
   try:
     chunks.ChunkDatabase.open(dest, verify="fast")
     return dest
   except chunks.ChunkDatabaseError:
     pass
-  from realm_jax import data  # pylint: disable=g-import-not-at-top
   config, params, _ = hf.load_checkpoint(data.TOY_BERT_DIR)
   store = corpus_lib.BlockStore.open(store_path, verify="fast")
   try:
