@@ -328,13 +328,21 @@ def verify_listed_files(path: str, files: Any, names: Any, manifest_name: str,
       fail(f"{manifest_name} does not list {name}")
     if not os.path.isfile(file_path):
       fail(f"missing file {name}")
-    if verify:
-      size = os.path.getsize(file_path)
-      if size != entry.get("bytes"):
-        fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
-             f"modified)")
-    if verify is True and sha256_file(file_path) != entry.get("sha256"):
-      fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
+    check_listed_file(file_path, name, entry, verify, fail)
+
+
+def check_listed_file(file_path: str, name: str, entry: dict, verify: Any, fail: Any, *,
+                      sha256: Any = None) -> None:
+  """With `verify`, the file at `file_path` (called `name`) has its manifest `entry`'s
+  "bytes"; with `verify is True`, its "sha256" too (`sha256`: the hash function, default
+  `sha256_file`). `fail(message)` raises."""
+  if verify:
+    size = os.path.getsize(file_path)
+    if size != entry.get("bytes"):
+      fail(f"{name} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
+           f"modified)")
+  if verify is True and (sha256 or sha256_file)(file_path) != entry.get("sha256"):
+    fail(f"{name} does not match its sha256 in the manifest (corrupt or modified)")
 
 
 def load_checked_arrays(path: str, expected: dict, fail: Any, *, mmap: bool = True) -> dict:

@@ -384,13 +384,7 @@ def _load(path: str, *, block_store_id, num_blocks, dim, dtype, verify, mmap,
     if not isinstance(entry, dict):
       fail(f"{MANIFEST} has a bad files entry for {rel}")
     try:
-      if verify:
-        size = os.path.getsize(file_path)
-        if size != entry.get("bytes"):
-          fail(f"{rel} has {size} bytes, the manifest says {entry.get('bytes')} (truncated or "
-               f"modified)")
-      if verify is True and _sha256_file(file_path) != entry.get("sha256"):
-        fail(f"{rel} does not match its sha256 in the manifest (corrupt or modified)")
+      fileio.check_listed_file(file_path, rel, entry, verify, fail, sha256=_sha256_file)
     except OSError as e:  # e.g. pruned by a publisher while we were reading it
       fail(f"cannot read {rel} ({e})")
 
