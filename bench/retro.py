@@ -58,7 +58,8 @@ ROWS = (("baseline", "decoder without retrieval"),
         ("retro_own_document", "RETRO, own document retrievable (positive control)"))
 EVAL_SEQUENCES = 256
 MAX_OVERLAP = 0.5  # the filtered evaluation's threshold in the table
-CELL_FORMAT = 3  # 2: the filtered evaluation at every threshold; 3: training minutes
+CELL_FORMAT = 4  # 2: the filtered evaluation at every threshold; 3: training minutes;
+# 4: rotary positions in the cross-attentions (RetroConfig.cross_attention_positions)
 
 
 # ------------------------------------------------------------------------------ corpora

@@ -20,9 +20,14 @@ cross-attention (CCA).
               No token reads neighbours retrieved with a chunk it has not completed, and E_u
               depends on tokens <= (u + 1) m - 1 only, so the model stays causal.
 
-Positions: rotary embeddings (RoPE, Su et al. 2021) on the queries and keys of every
-self-attention, decoder and encoder, where the paper uses relative position encodings;
-cross-attentions (encoder to H_u, CCA) carry no position information.
+Positions: rotary embeddings (RoPE, Su et al. 2021) on the queries and keys of every attention,
+where the paper uses relative position encodings. Self-attentions count positions from 0. The
+cross-attentions (`RetroConfig.cross_attention_positions`) place both sides on chunk u's own
+axis, so that a neighbour token lines up with the text it would continue: in the encoder,
+neighbour token j (j = 0 .. r - 1) at j against H_u's token i at i; in CCA, the reader of
+window position i (sequence position (u + 1) m - 1 + i) at m - 1 + i against neighbour token j
+at j, so a token that copies the neighbour token after its own aligned one attends at relative
+offset -1, the same for every chunk.
 
 Retrieval off: with `neighbour_ids=None` the encoder and the CCA layers are skipped (they add
 nothing), a plain decoder on the same parameters; `init_params` always builds the full tree.
@@ -79,6 +84,8 @@ class RetroConfig:
       decoder's activations there.
     cca_every: CCA in every `cca_every`-th layer from `cca_start` (3).
     rotary_base: the wavelength base of the rotary embeddings.
+    cross_attention_positions: rotary positions in the encoder's cross-attention and in CCA
+      (module docstring); False: those two match by content only.
     layer_norm_eps: epsilon of every LayerNorm.
     initializer_range: std of the truncated-normal initialiser.
     hidden_dropout: dropout on the embeddings and every residual branch.
@@ -101,6 +108,7 @@ class RetroConfig:
   cca_start: int = 5
   cca_every: int = 3
   rotary_base: float = 10000.0
+  cross_attention_positions: bool = True
   layer_norm_eps: float = 1e-5
   initializer_range: float = 0.02
   hidden_dropout: float = 0.1
@@ -224,17 +232,19 @@ class RetroAttention(nn.Module):
   bert.SelfAttention's parameter names and logical axes, scores and softmax in float32."""
 
   config: RetroConfig
-  # Rotate queries and keys by their positions 0.. (self-attention only).
+  # Rotate queries and keys by their positions 0 .. (self-attention).
   rotary: bool = False
 
   @nn.compact
   def __call__(self, x: Array, context: Array, visible: Array | None, *,
-               deterministic: bool) -> Array:
+               deterministic: bool, positions: tuple[Array, Array] | None = None) -> Array:
     """[batch, queries, embed] over [batch, keys, embed] -> [batch, queries, embed].
 
     `visible`: bool, broadcastable to [batch, queries, keys], or None (all visible). A query
     that sees no key gets a zero output (a chunk without neighbours reads nothing), where a
     softmax over all-masked scores would spread its weight over the padding.
+    `positions`: (query positions [queries], key positions [keys]) to rotate by; with
+    `rotary`, both default to 0, 1, ...; without either, no rotation.
     """
     cfg = self.config
 
@@ -247,9 +257,11 @@ class RetroAttention(nn.Module):
       return nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
 
     query, key, value = heads("query", x), heads("key", context), heads("value", context)
-    if self.rotary:
-      query = rotary_embedding(query, jnp.arange(query.shape[1]), cfg.rotary_base)
-      key = rotary_embedding(key, jnp.arange(key.shape[1]), cfg.rotary_base)
+    if positions is None and self.rotary:
+      positions = (jnp.arange(query.shape[1]), jnp.arange(key.shape[1]))
+    if positions is not None:
+      query = rotary_embedding(query, positions[0], cfg.rotary_base)
+      key = rotary_embedding(key, positions[1], cfg.rotary_base)
     # [batch, heads, queries, keys]
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, key,
                         preferred_element_type=jnp.float32) / math.sqrt(cfg.head_dim)
@@ -315,9 +327,14 @@ class ChunkedCrossAttention(nn.Module):
     keys = encoded.reshape(batch * num_chunks, num_neighbours * neighbour_len, features)
     # [B l, 1, k r]
     visible = neighbour_mask.reshape(batch * num_chunks, 1, num_neighbours * neighbour_len)
+    positions = None
+    if self.config.cross_attention_positions:
+      # [m], [k r]: chunk u's axis (module docstring): readers at m - 1 .. 2m - 2, each
+      # neighbour's tokens at 0 .. r - 1.
+      positions = (m - 1 + jnp.arange(m), jnp.tile(jnp.arange(neighbour_len), num_neighbours))
     # [B l, m, D]
     out = RetroAttention(self.config, name="attention")(
-        queries, keys, visible, deterministic=deterministic)
+        queries, keys, visible, deterministic=deterministic, positions=positions)
     # [B, n, D]
     return merge_attending_chunks(out.reshape(batch, num_chunks, m, features), m)
 
@@ -349,8 +366,14 @@ class RetroEncoderLayer(nn.Module):
     # [B l, k r, D]: every neighbour token of chunk u reads the same H_u, so the k neighbours
     # share one query axis and H_u's keys and values are projected once per chunk.
     h = norm("cross_attention_layer_norm", encoded).reshape(num_chunk_rows, -1, features)
+    positions = None
+    if cfg.cross_attention_positions:
+      # [k r], [m]: neighbour token j at j, H_u's token i at i (module docstring).
+      positions = (jnp.tile(jnp.arange(neighbour_len), rows // num_chunk_rows),
+                   jnp.arange(context.shape[1]))
     attended = RetroAttention(cfg, name="cross_attention")(
-        h, context, None, deterministic=deterministic).reshape(rows, neighbour_len, features)
+        h, context, None, deterministic=deterministic,
+        positions=positions).reshape(rows, neighbour_len, features)
     encoded = encoded + dropout(attended, deterministic=deterministic)
 
     h = FeedForward(cfg, name="mlp")(norm("mlp_layer_norm", encoded))

@@ -52,11 +52,23 @@ def _max_diff(a, b, axis):
 # -- chunked cross-attention against NumPy
 
 
-def numpy_cca(p, hidden, encoded, mask, m):
+def numpy_rotate(x, positions, base):
+  """RoPE as complex multiplication: feature pair (j, j + d/2) of x [t, heads, d] is the
+  complex number x_j + i x_{j + d/2}, turned by the angle position * base^(-2j / d)."""
+  half = x.shape[-1] // 2
+  angles = np.asarray(positions, np.float64)[:, None] * base ** (-2.0 * np.arange(half)
+                                                                   / x.shape[-1])
+  z = (x[..., :half] + 1j * x[..., half:]) * np.exp(1j * angles)[:, None, :]
+  return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def numpy_cca(p, hidden, encoded, mask, m, positions=True, base=10000.0):
   """The paper's CCA, token by token: token i (from 0) reads the neighbours of the chunk u
   whose last token is at or before i and whose next chunk's first m - 1 tokens include i,
   i.e. (u + 1) m - 1 <= i <= (u + 2) m - 2 (the last token: u = l - 1); it attends over the
-  k r tokens of those neighbours together; a token that reads no chunk gets 0."""
+  k r tokens of those neighbours together; a token that reads no chunk gets 0. With
+  `positions`, relative positions on chunk u's axis: token i sits at i - u m, token j of every
+  neighbour at j."""
   batch, length, _ = hidden.shape
   _, num_chunks, k, r, features = encoded.shape
   out = np.zeros(hidden.shape)
@@ -71,6 +83,9 @@ def numpy_cca(p, hidden, encoded, mask, m):
       q = np.einsum("e,ehd->hd", hidden[b, i], p["query"]["kernel"]) + p["query"]["bias"]
       key = np.einsum("te,ehd->thd", keys, p["key"]["kernel"]) + p["key"]["bias"]
       value = np.einsum("te,ehd->thd", keys, p["value"]["kernel"]) + p["value"]["bias"]
+      if positions:
+        q = numpy_rotate(q[None], [i - chunks[0] * m], base)[0]
+        key = numpy_rotate(key, np.tile(np.arange(r), k), base)
       scores = np.einsum("hd,thd->ht", q, key) / math.sqrt(q.shape[-1])
       scores = np.where(visible[None], scores, -np.inf)
       weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -80,22 +95,52 @@ def numpy_cca(p, hidden, encoded, mask, m):
   return out
 
 
-def test_chunked_cross_attention_matches_numpy():
+def _cca_inputs():
   rng = np.random.default_rng(1)
   hidden = rng.normal(size=(BATCH, LENGTH, D)).astype(np.float32)
   encoded = rng.normal(size=(BATCH, NUM_CHUNKS, NUM_NEIGHBOURS, R, D)).astype(np.float32)
   mask = rng.random(encoded.shape[:-1]) < 0.7
   mask[1, 2] = False  # a chunk without neighbours: its readers get 0
-  cca = retro.ChunkedCrossAttention(CONFIG)
+  return hidden, encoded, mask
+
+
+def _apply_cca(config, hidden, encoded, mask):
+  """(CCA output [B, n, D], its attention parameters as float64 NumPy)."""
+  cca = retro.ChunkedCrossAttention(config)
   variables = nn.unbox(cca.init(jax.random.PRNGKey(3), hidden, encoded, mask,
                                 deterministic=True))
   out = cca.apply(variables, hidden, encoded, mask, deterministic=True)
-  p = jax.tree.map(lambda x: np.asarray(x, np.float64), variables["params"]["attention"])
-  expected = numpy_cca(p, hidden.astype(np.float64), encoded.astype(np.float64), mask, M)
+  return np.asarray(out), jax.tree.map(lambda x: np.asarray(x, np.float64),
+                                       variables["params"]["attention"])
+
+
+@pytest.mark.parametrize("positions", [True, False])
+def test_chunked_cross_attention_matches_numpy(positions):
+  hidden, encoded, mask = _cca_inputs()
+  config = retro.RetroConfig.tiny(initializer_range=0.2, cross_attention_positions=positions)
+  out, p = _apply_cca(config, hidden, encoded, mask)
+  expected = numpy_cca(p, hidden.astype(np.float64), encoded.astype(np.float64), mask, M,
+                       positions=positions, base=config.rotary_base)
   assert out.shape == (BATCH, LENGTH, D)
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-5)
   assert np.all(np.asarray(out)[:, :M - 1] == 0)
   assert np.abs(expected[0, M - 1:]).min() > 0  # the reference is not trivially zero
+
+
+@pytest.mark.parametrize("positions", [True, False])
+def test_cca_reads_neighbour_token_order_only_with_positions(positions):
+  """Reversing every neighbour's tokens: content-only attention is blind to it, rotary
+  positions are not (what lets a reader find the token after its aligned one)."""
+  hidden, encoded, mask = _cca_inputs()
+  mask[:] = True
+  config = retro.RetroConfig.tiny(initializer_range=0.2, cross_attention_positions=positions)
+  out, _ = _apply_cca(config, hidden, encoded, mask)
+  reversed_out, _ = _apply_cca(config, hidden, encoded[:, :, :, ::-1].copy(), mask)
+  if positions:
+    # [B, n - m + 1]: every reading token, in every batch row, moves.
+    assert np.abs(out - reversed_out).max(axis=-1)[:, M - 1:].min() > CHANGED
+  else:
+    np.testing.assert_allclose(reversed_out, out, rtol=1e-5, atol=1e-5)
 
 
 # -- causality
