@@ -1,0 +1,792 @@
+"""Fusion-in-Decoder (FiD; Izacard & Grave 2021), the reader of Atlas (Izacard et al. 2022).
+
+  encoder:  reads each (query, passage) pair on its own: input ids [B, K, L] (a row per
+            passage, e.g. `[CLS] question [SEP] passage [SEP]` with type ids 0 / 1) ->
+            encodings [B, K, L, D]. Passage k's encodings depend on passage k's row only.
+  fusion:   the K encodings concatenated into one memory [B, K L, D] with its padding mask
+            [B, K L] (`concatenate_passages`): the decoder sees all passages at once, and each
+            cross-attention runs ONE softmax over the real tokens of all K passages.
+  decoder:  pre-LN transformer layers over the answer tokens: h += SelfAttention(LN h)
+            (causal), h += CrossAttention(LN h, memory), h += FFW(LN h); a last LayerNorm and
+            the readout tied to the encoder's word embeddings (also the decoder's token
+            embeddings), plus learned absolute positions of the answer tokens.
+
+Deviations from Atlas's T5 reader: the encoder is this repository's BERT (`models.bert`, post-LN,
+learned absolute positions, pretrained by masked LM) where T5 uses relative position biases and
+an encoder pretrained as part of a seq2seq model; its parameters are exactly `BertModel`'s, so
+the encoder warm-starts from the project's BERT checkpoints (`encoder_from_bert`). The decoder is
+new (trained from scratch): learned absolute positions where T5 uses relative biases, LayerNorm
+where T5 uses RMSNorm, the FFW of `FidConfig.hidden_act` where T5 v1.1 gates it. Pre-LN, as T5
+(and `models.retro` here): a decoder trained from scratch on top of a pretrained encoder trains
+stably without the careful warm-up a post-LN stack needs. The encodings are not normalised again
+before the cross-attention: BERT's post-LN output already is a LayerNorm's.
+
+Tokens (BERT's WordPiece vocabulary): `[CLS]` (101) is the decoder's start token (BOS), `[SEP]`
+(102) ends an answer (EOS), `[PAD]` (0) fills the positions after it. The targets of an answer
+y_0 .. y_{n-1} are [y_0, ..., y_{n-1}, EOS, PAD, ...] [B, T] with the target mask on the n + 1
+first; the decoder reads them shifted right, [BOS, y_0, ..., y_{n-1}, EOS, ...] (`shift_right`).
+
+ADist (Atlas's attention distillation): with the collection "intermediates" mutable, every
+decoder layer's cross-attention sows `attention_probs` [B, heads, T, K L] (the weights before
+dropout) and `value_norms` [B, heads, K L] (each memory token's value-vector norm per head);
+`cross_attention_maps` reads them from the intermediates, `passage_attention_scores` reduces them
+to Atlas's score per passage [B, K] (weights times value norms, averaged over layers, heads and
+the target tokens, summed over the passage's tokens), the `attention_scores` that
+`retriever_objectives.adist_loss` distils. The default pass computes and keeps nothing of this.
+
+Decoding (`greedy_decode`, `beam_search`): jitted at fixed shapes; the encoder runs once, every
+layer's cross-attention keys and values of the memory are projected once, and the decoder runs
+one token per step over a self-attention key/value cache ([rows, max_len, heads, kv] per layer);
+the teacher-forced pass is the same code with a cache as long as its input, written at once.
+Beams share their batch row's memory (their queries read it together) rather than copying it.
+The searches take a step function (`greedy_search`, `search_beams`), so they run on any model.
+
+Precision: as `bert`, dense layers compute in `dtype`; attention scores, softmax and the
+LayerNorms in float32; the decoder's residual stream is float32; log-probabilities float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.models import losses
+from realm_jax.models.bert import BertModel, activation, dense, layer_norm, param_init, zeros_init
+from realm_jax.models.config import ACTIVATIONS, BertConfig, tiny_bert
+
+Array = jax.Array
+Params = Any
+# Per decoder layer, the self-attention's (keys, values), each [rows, cache_len, heads, kv].
+Cache = list[tuple[Array, Array]]
+# (tokens int32 [N], step int32 [], state) -> (log-probabilities float32 [N, V], state): the
+# next-token distribution of N rows given each row's last token (BOS at step 0) and its state (a
+# pytree whose leaves lead with N: the searches reorder it when beams are re-ranked).
+StepFn = Callable[[Array, Array, Any], tuple[Array, Any]]
+
+_NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class FidConfig:
+  """Shapes and numerics of a FiD reader: a BERT encoder (`bert`) and a decoder of width
+  `bert.hidden_size` over `bert`'s vocabulary. Defaults: a BERT-base encoder and a decoder of
+  the same size (T5-base's decoder: 12 layers, 12 heads, FFW 3072).
+
+  As RetroConfig, the fields `initializer_range`, `dtype`, `param_dtype` (and the properties
+  `hidden_size`, `compute_dtype`, `storage_dtype`, `head_dim`) are BertConfig's, so bert.py's
+  initialisers, dense layers and LayerNorms take a FidConfig for the decoder.
+
+  Attributes:
+    bert: the encoder's configuration; its `dtype` and `param_dtype` are overridden by this
+      config's (one precision for the whole model: `encoder`).
+    decoder_layers: decoder layers.
+    num_heads: heads of the decoder's self- and cross-attentions; must divide the width.
+    intermediate_size: width of the decoder's feed-forward layers ("mlp").
+    hidden_act: activation of the decoder's feed-forward layers (see config.ACTIVATIONS).
+    max_answer_length: decoder positions (learned), the longest target / decoded answer,
+      EOS included.
+    bos_id: the decoder's start token (BERT's [CLS]).
+    eos_id: the token that ends an answer (BERT's [SEP]).
+    pad_id: the token after EOS in targets and decoded answers (BERT's [PAD]).
+    layer_norm_eps: epsilon of the decoder's LayerNorms.
+    initializer_range: std of the decoder's truncated-normal initialiser.
+    hidden_dropout: dropout on the decoder's embeddings and residual branches.
+    attention_dropout: dropout on the decoder's attention weights.
+    dtype: compute dtype of the whole model ("float32", "bfloat16" or "float16").
+    param_dtype: storage dtype of the parameters.
+  """
+
+  bert: BertConfig = dataclasses.field(default_factory=BertConfig)
+  decoder_layers: int = 12
+  num_heads: int = 12
+  intermediate_size: int = 3072
+  hidden_act: str = "gelu_new"
+  max_answer_length: int = 32
+  bos_id: int = vocab_lib.CLS_ID
+  eos_id: int = vocab_lib.SEP_ID
+  pad_id: int = vocab_lib.PAD_ID
+  layer_norm_eps: float = 1e-6
+  initializer_range: float = 0.02
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(f"FidConfig: the width {self.hidden_size} (bert.hidden_size) is not "
+                       f"divisible by num_heads={self.num_heads}.")
+    if min(self.decoder_layers, self.intermediate_size, self.max_answer_length) < 1:
+      raise ValueError(f"FidConfig: decoder_layers={self.decoder_layers}, intermediate_size="
+                       f"{self.intermediate_size}, max_answer_length={self.max_answer_length}; "
+                       f"expected >= 1 each.")
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"FidConfig: hidden_act={self.hidden_act!r} is not one of "
+                       f"{ACTIVATIONS}.")
+    for field in ("bos_id", "eos_id", "pad_id"):
+      if not 0 <= getattr(self, field) < self.vocab_size:
+        raise ValueError(f"FidConfig: {field}={getattr(self, field)} is outside the encoder's "
+                         f"vocabulary of {self.vocab_size}.")
+    if self.eos_id == self.pad_id:
+      raise ValueError(f"FidConfig: eos_id and pad_id are both {self.eos_id}.")
+    for field in ("dtype", "param_dtype"):
+      if getattr(self, field) not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"FidConfig: {field}={getattr(self, field)!r}; expected 'float32', "
+                         f"'bfloat16' or 'float16'.")
+
+  @classmethod
+  def from_bert(cls, bert: BertConfig, **overrides) -> "FidConfig":
+    """A FiD reader over `bert` whose decoder is shaped like it (its layers, heads, FFW width,
+    activation, initialiser, dropouts and dtypes), with `overrides`."""
+    defaults = dict(bert=bert, decoder_layers=bert.num_layers, num_heads=bert.num_heads,
+                    intermediate_size=bert.intermediate_size, hidden_act=bert.hidden_act,
+                    initializer_range=bert.initializer_range, hidden_dropout=bert.hidden_dropout,
+                    attention_dropout=bert.attention_dropout, dtype=bert.dtype,
+                    param_dtype=bert.param_dtype)
+    return cls(**{**defaults, **overrides})
+
+  @classmethod
+  def tiny(cls, **overrides) -> "FidConfig":
+    """Unit-test sizes (seconds on CPU): a 2-layer width-16 BERT over 128 words (BERT's [PAD],
+    [CLS], [SEP] ids fit), a 2-layer decoder, answers of up to 8 tokens, no dropout."""
+    bert = tiny_bert(vocab_size=128, hidden_size=16, num_layers=2, num_heads=2,
+                     intermediate_size=32, max_position_embeddings=64, hidden_dropout=0.0,
+                     attention_dropout=0.0, initializer_range=overrides.get(
+                         "initializer_range", 0.02))
+    defaults = dict(bert=bert, decoder_layers=2, num_heads=2, intermediate_size=32,
+                    max_answer_length=8, hidden_dropout=0.0, attention_dropout=0.0)
+    return cls(**{**defaults, **overrides})
+
+  @property
+  def encoder(self) -> BertConfig:
+    """The encoder's BertConfig: `bert` in this config's dtypes."""
+    return dataclasses.replace(self.bert, dtype=self.dtype, param_dtype=self.param_dtype)
+
+  @property
+  def hidden_size(self) -> int:
+    return self.bert.hidden_size
+
+  @property
+  def vocab_size(self) -> int:
+    return self.bert.vocab_size
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def storage_dtype(self) -> Any:
+    return jnp.dtype(self.param_dtype)
+
+
+# ----------------------------------------------------------------------- pure functions
+
+
+def concatenate_passages(encoded: Array, input_mask: Array) -> tuple[Array, Array]:
+  """The fusion: [B, K, L, D] encodings and their mask [B, K, L] -> the decoder's memory
+  [B, K L, D] (passage k's tokens at k L .. k L + L - 1) and its bool mask [B, K L]."""
+  batch, num_passages, length, features = encoded.shape
+  memory = encoded.reshape(batch, num_passages * length, features)
+  memory = nn.with_logical_constraint(memory, ("batch", "length", "embed"))
+  return memory, input_mask.reshape(batch, num_passages * length).astype(bool)
+
+
+def shift_right(targets: Array, bos_id: int) -> Array:
+  """Decoder inputs from targets [B, T]: [BOS, y_0, ..., y_{T-2}] (teacher forcing)."""
+  # [B, T]
+  return jnp.concatenate(
+      [jnp.full(targets.shape[:1] + (1,), bos_id, targets.dtype), targets[:, :-1]], axis=1)
+
+
+def token_log_probs(logits: Array, targets: Array) -> Array:
+  """log p(y_t | y_<t, passages): logits [B, T, V] (any float dtype; normalised in float32)
+  and targets int [B, T] -> float32 [B, T]."""
+  # losses' target log-softmax with its hand-written gradient, read as one "candidate".
+  return losses.mlm_token_log_probs(logits[:, None], targets)[:, 0]
+
+
+def answer_loss(logits: Array, targets: Array, target_mask: Array) -> tuple[Array, dict]:
+  """Teacher-forced token cross entropy of the answers, in nats.
+
+  Args:
+    logits: [B, T, V], the decoder's output on `shift_right(targets, bos_id)`.
+    targets: int [B, T], the answer tokens, EOS, then padding.
+    target_mask: [B, T], nonzero on the tokens that count (the answer and its EOS).
+
+  Returns:
+    (mean loss over the counted tokens (0 without any), {"loss_sum", "weight_sum"}: sums, so
+    that microbatches and devices add up exactly).
+  """
+  weights = target_mask.astype(jnp.float32)  # [B, T]
+  loss_sum = -jnp.sum(token_log_probs(logits, targets) * weights)
+  weight_sum = jnp.sum(weights)
+  return losses._safe_divide(loss_sum, weight_sum), {  # pylint: disable=protected-access
+      "loss_sum": loss_sum, "weight_sum": weight_sum}
+
+
+def init_cache(config: FidConfig, rows: int, length: int) -> Cache:
+  """An empty self-attention cache: per decoder layer, zero keys and values
+  [rows, length, heads, kv] in the compute dtype."""
+  shape = (rows, length, config.num_heads, config.head_dim)
+  return [(jnp.zeros(shape, config.compute_dtype), jnp.zeros(shape, config.compute_dtype))
+          for _ in range(config.decoder_layers)]
+
+
+def cross_attention_maps(intermediates: dict) -> tuple[list[Array], list[Array]]:
+  """The decoder's sown cross-attention, layer by layer, from the "intermediates" of a pass
+  with that collection mutable: (attention_probs, per layer [B, heads, T, K L]; value_norms,
+  per layer [B, heads, K L])."""
+  decoder = intermediates["decoder"]
+  layers = sorted((name for name in decoder if name.startswith("layer_")),
+                  key=lambda name: int(name[len("layer_"):]))
+  probs = [decoder[name]["cross_attention"]["attention_probs"][0] for name in layers]
+  norms = [decoder[name]["cross_attention"]["value_norms"][0] for name in layers]
+  return probs, norms
+
+
+def passage_attention_scores(attention_probs: Sequence[Array], value_norms: Sequence[Array],
+                             target_mask: Array, input_mask: Array) -> Array:
+  """Atlas's ADist relevance of each passage: `alpha * ||v||`, averaged over layers, heads and
+  the target tokens, summed over the passage's real tokens.
+
+  `a_k = sum_l sum_h sum_t w_t sum_{j in passage k} m_j alpha^{l,h}_{t,j} ||v^{l,h}_j||
+  / (layers * heads * sum_t w_t)`: `alpha` the cross-attention weights of target position t
+  (one softmax over all K passages), `||v||` the value norms, `w` the target mask, `m` the
+  input mask (the question tokens of each row count, as in Atlas; Atlas also scales by a fixed
+  1/256 where this does not). 0 for a row without targets. Stop its gradient before distilling.
+
+  Args:
+    attention_probs: per layer, [B, heads, T, K L].
+    value_norms: per layer, [B, heads, K L].
+    target_mask: [B, T], the target tokens that count.
+    input_mask: [B, K, L], the real tokens of each passage row.
+
+  Returns:
+    float32 [B, K].
+  """
+  batch, num_passages, length = input_mask.shape
+  weights = target_mask.astype(jnp.float32)  # [B, T]
+  mask = input_mask.astype(jnp.float32)  # [B, K, L]
+  total = jnp.zeros((batch, num_passages), jnp.float32)
+  for probs, norms in zip(attention_probs, value_norms, strict=True):
+    heads, targets = probs.shape[1], probs.shape[2]
+    # [B, heads, T, K, L]
+    probs = probs.astype(jnp.float32).reshape(batch, heads, targets, num_passages, length)
+    # [B, heads, K, L]: the value norms of the real tokens.
+    keys = norms.astype(jnp.float32).reshape(batch, heads, num_passages, length) * mask[:, None]
+    total = total + jnp.einsum("bhtkl,bhkl,bt->bk", probs, keys, weights)
+  heads = attention_probs[0].shape[1]
+  return losses._safe_divide(  # pylint: disable=protected-access
+      total, len(attention_probs) * heads * jnp.sum(weights, axis=-1, keepdims=True))
+
+
+# ---------------------------------------------------------------------------- modules
+
+
+class FidAttention(nn.Module):
+  """Multi-head attention with its key/value projection separate from the attending, so that
+  keys and values can be cached; bert.SelfAttention's parameter names (query, key, value, out)
+  and logical axes, scores and softmax in float32."""
+
+  config: FidConfig
+
+  def setup(self):
+    cfg = self.config
+    heads = functools.partial(
+        nn.DenseGeneral, features=(cfg.num_heads, cfg.head_dim), axis=-1,
+        dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+        kernel_init=param_init(cfg, ("embed", "heads", "kv")),
+        bias_init=zeros_init(("heads", "kv")))
+    self.query = heads()
+    self.key = heads()
+    self.value = heads()
+    self.out = nn.DenseGeneral(
+        features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype, kernel_init=param_init(cfg, ("heads", "kv", "embed")),
+        bias_init=zeros_init(("embed",)))
+    self.dropout = nn.Dropout(cfg.attention_dropout)
+
+  def keys_values(self, context: Array) -> tuple[Array, Array]:
+    """[R, S, D] -> (keys, values), each [R, S, heads, kv]."""
+    names = ("batch", "length", "heads", "kv")
+    return (nn.with_logical_constraint(self.key(context), names),
+            nn.with_logical_constraint(self.value(context), names))
+
+  def attend(self, x: Array, keys: Array, values: Array, visible: Array, *,
+             deterministic: bool, sow: bool = False) -> Array:
+    """Queries from x [N, T, D] over keys and values [R, S, heads, kv] -> [N, T, D].
+
+    R divides N: the G = N / R consecutive rows of x (a batch row's beams) read the same keys
+    together, as G T queries of one row. `visible`: bool, broadcastable to [R, G T, S]. A query
+    that sees no key gets a zero output. With `sow` (and "intermediates" mutable), sows
+    `attention_probs` [R, heads, G T, S] (before dropout) and `value_norms` [R, heads, S].
+    """
+    cfg = self.config
+    rows, length, _ = x.shape
+    key_rows, key_length = keys.shape[:2]
+    group = rows // key_rows
+    # [R, G T, heads, kv]
+    query = self.query(x).reshape(key_rows, group * length, cfg.num_heads, cfg.head_dim)
+    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+    # [R, heads, G T, S]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", query, keys,
+                        preferred_element_type=jnp.float32) / math.sqrt(cfg.head_dim)
+    visible = jnp.broadcast_to(visible, (key_rows, group * length, key_length))[:, None]
+    scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    probs = jnp.where(visible.any(axis=-1, keepdims=True), probs, 0.0)
+    if sow and self.is_mutable_collection("intermediates"):
+      self.sow("intermediates", "attention_probs", probs)
+      # [R, heads, S]
+      self.sow("intermediates", "value_norms",
+               jnp.linalg.norm(values.astype(jnp.float32), axis=-1).transpose(0, 2, 1))
+    probs = self.dropout(probs.astype(cfg.compute_dtype), deterministic=deterministic)
+    # [R, G T, heads, kv]
+    attended = jnp.einsum("bhqk,bkhd->bqhd", probs, values)
+    # [N, T, heads, kv]
+    attended = attended.reshape(rows, length, cfg.num_heads, cfg.head_dim)
+    attended = nn.with_logical_constraint(attended, ("batch", "length", "heads", "kv"))
+    # [N, T, D]
+    return self.out(attended)
+
+  def __call__(self, x: Array, context: Array, visible: Array, *, deterministic: bool,
+               sow: bool = False) -> Array:
+    """x [N, T, D] over context [R, S, D] -> [N, T, D] (see `attend`)."""
+    return self.attend(x, *self.keys_values(context), visible, deterministic=deterministic,
+                       sow=sow)
+
+
+class FidFeedForward(nn.Module):
+  """Dense (embed -> mlp), activation, dense (mlp -> embed); bert's parameter names."""
+
+  config: FidConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    # [N, T, mlp]
+    h = activation(cfg.hidden_act)(
+        dense(cfg.intermediate_size, cfg, ("embed", "mlp"), name="intermediate")(x))
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    # [N, T, D]
+    return dense(cfg.hidden_size, cfg, ("mlp", "embed"), name="output")(h)
+
+
+class FidDecoderLayer(nn.Module):
+  """One pre-LN decoder layer: causal self-attention (over a key/value cache), cross-attention
+  to the memory, feed-forward."""
+
+  config: FidConfig
+
+  def setup(self):
+    cfg = self.config
+    norm = functools.partial(layer_norm, cfg.layer_norm_eps, cfg)
+    self.self_attention_layer_norm = norm(name="self_attention_layer_norm")
+    self.self_attention = FidAttention(cfg)
+    self.cross_attention_layer_norm = norm(name="cross_attention_layer_norm")
+    self.cross_attention = FidAttention(cfg)
+    self.mlp_layer_norm = norm(name="mlp_layer_norm")
+    self.mlp = FidFeedForward(cfg)
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+  def cross_keys_values(self, memory: Array) -> tuple[Array, Array]:
+    """The cross-attention's keys and values of the memory [B, S, D]: each [B, S, heads, kv]."""
+    return self.cross_attention.keys_values(memory)
+
+  def _residual(self, hidden: Array, branch: Array, deterministic: bool) -> Array:
+    out = hidden + self.dropout(branch, deterministic=deterministic)
+    return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+  def __call__(self, hidden: Array, index: Array, cache: tuple[Array, Array],
+               cross: tuple[Array, Array], memory_visible: Array, *,
+               deterministic: bool) -> tuple[Array, tuple[Array, Array]]:
+    """Decodes positions index .. index + T - 1.
+
+    Args:
+      hidden: [N, T, D], the residual stream at those positions.
+      index: int [], the position of hidden's first row.
+      cache: (keys, values) [N, C, heads, kv] of positions 0 .. index - 1 (C >= index + T).
+      cross: the memory's (keys, values) [B, S, heads, kv] (B divides N).
+      memory_visible: bool [B, 1, S], the memory's real tokens.
+      deterministic: disables dropout.
+
+    Returns:
+      (hidden [N, T, D], the cache with positions index .. index + T - 1 written).
+    """
+    length, cache_len = hidden.shape[1], cache[0].shape[1]
+    h = self.self_attention_layer_norm(hidden)
+    # [N, T, heads, kv]
+    keys, values = self.self_attention.keys_values(h)
+    # [N, C, heads, kv]
+    start = (0, index, 0, 0)
+    cache = (jax.lax.dynamic_update_slice(cache[0], keys.astype(cache[0].dtype), start),
+             jax.lax.dynamic_update_slice(cache[1], values.astype(cache[1].dtype), start))
+    # [1, T, C]: position index + t sees cached positions <= index + t (causal).
+    visible = (jnp.arange(cache_len)[None, :] <= index + jnp.arange(length)[:, None])[None]
+    attended = self.self_attention.attend(h, cache[0], cache[1], visible,
+                                          deterministic=deterministic)
+    hidden = self._residual(hidden, attended, deterministic)
+
+    attended = self.cross_attention.attend(
+        self.cross_attention_layer_norm(hidden), cross[0], cross[1], memory_visible,
+        deterministic=deterministic, sow=True)
+    hidden = self._residual(hidden, attended, deterministic)
+
+    hidden = self._residual(hidden, self.mlp(self.mlp_layer_norm(hidden)), deterministic)
+    return hidden, cache
+
+
+class FidDecoder(nn.Module):
+  """The decoder stack over embedded answer tokens (the token embeddings and the readout are
+  the encoder's word embeddings, applied by `FidModel`)."""
+
+  config: FidConfig
+
+  def setup(self):
+    cfg = self.config
+    self.position_embeddings = nn.Embed(
+        cfg.max_answer_length, cfg.hidden_size, dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype, embedding_init=param_init(cfg, (None, "embed")))
+    self.layers = [FidDecoderLayer(cfg, name=f"layer_{i}") for i in range(cfg.decoder_layers)]
+    self.final_layer_norm = layer_norm(cfg.layer_norm_eps, cfg, name="final_layer_norm")
+    self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+  def cross_keys_values(self, memory: Array) -> list[tuple[Array, Array]]:
+    """Per layer, the memory's cross-attention (keys, values) [B, S, heads, kv]."""
+    return [layer.cross_keys_values(memory) for layer in self.layers]
+
+  def __call__(self, token_embeddings: Array, index: Array, cache: Cache,
+               cross: list[tuple[Array, Array]], memory_mask: Array, *,
+               deterministic: bool) -> tuple[Array, Cache]:
+    """Token embeddings [N, T, D] at positions index .. index + T - 1 -> (the normalised last
+    hidden states [N, T, D] float32, the updated cache); cross per layer [B, S, heads, kv],
+    memory_mask bool [B, S]."""
+    length = token_embeddings.shape[1]
+    # [N, T, D]; float32, so the residual stream stays float32 under bfloat16 compute.
+    hidden = (token_embeddings.astype(jnp.float32)
+              + self.position_embeddings(index + jnp.arange(length))[None].astype(jnp.float32))
+    hidden = self.dropout(hidden, deterministic=deterministic)
+    hidden = nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
+    memory_visible = memory_mask[:, None, :]  # [B, 1, S]
+    new_cache = []
+    for layer, layer_cache, layer_cross in zip(self.layers, cache, cross, strict=True):
+      hidden, layer_cache = layer(hidden, index, layer_cache, layer_cross, memory_visible,
+                                  deterministic=deterministic)
+      new_cache.append(layer_cache)
+    return self.final_layer_norm(hidden), new_cache
+
+
+class FidModel(nn.Module):
+  """The FiD reader (module docstring): passages -> answer-token logits.
+
+  Parameters: encoder (exactly `BertModel`'s tree without pooler: embeddings, layer_{i}),
+  decoder (position_embeddings, layer_{i} with self_attention, cross_attention, mlp and their
+  LayerNorms, final_layer_norm). The decoder's token embeddings and readout are
+  encoder/embeddings/word_embeddings.
+  """
+
+  config: FidConfig
+
+  def setup(self):
+    self.encoder = BertModel(self.config.encoder)
+    self.decoder = FidDecoder(self.config)
+
+  def encode(self, input_ids: Array, input_mask: Array, type_ids: Array | None = None, *,
+             deterministic: bool = True) -> Array:
+    """Each (query, passage) row on its own: int [B, K, L] ids, mask and type ids (zeros when
+    None) -> float32 [B, K, L, D]."""
+    # [B, K, L, D]
+    encoded, _ = self.encoder(input_ids, type_ids, input_mask, deterministic=deterministic)
+    return nn.with_logical_constraint(encoded, ("batch", "candidates", "length", "embed"))
+
+  def cross_keys_values(self, memory: Array) -> list[tuple[Array, Array]]:
+    """Per decoder layer, the memory's [B, S, D] cross-attention (keys, values)
+    [B, S, heads, kv]: computed once per decoding."""
+    return self.decoder.cross_keys_values(memory)
+
+  def decode(self, decoder_input_ids: Array, index: Array, cache: Cache,
+             cross: list[tuple[Array, Array]], memory_mask: Array, *,
+             deterministic: bool = True) -> tuple[Array, Cache]:
+    """Logits of the next tokens after decoder_input_ids [N, T] (positions index ..
+    index + T - 1) -> ([N, T, V] in the compute dtype, the cache with those positions
+    written). cross: `cross_keys_values` of the memory, per layer [B, S, heads, kv] (B divides
+    N: beams read their row's memory); memory_mask bool [B, S]."""
+    cfg = self.config
+    # [N, T, D]
+    embedded = self.encoder.embeddings.word_embeddings(decoder_input_ids)
+    hidden, cache = self.decoder(embedded, index, cache, cross, memory_mask,
+                                 deterministic=deterministic)
+    # [N, T, V]: the readout tied to the word embeddings.
+    logits = self.encoder.attend(hidden.astype(cfg.compute_dtype))
+    return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), cache
+
+  def __call__(self, input_ids: Array, input_mask: Array, decoder_input_ids: Array,
+               type_ids: Array | None = None, *, deterministic: bool = True) -> Array:
+    """Teacher-forced answer logits.
+
+    Args:
+      input_ids: int [B, K, L], one (query, passage) row per passage.
+      input_mask: [B, K, L], nonzero on real tokens.
+      decoder_input_ids: int [B, T], `shift_right(targets, bos_id)`; T <= max_answer_length.
+      type_ids: int [B, K, L], or None (zeros).
+      deterministic: disables dropout.
+
+    Returns:
+      [B, T, V] logits (compute dtype): position t predicts target t.
+    """
+    cfg = self.config
+    length = decoder_input_ids.shape[1]
+    if length > cfg.max_answer_length:
+      raise ValueError(f"FidModel: decoder length {length} exceeds max_answer_length="
+                       f"{cfg.max_answer_length}.")
+    encoded = self.encode(input_ids, input_mask, type_ids, deterministic=deterministic)
+    # [B, K L, D], [B, K L]
+    memory, memory_mask = concatenate_passages(encoded, input_mask)
+    cross = self.cross_keys_values(memory)
+    # The whole answer at once: a cache as long as it, written at position 0.
+    logits, _ = self.decode(decoder_input_ids, jnp.zeros((), jnp.int32),
+                            init_cache(cfg, decoder_input_ids.shape[0], length), cross,
+                            memory_mask, deterministic=deterministic)
+    return logits
+
+
+# ------------------------------------------------------------------ parameters
+
+
+def init_params(config: FidConfig, rng: Array) -> Params:
+  """Boxed (logically partitioned) parameters; `nn.unbox` gives the plain tree. They do not
+  depend on the number or length of passages or answers."""
+  input_ids = jnp.zeros((1, 2, 4), jnp.int32)
+  return FidModel(config).init(rng, input_ids, jnp.ones_like(input_ids),
+                               jnp.zeros((1, 2), jnp.int32))["params"]
+
+
+def encoder_from_bert(params: Params, bert_params: Params) -> Params:
+  """FiD parameters (plain tree) with the encoder taken from a BERT: `bert_params` is a
+  `BertModel` tree (a checkpoint's `["encoder"]["bert"]` or a converted BERT); a pooler in it is
+  left out. Raises ValueError when its layers or shapes differ from the encoder's."""
+  bert = {name: tree for name, tree in bert_params.items() if name != "pooler"}
+  expected = jax.tree_util.tree_structure(params["encoder"])
+  if jax.tree_util.tree_structure(bert) != expected:
+    raise ValueError(f"encoder_from_bert: the BERT's parameter tree {sorted(bert)} is not the "
+                     f"FiD encoder's {sorted(params['encoder'])} (or their subtrees differ).")
+  for (path, ours), theirs in zip(jax.tree_util.tree_leaves_with_path(params["encoder"]),
+                                  jax.tree.leaves(bert)):
+    if ours.shape != theirs.shape:
+      raise ValueError(f"encoder_from_bert: {jax.tree_util.keystr(path)} is "
+                       f"{tuple(theirs.shape)} in the BERT, {tuple(ours.shape)} in the encoder.")
+  return {**params, "encoder": jax.tree.map(
+      lambda ours, theirs: jnp.asarray(theirs, ours.dtype), params["encoder"], bert)}
+
+
+# ------------------------------------------------------------------ searches
+
+
+def greedy_search(step_fn: StepFn, state: Any, batch_size: int, max_len: int, *, bos_id: int,
+                  eos_id: int, pad_id: int) -> Array:
+  """Greedy decoding: each row takes the most probable next token until it takes EOS.
+
+  Args:
+    step_fn: see `StepFn`, over N = batch_size rows.
+    state: its initial state, leaves leading with batch_size.
+    batch_size, max_len: the output's shape.
+    bos_id, eos_id, pad_id: the first input token, the last output token, the filler after it.
+
+  Returns:
+    int32 [batch_size, max_len]: the tokens up to and including EOS, then pad_id. A lax
+    while loop; it stops once every row has taken EOS.
+  """
+  # [B, max_len]
+  tokens = jnp.full((batch_size, max_len), pad_id, jnp.int32)
+
+  def not_finished(carry):
+    step, _, _, done, _ = carry
+    return (step < max_len) & ~jnp.all(done)
+
+  def advance(carry):
+    step, tokens, last, done, state = carry
+    # [B, V]
+    log_probs, state = step_fn(last, step, state)
+    # [B]
+    chosen = jnp.where(done, pad_id, jnp.argmax(log_probs, axis=-1).astype(jnp.int32))
+    tokens = jax.lax.dynamic_update_slice(tokens, chosen[:, None], (0, step))
+    return step + 1, tokens, chosen, done | (chosen == eos_id), state
+
+  carry = (jnp.zeros((), jnp.int32), tokens, jnp.full((batch_size,), bos_id, jnp.int32),
+           jnp.zeros((batch_size,), bool), state)
+  return jax.lax.while_loop(not_finished, advance, carry)[1]
+
+
+def search_beams(step_fn: StepFn, state: Any, batch_size: int, beam_size: int, max_len: int, *,
+                 bos_id: int, eos_id: int, pad_id: int,
+                 length_penalty: float = 1.0) -> tuple[Array, Array]:
+  """Beam search for the highest-scoring answers.
+
+  A hypothesis y_1 .. y_n scores `sum_t log p(y_t | y_<t) / n ** length_penalty` (n counts its
+  EOS; 0: the plain log-probability; 1, the default, as transformers': the mean per token). A
+  hypothesis is finished when it takes EOS, or when it reaches max_len tokens without one.
+  Every step extends each of the `beam_size` alive hypotheses by every token: the EOS
+  extensions all join the finished ones (the best `beam_size` of those are kept), the best
+  `beam_size` other extensions by log-probability stay alive. All max_len steps run (a lax
+  fori loop at fixed shapes; with length_penalty > 0 a longer hypothesis can still win).
+
+  Args:
+    step_fn: see `StepFn`, over N = batch_size * beam_size rows (row b * beam_size + i is beam
+      i of batch row b).
+    state: its initial state, leaves leading with N (every beam of a row alike).
+    batch_size, beam_size, max_len: the output's shape.
+    bos_id, eos_id, pad_id: the first input token, the last output token, the filler after it.
+    length_penalty: the exponent of the length normalisation.
+
+  Returns:
+    (int32 [batch_size, beam_size, max_len] tokens, float32 [batch_size, beam_size] scores),
+    best first; a hypothesis that never could be completed (fewer than beam_size exist) scores
+    -inf.
+  """
+  rows = batch_size * beam_size
+
+  def normalised(log_probs: Array, length) -> Array:
+    return log_probs / jnp.asarray(length, jnp.float32) ** length_penalty
+
+  def keep_best(scores: Array, tokens: Array) -> tuple[Array, Array]:
+    """The best beam_size of [B, X] scores and their tokens [B, X, max_len]."""
+    scores, indices = jax.lax.top_k(scores, beam_size)  # [B, W]
+    return scores, jnp.take_along_axis(tokens, indices[..., None], axis=1)
+
+  def advance(step, carry):
+    alive_tokens, alive_log_probs, last, state, finished_tokens, finished_scores = carry
+    # [B, W, V]
+    log_probs, state = step_fn(last.reshape(rows), step, state)
+    vocab_size = log_probs.shape[-1]
+    candidates = alive_log_probs[..., None] + log_probs.reshape(batch_size, beam_size, -1)
+
+    # Every alive hypothesis + EOS is finished, at length step + 1: [B, W], [B, W, max_len].
+    eos_scores = normalised(candidates[..., eos_id], step + 1)
+    eos_tokens = alive_tokens.at[:, :, step].set(eos_id)
+    finished_scores, finished_tokens = keep_best(
+        jnp.concatenate([finished_scores, eos_scores], axis=1),
+        jnp.concatenate([finished_tokens, eos_tokens], axis=1))
+
+    # The best beam_size extensions by another token stay alive: [B, W] each.
+    candidates = candidates.at[..., eos_id].set(_NEG_INF).reshape(batch_size, -1)
+    alive_log_probs, flat = jax.lax.top_k(candidates, beam_size)
+    parent, token = flat // vocab_size, (flat % vocab_size).astype(jnp.int32)
+    alive_tokens = jnp.take_along_axis(alive_tokens, parent[..., None], axis=1)
+    alive_tokens = alive_tokens.at[:, :, step].set(token)
+    # [N]: each new beam's parent row; the state follows its hypothesis.
+    parent_rows = (jnp.arange(batch_size)[:, None] * beam_size + parent).reshape(rows)
+    state = jax.tree.map(lambda leaf: leaf[parent_rows], state)
+    return alive_tokens, alive_log_probs, token, state, finished_tokens, finished_scores
+
+  # Only beam 0 is alive at first (the others, -inf, would repeat it).
+  alive_log_probs = jnp.full((batch_size, beam_size), _NEG_INF, jnp.float32).at[:, 0].set(0.0)
+  tokens = jnp.full((batch_size, beam_size, max_len), pad_id, jnp.int32)
+  carry = (tokens, alive_log_probs, jnp.full((batch_size, beam_size), bos_id, jnp.int32), state,
+           tokens, jnp.full((batch_size, beam_size), _NEG_INF, jnp.float32))
+  alive_tokens, alive_log_probs, _, _, finished_tokens, finished_scores = jax.lax.fori_loop(
+      0, max_len, advance, carry)
+  # Hypotheses still alive after max_len tokens finish there, without EOS.
+  scores, tokens = keep_best(
+      jnp.concatenate([finished_scores, normalised(alive_log_probs, max_len)], axis=1),
+      jnp.concatenate([finished_tokens, alive_tokens], axis=1))
+  return tokens, scores
+
+
+# ------------------------------------------------------------------ decoding the model
+
+
+def model_step_fn(params: Params, config: FidConfig, input_ids: Array, input_mask: Array,
+                type_ids: Array | None) -> StepFn:
+  """The FiD reader over passages [B, K, L] as a `StepFn` whose state is the self-attention
+  cache (`init_cache(config, N, max_len)`, N a multiple of B: row n reads batch row
+  n // (N / B)'s passages). The encoder and the memory's cross-attention keys and values run
+  once, here; each step runs the decoder on one token per row."""
+  model = FidModel(config)
+  variables = {"params": params}
+  # [B, K, L, D]
+  encoded = model.apply(variables, input_ids, input_mask, type_ids, method=FidModel.encode)
+  # [B, K L, D], [B, K L]
+  memory, memory_mask = concatenate_passages(encoded, input_mask)
+  # Per layer, [B, K L, heads, kv] each.
+  cross = model.apply(variables, memory, method=FidModel.cross_keys_values)
+
+  def step(tokens: Array, index: Array, cache: Cache) -> tuple[Array, Cache]:
+    # [N, 1, V]
+    logits, cache = model.apply(variables, tokens[:, None], index, cache, cross, memory_mask,
+                                method=FidModel.decode)
+    return jax.nn.log_softmax(logits[:, 0].astype(jnp.float32), axis=-1), cache
+
+  return step
+
+
+def _check_max_len(config: FidConfig, max_len: int) -> None:
+  if not 1 <= max_len <= config.max_answer_length:
+    raise ValueError(f"max_len={max_len}: expected 1 .. max_answer_length="
+                     f"{config.max_answer_length}.")
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_len"))
+def greedy_decode(params: Params, config: FidConfig, input_ids: Array, input_mask: Array,
+                  max_len: int, type_ids: Array | None = None) -> Array:
+  """Greedy answers of the FiD reader (plain parameters; `greedy_search`).
+
+  Args:
+    params: FidModel parameters (plain tree).
+    config: the model's config (static).
+    input_ids, input_mask: [B, K, L], one (query, passage) row per passage.
+    max_len: tokens to generate at most (static; <= max_answer_length).
+    type_ids: [B, K, L] or None (zeros).
+
+  Returns:
+    int32 [B, max_len]: answer tokens, EOS, then pad_id.
+  """
+  _check_max_len(config, max_len)
+  batch_size = input_ids.shape[0]
+  step = model_step_fn(params, config, input_ids, input_mask, type_ids)
+  return greedy_search(step, init_cache(config, batch_size, max_len), batch_size, max_len,
+                       bos_id=config.bos_id, eos_id=config.eos_id, pad_id=config.pad_id)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "beam_size", "max_len"))
+def beam_search(params: Params, config: FidConfig, input_ids: Array, input_mask: Array,
+                beam_size: int, max_len: int, length_penalty: float = 1.0,
+                type_ids: Array | None = None) -> tuple[Array, Array]:
+  """Beam-searched answers of the FiD reader (`search_beams`; args as `greedy_decode`).
+
+  Returns:
+    (int32 [B, beam_size, max_len] tokens (answer, EOS, pad_id; a hypothesis without EOS fills
+    max_len), float32 [B, beam_size] scores: log-probability / length ** length_penalty), best
+    first.
+  """
+  _check_max_len(config, max_len)
+  batch_size = input_ids.shape[0]
+  step = model_step_fn(params, config, input_ids, input_mask, type_ids)
+  return search_beams(step, init_cache(config, batch_size * beam_size, max_len), batch_size,
+                      beam_size, max_len, bos_id=config.bos_id, eos_id=config.eos_id,
+                      pad_id=config.pad_id, length_penalty=length_penalty)
+
+
+def sequence_log_probs(logits: Array, tokens: Array, eos_id: int) -> Array:
+  """The log-probability of decoded answers under teacher-forced logits [B, T, V] of their
+  own tokens [B, T]: the sum over the tokens up to and including the first EOS (all T when
+  none) -> float32 [B]."""
+  # [B, T]: positions after the first EOS do not count.
+  after_eos = jnp.cumsum(tokens == eos_id, axis=1) - (tokens == eos_id)
+  return jnp.sum(jnp.where(after_eos == 0, token_log_probs(logits, tokens), 0.0), axis=1)
+
+
+def answer_lengths(tokens: Array, eos_id: int) -> Array:
+  """Tokens [B, T] -> [B] the answers' lengths, EOS included (T when none)."""
+  is_eos = tokens == eos_id
+  return jnp.where(is_eos.any(axis=1), jnp.argmax(is_eos, axis=1) + 1, tokens.shape[1])
