@@ -29,6 +29,10 @@ Three things it does with a run directory (`<run>/checkpoints/<step>`, `<run>/in
 * `--question` (predict): answers free-text questions with the "qa" model and prints each
   answer with its evidence blocks (rank, block id, title, retrieval score, snippet). No task.
 
+Mode "qa" and `--question` read the blocks the run's index ranks; with
+`evaluate_main.candidates='bm25'` they read the blocks BM25 ranks instead, with no retrieval
+score added (a run fine-tuned with `FinetuneJob.candidates='bm25'`: DrQA's pipeline; no index).
+
 And one without a run:
 
 * mode "bm25": the lexical baseline for mode "retrieval". Okapi BM25 (`evaluation.bm25`: k1 0.9,
@@ -61,12 +65,13 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 
 from realm_jax import fileio
 from realm_jax import gin_utils
+from realm_jax.evaluation import bm25 as bm25_lib
 from realm_jax.evaluation import metrics as metrics_lib
 from realm_jax.evaluation import retrieval
 from realm_jax.evaluation import runs
@@ -226,31 +231,51 @@ def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
   return OpenQAModel(config, reader_beam=reader_beam), params
 
 
-def _run_qa(*, run_dir, config, task, split, step, why, loaded, store,
+class _Candidates(NamedTuple):
+  """What the reader reads, for modes "qa" and predict: a searcher, the embeddings of the
+  reader's retrieval scores, the index step (None: BM25), and how to name them."""
+  searcher: Any
+  block_emb: Any
+  index_step: Optional[int]
+  where: str  # "index step 7" or "BM25's blocks"
+  how: str  # "exact search" or "BM25 ranking"
+
+
+def _reader_candidates(loaded: Any, backend: str, store: Any, config: Any) -> _Candidates:
+  """The published index's candidates (`loaded`), or with None BM25's over `store`."""
+  if loaded is None:
+    searcher = bm25_lib.BM25Searcher(store, config.proj_size)
+    return _Candidates(searcher, searcher.embeddings, None, "BM25's blocks", "BM25 ranking")
+  return _Candidates(_searcher(loaded, backend), loaded.embeddings, loaded.step,
+                     f"index step {loaded.step}", f"{backend} search")
+
+
+def _run_qa(*, run_dir, config, task, split, step, why, candidates, store,
             batch_size, k_values, reader_beam, reader_len, backend, max_examples,
             output) -> int:
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
-  searcher = _searcher(loaded, backend)
   model, params = _open_qa_model(run_dir, config, step, reader_beam)
   examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
   print(f"{PROG}: {len(examples)} questions of {task}/{split}, checkpoint step {step} ({why}), "
-        f"index step {loaded.step} ({store.num_blocks:,} blocks, {backend} search)",
+        f"{candidates.where} ({store.num_blocks:,} blocks, {candidates.how})",
         file=sys.stderr, flush=True)
   progress = _Progress()
   metrics, predictions = evaluate_lib.evaluate(
-      model, params, examples, searcher=searcher, store=store, batch_size=batch_size,
-      k_values=retrieval.clip_k_values(k_values, store.num_blocks), block_emb=loaded.embeddings,
-      reader_len=reader_len, progress=progress)
+      model, params, examples, searcher=candidates.searcher, store=store, batch_size=batch_size,
+      k_values=retrieval.clip_k_values(k_values, store.num_blocks),
+      block_emb=candidates.block_emb, reader_len=reader_len, progress=progress)
   progress.finish()
   predictions_path, metrics_path = runs.output_paths(output, run_dir, f"{task}_{split}_step{step}")
   evaluate_lib.write_predictions_jsonl(predictions_path, predictions)
   fileio.write_json_atomically(metrics_path, {
       "mode": "qa", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
-      "checkpoint_step": step, "checkpoint_choice": why, "index_step": loaded.step,
+      "checkpoint_step": step, "checkpoint_choice": why, "index_step": candidates.index_step,
+      # Only BM25's candidates are named: an index's metrics stay as they were.
+      **({"candidates": "bm25"} if candidates.index_step is None else {}),
       "backend": backend, "predictions": os.path.abspath(predictions_path),
       "metrics": metrics})
-  print(f"{PROG}: {task}/{split}, checkpoint step {step} ({why}), index step {loaded.step}: "
+  print(f"{PROG}: {task}/{split}, checkpoint step {step} ({why}), {candidates.where}: "
         f"{metrics_lib.format_metrics(metrics)}; predictions {predictions_path}, "
         f"metrics {metrics_path}", flush=True)
   return 0
@@ -306,17 +331,23 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
   return 0
 
 
-def _refuse_unused_for_bm25(settings: dict) -> None:
-  """ConfigError for a setting of a checkpoint, an index or the reader ({name: value}) that is
-  not at evaluate_main's default: mode "bm25" has none of them."""
+def _refuse_unused(settings: dict, what: str) -> None:
+  """ConfigError for a setting ({name: value}) that is not at evaluate_main's default, where
+  `what` has no use for it."""
   import inspect  # pylint: disable=g-import-not-at-top
   defaults = inspect.signature(evaluate_main).parameters
   for name, value in settings.items():
     default = defaults[name].default
     if value != default:
-      raise ConfigError(f"evaluate_main.{name}={value!r} does not apply to mode 'bm25', which "
-                        f"ranks the BlockStore's own text (no checkpoint, index or reader): "
-                        f"leave it at its default {default!r}")
+      raise ConfigError(f"evaluate_main.{name}={value!r} does not apply to {what}: leave it at "
+                        f"its default {default!r}")
+
+
+def _refuse_unused_for_bm25(settings: dict) -> None:
+  """ConfigError for a setting of a checkpoint, an index or the reader ({name: value}) that is
+  not at evaluate_main's default: mode "bm25" has none of them."""
+  _refuse_unused(settings, "mode 'bm25', which ranks the BlockStore's own text (no checkpoint, "
+                           "index or reader)")
 
 
 def _bm25_job(*, run_dir, task, kind, split, block_store, batch_size, k_values, max_examples,
@@ -384,14 +415,13 @@ def _run_bm25(*, run_dir, task, kind, split, store, batch_size, k_values, max_ex
   return 0
 
 
-def _run_questions(*, run_dir, config, questions, step, why, loaded, store,
-                   reader_beam, reader_len, backend) -> int:
+def _run_questions(*, run_dir, config, questions, step, why, candidates, store,
+                   reader_beam, reader_len) -> int:
   from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
-  searcher = _searcher(loaded, backend)
   model, params = _open_qa_model(run_dir, config, step, reader_beam)
-  predictor = evaluate_lib.Predictor(model, params, searcher=searcher, store=store,
-                                     block_emb=loaded.embeddings, reader_len=reader_len)
-  print(f"{PROG}: checkpoint step {step} ({why}), index step {loaded.step}", flush=True)
+  predictor = evaluate_lib.Predictor(model, params, searcher=candidates.searcher, store=store,
+                                     block_emb=candidates.block_emb, reader_len=reader_len)
+  print(f"{PROG}: checkpoint step {step} ({why}), {candidates.where}", flush=True)
   for question in questions:
     reason = predictor.skip_reason(question)
     if reason is not None:
@@ -451,7 +481,7 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
                   reader_len: int = 320, backend: str = "exact",
                   max_examples: Optional[int] = None, output: Optional[str] = None,
                   questions: Sequence[str] = (), verify_index: bool = True,
-                  dry_run: bool = False) -> int:
+                  candidates: str = "index", dry_run: bool = False) -> int:
   """Evaluates a run, or BM25 over a block store (the only gin-configurable function of this job).
 
   Args:
@@ -494,6 +524,10 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     verify_index: re-hash every file of the index against its manifest before searching it
       (as the trainer does: a flipped byte is refused); False checks file sizes only, for
       speed on a large index.
+    candidates: what the reader reads in mode "qa" and for `questions`: "index" (the blocks
+      the published index ranks) or "bm25" (the blocks BM25 ranks over the block store, with
+      no retrieval score added: a run fine-tuned with FinetuneJob.candidates='bm25'; no index,
+      so index_step, index_run_dir, backend and verify_index stay at their defaults).
     dry_run: check the configuration (and the run's checkpoint size, if any), print one line.
 
   Returns:
@@ -527,6 +561,17 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     raise ConfigError("evaluate_main.checkpoint_step is for mode 'qa'; mode 'retrieval' uses "
                       "the checkpoint its index was built from: pick the index with "
                       "evaluate_main.index_step")
+  if candidates not in bm25_lib.READER_CANDIDATES:
+    raise ConfigError(f"evaluate_main.candidates={candidates!r}; expected one of "
+                      f"{', '.join(bm25_lib.READER_CANDIDATES)}")
+  if candidates == "bm25":
+    if mode != "qa":
+      raise ConfigError(f"evaluate_main.candidates='bm25' is what the reader reads (mode 'qa' "
+                        f"or --question); mode {mode!r} does not read: BM25's own recall is "
+                        f"mode 'bm25'")
+    _refuse_unused({"index_step": index_step, "index_run_dir": index_run_dir,
+                    "backend": backend, "verify_index": verify_index},
+                   "candidates='bm25', which reads no index")
   if mode == "bm25":
     _refuse_unused_for_bm25({
         "checkpoint_step": checkpoint_step, "index_step": index_step,
@@ -589,9 +634,12 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     from realm_jax.index import store as index_lib  # pylint: disable=g-import-not-at-top
     if not steps:
       what += f"; no checkpoints in {ckpt_lib.checkpoints_dir(run_dir)} yet"
-    indexes = index_lib.list_indexes(index_run)
-    what += (f"; index steps {indexes}" if indexes
-             else f"; no published index in {index_lib.index_root(index_run)} yet")
+    if candidates == "bm25":
+      what += "; candidates: BM25's blocks, no index"
+    else:
+      indexes = index_lib.list_indexes(index_run)
+      what += (f"; index steps {indexes}" if indexes
+               else f"; no published index in {index_lib.index_root(index_run)} yet")
     if toy_store:
       what += "; block store: the toy store"
     print(f"{PROG}: dry run ok ({what}; no data read, nothing written)", flush=True)
@@ -609,15 +657,17 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     block_store = realm_jax_tasks.toy_block_store_dir()
   store = corpus_lib.BlockStore.open(block_store, verify="fast")
   log.info("%s", what)
-  loaded = _load_published_index(index_run, index_step, store, model_config,
-                                 verify=True if verify_index else "fast")
+  loaded = None if candidates == "bm25" else _load_published_index(
+      index_run, index_step, store, model_config, verify=True if verify_index else "fast")
+  if questions or mode == "qa":
+    reader_candidates = _reader_candidates(loaded, backend, store, model_config)
   if questions:
     return _run_questions(run_dir=run_dir, config=model_config, questions=questions, step=step,
-                          why=why, loaded=loaded, store=store,
-                          reader_beam=reader_beam, reader_len=reader_len, backend=backend)
+                          why=why, candidates=reader_candidates, store=store,
+                          reader_beam=reader_beam, reader_len=reader_len)
   if mode == "qa":
     return _run_qa(run_dir=run_dir, config=model_config, task=task, split=split, step=step,
-                   why=why, loaded=loaded, store=store,
+                   why=why, candidates=reader_candidates, store=store,
                    batch_size=batch_size, k_values=k_values, reader_beam=reader_beam,
                    reader_len=reader_len, backend=backend, max_examples=max_examples,
                    output=output)

@@ -1,7 +1,11 @@
-r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job.
+r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job; or on
+your own corpus and questions.
 
   python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--toy_bert shipped|none|DIR]
       [--ict_from random|bert]
+  python -m realm_jax.recipe --documents docs.jsonl --questions qa/ [--out /tmp/realm_own]
+      [--max_block_len N] [--ict_remove_probability P] [--ict_steps N] [--pretrain_steps N]
+      [--finetune_steps N] ...
 
 Stages, each one of the project's own entry points run as a child process (so the index
 builder really is a second process next to the trainer, as on a pod):
@@ -48,6 +52,41 @@ SIGINT (Ctrl-C) or SIGTERM stops the running stages as the launcher stops its ch
 SIGKILL after 30 s) and exits 130 or 143; killed outright (SIGKILL), its stages die with it on
 Linux (`realm_jax_launch.local.tied_to_parent`).
 Every child's full log is in `<out>/logs/`; the console shows progress lines only.
+
+Your own corpus and questions (`--documents`, `--questions`; docs/own_corpus.md): the same
+stages, on the toy model, each child pointed at your data, after checks that stop the recipe
+before anything trains, with one line naming the file (and record and field) of what is wrong:
+
+  0. your data                  the questions read whole: a train, dev and test split, none
+                                empty, every record well formed; the block length chosen from
+                                the documents (--max_block_len to set it) and the BlockStore
+                                built (python -m realm_jax.build_corpus); ICT's sentence
+                                removal probability chosen from the blocks' sentences
+                                (--ict_remove_probability); the answers looked for in the
+                                corpus (a split where fewer than --min_answerable of them occur
+                                stops the recipe; the others are named); each choice printed
+                                with its reason; the BERT converted; every training stage's
+                                configuration checked by its own --dry_run (the BERT's shape
+                                among it)
+  1-3.                          ICT on your blocks, the first index, REALM pretraining (salient
+                                spans of your corpus itself, X = Z) with the index builder;
+                                BM25's recall of the test questions (no model) and the warm
+                                start's recall of dev and test
+  4. frozen indexes             REALM's from the pretrained checkpoint REALM's authors would
+                                pick: the best by retrieval utility (<out>/pretrain/best.json),
+                                not the last; its recall of dev and test (after pretraining)
+  5. open-QA fine-tuning        REALM, the ORQA-style baseline and the reader fine-tuned on
+                                BM25's top blocks (FinetuneJob.candidates='bm25', DrQA's
+                                pipeline: a working system where the dense retriever cannot
+                                compete yet), three side by side
+  6. evaluation                 each of the three on the test questions
+
+and ends with a table of recall at every cut-off (1, 5, 20, 100, clipped to the corpus) of
+BM25, the warm start, the pretrained retriever and the three fine-tuned systems, with their
+test EM; pretraining's own figures; a line saying plainly whether pretraining improved the
+retriever's dev recall over the warm start; and the settings chosen from the data. Run again
+to resume; a different --documents, --questions or setting in the same --out is refused
+(`<out>/own_data.json`); --fresh starts over.
 """
 
 from __future__ import annotations
@@ -64,13 +103,16 @@ import threading
 import time
 from typing import Optional, Sequence
 
+import numpy as np
+
 from realm_jax import gin_utils
 
 PROG = "recipe"
 DEFAULT_OUT = "/tmp/realm_toy"
 # What the console shows of a child's output (the rest is in <out>/logs/).
 _PROGRESS = re.compile(r"step \d+/\d+|published index|: done|error|Error|dry run|evaluate: "
-                       r"(toy_qa|ict_toy)|embedding: [\d,]+/[\d,]+ blocks \(100")
+                       r"(toy_qa|ict_toy|((retrieval|bm25) )?qa_(regex_)?files_)|"
+                       r"embedding: [\d,]+/[\d,]+ blocks \(100")
 
 
 class _Progress:
@@ -297,6 +339,13 @@ class Recipe:
     from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.training_done(run_dir)
 
+  def data_bindings(self, child: str) -> tuple[str, ...]:
+    """The gin bindings that point one kind of child ('ict', 'pretrain', 'finetune',
+    'evaluate') at the recipe's data: none here, the toy gins' own tasks and the toy store
+    (`OwnDataRecipe`: your corpus and questions)."""
+    del child
+    return ()
+
   def _index_child(self, run_dir: str, checkpoint_dir: Optional[str],
                    log: str) -> tuple[list[str], str]:
     """`build_index --once` of `checkpoint_dir` into `run_dir` (published as index step 0), or
@@ -311,15 +360,25 @@ class Recipe:
 
   def _recall(self, name: str, index_step: int) -> str:
     """Retrieval recall of the toy QA test questions against one pretraining index."""
-    output = os.path.join(self.evals, f"recall_{name}.jsonl")
-    run_child(python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
-                 *_gin(f"RUN_DIR='{self.pretrain}'", "evaluate_main.mode='retrieval'",
-                       f"evaluate_main.index_step={index_step}",
-                       f"evaluate_main.first_index_checkpoint_dir='{self._ict_checkpoint()}'",
-                       f"evaluate_main.split='{self.eval_split}'",
-                       f"evaluate_main.output='{output}'")),
-         os.path.join(self.logs, f"recall_{name}.log"))
+    child, output = self._recall_child(name, index_step, self.eval_split, self.pretrain,
+                                       self._ict_checkpoint())
+    run_child(*child)
     return output
+
+  def _recall_child(self, name: str, index_step: int, split: str, run_dir: str,
+                    index_checkpoint: str) -> tuple[tuple[list[str], str], str]:
+    """Retrieval recall of the questions of `split` against index `index_step` of `run_dir`
+    (built from `index_checkpoint`): (the evaluation child, the metrics file it writes)."""
+    output = os.path.join(self.evals, f"recall_{name}.jsonl")
+    child = (python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
+                           *_gin(f"RUN_DIR='{run_dir}'", "evaluate_main.mode='retrieval'",
+                                 f"evaluate_main.index_step={index_step}",
+                                 f"evaluate_main.first_index_checkpoint_dir='{index_checkpoint}'",
+                                 f"evaluate_main.split='{split}'",
+                                 f"evaluate_main.output='{output}'",
+                                 *self.data_bindings("evaluate"))),
+             os.path.join(self.logs, f"recall_{name}.log"))
+    return child, output.replace(".jsonl", ".metrics.json")
 
   def _ict_checkpoint(self) -> str:
     return latest_checkpoint_dir(self.ict)
@@ -341,9 +400,40 @@ class Recipe:
       return retriever, ()
     return retriever, (f"ENCODER_CHECKPOINT={_quoted(reader)}",)
 
+  def _pretrain_command(self, bert: Optional[str], dry_run: bool = False) -> list[str]:
+    """The pretraining trainer's command line (`dry_run`: from no warm start, checked only)."""
+    return python_module(
+        "realm_jax.train", "--gin_file=gin_configs/experiments/toy_pretrain.gin",
+        *_gin(f"RUN_DIR='{self.pretrain}'",
+              f"INIT_CHECKPOINT={_quoted(None if dry_run else self._ict_checkpoint())}",
+              f"ENCODER_CHECKPOINT={_quoted(bert)}",
+              # Without a builder no refresh is ever published to wait for.
+              *([] if self.with_builder else ["PretrainJob.refresh_in_lockstep=False"]),
+              *self.data_bindings("pretrain"), *self.pretrain_bindings),
+        *(["--dry_run"] if dry_run else []))
+
+  def _pretrain(self, bert: Optional[str]) -> None:
+    """REALM pretraining from the warm start, with the index builder alongside unless
+    `with_builder` is off (`realm_jax_launch.local.run_local` starts both)."""
+    import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
+    builder = None
+    if self.with_builder:
+      # Polling often: in lockstep the trainer waits for each index the builder makes.
+      builder = python_module("realm_jax.build_index",
+                              "--gin_file=gin_configs/runs/build_index.gin",
+                              *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
+                                    "build_index_main.poll_seconds=0.5"))
+    code = launcher.run_local(self._pretrain_command(bert), builder, log_dir=self.logs,
+                              console=_Progress(sys.stdout), env_trainer=child_env(),
+                              env_builder=child_env(), run_dir=self.pretrain)
+    if code - 128 in gin_utils.STOP_SIGNALS + (signal.SIGHUP,):
+      # The launcher caught the signal meant for this process and stopped both children.
+      raise gin_utils.Interrupted(code - 128)
+    if code:
+      raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
+
   def run(self) -> dict:
     from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
-    import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
 
     bert = self._bert_checkpoint()
     self.stage(f"1 warm start ({os.path.basename(self.warm_start_gin)})", self.trained(self.ict),
@@ -356,33 +446,9 @@ class Recipe:
     self.stage("  recall before pretraining", os.path.exists(before),
                 lambda: self._recall("before", 0))
 
-    def pretrain():
-      trainer = python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_pretrain.gin",
-                        *_gin(f"RUN_DIR='{self.pretrain}'",
-                              f"INIT_CHECKPOINT='{self._ict_checkpoint()}'",
-                              f"ENCODER_CHECKPOINT={_quoted(bert)}",
-                              # Without a builder no refresh is ever published to wait for.
-                              *([] if self.with_builder
-                                else ["PretrainJob.refresh_in_lockstep=False"]),
-                              *self.pretrain_bindings))
-      builder = None
-      if self.with_builder:
-        # Polling often: in lockstep the trainer waits for each index the builder makes.
-        builder = python_module("realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
-                          *_gin(f"RUN_DIR='{self.pretrain}'", f"BLOCK_STORE='{self.store}'",
-                                "build_index_main.poll_seconds=0.5"))
-      code = launcher.run_local(trainer, builder, log_dir=self.logs,
-                                console=_Progress(sys.stdout), env_trainer=child_env(),
-                                env_builder=child_env(), run_dir=self.pretrain)
-      if code - 128 in gin_utils.STOP_SIGNALS + (signal.SIGHUP,):
-        # The launcher caught the signal meant for this process and stopped both children.
-        raise gin_utils.Interrupted(code - 128)
-      if code:
-        raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
-
     self.stage("3 REALM pretraining" + (" + index builder (two processes)"
                                           if self.with_builder else " (index never refreshed)"),
-                self.trained(self.pretrain), pretrain)
+                self.trained(self.pretrain), lambda: self._pretrain(bert))
     if not self.with_builder:
       # Without the builder the pretraining run's newest index is the warm start's (step 0):
       # "recall after pretraining" must read the pretrained retriever, so its final checkpoint
@@ -437,7 +503,8 @@ class Recipe:
       init_checkpoint = self._bert_checkpoint()
     run_child(python_module("realm_jax.train", f"--gin_file={self.warm_start_gin}",
                             *_gin(f"RUN_DIR='{run_dir}'",
-                                  f"INIT_CHECKPOINT={_quoted(init_checkpoint)}", *bindings)),
+                                  f"INIT_CHECKPOINT={_quoted(init_checkpoint)}",
+                                  *self.data_bindings("ict"), *bindings)),
               os.path.join(self.logs, log))
 
   def _bert_checkpoint(self) -> Optional[str]:
@@ -452,11 +519,13 @@ class Recipe:
                    os.path.join(self.logs, "toy_bert.log")))
     return step_dir
 
-  def _finetune_child(self, run_dir: str, init_checkpoint: str, log: str,
+  def _finetune_child(self, run_dir: str, init_checkpoint: Optional[str], log: str,
                       *bindings: str) -> tuple[list[str], str]:
     return (python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
-                          *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT='{init_checkpoint}'",
-                                *bindings, *self.finetune_bindings)),
+                          *_gin(f"RUN_DIR='{run_dir}'",
+                                f"INIT_CHECKPOINT={_quoted(init_checkpoint)}",
+                                *bindings, *self.data_bindings("finetune"),
+                                *self.finetune_bindings)),
             os.path.join(self.logs, f"{log}.log"))
 
   def _qa_name(self) -> str:
@@ -468,12 +537,15 @@ class Recipe:
     "checkpoint_choice" says which checkpoint was evaluated: the one best.json names)."""
     return self._evaluate_child(self.finetune, self._qa_name())[1]
 
-  def _evaluate_child(self, run_dir: str, name: str) -> tuple[tuple[list[str], str], str]:
-    """EM on the toy QA split: (the evaluation child, the metrics file it writes)."""
+  def _evaluate_child(self, run_dir: str, name: str,
+                      *bindings: str) -> tuple[tuple[list[str], str], str]:
+    """EM on the toy QA split (`bindings`: extra evaluate_main ones): (the evaluation child, the
+    metrics file it writes)."""
     predictions = os.path.join(self.evals, f"{name}_{self.eval_split}.jsonl")
     child = (python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
                            *_gin(f"RUN_DIR='{run_dir}'", f"evaluate_main.split='{self.eval_split}'",
-                                 f"evaluate_main.output='{predictions}'")),
+                                 f"evaluate_main.output='{predictions}'",
+                                 *self.data_bindings("evaluate"), *bindings)),
              os.path.join(self.logs, f"evaluate_{name}.log"))
     return child, predictions.replace(".jsonl", ".metrics.json")
 
@@ -531,43 +603,660 @@ def format_table(summary: dict, wall_seconds: float) -> str:
   return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+# ------------------------------------------------------------------------------ your own data
+
+OWN_OUT = "/tmp/realm_own"
+# The name your corpus's tasks carry (ict_own, realm_own_salient_span): each child registers
+# them over the recipe's BlockStore (`realm_jax_tasks.register_corpus_for_task`).
+OWN_CORPUS = "own"
+# Fine-tuning trains on train, picks its checkpoint on dev (and the verdict on pretraining
+# reads dev); the table reports test.
+QA_SPLITS = ("train", "dev", "test")
+# The block length chosen from the documents: the smallest multiple of BLOCK_LEN_MULTIPLE that
+# holds BLOCK_LEN_QUANTILE of the first SAMPLED_DOCUMENTS documents whole, within
+# [MIN_BLOCK_LEN, REALM's 288]. Multiples of 32: the index builder cuts each batch to such a
+# bucket anyway (`build_index_main.length_bucket`). A longer document becomes several blocks,
+# as a Wikipedia article does.
+SAMPLED_DOCUMENTS = 2000
+BLOCK_LEN_QUANTILE = 0.9
+BLOCK_LEN_MULTIPLE = 32
+MIN_BLOCK_LEN = 64
+# ICT's removal probability chosen from the BlockStore: the highest of ORQA's 0.9, 0.8, ..., 0.0
+# at which the blocks ICT cannot use (one sentence, removed: no body left) stay at most this
+# share of the corpus, the share past which ICT itself warns (realm_jax_tasks.pretraining).
+ICT_MAX_SKIPPED = 0.1
+ORQA_REMOVE_PROBABILITY = 0.9
+DEFAULT_MIN_ANSWERABLE = 0.5
+# Reader rows are `[CLS] question [SEP] body [SEP]`: the block length and this much room for
+# the question, as toy_finetune.gin's 160 for the toy world's blocks of 128.
+READER_QUESTION_ROOM = 32
+# Checkpoints per run when --ict_steps, --pretrain_steps or --finetune_steps set its length, as
+# the toy gins have them: ICT 400 steps / 100; pretraining 400 / 80, five refreshes of the
+# index in lockstep and five retrieval-utility evaluations to pick the best from; fine-tuning
+# 300 / 100, three dev evaluations.
+CHECKPOINTS_PER_RUN = {"ict": 4, "pretrain": 5, "finetune": 3}
+
+
+class InputError(Exception):
+  """Your corpus or questions cannot be used, or `--out` holds another run's: one line naming
+  the file (and the record and field where there is one), raised before anything trains."""
+
+
+def step_bindings(child: str, steps: Optional[int]) -> list[str]:
+  """`--ict_steps`, `--pretrain_steps`, `--finetune_steps` ('ict', 'pretrain', 'finetune') as
+  gin bindings: NUM_STEPS and a checkpoint every 1/CHECKPOINTS_PER_RUN of the run; none for
+  None (the toy gin's own)."""
+  if steps is None:
+    return []
+  every = max(1, steps // CHECKPOINTS_PER_RUN[child])
+  return [f"NUM_STEPS={steps}", f"train_main.checkpoint_every={every}"]
+
+
+def absolute_questions(questions: str) -> str:
+  """`--questions` with its path made absolute (the children run from the repository root),
+  `regex:` kept."""
+  from realm_jax_tasks import open_qa  # pylint: disable=g-import-not-at-top
+  regex, path = open_qa.qa_path(questions)
+  return (open_qa.REGEX_PREFIX if regex else "") + path
+
+
+def check_questions(questions: str) -> dict[str, tuple[str, list]]:
+  """Your question files read whole and checked: {split: (file, its QAExamples)} for train,
+  dev and test, each example's `source` its "file:line".
+
+  Raises:
+    InputError: no such path, a split missing or empty, or a bad record (naming its file, line
+      and field).
+  """
+  import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+  try:
+    splits = realm_jax_tasks.read_qa_files(questions)
+  except ValueError as e:  # QADataError (a bad record) is one too, and names file:line, field
+    raise InputError(f"--questions: {e}") from e
+  missing = [split for split in QA_SPLITS if split not in splits]
+  if missing:
+    found = ", ".join(f"{split} ({file})" for split, (file, _) in splits.items())
+    raise InputError(
+        f"--questions {questions}: no {' or '.join(missing)} split (found {found}): the recipe "
+        f"fine-tunes on train, picks its checkpoints on dev and reports test, so it needs a "
+        f"directory with train, dev and test as .jsonl (ORQA's form, {{\"question\", "
+        f"\"answer\": [...]}} per line) or .csv/.tsv (DPR's)")
+  for split, (file, examples) in splits.items():
+    if not examples:
+      raise InputError(f"{file}: no questions (the {split} split of --questions is empty)")
+  return {split: splits[split] for split in QA_SPLITS}
+
+
+def document_lengths(source, limit: int = SAMPLED_DOCUMENTS) -> list[int]:
+  """Wordpieces of `[CLS] title [SEP] text [SEP]` of the first `limit` documents of a
+  `corpus.make_source` source (REALM's records: of each block).
+
+  Raises:
+    InputError: a bad record among them, named as build_corpus names it.
+  """
+  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  vocab = vocab_lib.default_vocabulary()
+  lengths = []
+  for item in source:
+    if isinstance(item, corpus.BadRecord):
+      raise InputError(f"--documents: {item.message}")
+    lengths.append(3 + len(vocab.encode(item.title)) + len(vocab.encode(item.text)))
+    if len(lengths) >= limit:
+      break
+  return lengths
+
+
+def choose_block_len(lengths: Sequence[int]) -> tuple[int, str]:
+  """(max_block_len, why) from documents' wordpiece lengths (`document_lengths`): the smallest
+  multiple of BLOCK_LEN_MULTIPLE that holds BLOCK_LEN_QUANTILE of them whole, within
+  [MIN_BLOCK_LEN, REALM's 288]."""
+  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  if not lengths:
+    raise InputError("--documents: no documents")
+  lengths = np.asarray(lengths)  # [documents]
+  # The least length that this share of the documents does not exceed.
+  quantile = float(np.quantile(lengths, BLOCK_LEN_QUANTILE, method="inverted_cdf"))
+  block_len = int(np.clip(-(-quantile // BLOCK_LEN_MULTIPLE) * BLOCK_LEN_MULTIPLE,
+                          MIN_BLOCK_LEN, corpus.DEFAULT_MAX_BLOCK_LEN))
+  whole = float(np.mean(lengths <= block_len))
+  return block_len, (
+      f"chosen from the documents: {BLOCK_LEN_QUANTILE:.0%} of the first {len(lengths):,} have "
+      f"at most {quantile:.0f} wordpieces as [CLS] title [SEP] text [SEP] (median "
+      f"{np.median(lengths):.0f}), and blocks of {block_len} hold {whole:.0%} of them whole: "
+      f"the smallest multiple of {BLOCK_LEN_MULTIPLE} to hold {BLOCK_LEN_QUANTILE:.0%}, within "
+      f"{MIN_BLOCK_LEN}..{corpus.DEFAULT_MAX_BLOCK_LEN} (REALM's, for Wikipedia's long "
+      f"articles); a longer document becomes several blocks; --max_block_len sets it")
+
+
+def sentence_counts(store) -> np.ndarray:
+  """The sentences of each block's body as ICT splits them (`data.sentences`). int [blocks]."""
+  from realm_jax.data import sentences  # pylint: disable=g-import-not-at-top
+  return np.array([len(sentences.split_sentences(store.body(block_id)))
+                   for block_id in range(store.num_blocks)], np.int64)
+
+
+def choose_ict_remove_probability(counts: Sequence[int]) -> tuple[float, str]:
+  """(ICT's removal probability, why) from each block's sentence count (`sentence_counts`):
+  the highest of 0.9, 0.8, ..., 0.0 at which the one-sentence blocks ICT cannot use (their
+  sentence removed, no body is left) stay at most ICT_MAX_SKIPPED of the blocks."""
+  counts = np.asarray(counts)  # [blocks]
+  one = float(np.mean(counts == 1)) if counts.size else 0.0
+  # ICT loses a one-sentence block with probability p: about one * p of the corpus.
+  probability = next(p / 10 for p in range(round(ORQA_REMOVE_PROBABILITY * 10), -1, -1)
+                     if one * p / 10 <= ICT_MAX_SKIPPED + 1e-9)
+  lost_at_orqa = one * ORQA_REMOVE_PROBABILITY
+  orqa = ("ORQA's" if probability == ORQA_REMOVE_PROBABILITY else
+          f"at ORQA's {ORQA_REMOVE_PROBABILITY:g} it would lose {lost_at_orqa:.0%}: the highest "
+          f"of 0.9, 0.8, ... to keep the loss within the")
+  return probability, (
+      f"chosen from the BlockStore: {one:.0%} of its {counts.size:,} blocks are one sentence, "
+      f"which ICT cannot use when it removes that sentence (no body is left), so at "
+      f"{probability:g} it loses about {one * probability:.0%} of the blocks; {orqa} "
+      f"{ICT_MAX_SKIPPED:.0%} past which ICT warns; --ict_remove_probability sets it")
+
+
+def check_answers(splits: dict[str, tuple[str, list]], texts, min_answerable: float
+                  ) -> list[str]:
+  """Whether the questions' answers occur in the corpus at all (`texts`: the block bodies, as
+  recall reads them): the lines to print about the questions whose answers occur nowhere (no
+  retriever can find them; they count as misses), one per split that has some.
+
+  Raises:
+    InputError: in some split, less than `min_answerable` of the questions has an answer in
+      the corpus: the questions are not this corpus's (naming the file and the first ones).
+  """
+  from realm_jax.evaluation import retrieval  # pylint: disable=g-import-not-at-top
+  examples = [e for _, split_examples in splits.values() for e in split_examples]
+  found = retrieval.answers_in_corpus(examples, texts)  # [all questions]
+  lines, begin = [], 0
+  for split, (file, split_examples) in splits.items():
+    absent = [e for e, ok in zip(split_examples, found[begin:begin + len(split_examples)])
+              if not ok]
+    begin += len(split_examples)
+    if not absent:
+      continue
+    first = "; ".join(f"{e.source}: answers {list(e.answers)}" for e in absent[:3])
+    share = 1 - len(absent) / len(split_examples)
+    if share < min_answerable:
+      raise InputError(
+          f"{file}: {len(absent):,} of {len(split_examples):,} {split} questions have no answer "
+          f"anywhere in --documents (only {share:.0%} do, less than --min_answerable "
+          f"{min_answerable:g}): are these the questions of this corpus? First: {first}")
+    lines.append(f"{PROG}: {len(absent):,} of {len(split_examples):,} {split} questions have "
+                 f"no answer anywhere in the corpus (no retriever can find one; they count as "
+                 f"misses): {first}")
+  return lines
+
+
+def pretraining_verdict(before: dict, after: dict, step: int) -> str:
+  """One plain line: did pretraining improve retrieval over the warm start? `before`, `after`:
+  the dev recall metrics ({"recall@k": ...}) of the warm start's index and of the index of the
+  pretrained checkpoint `step`; improved means higher at a recall cut-off."""
+  ks = sorted((k for k in before if k.startswith("recall@")), key=lambda k: int(k[7:]))
+  higher = [k for k in ks if after[k] > before[k]]
+  figures = ", ".join(f"{k} {before[k]:.3f} -> {after[k]:.3f}" for k in ks)
+  if not higher:
+    how = "Pretraining did not improve retrieval over the warm start"
+  elif len(higher) == len(ks):
+    how = "Pretraining improved retrieval over the warm start"
+  else:
+    how = (f"Pretraining improved retrieval over the warm start at {', '.join(higher)} only")
+  return (f"{how}: dev {figures} (the warm start's index -> that of pretraining checkpoint "
+          f"{step}).")
+
+
+class OwnDataRecipe(Recipe):
+  """The recipe's stages on your corpus and questions (`python -m realm_jax.recipe --documents
+  ... --questions ...`, the module docstring's "Your own corpus and questions").
+
+  Before anything trains (`prepare`, then `_dry_runs`): the questions read and checked, the
+  block length chosen from the documents, the BlockStore built, ICT's removal probability
+  chosen from it, the answers looked for in it, the settings recorded (a resumed run must share
+  them) and every training child's configuration checked by its own dry run. Then the toy
+  recipe's stages over the toy gins, each child pointed at your data (`data_bindings`), with
+  BM25 beside the dense retrievers, REALM's pretrained checkpoint picked by retrieval utility
+  (best.json) rather than the last, and a third fine-tuning: the reader on BM25's blocks.
+  """
+
+  def __init__(self, out: str, *, documents: str, questions: str,
+               documents_format: str = "jsonl", toy_bert: Optional[str] = None,
+               ict_from_bert: bool = False, max_block_len: Optional[int] = None,
+               ict_remove_probability: Optional[float] = None,
+               min_answerable: float = DEFAULT_MIN_ANSWERABLE,
+               warm_start_bindings: Sequence[str] = (), pretrain_bindings: Sequence[str] = (),
+               finetune_bindings: Sequence[str] = ()):
+    """Args: out: the output directory (its BlockStore in `<out>/store`); documents: the
+    corpus (`build_corpus --input`, an absolute path for files); questions: your QA files
+    (`absolute_questions`); documents_format: `build_corpus --source`; toy_bert, ict_from_bert,
+    the bindings: as Recipe's; max_block_len, ict_remove_probability: None to choose them from
+    the data; min_answerable: the least share of a split's questions whose answers must occur
+    in the corpus."""
+    out = os.path.abspath(out)
+    super().__init__(out, os.path.join(out, "store"), toy_bert=toy_bert,
+                     ict_from_bert=ict_from_bert, warm_start_bindings=warm_start_bindings,
+                     pretrain_bindings=pretrain_bindings, finetune_bindings=finetune_bindings)
+    self.documents = documents
+    self.documents_format = documents_format
+    self.questions = questions
+    self.max_block_len = max_block_len
+    self.ict_remove_probability = ict_remove_probability
+    self.min_answerable = min_answerable
+    self.bm25_reader = os.path.join(self.out, "bm25_reader")
+    # What the user asked for, by the flags that ask it, recorded: a resumed run must ask for
+    # the same.
+    self.arguments = {"--documents": documents, "--documents_format": documents_format,
+                      "--questions": questions, "--toy_bert": toy_bert,
+                      "--ict_from": "bert" if ict_from_bert else "random",
+                      "--max_block_len": max_block_len,
+                      "--ict_remove_probability": ict_remove_probability,
+                      "--ict_steps": list(warm_start_bindings),
+                      "--pretrain_steps": list(pretrain_bindings),
+                      "--finetune_steps": list(finetune_bindings)}
+    self.settings: dict = {}  # what `prepare` chose, and why
+
+  def data_bindings(self, child: str) -> tuple[str, ...]:
+    """Each kind of child pointed at your corpus (the tasks `OWN_CORPUS` names, registered by
+    the child over the BlockStore) and your questions (their path as the task)."""
+    store = f"'{self.store}'"
+    return {
+        "ict": (f"TASK='ict_{OWN_CORPUS}'", f"BLOCK_STORE={store}",
+                f"IctJob.ict_remove_probability={self.ict_remove_probability}"),
+        "pretrain": (f"TASK='realm_{OWN_CORPUS}_salient_span'", f"BLOCK_STORE={store}"),
+        "finetune": (f"TASK='{self.questions}'", f"BLOCK_STORE={store}",
+                     f"FinetuneJob.reader_len={self.max_block_len + READER_QUESTION_ROOM}"),
+        "evaluate": (f"TASK='{self.questions}'", f"evaluate_main.block_store={store}"),
+    }[child]
+
+  def _settings_path(self) -> str:
+    return os.path.join(self.out, "own_data.json")
+
+  def _check_same_arguments(self) -> None:
+    """InputError when `<out>` holds a run of other data or settings (`own_data.json`)."""
+    if not os.path.exists(self._settings_path()):
+      return
+    with open(self._settings_path(), encoding="utf-8") as f:
+      recorded = json.load(f)["arguments"]
+    differ = [f"{key} {recorded.get(key)!r} then, {value!r} now"
+              for key, value in self.arguments.items() if recorded.get(key) != value]
+    if differ:
+      raise InputError(f"--out {self.out} holds a run of other data or settings ("
+                       f"{'; '.join(differ)}): pass --fresh to start over, or another --out")
+
+  def prepare(self) -> None:
+    """Everything your data decides, checked before anything trains: the questions, the block
+    length, the BlockStore, ICT's removal probability and the answers in the corpus; each
+    choice printed with its reason (and kept in `settings`, for the summary), the arguments
+    recorded in `<out>/own_data.json` once the BlockStore is built."""
+    from realm_jax import fileio  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    self._check_same_arguments()
+    splits = check_questions(self.questions)
+    print(f"{PROG}: your questions: " + ", ".join(
+        f"{split} {len(examples):,} ({file})" for split, (file, examples) in splits.items()),
+          flush=True)
+    why = "as given"
+    if self.max_block_len is None:
+      try:
+        source = corpus.make_source(self.documents_format, self.documents)
+      except (ValueError, OSError) as e:  # CorpusInputError is a ValueError
+        raise InputError(f"--documents: {gin_utils.one_line(e)}") from e
+      self.max_block_len, why = choose_block_len(document_lengths(source))
+    self.settings["max_block_len"] = {"value": self.max_block_len, "why": why}
+    print(f"{PROG}: max_block_len {self.max_block_len} ({why})", flush=True)
+    manifest = os.path.join(self.store, "manifest.json")  # published last: the store is whole
+    self.stage(f"0 the BlockStore of your documents ({self.store})", os.path.isfile(manifest),
+               lambda: run_child(python_module(
+                   "realm_jax.build_corpus", "--source", self.documents_format, "--input",
+                   self.documents, "--out", self.store, "--max_block_len",
+                   str(self.max_block_len)), os.path.join(self.logs, "build_corpus.log")))
+    store = corpus.BlockStore.open(self.store, verify="fast")
+    fileio.write_json_atomically(self._settings_path(), {"arguments": self.arguments})
+    print(f"{PROG}: {store.num_blocks:,} blocks of at most {store.max_block_len} wordpieces",
+          flush=True)
+    why = "as given"
+    if self.ict_remove_probability is None:
+      self.ict_remove_probability, why = choose_ict_remove_probability(sentence_counts(store))
+    self.settings["ict_remove_probability"] = {"value": self.ict_remove_probability, "why": why}
+    print(f"{PROG}: ICT removal probability {self.ict_remove_probability:g} ({why})", flush=True)
+    lines = check_answers(splits, (store.body(i) for i in range(store.num_blocks)),
+                          self.min_answerable)
+    print("\n".join(lines) or f"{PROG}: every question has an answer somewhere in the corpus",
+          flush=True)
+    store.close()
+
+  def _dry_runs(self, bert: Optional[str]) -> None:
+    """Each training child's configuration checked by its own `--dry_run`, side by side: the
+    tasks over your data, the BERT's shape against the model's, the settings. Nothing is read
+    or written; a mistake stops the recipe here, before anything trains."""
+    ict = python_module("realm_jax.train", f"--gin_file={self.warm_start_gin}",
+                        *_gin(f"RUN_DIR='{self.ict}'",
+                              f"INIT_CHECKPOINT={_quoted(bert if self.ict_from_bert else None)}",
+                              *self.data_bindings("ict"), *self.warm_start_bindings), "--dry_run")
+    finetune, _ = self._finetune_child(self.bm25_reader, None, "dry_run_finetune",
+                                       *self._bm25_reader_bindings(bert))
+    run_children([(ict, os.path.join(self.logs, "dry_run_ict.log")),
+                  (self._pretrain_command(bert, dry_run=True),
+                   os.path.join(self.logs, "dry_run_pretrain.log")),
+                  (finetune + ["--dry_run"], os.path.join(self.logs, "dry_run_finetune.log"))])
+
+  def _bm25_reader_bindings(self, bert: Optional[str]) -> tuple[str, ...]:
+    """The BM25 reader's fine-tuning: the baseline's reader (the BERT) on BM25's blocks."""
+    return (f"ENCODER_CHECKPOINT={_quoted(bert)}", "FinetuneJob.candidates='bm25'")
+
+  def pretrain_choice(self) -> tuple[int, str]:
+    """The pretraining checkpoint fine-tuning starts from, as REALM's authors pick it: the best
+    by retrieval utility, recorded by the trainer in best.json (`evaluation.runs.
+    choose_checkpoint`, as `evaluate` picks a fine-tuned checkpoint by dev EM); the newest
+    when there is no best.json. (step, why)."""
+    from realm_jax.evaluation import runs  # pylint: disable=g-import-not-at-top
+    step, why = runs.choose_checkpoint(self.pretrain, None)
+    if step is None:
+      raise RuntimeError(f"{self.pretrain}: no finished pretraining checkpoint")
+    return step, why
+
+  def _pretrain_checkpoint(self) -> str:
+    from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
+    return checkpoints.checkpoint_path(self.pretrain, self.pretrain_choice()[0])
+
+  def _bm25_recall_child(self) -> tuple[tuple[list[str], str], str]:
+    """BM25's recall of the test questions (no model): (the child, its metrics file)."""
+    output = os.path.join(self.evals, "recall_bm25_test.jsonl")
+    child = (python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
+                           *_gin("RUN_DIR=None", "evaluate_main.mode='bm25'",
+                                 "evaluate_main.split='test'", f"evaluate_main.output='{output}'",
+                                 *self.data_bindings("evaluate"))),
+             os.path.join(self.logs, "recall_bm25_test.log"))
+    return child, output.replace(".jsonl", ".metrics.json")
+
+  def run(self) -> dict:
+    from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
+    self.prepare()
+    bert = self._bert_checkpoint()
+    self.stage("0 every training stage's configuration (their dry runs, side by side)",
+               _latest_step(self.ict) is not None, lambda: self._dry_runs(bert))
+    self.stage("1 warm start (ICT on your corpus)", self.trained(self.ict),
+               lambda: self.train_ict(self.ict, "ict.log", *self.warm_start_bindings))
+    self.stage("2 first index (from the warm start's checkpoint)",
+               store_lib.latest_index_step(self.pretrain) is not None,
+               lambda: run_child(*self._index_child(self.pretrain, self._ict_checkpoint(),
+                                                    "index_0.log")))
+    ict = self._ict_checkpoint()
+    before = {split: self._recall_child(f"before_{split}", 0, split, self.pretrain, ict)
+              for split in ("dev", "test")}
+    bm25 = self._bm25_recall_child()
+    self._stage_children("  recall of BM25 (test) and of the warm start (dev, test)",
+                         [bm25, *before.values()])
+    self.stage("3 REALM pretraining + index builder (two processes)", self.trained(self.pretrain),
+               lambda: self._pretrain(bert))
+    step, why = self.pretrain_choice()
+    print(f"{PROG}: fine-tuning starts from pretraining checkpoint {step} ({why}), as REALM "
+          f"picks it: by retrieval utility, not the last ({_latest_step(self.pretrain)})",
+          flush=True)
+    pretrained = self._pretrain_checkpoint()
+    self.stage("4 frozen indexes for fine-tuning (REALM's from that checkpoint, the ORQA-style "
+               "baseline's from the warm start)",
+               all(store_lib.latest_index_step(d) is not None for d in (self.finetune, self.orqa)),
+               lambda: run_children([
+                   self._index_child(run_dir, checkpoint, f"index_{name}.log")
+                   for run_dir, checkpoint, name in ((self.finetune, pretrained, "finetune"),
+                                                     (self.orqa, ict, "finetune_orqa"))
+                   if store_lib.latest_index_step(run_dir) is None]))
+    # The REALM fine-tuning's frozen index is the chosen checkpoint's: recall after pretraining.
+    after = {split: self._recall_child(f"after_{split}", 0, split, self.finetune, pretrained)
+             for split in ("dev", "test")}
+    self._stage_children("  recall after pretraining (that checkpoint's index; dev, test)",
+                         list(after.values()))
+    baseline_reader = (f"ENCODER_CHECKPOINT={_quoted(bert)}",)
+    # (run directory, INIT_CHECKPOINT, log, bindings, evaluation name, evaluate's bindings)
+    runs = [(self.finetune, pretrained, "finetune", (), "realm", ()),
+            (self.orqa, ict, "finetune_orqa", baseline_reader, "orqa", ()),
+            (self.bm25_reader, ict, "finetune_bm25", self._bm25_reader_bindings(bert),
+             "bm25_reader", ("evaluate_main.candidates='bm25'",))]
+    which = "REALM, the ORQA-style baseline and the BM25 reader, side by side"
+    self.stage(f"5 open-QA fine-tuning ({which})", all(self.trained(run[0]) for run in runs),
+               lambda: run_children([self._finetune_child(run_dir, init, log, *bindings)
+                                     for run_dir, init, log, bindings, _, _ in runs
+                                     if not self.trained(run_dir)]))
+    evaluations = {name: self._evaluate_child(run_dir, name, *bindings)
+                   for run_dir, _, _, _, name, bindings in runs}
+    self._stage_children(f"6 evaluation on your test questions ({which})",
+                         list(evaluations.values()))
+    return self.own_summary({"bm25": bm25[1], "warm_start": before["test"][1],
+                             "pretrained": after["test"][1]},
+                            {"warm_start": before["dev"][1], "pretrained": after["dev"][1]},
+                            {name: metrics for name, (_, metrics) in evaluations.items()})
+
+  def _stage_children(self, name: str, children: Sequence[tuple[tuple[list[str], str], str]]
+                      ) -> None:
+    """A stage of independent evaluations ((child, its metrics file) each), side by side,
+    done when every metrics file exists."""
+    self.stage(name, all(os.path.exists(metrics) for _, metrics in children),
+               lambda: run_children([child for child, metrics in children
+                                     if not os.path.exists(metrics)]))
+
+  def own_summary(self, recall: dict[str, str], dev_recall: dict[str, str],
+                  qa: dict[str, str]) -> dict:
+    """The figures of the table: recall (metrics files by row: 'bm25', 'warm_start',
+    'pretrained'), dev recall ('warm_start', 'pretrained'), the fine-tuned rows' evaluations
+    ('realm', 'orqa', 'bm25_reader'), pretraining's own figures at the chosen checkpoint."""
+    scalars = read_scalars(os.path.join(self.pretrain, "tensorboard"))
+    step, why = self.pretrain_choice()
+
+    def at(tag: str, which: str) -> float:
+      values = scalars.get(tag, {})
+      if not values:
+        return float("nan")
+      return values.get({"first": min(values), "last": max(values)}.get(which, step),
+                        float("nan"))
+
+    staleness = list(scalars.get("retrieval/staleness_steps", {}).values())
+    from realm_jax_tasks import open_qa  # pylint: disable=g-import-not-at-top
+
+    def metrics(path: str) -> dict:
+      return _metrics_json(path)["metrics"]
+
+    dev = {row: metrics(path) for row, path in dev_recall.items()}
+    return {
+        "documents": self.documents, "questions": self.questions, "settings": self.settings,
+        "verdict": pretraining_verdict(dev["warm_start"], dev["pretrained"], step),
+        "answer_metric": "regex_match" if open_qa.qa_path(self.questions)[0] else "exact_match",
+        "recall": {row: metrics(path) for row, path in recall.items()},
+        "dev_recall": dev,
+        "qa": {row: metrics(path) for row, path in qa.items()},
+        "pretrain_checkpoint": {"step": step, "choice": why,
+                                "last": _latest_step(self.pretrain)},
+        "mlm_accuracy_null_only": at("eval/mlm/null_accuracy", "chosen"),
+        "mlm_accuracy_realm": at("eval/mlm/accuracy", "chosen"),
+        "retrieval_utility": {which: at("eval/retrieval/utility", which)
+                              for which in ("first", "chosen", "last")},
+        "refreshes": at("retrieval/refreshes", "last"),
+        "mean_staleness_steps": sum(staleness) / len(staleness) if staleness else float("nan"),
+        "stage_seconds": self.times,
+    }
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+  """A Markdown table, its columns padded to their widest cell."""
+  widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+  def line(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+  return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+          *(line(row) for row in rows)]
+
+
+def format_own_table(summary: dict, wall_seconds: float) -> str:
+  """The own-data recipe's result (Markdown): recall at every cut-off of every retriever, BM25
+  beside the dense ones, and test EM of the three fine-tuned readers; pretraining's figures;
+  the verdict on pretraining and the settings chosen from the data, one line each."""
+  ks = sorted((k for k in summary["recall"]["bm25"] if k.startswith("recall@")),
+              key=lambda k: int(k[7:]))
+  answer = summary["answer_metric"]
+  step = summary["pretrain_checkpoint"]["step"]
+  chosen = ("best retrieval utility" if summary["pretrain_checkpoint"]["choice"].startswith("best")
+            else summary["pretrain_checkpoint"]["choice"])
+  rows = [("BM25 over the blocks' title and text", summary["recall"]["bm25"], None),
+          ("warm start (ICT) retriever, before pretraining", summary["recall"]["warm_start"],
+           None),
+          (f"REALM-pretrained retriever (checkpoint {step}: {chosen})",
+           summary["recall"]["pretrained"], None),
+          ("ORQA-style: warm-start retriever, BERT reader, fine-tuned", summary["qa"]["orqa"],
+           summary["qa"]["orqa"][answer]),
+          ("REALM: pretrained retriever and encoder, fine-tuned", summary["qa"]["realm"],
+           summary["qa"]["realm"][answer]),
+          ("BM25's top blocks, BERT reader fine-tuned on them (DrQA-style)",
+           summary["qa"]["bm25_reader"], summary["qa"]["bm25_reader"][answer])]
+  header = ["", *ks, "test EM" if answer == "exact_match" else "test regex match"]
+  lines = _markdown(header, [[name, *(f"{metrics[k]:.3f}" for k in ks),
+                              "" if em is None else f"{em:.3f}"] for name, metrics, em in rows])
+  utility = summary["retrieval_utility"]
+  lines += [""] + _markdown(["pretraining", "value"], [
+      ("masked salient-span accuracy, null document only -> REALM (checkpoint "
+       f"{step})", f"{summary['mlm_accuracy_null_only']:.3f} -> "
+                   f"{summary['mlm_accuracy_realm']:.3f}"),
+      ("retrieval utility, first -> chosen -> last checkpoint",
+       f"{utility['first']:.3f} -> {utility['chosen']:.3f} -> {utility['last']:.3f}"),
+      ("index refreshes picked up during pretraining", f"{summary['refreshes']:.0f}"),
+      ("mean index staleness (steps)", f"{summary['mean_staleness_steps']:.1f}"),
+      ("wall time", f"{wall_seconds / 60:.1f} min")])
+  lines += ["", summary["verdict"]]
+  lines += [f"{name}: {setting['value']:g} ({setting['why']})"
+            for name, setting in summary["settings"].items()]
+  return "\n".join(lines)
+
+
+def _positive(kind: type):
+  """An argparse type: a positive `kind` (int or float)."""
+  def parse(text: str):
+    value = kind(text)
+    if value <= 0:
+      raise argparse.ArgumentTypeError(f"{text}: expected a positive number")
+    return value
+  return parse
+
+
+def _probability(text: str) -> float:
+  value = float(text)
+  if not 0 <= value <= 1:
+    raise argparse.ArgumentTypeError(f"{text}: expected a probability in [0, 1]")
+  return value
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+  """The recipe's flags, checked together (`--documents` and `--questions` go as a pair; the
+  settings of your data need them)."""
   parser = argparse.ArgumentParser(prog=f"python -m realm_jax.{PROG}", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default %(default)s)")
+  parser.add_argument("--out", default=None,
+                      help=f"output directory (default {DEFAULT_OUT}; with --documents "
+                           f"{OWN_OUT})")
   parser.add_argument("--fresh", action="store_true", help="delete --out first")
   parser.add_argument("--toy_bert", default="shipped",
                       help="the BertForMaskedLM directory every tower starts from: 'shipped' "
                            "(default: the toy BERT in realm_jax/data/assets/toy_bert, "
                            "docs/toy_bert.md), 'none' (random weights) or a directory of the "
-                           "toy model's shape")
+                           "toy model's shape (hidden 128, 2 layers, 2 heads, intermediate 512; "
+                           "with --documents its shape is checked before anything trains)")
   parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
                       help="what ICT's towers start from: 'random' (default) weights, or the "
                            "--toy_bert BERT as REALM's start from BERT. A toy-world deviation: "
                            "the toy BERT's hidden states keep too little of which name a "
                            "wordpiece sequence spells for ICT to learn the toy world's name "
                            "matching from them (docs/architecture.md)")
+  own = parser.add_argument_group(
+      "your own corpus and questions (instead of the toy world; docs/own_corpus.md)")
+  own.add_argument("--documents",
+                   help="the corpus, as `build_corpus --input` reads it: a JSONL file "
+                        "({\"title\", \"text\"} per line, an optional \"id\" kept), a TFDS "
+                        "name with title/text features (train split), or the REALM release's "
+                        "retrieval-corpus TFRecords or ORQA's block files (--documents_format)")
+  own.add_argument("--documents_format", choices=("jsonl", "tfds", "realm"), default="jsonl",
+                   help="what --documents is (build_corpus --source; default %(default)s)")
+  own.add_argument("--questions",
+                   help="a directory with train, dev and test questions: <split>.jsonl in "
+                        "ORQA's form ({\"question\", \"answer\": [...]} per line) or "
+                        "<split>.csv/.tsv in DPR's (question, then a list literal of answers); "
+                        "regex:DIR for regular-expression answers scored by CuratedTrec's regex "
+                        "match. Fine-tuning trains on train and picks its checkpoint on dev; the "
+                        "table reports test")
+  own.add_argument("--max_block_len", type=_positive(int),
+                   help="wordpieces per block with [CLS] title [SEP] body [SEP] (default: chosen "
+                        "from the documents, the smallest multiple of 32 that holds 90%% of "
+                        "them whole, within 64..288, REALM's; the line it prints says why)")
+  own.add_argument("--ict_remove_probability", type=_probability,
+                   help="the probability that ICT removes its query sentence from the block "
+                        "(default: chosen from the BlockStore, ORQA's 0.9 or the highest tenth "
+                        "below it at which one-sentence blocks, which ICT cannot use without "
+                        "their sentence, stay within 10%% of the corpus)")
+  own.add_argument("--min_answerable", type=_probability, default=DEFAULT_MIN_ANSWERABLE,
+                   help="stop before anything trains when less than this share of a split's "
+                        "questions has an answer anywhere in the corpus (default %(default)s: "
+                        "a corpus and questions that do not belong together); the rest are "
+                        "named and count as misses")
+  steps = parser.add_argument_group(
+      "run lengths (default: the toy gins'; fewer steps try the pipeline in minutes)")
+  for child, what, default in (("ict", "ICT", 400), ("pretrain", "REALM pretraining", 400),
+                              ("finetune", "each fine-tuning", 300)):
+    steps.add_argument(f"--{child}_steps", type=_positive(int),
+                       help=f"{what} steps (default {default}), with a checkpoint every "
+                            f"1/{CHECKPOINTS_PER_RUN[child]} of them as the toy gin has it")
   args = parser.parse_args(argv)
+  if (args.documents is None) != (args.questions is None):
+    parser.error("--documents and --questions go together: your corpus and its questions")
+  if args.documents is None:
+    given = [flag for flag, value in (("--max_block_len", args.max_block_len),
+                                      ("--ict_remove_probability", args.ict_remove_probability),
+                                      ("--documents_format", args.documents_format != "jsonl"),
+                                      ("--min_answerable",
+                                       args.min_answerable != DEFAULT_MIN_ANSWERABLE))
+             if value not in (None, False)]
+    if given:
+      parser.error(f"{', '.join(given)}: settings of your own corpus, which --documents and "
+                   f"--questions give")
   try:
-    bert = toy_bert_dir(args.toy_bert)
+    args.bert = toy_bert_dir(args.toy_bert)
   except ValueError as e:
     parser.error(str(e))
+  args.out = args.out or (DEFAULT_OUT if args.documents is None else OWN_OUT)
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     parser.error(f"--out {args.out} is a file; give a directory (created if missing)")
+  if args.documents is not None:
+    # The children run from the repository root: files are named by absolute paths.
+    if args.documents_format != "tfds":
+      args.documents = os.path.abspath(args.documents)
+    args.questions = absolute_questions(args.questions)
+  return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = parse_args(argv)
   if args.fresh and os.path.exists(args.out):
     shutil.rmtree(args.out)
   # The gin files are addressed from the repository root, where the children run.
   os.chdir(gin_utils.REPO_ROOT)
-  import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+  bindings = {"warm_start_bindings": step_bindings("ict", args.ict_steps),
+              "pretrain_bindings": step_bindings("pretrain", args.pretrain_steps),
+              "finetune_bindings": step_bindings("finetune", args.finetune_steps)}
 
   def run() -> int:
     start = time.monotonic()
-    print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
-    recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=bert,
-                    ict_from_bert=args.ict_from == "bert")
+    if args.documents is None:
+      import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+      print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
+      recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=args.bert,
+                      ict_from_bert=args.ict_from == "bert", **bindings)
+    else:
+      recipe = OwnDataRecipe(args.out, documents=args.documents, questions=args.questions,
+                             documents_format=args.documents_format, toy_bert=args.bert,
+                             ict_from_bert=args.ict_from == "bert",
+                             max_block_len=args.max_block_len,
+                             ict_remove_probability=args.ict_remove_probability,
+                             min_answerable=args.min_answerable, **bindings)
     summary = recipe.run()
     wall = time.monotonic() - start
-    table = format_table(summary, wall)
+    table = (format_table if args.documents is None else format_own_table)(summary, wall)
     summary["wall_seconds"] = wall
     with open(os.path.join(recipe.out, "summary.json"), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=2)
@@ -577,9 +1266,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"{recipe.out}")
     return 0
 
-  # A stage that fails raises RuntimeError naming it and its log: one line, no traceback.
+  # A stage that fails raises RuntimeError naming it and its log, bad input an InputError
+  # naming the file: one line, no traceback.
   return gin_utils.run_command(PROG, run, interrupted="run the same command to resume",
-                               expected=(RuntimeError,), describe=gin_utils.one_line)
+                               expected=(RuntimeError, InputError), describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

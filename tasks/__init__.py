@@ -16,7 +16,8 @@ Other corpora are registered with `register_pretraining_tasks` (e.g. Wikipedia b
 `python -m realm_jax.build_corpus`; `register_corpus_for_task` does it from a task name, as
 `train` and `evaluate` do with a `block_store`), other QA data with `register_qa_task`, your own
 question files with `register_qa_files` (which `train` and `evaluate` call for a task that is a
-path: `TASK='/data/my_questions'`, `TASK='regex:/data/my_questions'`).
+path: `TASK='/data/my_questions'`, `TASK='regex:/data/my_questions'`; `read_qa_files` reads them
+at once, as the recipe checks them).
 """
 
 from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
@@ -25,7 +26,8 @@ from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
 hide_accelerators_from_tensorflow()
 
 from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV,  # noqa: E402
-                                     answers_are_regex, is_qa_path, register_benchmark_tasks, register_qa_files,
+                                     answers_are_regex, is_qa_path, read_qa_files,
+                                     register_benchmark_tasks, register_qa_files,
                                      register_qa_task)
 from realm_jax_tasks.pretraining import (MASKING_STRATEGIES,  # noqa: E402
                                          register_corpus_for_task, register_pretraining_tasks)

@@ -146,6 +146,27 @@ def _read_qa_file(path: str, answers_are_regex: bool) -> list[open_qa.QAExample]
   return open_qa.read_dpr_csv(path, answers_are_regex=answers_are_regex, delimiter=delimiter)
 
 
+def qa_path(task: str) -> tuple[bool, str]:
+  """(answers are regular expressions, absolute path) of your own QA files' task name (a
+  path, `regex:<path>` for regex answers)."""
+  answers_are_regex = task.startswith(REGEX_PREFIX)
+  return answers_are_regex, os.path.abspath(task[len(REGEX_PREFIX):] if answers_are_regex
+                                            else task)
+
+
+def read_qa_files(task: str) -> dict[str, tuple[str, list[open_qa.QAExample]]]:
+  """Every split of your own QA files (`task` as `register_qa_files` takes it), read now:
+  {split: (its file, its examples in file order)}, each example's `source` its "file:line".
+
+  Raises:
+    ValueError: no such file or directory, no QA file in it, or two files of one split.
+    open_qa.QADataError: a bad record, naming file, line and field.
+  """
+  answers_are_regex, path = qa_path(task)
+  return {split: (file, _read_qa_file(file, answers_are_regex))
+          for split, file in _split_files(path).items()}
+
+
 def is_qa_path(task: str) -> bool:
   """Whether a task name is your own QA files (a path, `regex:` for regex answers)."""
   path = task[len(REGEX_PREFIX):] if task.startswith(REGEX_PREFIX) else task
@@ -163,8 +184,7 @@ def register_qa_files(task: str) -> str:
   errors naming file, line and field, as for the benchmarks. The name is `qa_files_` and the
   sanitized absolute path, so the same files always get the same task.
   """
-  answers_are_regex = task.startswith(REGEX_PREFIX)
-  path = os.path.abspath(task[len(REGEX_PREFIX):] if answers_are_regex else task)
+  answers_are_regex, path = qa_path(task)
   files = _split_files(path)
   name = ("qa_regex_files_" if answers_are_regex else "qa_files_") + "".join(
       c if c.isalnum() else "_" for c in path).strip("_")

@@ -324,6 +324,8 @@ def test_build_index_settings_are_refused_before_any_wait(tmp_path, capsys, bind
      "PretrainJob.length_bucket: length_bucket must be an int >= 0"),
     ("toy_finetune", "FinetuneJob.length_bucket=1.5",
      "FinetuneJob.length_bucket: length_bucket must be an int >= 0"),
+    ("toy_finetune", "FinetuneJob.candidates='dense'",
+     "FinetuneJob.candidates='dense'; expected one of index, bm25"),
     ("toy_ict", "IctJob.ict_remove_probability=1.5", "expected a probability in [0, 1]"),
     # The toy world's ict_toy is registered (keeping the sentence) before any run.
     ("toy_ict", "IctJob.ict_remove_probability=0.5",
@@ -336,6 +338,15 @@ def test_binding_that_does_not_fit_the_job(name, binding, expected, tmp_path, ca
   line = _one_config_error(capsys, _train(*DRY_RUNS[name], f"--gin.RUN_DIR='{tmp_path}'",
                                           f"--gin.{binding}", "--dry_run"))
   assert expected in line, line
+
+
+def test_bm25_candidates_train_no_retriever(tmp_path, capsys):
+  line = _one_config_error(capsys, _train(
+      *DRY_RUNS["toy_finetune"], f"--gin.RUN_DIR='{tmp_path}'",
+      "--gin.FinetuneJob.candidates='bm25'", "--gin.FinetuneJob.train_document_tower=True",
+      "--dry_run"))
+  assert ("FinetuneJob.train_document_tower=True trains the retriever, and candidates='bm25' "
+          "has none to train" in line), line
 
 
 JOB_CLASSES = {"toy_pretrain": "PretrainJob", "toy_finetune": "FinetuneJob"}

@@ -166,6 +166,39 @@ def test_qa_mode_equals_the_evaluation_library_and_writes_both_files(world, libr
   assert [line["block_ids"] for line in lines] == [p["block_ids"] for p in expected_predictions]
 
 
+def test_qa_mode_on_bm25s_blocks_equals_the_library_with_the_bm25_searcher(world, capsys):
+  """A reader fine-tuned on BM25's blocks (FinetuneJob.candidates='bm25') is evaluated on them:
+  no index is read (the run's is moved away), and the reader adds no retrieval score."""
+  from realm_jax.evaluation import bm25  # pylint: disable=import-outside-toplevel
+  examples = _toy_questions(8)
+  searcher = bm25.BM25Searcher(world.store, TINY.proj_size)
+  expected, expected_predictions = evaluate_lib.evaluate(
+      OpenQAModel(TINY, reader_beam=5), world.params, examples, searcher=searcher,
+      store=world.store, k_values=KS)
+  output = str(world.root / "bm25_reader" / "test.jsonl")
+  index_root = store_lib.index_root(world.run_dir)
+  os.rename(index_root, index_root + ".away")
+  try:
+    code = _main(*_world_args(world, "--gin.evaluate_main.max_examples=8",
+                              "--gin.evaluate_main.candidates='bm25'",
+                              f"--gin.evaluate_main.output='{output}'"))
+  finally:
+    os.rename(index_root + ".away", index_root)
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert f"checkpoint step {STEP} (latest), BM25's blocks: exact_match" in out[0]
+  saved = json.load(open(output.replace(".jsonl", ".metrics.json"), encoding="utf-8"))
+  assert saved["metrics"] == pytest.approx(expected)
+  assert saved["candidates"] == "bm25" and saved["index_step"] is None
+  with open(output, encoding="utf-8") as f:
+    lines = [json.loads(line) for line in f]
+  ranked, _ = bm25.BM25Index(bm25.block_texts(world.store)).top_k(
+      [e.question for e in examples], 5)
+  assert [line["block_ids"] for line in lines] == ranked.tolist()
+  assert [line["prediction"] for line in lines] == [p["prediction"]
+                                                    for p in expected_predictions]
+
+
 def test_question_prints_the_answer_and_its_evidence(world, capsys):
   code = entry.main(["evaluate", "--gin_file=gin_configs/experiments/toy_model.gin",
                      "--gin_file=gin_configs/runs/eval.gin",  # TASK left unset: not needed
@@ -402,6 +435,27 @@ BM25_CONFIG_ERRORS = {  # name: (arguments besides mode 'bm25' and RUN_DIR=None,
     "store_needed": (["--gin.TASK='nq_open'"], "block_store is required for task 'nq_open' (the "
                      "BlockStore whose blocks BM25 ranks)"),
 }
+
+
+READER_CANDIDATES_ERRORS = {
+    "unknown": (["--gin.evaluate_main.candidates='dense'"],
+                "evaluate_main.candidates='dense'; expected one of index, bm25"),
+    "retrieval_mode": (["--gin.evaluate_main.candidates='bm25'",
+                        "--gin.evaluate_main.mode='retrieval'"],
+                       "candidates='bm25' is what the reader reads (mode 'qa' or --question); "
+                       "mode 'retrieval' does not read"),
+    "index_step": (["--gin.evaluate_main.candidates='bm25'", "--gin.evaluate_main.index_step=3"],
+                   "evaluate_main.index_step=3 does not apply to candidates='bm25', which reads "
+                   "no index: leave it at its default None"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READER_CANDIDATES_ERRORS))
+def test_reader_candidates_config_errors_are_one_line(name, capsys):
+  args, expected = READER_CANDIDATES_ERRORS[name]
+  line = _one_line(capsys, _main("--gin.RUN_DIR='/tmp/never_made'", *args, "--dry_run"), 2,
+                   "config error")
+  assert expected in line, line
 
 
 @pytest.mark.parametrize("name", sorted(BM25_CONFIG_ERRORS))

@@ -85,6 +85,12 @@ def qa_task_examples(task_name: str, split: str, *,
   return examples
 
 
+def ranks_texts(retriever: Any) -> bool:
+  """Whether a retriever ranks the question texts themselves (`retrieve_texts`: BM25,
+  `evaluation.bm25.BM25Searcher`) rather than their embeddings by a question tower."""
+  return hasattr(retriever, "retrieve_texts")
+
+
 def host_local_params(params: Any) -> Any:
   """A copy of (possibly multi-host sharded) parameters usable by this host alone.
 
@@ -123,8 +129,9 @@ class OpenQABatches:
       batch_size: questions per step on this host.
       store: the BlockStore the index embeds.
       model: the OpenQAModel (reader beam, span width, whether the document tower trains).
-      retriever: an `inputs.IndexRetriever`, an `IndexWatcher` of them, or a provider; or set
-        it later with `set_retriever`.
+      retriever: an `inputs.IndexRetriever`, an `IndexWatcher` of them, or a provider; or one
+        that ranks the question texts (`retrieve_texts(questions, k) -> (scores, ids)` and
+        `block_emb`: `evaluation.bm25.BM25Searcher`); or set it later with `set_retriever`.
       split: the split to train on.
       seed: the data seed (epoch e is permuted with `inputs.epoch_seed(seed, e)`).
       retriever_beam: blocks per question for the retriever loss (clipped to the store size).
@@ -201,7 +208,7 @@ class OpenQABatches:
     retriever = self._retriever
     if retriever is None:
       raise RuntimeError("OpenQABatches has no retriever: call set_retriever first")
-    if not hasattr(retriever, "retrieve"):
+    if not (hasattr(retriever, "retrieve") or ranks_texts(retriever)):
       retriever = retriever.current if hasattr(retriever, "current") else retriever()
     if getattr(retriever, "block_store_id", None) not in (None, self.store.store_id):
       raise ValueError(f"the index of step {retriever.step} embeds BlockStore "
@@ -226,12 +233,15 @@ class OpenQABatches:
     chosen = self._epoch_order()[begin:begin + self.batch_size]
     examples = [self.examples[i] for i in chosen]
     retriever = self._current_retriever()
-    if self._query_params is not None:
-      retriever.set_query_params(host_local_params(self._query_params), self.model.config)
     question_ids, question_mask, _ = qa_batches.question_arrays(
         [e.question for e in examples], self.vocab, question_len=self.question_len)
     # [B, beam] each, best first.
-    scores, ids = retriever.retrieve(question_ids, question_mask, k=self.beam)
+    if ranks_texts(retriever):
+      scores, ids = retriever.retrieve_texts([e.question for e in examples], self.beam)
+    else:
+      if self._query_params is not None:
+        retriever.set_query_params(host_local_params(self._query_params), self.model.config)
+      scores, ids = retriever.retrieve(question_ids, question_mask, k=self.beam)
     batch = qa_batches.build_open_qa_batch(
         self.store, examples, np.asarray(ids), np.asarray(scores), vocab=self.vocab,
         reader_beam=self.model.reader_beam, reader_len=self.reader_len,

@@ -15,7 +15,9 @@ The per-term document weights are computed once into an inverted index (a sparse
 [terms, documents] matrix), so scoring a chunk of queries is one sparse matrix product.
 
 A BlockStore's documents are its blocks' title and body text (`block_texts`), as the evaluate
-command's mode "bm25" ranks them.
+command's mode "bm25" ranks them. `BM25Searcher` hands BM25's ranking to the open-QA reader in
+place of the dense index (DrQA's pipeline: fine-tuning's `FinetuneJob.candidates='bm25'`,
+evaluation's `evaluate_main.candidates='bm25'`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ _TERM = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the un
 # document, so one product of many queries is a nearly dense [queries, documents] sparse matrix,
 # slower to build than several small ones.
 QUERY_CHUNK = 16
+# Where the open-QA reader's blocks come from (`FinetuneJob.candidates`,
+# `evaluate_main.candidates`): the dense index, or `BM25Searcher`.
+READER_CANDIDATES = ("index", "bm25")
 
 
 def tokenize(text: str) -> list[str]:
@@ -169,3 +174,43 @@ def block_texts(store: Any):
   """Each block's title and body text, as BM25 indexes it (block id order)."""
   for block_id in range(store.num_blocks):
     yield store.title(block_id) + "\n" + store.body(block_id)
+
+
+class BM25Searcher:
+  """BM25 as the open-QA reader's retriever, DrQA's pipeline: the reader reads the top blocks
+  BM25 ranks for each question's text, and no retrieval score joins its span scores.
+
+  It serves both users of a retriever by `retrieve_texts`, which ranks question texts where a
+  dense retriever embeds them: the fine-tuning batches (`batches.qa_inputs.OpenQABatches`, which
+  also read `block_emb` and `block_store_id`) and the evaluation's `Predictor`
+  (`evaluation.evaluate`, which reads `embeddings` and `num_docs`).
+
+  The embeddings are zeros, so the model's retrieval score `question . block` is 0 for every
+  block: the reader's joint (block, span) softmax is its span scores alone, as DrQA's reader
+  takes the best span of its paragraphs, and the question tower neither ranks nor learns (its
+  loss over the beam is a constant).
+  """
+
+  def __init__(self, store: Any, dim: int):
+    """Indexes the store's blocks (`block_texts`); `dim` is the model's proj_size."""
+    self.index = BM25Index(block_texts(store))
+    self.num_docs = int(store.num_blocks)
+    self.block_store_id = store.store_id
+    self.step = 0  # no index step: named in the batches' messages only
+    # [num_blocks, dim] zeros in the memory of one row (stride 0): gathering rows copies them.
+    self.embeddings = np.broadcast_to(np.zeros((1, int(dim)), np.float32),
+                                      (self.num_docs, int(dim)))
+
+  @property
+  def block_emb(self) -> np.ndarray:
+    """`embeddings`, under the name the fine-tuning batches read."""
+    return self.embeddings
+
+  def retrieve_texts(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best blocks of each question (at most every block), best first.
+
+    Returns:
+      (scores float32 [n, k], ids int32 [n, k]), as a dense searcher returns them.
+    """
+    ids, scores = self.index.top_k(list(questions), min(int(k), self.num_docs))
+    return scores.astype(np.float32), ids.astype(np.int32)

@@ -40,6 +40,7 @@ import numpy as np
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
 from realm_jax.batches import open_qa as qa_batches
+from realm_jax.batches import qa_inputs
 from realm_jax.evaluation import metrics
 from realm_jax.models import open_qa
 
@@ -72,7 +73,9 @@ class Predictor:
   Attributes:
     model: an `OpenQAModel`.
     params: its parameters.
-    searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`.
+    searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`, or
+      with `retrieve_texts(questions, k)` that ranks the question texts instead (BM25,
+      `evaluation.bm25.BM25Searcher`: its zero embeddings add no retrieval score).
     store: the BlockStore the index was built from.
     vocab: the WordPiece vocabulary.
     block_emb: the index embeddings [num_blocks, proj] (NumPy or JAX), for the reader's
@@ -145,7 +148,10 @@ class Predictor:
       examples = examples + [examples[-1]] * (batch_size - num_real)
     example_mask = np.arange(len(examples)) < num_real  # [batch]
     question_emb = self.embed([e.question for e in examples])  # [batch, proj]
-    scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
+    if qa_inputs.ranks_texts(self.searcher):  # BM25 ranks the question texts themselves
+      scores, ids = self.searcher.retrieve_texts([e.question for e in examples], depth)
+    else:
+      scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
     batch = qa_batches.build_open_qa_batch(
         self.store, examples, ids, scores, vocab=self.vocab, reader_beam=self.model.reader_beam,
         reader_len=self.reader_len, answers_are_regex=answers_are_regex,

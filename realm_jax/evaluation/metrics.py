@@ -42,6 +42,7 @@ __all__ = [
     "exact_match",
     "format_metrics",
     "has_answer",
+    "has_answer_tokens",
     "invalid_patterns",
     "normalize_answer",
     "orqa_exact_match",
@@ -221,6 +222,13 @@ def _contains_sequence(haystack: list[str], needle: list[str]) -> bool:
   return any(haystack[i:i + width] == needle for i in range(len(haystack) - width + 1))
 
 
+def has_answer_tokens(text: str, tokenizer: SimpleTokenizer | None = None) -> list[str]:
+  """The tokens ``has_answer`` compares in "string" mode: ``text`` NFD-normalised, split by
+  ``SimpleTokenizer`` (DPR's by default) and lower-cased."""
+  tokenizer = tokenizer or _DEFAULT_TOKENIZER
+  return tokenizer.tokenize(unicodedata.normalize("NFD", text), uncased=True)
+
+
 def has_answer(text: str,
                answers: str | Sequence[str],
                *,
@@ -253,10 +261,9 @@ def has_answer(text: str,
   refs = _as_reference_list(answers, "has_answer")
   text = unicodedata.normalize("NFD", text)
   if match == "string":
-    tokenizer = tokenizer or _DEFAULT_TOKENIZER
-    text_tokens = tokenizer.tokenize(text, uncased=True)
+    text_tokens = has_answer_tokens(text, tokenizer)
     for answer in refs:
-      answer_tokens = tokenizer.tokenize(unicodedata.normalize("NFD", answer), uncased=True)
+      answer_tokens = has_answer_tokens(answer, tokenizer)
       if answer_tokens and _contains_sequence(text_tokens, answer_tokens):
         return True
     return False

@@ -8,18 +8,20 @@ tower) and "bm25" (the lexical baseline), from the block ids each ranked:
 * ``ict_hits``: for an ICT task, whether a block is the query's source block (by uid);
 * ``recall_metrics``: recall@k of those hits (`metrics.top_k_recall`), with chance@k = k / blocks
   for ICT, and the counts;
-* ``clip_k_values``: the recall cut-offs a corpus of this size can tell apart.
+* ``clip_k_values``: the recall cut-offs a corpus of this size can tell apart;
+* ``answers_in_corpus``: whether an answer of each question occurs in any block at all (the
+  ceiling of every retriever's recall: `answer_hits` over the whole corpus, in one pass).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from realm_jax.evaluation import metrics
 
-__all__ = ["answer_hits", "clip_k_values", "ict_hits", "recall_metrics"]
+__all__ = ["answer_hits", "answers_in_corpus", "clip_k_values", "ict_hits", "recall_metrics"]
 
 
 def clip_k_values(k_values: Sequence[int], num_blocks: int) -> tuple[int, ...]:
@@ -72,3 +74,45 @@ def recall_metrics(hits: Any, ks: Sequence[int], kind: str, num_blocks: int) -> 
   results["num_queries" if kind == "ict" else "num_questions"] = int(hits.shape[0])
   results["num_blocks"] = int(num_blocks)
   return results
+
+
+def answers_in_corpus(examples: Sequence[Any], texts: Iterable[str]) -> Any:
+  """Whether an answer of each example occurs in one of `texts` (the block bodies): what
+  `answer_hits` would say of a ranking holding every block, without one `has_answer` call per
+  (question, block). bool [n].
+
+  String answers: every answer's `metrics.has_answer_tokens` sequence is looked up among each
+  text's token n-grams of the answers' lengths (one pass over the texts; `has_answer` matches
+  exactly such a contiguous token sequence). Regex answers: `metrics.has_answer` in "regex"
+  mode on each text, until one matches.
+  """
+  found = np.zeros(len(examples), bool)  # [n]
+  # (answer tokens) -> the string examples with that answer.
+  wanted: dict[tuple[str, ...], list[int]] = {}
+  regex = []
+  for row, example in enumerate(examples):
+    if example.answers_are_regex:
+      regex.append(row)
+      continue
+    for answer in example.answers:
+      tokens = tuple(metrics.has_answer_tokens(answer))
+      if tokens:  # an answer without tokens matches nothing (`has_answer`)
+        wanted.setdefault(tokens, []).append(row)
+  lengths = sorted({len(tokens) for tokens in wanted})
+  for text in texts:
+    if regex and not found[regex].all():
+      for row in regex:
+        found[row] = found[row] or metrics.has_answer(text, examples[row].answers, match="regex")
+    if not wanted:
+      continue
+    tokens = metrics.has_answer_tokens(text)
+    popped = False
+    for width in lengths:
+      for begin in range(len(tokens) - width + 1):
+        rows = wanted.pop(tuple(tokens[begin:begin + width]), None)
+        if rows is not None:  # found once is enough: never looked up again
+          found[rows] = True
+          popped = True
+    if popped:
+      lengths = sorted({len(t) for t in wanted})
+  return found

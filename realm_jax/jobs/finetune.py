@@ -5,6 +5,8 @@ once with `build_index --once` from `init_checkpoint`; refreshed by a builder ru
 when `train_document_tower=True`). The retriever and the reader warm-start from
 `init_checkpoint` (a pretraining checkpoint: the reader's BERT is its encoder's). At every
 checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best checkpoint.
+With `candidates='bm25'` the reader reads BM25's blocks instead (DrQA's pipeline), and the run
+needs no index.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ class FinetuneJob(IndexJob):
       reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop", "adist" over the
       reader beam (the reader's loss then reads the scores held fixed; ORQA's retriever loss
       over the whole beam stays: realm_jax.models.retriever_objectives).
+    candidates: where each question's beam comes from: 'index' (the run's published index,
+      searched with the live question tower: ORQA, REALM) or 'bm25' (Okapi BM25 over the
+      BlockStore's text, `evaluation.bm25.BM25Searcher`: DrQA's pipeline, the reader trained
+      on BM25's top `reader_beam` blocks with no retrieval score added; no index, no index
+      watcher, the question tower unused). Evaluate such a run with
+      `evaluate_main.candidates='bm25'`.
   """
   retriever_beam: int = 5000
   reader_beam: int = 5
@@ -75,13 +83,19 @@ class FinetuneJob(IndexJob):
   lora_targets: Sequence[str] = ("query", "value")
   adapter_size: int = 64
   length_bucket: int = 0
+  candidates: str = "index"
 
   name = "finetune"
+
+  def __post_init__(self):
+    super().__post_init__()
+    self.bm25 = None  # the BM25Searcher of candidates='bm25', built by `start`
 
   def configure(self, ctx: RunContext) -> None:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
+    self.check_candidates()
     try:
       inputs.check_row_bucket(self.length_bucket)
     except ValueError as e:
@@ -106,6 +120,22 @@ class FinetuneJob(IndexJob):
                           + (" (eval_split='' evaluates nothing)" if split == self.eval_split
                              else ""))
     self.open_store()
+
+  def check_candidates(self) -> None:
+    """A one-line ConfigError unless `candidates` is known and fits the other settings: BM25's
+    beam trains no retriever."""
+    from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
+    if self.candidates not in bm25.READER_CANDIDATES:
+      raise ConfigError(f"FinetuneJob.candidates={self.candidates!r}; expected one of "
+                        f"{', '.join(bm25.READER_CANDIDATES)}")
+    if self.candidates == "bm25":
+      for setting, value, default in (
+          ("train_document_tower", self.train_document_tower, False),
+          ("retriever_objective", self.retriever_objective, "marginal")):
+        if value != default:
+          raise ConfigError(f"FinetuneJob.{setting}={value!r} trains the retriever, and "
+                            f"candidates='bm25' has none to train (BM25 ranks): leave it at "
+                            f"{default!r}")
 
   def build_model(self, ctx: RunContext) -> Any:
     from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
@@ -180,7 +210,14 @@ class FinetuneJob(IndexJob):
     return retrieve_with_live_tower
 
   def start(self, ctx: RunContext, model: Any, batches: Any):
-    hooks, _, _ = super().start(ctx, model, batches)
+    if self.candidates == "bm25":
+      from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
+      # No index to watch: BM25's ranking never changes, so no hook either.
+      self.bm25 = bm25.BM25Searcher(self.store, ctx.model_config.proj_size)
+      batches.set_retriever(self.bm25)
+      hooks = []
+    else:
+      hooks, _, _ = super().start(ctx, model, batches)
     if not self.eval_split:
       return hooks, None, None
     eval_fn, best = self._eval_fn(ctx, model)
@@ -197,15 +234,16 @@ class FinetuneJob(IndexJob):
                                           max_examples=self.eval_examples)
     answer_metric = ("regex_match" if examples and examples[0].answers_are_regex
                      else "exact_match")
-    watcher, store = self.watcher, self.store
+    watcher, store, bm25 = self.watcher, self.store, self.bm25
 
     def eval_fn(step, state):
       del step
       params = jax.device_get(qa_inputs.host_local_params(state.params))
-      retriever = watcher.current
+      # BM25 is its own searcher; a dense retriever's is the index in use.
+      retriever = watcher.current if bm25 is None else bm25
       results, _ = evaluate_lib.evaluate(
-          model, params, examples, searcher=retriever.searcher, store=store,
-          block_emb=retriever.block_emb, batch_size=ctx.batch_size,
+          model, params, examples, searcher=retriever.searcher if bm25 is None else bm25,
+          store=store, block_emb=retriever.block_emb, batch_size=ctx.batch_size,
           reader_len=self.reader_len)
       return {f"eval/{name}": float(value) for name, value in results.items()}
 
@@ -256,7 +294,8 @@ class FinetuneJob(IndexJob):
     what = {"none": "", "lora": f"LoRA r {self.lora_rank} alpha {self.lora_alpha:g} on "
                                 f"{'/'.join(self.lora_targets)}",
             "adapters": f"adapters of {self.adapter_size}"}.get(self.peft, "")
-    return ", ".join(filter(None, [super().describe(), what]))
+    candidates = "candidates: BM25's blocks (no index)" if self.candidates == "bm25" else ""
+    return ", ".join(filter(None, [super().describe(), what, candidates]))
 
   def question_tower_fn(self):
     """`params -> the question tower's retriever params` the live retrieval uses (LoRA merged,

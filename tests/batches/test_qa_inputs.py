@@ -113,6 +113,25 @@ def test_batches_retrieve_with_the_live_question_tower(setup):
       assert batch["retriever_correct"][q, k] == any(a in body for a in example.answers)
 
 
+def test_batches_of_bm25s_blocks_rank_the_question_text_with_zero_retrieval_scores(setup):
+  """FinetuneJob.candidates='bm25': the beam is BM25's ranking of each question's text, and
+  its block embeddings are zeros (the reader adds no retrieval score; DrQA's pipeline)."""
+  from realm_jax.evaluation import bm25  # pylint: disable=import-outside-toplevel
+  searcher = bm25.BM25Searcher(setup["store"], TINY.proj_size)
+  batches = make_batches(setup, retriever=searcher)
+  batches.set_query_params(random_params(setup["model"].init, 7, 0.5)["retriever"])  # unused
+  batch = next(batches)
+  questions = [batches.examples[i].question for i in batches._epoch_order()[:4]]  # pylint: disable=protected-access
+  expected, _ = bm25.BM25Index(bm25.block_texts(setup["store"])).top_k(questions, BEAM)
+  np.testing.assert_array_equal(batch["retrieved_block_ids"], expected)
+  assert batch["retrieved_block_emb"].shape == (4, BEAM, TINY.proj_size)
+  assert not batch["retrieved_block_emb"].any()
+  for q, question in enumerate(questions):  # the labels as for any beam
+    example = next(e for e in batches.examples if e.question == question)
+    assert batch["retriever_correct"][q].tolist() == [
+        any(a in setup["store"].body(int(b)) for a in example.answers) for b in expected[q]]
+
+
 def test_resumed_batches_continue_the_stream(setup):
   straight = make_batches(setup, seed=3)
   first = [next(straight) for _ in range(12)]  # 10 batches per epoch: crosses an epoch

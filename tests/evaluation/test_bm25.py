@@ -129,3 +129,23 @@ def test_no_documents_and_bad_parameters_are_refused():
   # Documents without a single term are fine: they only ever score 0.
   ids, scores = bm25.BM25Index(["", "...", "cat"]).top_k(["cat", "dog"], k=3)
   assert ids.tolist() == [[2, 0, 1], [0, 1, 2]] and scores[0, 0] > 0 == scores[1].max()
+
+
+def test_the_bm25_searcher_hands_the_reader_bm25s_ranking_and_zero_retrieval_scores():
+  """BM25 as the open-QA reader's retriever (DrQA's pipeline): its ranking is the index's, and
+  its block embeddings are zeros, so the reader adds no retrieval score."""
+  import types  # pylint: disable=import-outside-toplevel
+  titles = ["Cats", "Dogs", "Birds", "Fish"]
+  store = types.SimpleNamespace(num_blocks=4, store_id="s", title=titles.__getitem__,
+                                body=DOCS.__getitem__)
+  searcher = bm25.BM25Searcher(store, dim=8)
+  questions = ["which dog sat?", "cat", "nothing known"]
+  scores, ids = searcher.retrieve_texts(questions, k=10)  # more than the blocks: all of them
+  expected_ids, expected_scores = bm25.BM25Index(bm25.block_texts(store)).top_k(questions, 4)
+  np.testing.assert_array_equal(ids, expected_ids)
+  np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+  assert ids.dtype == np.int32 and scores.dtype == np.float32
+  assert searcher.num_docs == 4 and searcher.block_store_id == "s"
+  assert searcher.embeddings.shape == (4, 8) and not searcher.embeddings.any()
+  assert searcher.embeddings.strides == (0, 4)  # one row's memory, whatever the corpus
+  assert searcher.block_emb is searcher.embeddings
