@@ -96,6 +96,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -356,6 +357,26 @@ def save_cell(path: str, summary: dict, cell_fingerprint: str) -> None:
   os.replace(path + ".tmp", path)
 
 
+def claim_runs_dir(path: str, cell_fingerprint: str) -> None:
+  """Keeps `path`, a directory of a bench's training runs, only if its runs were made for
+  `cell_fingerprint`'s cells (recorded beside it in `<path>.fingerprint`): one left by other
+  gins, options or code (another fingerprint, or none recorded) is removed, so that a cell made
+  again never resumes or re-evaluates an older run. The record is written before any run."""
+  marker = os.path.normpath(path) + ".fingerprint"
+  recorded = open(marker, encoding="utf-8").read().strip() if os.path.exists(marker) else None
+  if recorded == cell_fingerprint:
+    return
+  if os.path.exists(path):
+    made = f"fingerprint {recorded[:12]}" if recorded else "no fingerprint recorded"
+    print(f"ablations: {path}: runs made for other gins, options or code ({made}); removed, "
+          "its runs are made again", flush=True)
+    shutil.rmtree(path)
+  os.makedirs(os.path.dirname(marker) or ".", exist_ok=True)
+  with open(marker + ".tmp", "w", encoding="utf-8") as f:
+    f.write(cell_fingerprint + "\n")
+  os.replace(marker + ".tmp", marker)
+
+
 def pretraining_id(run_dir: str) -> Optional[str]:
   """Which pretraining run `run_dir` holds: the time its TRAINING_DONE records (a run made
   again records another), or None when it has not finished."""
@@ -499,8 +520,14 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := load_cell(path(name), cell_fingerprint)) is not None}
-    family = family_cells_to_make(BASE, FINETUNINGS, wanted, kept,
-                                  pretraining_id(os.path.join(seed_out, BASE, "pretrain")))
+    plan = lambda: family_cells_to_make(BASE, FINETUNINGS, wanted, kept, pretraining_id(
+        os.path.join(seed_out, BASE, "pretrain")))
+    family = plan()
+    if family or needed - set(kept):
+      # Something is made: not from runs of other gins or code (planned again, as removing
+      # them removes the pretraining the fine-tuning rows' kept cells read).
+      claim_runs_dir(seed_out, cell_fingerprint)
+      family = plan()
     for row in ROWS:
       if row.name not in needed:
         continue

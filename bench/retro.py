@@ -241,6 +241,7 @@ def run(out: str, corpora: Sequence[str], seeds: Sequence[int], steps: Optional[
         cell = ablations.load_cell(path, fp)
         if cell is None:
           print(f"retro: {corpus}, seed {seed}: {label} ...", flush=True)
+          ablations.claim_runs_dir(os.path.join(out, corpus, f"seed{seed}"), fp)
           cell = run_cell(corpus, seed, row, out, database, block_store, steps)
           ablations.save_cell(path, cell, fp)
           print(f"retro: {corpus}, seed {seed}, {row}: bits per byte {cell['bpb']:.4f} "

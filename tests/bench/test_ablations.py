@@ -291,3 +291,19 @@ def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_pa
     f.write("{not json")
   assert ablations.load_cell(path, before) is None
   assert f"{path}: unreadable" in capsys.readouterr().out
+
+
+def test_a_runs_dir_of_other_gins_or_code_is_removed_before_runs_are_made(tmp_path):
+  runs = tmp_path / "seed0"
+  (runs / "realm").mkdir(parents=True)
+  (runs / "realm" / "old_checkpoint").write_text("made before fingerprints were recorded")
+  ablations.claim_runs_dir(str(runs), "fp-a")
+  assert not (runs / "realm").exists()  # no fingerprint recorded: not trusted
+  assert (tmp_path / "seed0.fingerprint").read_text().strip() == "fp-a"
+  (runs / "realm").mkdir(parents=True)
+  (runs / "realm" / "checkpoint").write_text("made for fp-a")
+  ablations.claim_runs_dir(str(runs), "fp-a")
+  assert (runs / "realm" / "checkpoint").exists()  # same cells: resumed, not removed
+  ablations.claim_runs_dir(str(runs), "fp-b")
+  assert not (runs / "realm").exists()
+  assert (tmp_path / "seed0.fingerprint").read_text().strip() == "fp-b"
