@@ -282,9 +282,10 @@ DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "ablations")
 # What decides a cell's result besides the code: the gins every stage reads.
 FINGERPRINT_GINS = ("gin_configs/experiments/toy_*.gin", "gin_configs/runs/*.gin",
                     "gin_configs/models/*.gin")
-# Gins of a system no stage of these benches runs (RETRO's): they decide no cell, and counting
-# them would make every kept cell again whenever they change.
-FINGERPRINT_EXCLUDED = ("gin_configs/experiments/toy_retro.gin", "gin_configs/runs/retro.gin")
+# Gins of a system no stage of these benches runs (RETRO's, the FiD reader's): they decide no
+# cell, and counting them would make every kept cell again whenever they change.
+FINGERPRINT_EXCLUDED = ("gin_configs/experiments/toy_retro.gin", "gin_configs/runs/retro.gin",
+                        "gin_configs/experiments/toy_finetune_fid.gin")
 
 
 def world_options() -> dict:

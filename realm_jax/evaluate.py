@@ -122,7 +122,7 @@ def _checkpoint_metadata(step_dir: str, config: Any, where: str) -> dict:
 
 def _require_reader(metadata: dict, step_dir: str) -> None:
   items = list(metadata.get("param_items", []))
-  if "reader" not in items:
+  if "reader" not in items and "fid" not in items:  # a span reader, or FiD's (generative)
     raise ConfigError(f"{step_dir} holds params {items}, no fine-tuned reader (an ICT or "
                       f"pretraining run?): mode 'qa' needs an open-QA checkpoint; measure its "
                       f"retrieval with --gin.evaluate_main.mode=\"'retrieval'\"")
@@ -219,12 +219,23 @@ def _searcher(loaded: Any, backend: str) -> Any:
 
 
 def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
-  """(OpenQAModel, params on the default device) of one checkpoint of the run."""
+  """(OpenQAModel, params on the default device) of one checkpoint of the run; for a
+  `FinetuneJob(reader='fid')` run, its `FidReaderModel` (the FidConfig the run wrote beside
+  its checkpoints, `<run_dir>/fid_config.json`), which generates its answers."""
   import jax  # pylint: disable=g-import-not-at-top
   from realm_jax.models.open_qa import OpenQAModel  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   # A PEFT checkpoint comes back with LoRA merged; adapters need the config that has them.
   params, theirs, _ = ckpt_lib.restore_params(run_dir, step, expected_config=config)
+  if "fid" in params:
+    from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
+    try:
+      fid = fid_qa.read_fid_config(run_dir, theirs.bert)
+    except FileNotFoundError as e:
+      raise ckpt_lib.CheckpointError(f"{run_dir}: a FiD reader's checkpoint without its "
+                                     f"{fid_qa.FID_CONFIG_FILE}") from e
+    params = jax.device_put({"retriever": params["retriever"], "fid": params["fid"]})
+    return fid_qa.FidReaderModel(config, fid, reader_beam=reader_beam), params
   config = config.replace(**{"bert.adapter_size": theirs.bert.adapter_size})
   # Only the two towers the model reads; placed once rather than copied at every call.
   params = jax.device_put({"retriever": params["retriever"], "reader": params["reader"]})

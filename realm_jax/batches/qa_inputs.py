@@ -242,15 +242,23 @@ class OpenQABatches:
       if self._query_params is not None:
         retriever.set_query_params(host_local_params(self._query_params), self.model.config)
       scores, ids = retriever.retrieve(question_ids, question_mask, k=self.beam)
+    batch = self.build_batch(examples, np.asarray(ids), np.asarray(scores), retriever)
+    self._batches_in_epoch += 1
+    self._batches_consumed += 1
+    return batch
+
+  def build_batch(self, examples: list[QAExample], ids: np.ndarray, scores: np.ndarray,
+                  retriever: Any) -> dict[str, np.ndarray]:
+    """The model's batch of `examples` and their retrieved beam ([B, beam] ids and scores, best
+    first) from `retriever`: `OpenQAModel`'s here (`batches.fid.FidBatches` builds the FiD
+    reader's from the same retrieval)."""
     batch = qa_batches.build_open_qa_batch(
-        self.store, examples, np.asarray(ids), np.asarray(scores), vocab=self.vocab,
+        self.store, examples, ids, scores, vocab=self.vocab,
         reader_beam=self.model.reader_beam, reader_len=self.reader_len,
         answers_are_regex=self.answers_are_regex, block_emb=retriever.block_emb,
         question_len=self.question_len, max_occurrences=self.max_occurrences,
         max_span_width=self.model.config.max_span_width,
         document_beam=self.model.num_reembedded)
-    self._batches_in_epoch += 1
-    self._batches_consumed += 1
     return qa_batches.model_inputs(batch)
 
   def metrics(self) -> dict[str, float]:

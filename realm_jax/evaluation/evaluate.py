@@ -7,7 +7,9 @@ The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each bat
    search over the index embeddings matrix, or ScaNN);
 3. build the reader features of the top `model.reader_beam` blocks
    (`realm_jax.models.qa_batches.build_open_qa_batch`) and take the global argmax (block, span)
-   (`OpenQAModel.predict_batch`), mapped back to the block's original text;
+   (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
+   generative FiD reader (`models.fid_qa.FidReaderModel`, the same reader rows), its greedy
+   answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together);
 4. score: ORQA's exact match (`metrics.exact_match`), or for CuratedTrec the regex match
    (`metrics.regex_match`, REALM_SPEC 32); retrieval recall@k = an answer occurs in one of the
    first k blocks (`metrics.has_answer` on the block body, DPR's variant; "string" or "regex"
@@ -71,7 +73,9 @@ class Predictor:
   """Question texts -> retrieved blocks -> answers, for one model, index and corpus.
 
   Attributes:
-    model: an `OpenQAModel`.
+    model: an `OpenQAModel`, or a generative reader with the same prediction interface
+      (`models.fid_qa.FidReaderModel`: its `answer_texts` turns `predict_batch`'s tokens into
+      text; its predicted block is -1, the answer being read from all the blocks at once).
     params: its parameters.
     searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`, or
       with `retrieve_texts(questions, k)` that ranks the question texts instead (BM25,
@@ -160,9 +164,15 @@ class Predictor:
     device_batch = qa_batches.model_inputs(batch)
     # The reader scores blocks with the very embeddings the searcher was queried with.
     device_batch["question_emb"] = question_emb
+    keys = getattr(self.model, "prediction_keys", None)
+    if keys is not None:  # only what it reads: fixed shapes, one compilation
+      device_batch = {key: device_batch[key] for key in keys if key in device_batch}
     predictions = jax.tree.map(np.asarray,
                                _jitted(self.model, "predict_batch")(self.params, device_batch))
-    texts = qa_batches.answer_texts(self.store, batch, predictions, self.vocab)
+    # A generative reader (`models.fid_qa`) detokenises its answers; a span reader's map back
+    # to the block's original text.
+    to_texts = getattr(self.model, "answer_texts", qa_batches.answer_texts)
+    texts = to_texts(self.store, batch, predictions, self.vocab)
     return batch, predictions, texts
 
   def answer(self, question: str, *, num_evidence: int | None = None,
@@ -391,9 +401,10 @@ def format_answer(result: dict) -> list[str]:
   """The lines printed for one `Predictor.answer` result: the answer, then one line per
   evidence block (rank, block id, title, retrieval score, snippet; `*` marks the block the
   answer was read from)."""
+  source = (f"block {result['block_id']}, joint logit" if result["block_id"] >= 0 else
+            "generated from the blocks read, log-probability")  # a generative reader's
   lines = [f"question: {result['question']}",
-           f"answer: {result['answer']!r} (block {result['block_id']}, joint logit "
-           f"{result['score']:.3f})"]
+           f"answer: {result['answer']!r} ({source} {result['score']:.3f})"]
   for evidence in result["evidence"]:
     mark = "*" if evidence["has_prediction"] else " "
     snippet = " ".join(evidence["snippet"].split())

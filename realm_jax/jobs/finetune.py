@@ -7,6 +7,13 @@ when `train_document_tower=True`). The retriever and the reader warm-start from
 checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best checkpoint.
 With `candidates='bm25'` the reader reads BM25's blocks instead (DrQA's pipeline), and the run
 needs no index.
+
+Two readers (`reader`): 'extractive' (ORQA's span reader, `models.open_qa`) or 'fid' (Atlas's
+generative Fusion-in-Decoder reader, `models.fid_qa`, shaped by `@FidConfig()` in gin): the same
+retrieval and reader rows; the FiD reader is trained on one answer's wordpieces, its encoder
+warm-started from the BERT of `init_checkpoint`'s encoder (or reader) or `encoder_checkpoint`,
+its decoder fresh; the question tower is not trained with it; at every checkpoint its greedy
+answers, detokenised, are scored by the same EM, which picks the best checkpoint.
 """
 
 from __future__ import annotations
@@ -20,6 +27,40 @@ from realm_jax import gin_utils
 from realm_jax.gin_utils import ConfigError
 from realm_jax.jobs.base import RunContext, global_spec, require
 from realm_jax.jobs.index_job import IndexJob
+
+READERS = ("extractive", "fid")
+
+
+@dataclasses.dataclass(frozen=True)
+class FidSettings:
+  """The FiD reader's settings from gin (`fid_config`): FidConfig fields other than `bert`,
+  whose encoder is the run's model config's BERT (`build`)."""
+  fields: tuple[tuple[str, Any], ...] = ()
+
+  def build(self, bert: Any) -> Any:
+    """`FidConfig.from_bert(bert, **fields)`: the decoder shaped like the encoder unless set
+    here; a one-line ConfigError on a bad value."""
+    from realm_jax.models import fid  # pylint: disable=g-import-not-at-top
+    try:
+      return fid.FidConfig.from_bert(bert, **dict(self.fields))
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"FidConfig: {gin_utils.one_line(e)}") from e
+
+
+@gin.configurable("FidConfig")
+def fid_config(**fields: Any) -> FidSettings:
+  """The FiD reader of `FinetuneJob(reader='fid')` from gin (`FidConfig.decoder_layers = 2`,
+  `FinetuneJob.fid = @FidConfig()`): fields of `realm_jax.models.fid.FidConfig` except `bert`
+  (the encoder is the run's %MODEL_CONFIG BERT, warm-started from its checkpoint); unset ones
+  follow `FidConfig.from_bert` (a decoder shaped like the encoder)."""
+  from realm_jax.models import fid  # pylint: disable=g-import-not-at-top
+  known = {f.name for f in dataclasses.fields(fid.FidConfig)} - {"bert"}
+  unknown = sorted(set(fields) - known)
+  if unknown:
+    raise ConfigError(f"FidConfig: unknown field(s) {unknown}"
+                      + (" (the encoder is the run's MODEL_CONFIG BERT)" if "bert" in unknown
+                         else f"; expected some of {sorted(known)}"))
+  return FidSettings(tuple(sorted(fields.items())))
 
 
 @gin.configurable
@@ -67,6 +108,15 @@ class FinetuneJob(IndexJob):
       on BM25's top `reader_beam` blocks with no retrieval score added; no index, no index
       watcher, the question tower unused). Evaluate such a run with
       `evaluate_main.candidates='bm25'`.
+    reader: 'extractive' (ORQA's span reader, the default) or 'fid' (Atlas's generative
+      Fusion-in-Decoder reader, `models.fid_qa.FidReaderModel`: rows `[CLS] question [SEP]
+      body [SEP]` of the `reader_beam` blocks read together, trained on the first answer that
+      fits `max_answer_length`, greedy answers scored by the same EM). With 'fid' the question
+      tower is not trained (it only retrieves: Atlas's retriever objectives with this reader
+      are not implemented), so `retriever_objective` stays 'marginal', `train_document_tower`
+      False and `peft` 'none'; regex-answer tasks are refused.
+    fid: the FiD reader's settings, `@FidConfig()` in gin (`fid_config`); None: the defaults
+      (a decoder shaped like the encoder, answers of up to 32 wordpieces with EOS).
   """
   retriever_beam: int = 5000
   reader_beam: int = 5
@@ -84,6 +134,8 @@ class FinetuneJob(IndexJob):
   adapter_size: int = 64
   length_bucket: int = 0
   candidates: str = "index"
+  reader: str = "extractive"
+  fid: Any = None
 
   name = "finetune"
 
@@ -96,6 +148,7 @@ class FinetuneJob(IndexJob):
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
     self.check_candidates()
+    self.check_reader(ctx)
     try:
       inputs.check_row_bucket(self.length_bucket)
     except ValueError as e:
@@ -112,6 +165,11 @@ class FinetuneJob(IndexJob):
     if "question_ids" not in task.output_features:
       raise ConfigError(f"FinetuneJob.task={self.task!r} is not a QA task (job 'finetune' needs "
                         f"one of toy_qa, nq_open, web_questions, curated_trec)")
+    if self.reader == "fid":
+      import realm_jax_tasks  # pylint: disable=g-import-not-at-top,reimported
+      if realm_jax_tasks.answers_are_regex(task):
+        raise ConfigError(f"FinetuneJob.reader='fid' generates answer texts: task "
+                          f"{self.task!r} has regex answers (CuratedTrec), none to train on")
     splits = tuple(task.splits)
     for what, split in (("the training split", "train"), ("FinetuneJob.eval_split",
                                                           self.eval_split)):
@@ -137,8 +195,43 @@ class FinetuneJob(IndexJob):
                             f"candidates='bm25' has none to train (BM25 ranks): leave it at "
                             f"{default!r}")
 
+  def check_reader(self, ctx: RunContext) -> None:
+    """A one-line ConfigError unless `reader` is known and fits the other settings (the FiD
+    reader trains no retriever and has no PEFT)."""
+    if self.reader not in READERS:
+      raise ConfigError(f"FinetuneJob.reader={self.reader!r}; expected one of "
+                        f"{', '.join(READERS)}")
+    if self.reader != "fid":
+      if self.fid is not None:
+        raise ConfigError("FinetuneJob.fid is the FiD reader's: set FinetuneJob.reader='fid' "
+                          "too (or leave fid unset)")
+      return
+    for setting, value, default in (
+        ("retriever_objective", self.retriever_objective, "marginal"),
+        ("train_document_tower", self.train_document_tower, False),
+        ("peft", self.peft, "none")):
+      if value != default:
+        raise ConfigError(f"FinetuneJob.{setting}={value!r} is not available with reader='fid' "
+                          f"(the FiD reader trains no retriever and has no PEFT yet): leave it "
+                          f"at {default!r}")
+    if self.fid is not None and not isinstance(self.fid, FidSettings):
+      raise ConfigError(f"FinetuneJob.fid is a {type(self.fid).__name__}: bind "
+                        f"FinetuneJob.fid = @FidConfig()")
+    self.fid_model_config(ctx)  # its values checked
+
+  def fid_model_config(self, ctx: RunContext) -> Any:
+    """The FiD reader's FidConfig: `fid`'s settings over the run's BERT."""
+    return (self.fid or FidSettings()).build(ctx.model_config.bert)
+
   def build_model(self, ctx: RunContext) -> Any:
     from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
+    if self.reader == "fid":
+      from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
+      try:
+        return fid_qa.FidReaderModel(ctx.model_config, self.fid_model_config(ctx),
+                                     reader_beam=self.reader_beam)
+      except ValueError as e:
+        raise ConfigError(f"FinetuneJob: {e}") from e
     try:
       return open_qa.OpenQAModel(self.peft_model_config(ctx), reader_beam=self.reader_beam,
                                  train_document_tower=self.train_document_tower,
@@ -151,6 +244,12 @@ class FinetuneJob(IndexJob):
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
     from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
+    if self.reader == "fid":
+      from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
+      return global_spec(fid_batches.fid_batch_spec(
+          beam=min(self.retriever_beam, self.store.num_blocks), reader_beam=self.reader_beam,
+          reader_len=self.reader_len, max_answer_length=model.fid.max_answer_length),
+                         ctx.global_batch)
     spec = qa_batches.open_qa_batch_spec(
         question_len=self.question_len, beam=min(self.retriever_beam, self.store.num_blocks),
         proj_size=ctx.model_config.proj_size, reader_beam=self.reader_beam,
@@ -163,8 +262,12 @@ class FinetuneJob(IndexJob):
     from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
+    batches_class = qa_inputs.OpenQABatches
+    if self.reader == "fid":
+      from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
+      batches_class = fid_batches.FidBatches
     try:
-      batches = qa_inputs.OpenQABatches(
+      batches = batches_class(
           self.task, batch_size=ctx.batch_size, store=self.store, model=model, seed=ctx.seed,
           retriever_beam=self.retriever_beam, reader_len=self.reader_len,
           question_len=self.question_len, max_occurrences=self.max_occurrences)
@@ -181,6 +284,8 @@ class FinetuneJob(IndexJob):
     checkpoint's encoder BERT under a fresh span head (REALM initialises the reader from the
     knowledge-augmented encoder)."""
     params = self.warm_start_retriever(checkpoint, params, source)
+    if self.reader == "fid":
+      return self._warm_start_fid(checkpoint, params, source)
     if "reader" in checkpoint:
       return {**params, "reader": checkpoint["reader"]}, "retriever, reader"
     if "encoder" in checkpoint:
@@ -195,7 +300,31 @@ class FinetuneJob(IndexJob):
     Any checkpoint with an encoder: a BERT's, an mlm run's, or a pretraining run's (REALM's
     encoder beside another retriever, the paper's "baseline retriever + REALM encoder")."""
     encoder = require(checkpoint, "encoder", knob, source)
+    if self.reader == "fid":
+      return self._fid_encoder(params, encoder["bert"], knob, source), "FiD encoder (BERT)"
     return {**params, "reader": {**params["reader"], "bert": encoder["bert"]}}, "reader BERT"
+
+  def _warm_start_fid(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                      ) -> tuple[dict, str]:
+    """FiD's parameters: a FiD fine-tuning checkpoint's reader whole, else its encoder from the
+    BERT of a pretraining checkpoint's encoder (or an extractive fine-tuning checkpoint's
+    reader), its decoder fresh."""
+    if "fid" in checkpoint:
+      return {**params, "fid": checkpoint["fid"]}, "retriever, FiD reader"
+    for key, what in (("encoder", "the encoder"), ("reader", "the extractive reader")):
+      if key in checkpoint:
+        return ({**params, "fid": self._fid_encoder(params, checkpoint[key]["bert"],
+                                                    "init_checkpoint", source)},
+                f"retriever, FiD encoder (BERT of {what}; decoder fresh)")
+    return params, "retriever"
+
+  @staticmethod
+  def _fid_encoder(params: dict, bert: Any, knob: str, source: str) -> dict:
+    from realm_jax.models import fid  # pylint: disable=g-import-not-at-top
+    try:
+      return fid.encoder_from_bert(params["fid"], bert)
+    except ValueError as e:
+      raise ConfigError(f"{knob} {source}: {gin_utils.one_line(e)}") from e
 
   def index_hook(self, batches: Any):
     hook = super().index_hook(batches)
@@ -210,6 +339,12 @@ class FinetuneJob(IndexJob):
     return retrieve_with_live_tower
 
   def start(self, ctx: RunContext, model: Any, batches: Any):
+    if self.reader == "fid":
+      import jax  # pylint: disable=g-import-not-at-top
+      from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
+      if jax.process_index() == 0:  # what `python -m realm_jax.evaluate` rebuilds it from
+        fid_qa.write_fid_config(ctx.run_dir, model.fid, reader_beam=self.reader_beam,
+                                reader_len=self.reader_len)
     if self.candidates == "bm25":
       from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
       # No index to watch: BM25's ranking never changes, so no hook either.
@@ -275,6 +410,9 @@ class FinetuneJob(IndexJob):
 
   def optimizer_options(self) -> dict[str, Any]:
     options = super().optimizer_options()
+    if self.reader == "fid":
+      from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
+      options["trainable"] = fid_qa.trainable_mask  # the question tower only retrieves
     config = self.peft_config()
     if config is not None:
       options["trainable"] = config.trainable_mask
@@ -283,7 +421,7 @@ class FinetuneJob(IndexJob):
     return options
 
   def peft_checkpoints(self, ctx: RunContext, model: Any) -> Any:
-    if model.peft is None:
+    if getattr(model, "peft", None) is None:  # the FiD reader has none
       return None
     from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.PeftCheckpoints(run_dir=ctx.run_dir, trainable=model.peft.trainable_mask,
@@ -295,7 +433,12 @@ class FinetuneJob(IndexJob):
                                 f"{'/'.join(self.lora_targets)}",
             "adapters": f"adapters of {self.adapter_size}"}.get(self.peft, "")
     candidates = "candidates: BM25's blocks (no index)" if self.candidates == "bm25" else ""
-    return ", ".join(filter(None, [super().describe(), what, candidates]))
+    reader = ""
+    if self.reader == "fid":
+      fields = dict(self.fid.fields) if self.fid is not None else {}
+      reader = ("reader FiD (generative; " + ", ".join(
+          f"{k} {v}" for k, v in fields.items()) + ")") if fields else "reader FiD (generative)"
+    return ", ".join(filter(None, [super().describe(), what, candidates, reader]))
 
   def question_tower_fn(self):
     """`params -> the question tower's retriever params` the live retrieval uses (LoRA merged,

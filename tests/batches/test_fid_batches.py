@@ -1,0 +1,204 @@
+"""FiD fine-tuning batches (`batches.fid`): the extractive job's reader rows and retrieval, plus
+one answer's target tokens, on a hand-worked example; the batch source resumes exactly; and
+`FinetuneJob(reader='fid')` builds its model, schema and batches from them."""
+
+import json
+
+import numpy as np
+import pytest
+
+from realm_jax import jobs
+from realm_jax.batches import fid as fid_batches
+from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.data.open_qa import QAExample
+from realm_jax.gin_utils import ConfigError
+from realm_jax.jobs.base import RunContext
+from realm_jax.models import config as config_lib
+from realm_jax.models import fid as fid_lib
+from realm_jax.models import fid_qa
+from realm_jax.training import partitioning
+
+CLS, SEP, PAD = vocab_lib.CLS_ID, vocab_lib.SEP_ID, vocab_lib.PAD_ID
+DOCS = [("Alpha", "Alpha was born in Paris in 1811."),
+        ("Beta", "Beta lives in Rome."),
+        ("Gamma", "Gamma founded the Red Guild.")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cache(private_cache):
+  return private_cache
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+  root = tmp_path_factory.mktemp("fid")
+  path = root / "docs.jsonl"
+  path.write_text("".join(json.dumps({"title": t, "text": x}) + "\n" for t, x in DOCS))
+  corpus_lib.build_block_store(corpus_lib.JsonlSource(str(path)), str(root / "blocks"))
+  return corpus_lib.BlockStore.open(str(root / "blocks"))
+
+
+def test_answer_targets_take_the_first_answer_that_fits():
+  vocab = vocab_lib.default_vocabulary()
+  march = vocab.encode("March 24, 1811")  # march 24 , 1811
+  assert len(march) == 4
+  targets, mask, chosen = fid_batches.answer_targets(
+      [["March 24, 1811", "1811"], ["a much longer answer than fits here", "Rome"],
+       ["far too long an answer for five"]], vocab, max_answer_length=5)
+  # Question 0: its first answer (4 wordpieces + EOS = 5) fits exactly.
+  np.testing.assert_array_equal(targets[0], [*march, SEP])
+  np.testing.assert_array_equal(mask[0], [1] * 5)
+  # Question 1: the first does not fit, the second does.
+  np.testing.assert_array_equal(targets[1], [*vocab.encode("Rome"), SEP, PAD, PAD, PAD])
+  np.testing.assert_array_equal(mask[1], [1, 1, 0, 0, 0])
+  # Question 2: none fits: no token counts.
+  np.testing.assert_array_equal(targets[2], [PAD] * 5)
+  assert not mask[2].any()
+  np.testing.assert_array_equal(chosen, [0, 1, -1])
+
+
+def test_rows_and_targets_of_a_hand_worked_example(store):
+  vocab = vocab_lib.default_vocabulary()
+  examples = [QAExample(question="Where was Alpha born?", answers=("Paris", "France")),
+              QAExample(question="Who lives in Rome?", answers=("Beta",))]
+  retrieved = np.array([[0, 2, 1], [1, 0, 2]])
+  batch = fid_batches.build_fid_batch(store, examples, retrieved, max_answer_length=4,
+                                      vocab=vocab, reader_beam=2, reader_len=24,
+                                      question_len=16)
+  # Question 0, block 0: [CLS] where was alpha born ? [SEP] alpha was born in paris in 1811 .
+  # [SEP], type ids 0 on "[CLS] question [SEP]", 1 on the body and its [SEP].
+  question = vocab.encode("Where was Alpha born?")
+  body = vocab.encode(DOCS[0][1])
+  row = [CLS, *question, SEP, *body, SEP]
+  np.testing.assert_array_equal(batch["reader_ids"][0, 0, :len(row)], row)
+  assert not batch["reader_ids"][0, 0, len(row):].any()
+  np.testing.assert_array_equal(batch["reader_mask"][0, 0], [1] * len(row) + [0] * (24 - len(row)))
+  np.testing.assert_array_equal(batch["reader_type_ids"][0, 0],
+                                [0] * (len(question) + 2) + [1] * (len(body) + 1)
+                                + [0] * (24 - len(row)))
+  # Question 0, block 1 is block 2 (Gamma); question 1, block 0 is block 1 (Beta).
+  gamma = [CLS, *question, SEP, *vocab.encode(DOCS[2][1]), SEP]
+  np.testing.assert_array_equal(batch["reader_ids"][0, 1, :len(gamma)], gamma)
+  rome = vocab.encode("Who lives in Rome?")
+  beta = [CLS, *rome, SEP, *vocab.encode(DOCS[1][1]), SEP]
+  np.testing.assert_array_equal(batch["reader_ids"][1, 0, :len(beta)], beta)
+  # Targets: "paris" [SEP] pad pad; "beta" [SEP] pad pad (one wordpiece each).
+  np.testing.assert_array_equal(batch["answer_targets"],
+                                [[vocab.encode("Paris")[0], SEP, PAD, PAD],
+                                 [vocab.encode("Beta")[0], SEP, PAD, PAD]])
+  np.testing.assert_array_equal(batch["answer_mask"], [[1, 1, 0, 0], [1, 1, 0, 0]])
+  np.testing.assert_array_equal(batch["answer_index"], [0, 0])
+  # The retriever labels of the whole beam, as the extractive batch's: "Paris" in Alpha's
+  # block (retrieved first for question 0), "Beta" in Beta's (first for question 1).
+  np.testing.assert_array_equal(batch["retriever_correct"], [[True, False, False],
+                                                             [True, False, False]])
+  inputs = fid_batches.fid_model_inputs(batch)
+  assert sorted(inputs) == sorted(fid_batches.FID_MODEL_KEYS)
+  spec = fid_batches.fid_batch_spec(beam=3, reader_beam=2, reader_len=24, max_answer_length=4)
+  assert {k: (v.shape[1:], v.dtype) for k, v in inputs.items()} == {
+      k: (s.shape, s.dtype) for k, s in spec.items()}
+  with pytest.raises(ValueError, match="regex answers"):
+    fid_batches.build_fid_batch(store, [QAExample("q?", ("P.*",), answers_are_regex=True)],
+                                retrieved[:1], max_answer_length=4, reader_beam=2,
+                                reader_len=24)
+
+
+class FakeRetriever:
+  """The index's interface for OpenQABatches: a fixed ranking per question length."""
+
+  def __init__(self, num_blocks, proj=8):
+    self.block_emb = np.ones((num_blocks, proj), np.float32)
+    self.num_blocks = num_blocks
+
+  def retrieve(self, question_ids, question_mask, k):
+    lengths = np.asarray(question_mask).sum(-1)
+    ids = (lengths[:, None] + np.arange(k)[None]) % self.num_blocks
+    return -np.arange(k, dtype=np.float32)[None].repeat(len(ids), 0), ids
+
+
+def _ctx(tmp_path):
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=8)
+  return RunContext(run_dir=str(tmp_path), model_config=config, batch_size=2, global_batch=2,
+                    seed=0, mesh=partitioning.make_mesh(-1, 1),
+                    rules=partitioning.DEFAULT_RULES, init_checkpoint=None)
+
+
+def test_the_fid_job_builds_its_model_schema_and_resumable_batches(tmp_path):
+  ctx = _ctx(tmp_path)
+  job = jobs.FinetuneJob(task="toy_qa", reader="fid", reader_beam=2, reader_len=64,
+                         retriever_beam=6, fid=jobs.finetune.fid_config(decoder_layers=1,
+                                                                        max_answer_length=8))
+  job.configure(ctx)
+  model = job.build_model(ctx)
+  assert isinstance(model, fid_qa.FidReaderModel) and model.fid.decoder_layers == 1
+  assert model.fid.bert == ctx.model_config.bert and model.fid.max_answer_length == 8
+  assert job.optimizer_options()["trainable"] is fid_qa.trainable_mask
+  spec = job.abstract_batch(ctx, model)
+  batches = job.build_batches(ctx, model)
+  assert isinstance(batches, fid_batches.FidBatches)
+  batches.set_retriever(FakeRetriever(job.store.num_blocks))
+  first = [next(batches) for _ in range(3)]
+  assert {k: (v.shape, v.dtype) for k, v in first[0].items()} == {
+      k: (s.shape, s.dtype) for k, s in spec.items()}
+  assert first[0]["answer_mask"].any(axis=1).all()  # toy answers fit 8 wordpieces
+  # Resume: a new source restored to the state after batch 0 yields batches 1, 2 again.
+  again = job.build_batches(ctx, model)
+  again.set_retriever(FakeRetriever(job.store.num_blocks))
+  next(again)
+  resumed = job.build_batches(ctx, model)
+  resumed.set_retriever(FakeRetriever(job.store.num_blocks))
+  resumed.restore(again.state())
+  for expected in first[1:]:
+    batch = next(resumed)
+    for key in expected:
+      np.testing.assert_array_equal(batch[key], expected[key])
+
+
+def test_the_fid_job_warm_starts_its_encoder_from_a_bert(tmp_path):
+  ctx = _ctx(tmp_path)
+  job = jobs.FinetuneJob(task="toy_qa", reader="fid")
+  model = fid_qa.FidReaderModel(ctx.model_config,
+                                fid_lib.FidConfig.from_bert(ctx.model_config.bert,
+                                                            decoder_layers=1))
+  import jax  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
+
+  def random_params(init_fn, seed):  # the shapes, without running init (seconds)
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(s.dtype),
+                        jax.eval_shape(init_fn, jax.random.PRNGKey(0)))
+
+  fresh = random_params(model.init, 0)
+  pretrain = random_params(realm.RealmPretrainModel(ctx.model_config).init, 1)
+  params, taken = job.warm_start(pretrain, fresh, "pretrain/5")
+  assert taken == "retriever, FiD encoder (BERT of the encoder; decoder fresh)"
+  bert = {k: v for k, v in pretrain["encoder"]["bert"].items() if k != "pooler"}
+  for ours, theirs in zip(jax.tree.leaves(params["fid"]["encoder"]), jax.tree.leaves(bert)):
+    np.testing.assert_array_equal(ours, theirs)
+  for ours, theirs in zip(jax.tree.leaves(params["fid"]["decoder"]),
+                          jax.tree.leaves(fresh["fid"]["decoder"])):
+    np.testing.assert_array_equal(ours, theirs)
+  again, taken = job.warm_start({**pretrain, "fid": params["fid"]}, fresh, "fid/5")
+  assert taken == "retriever, FiD reader"
+
+
+@pytest.mark.parametrize("setting, match", [
+    (dict(reader="generative"), "expected one of extractive, fid"),
+    (dict(reader="fid", peft="lora"), "not available with reader='fid'"),
+    (dict(reader="fid", retriever_objective="emdr2"), "not available with reader='fid'"),
+    (dict(fid=jobs.finetune.FidSettings()), "set FinetuneJob.reader='fid'"),
+    (dict(reader="fid", fid=jobs.finetune.FidSettings((("num_heads", 3),))), "FidConfig: "),
+    (dict(reader="fid", task="curated_trec"), "regex answers"),
+])
+def test_fid_settings_that_do_not_fit_are_one_line_config_errors(setting, match, tmp_path):
+  job = jobs.FinetuneJob(**{"task": "toy_qa", **setting})
+  with pytest.raises(ConfigError, match=match):
+    job.configure(_ctx(tmp_path))
+
+
+def test_fid_config_in_gin_refuses_the_encoder_and_unknown_fields():
+  with pytest.raises(ConfigError, match="the encoder is the run's MODEL_CONFIG BERT"):
+    jobs.finetune.fid_config(bert=None)
+  with pytest.raises(ConfigError, match="unknown field"):
+    jobs.finetune.fid_config(decoder_layer=2)
