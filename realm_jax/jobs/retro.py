@@ -197,6 +197,9 @@ class RetroJob(Job):
     exclude_own_document: RETRO's rule against trivial copies (default True). False is a
       positive control for analyses (`batches.retro.RetroBatches`): a chunk may retrieve its
       own document's text, the continuation it is about to predict included.
+    adam_epsilon: the optimizer's epsilon; None: BERT's (`optim.bert_optimizer`, 1e-6). The
+      neighbour encoder's and CCA's gradients start small, and an epsilon of their size damps
+      their updates (docs/benchmarks.md, "RETRO copying from its neighbours (synthetic)").
   """
   task: str = "retro_toy"
   model: Any = gin.REQUIRED
@@ -207,6 +210,7 @@ class RetroJob(Job):
   retrofit: bool = False
   eval_sequences: int = 64
   exclude_own_document: bool = True
+  adam_epsilon: Optional[float] = None
 
   name = "retro"
 
@@ -223,6 +227,10 @@ class RetroJob(Job):
       value = getattr(self, knob)
       if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"RetroJob.{knob}={value!r}: expected an integer >= {low}")
+    if self.adam_epsilon is not None and not (isinstance(self.adam_epsilon, (int, float))
+                                              and self.adam_epsilon > 0):
+      raise ConfigError(f"RetroJob.adam_epsilon={self.adam_epsilon!r}: expected a number > 0 "
+                        f"or None (BERT's)")
     if self.model.neighbour_len != 2 * self.model.chunk_size:
       raise ConfigError(f"RetroJob.model: neighbour_len={self.model.neighbour_len} must be "
                         f"2 x chunk_size={self.model.chunk_size} (a chunk and its "
@@ -241,10 +249,13 @@ class RetroJob(Job):
                         f"retro_* label)")
 
   def optimizer_options(self) -> dict[str, Any]:
-    if not self.retrofit:
-      return {}
-    from realm_jax.models import retro  # pylint: disable=g-import-not-at-top
-    return {"trainable": retro.retrieval_parameter_mask}
+    options: dict[str, Any] = {}
+    if self.adam_epsilon is not None:
+      options["eps"] = float(self.adam_epsilon)
+    if self.retrofit:
+      from realm_jax.models import retro  # pylint: disable=g-import-not-at-top
+      options["trainable"] = retro.retrieval_parameter_mask
+    return options
 
   def describe(self) -> str:
     cfg = self.model
