@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -175,6 +175,25 @@ def dense(features: int, config: BertConfig, names: tuple[str, str], name: str) 
   return nn.Dense(
       features, dtype=config.compute_dtype, param_dtype=config.storage_dtype,
       kernel_init=param_init(config, names), bias_init=zeros_init((names[1],)), name=name)
+
+
+class FeedForward(nn.Module):
+  """Dense (embed -> mlp), activation, dense (mlp -> embed) with bert's parameter names, for
+  the pre-LN stacks built on these layers (RETRO's, the FiD decoder's); `config` is any config
+  with hidden_size, intermediate_size, hidden_act and BertConfig's dtype and initialiser
+  fields."""
+
+  config: Any
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.config
+    # [..., length, mlp]
+    h = activation(cfg.hidden_act)(
+        dense(cfg.intermediate_size, cfg, ("embed", "mlp"), name="intermediate")(x))
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    # [..., length, embed]
+    return dense(cfg.hidden_size, cfg, ("mlp", "embed"), name="output")(h)
 
 
 @jax.custom_vjp

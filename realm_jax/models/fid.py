@@ -58,7 +58,7 @@ import jax.numpy as jnp
 
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.models import losses
-from realm_jax.models.bert import BertModel, activation, dense, layer_norm, param_init, zeros_init
+from realm_jax.models.bert import BertModel, FeedForward, layer_norm, param_init, zeros_init
 from realm_jax.models.config import ACTIVATIONS, BertConfig, tiny_bert
 
 Array = jax.Array
@@ -367,22 +367,6 @@ class FidAttention(nn.Module):
                        sow=sow)
 
 
-class FidFeedForward(nn.Module):
-  """Dense (embed -> mlp), activation, dense (mlp -> embed); bert's parameter names."""
-
-  config: FidConfig
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    cfg = self.config
-    # [N, T, mlp]
-    h = activation(cfg.hidden_act)(
-        dense(cfg.intermediate_size, cfg, ("embed", "mlp"), name="intermediate")(x))
-    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-    # [N, T, D]
-    return dense(cfg.hidden_size, cfg, ("mlp", "embed"), name="output")(h)
-
-
 class FidDecoderLayer(nn.Module):
   """One pre-LN decoder layer: causal self-attention (over a key/value cache), cross-attention
   to the memory, feed-forward."""
@@ -397,7 +381,7 @@ class FidDecoderLayer(nn.Module):
     self.cross_attention_layer_norm = norm(name="cross_attention_layer_norm")
     self.cross_attention = FidAttention(cfg)
     self.mlp_layer_norm = norm(name="mlp_layer_norm")
-    self.mlp = FidFeedForward(cfg)
+    self.mlp = FeedForward(cfg)
     self.dropout = nn.Dropout(cfg.hidden_dropout)
 
   def cross_keys_values(self, memory: Array) -> tuple[Array, Array]:

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from realm_jax.models import losses
-from realm_jax.models.bert import activation, dense, layer_norm, param_init, zeros_init
+from realm_jax.models.bert import FeedForward, layer_norm, param_init, zeros_init
 from realm_jax.models.config import ACTIVATIONS
 
 Array = jax.Array
@@ -281,22 +281,6 @@ class RetroAttention(nn.Module):
         features=cfg.hidden_size, axis=(-2, -1), dtype=cfg.compute_dtype,
         param_dtype=cfg.storage_dtype, kernel_init=param_init(cfg, ("heads", "kv", "embed")),
         bias_init=zeros_init(("embed",)), name="out")(attended)
-
-
-class FeedForward(nn.Module):
-  """Dense (embed -> mlp), activation, dense (mlp -> embed); bert's parameter names."""
-
-  config: RetroConfig
-
-  @nn.compact
-  def __call__(self, x: Array) -> Array:
-    cfg = self.config
-    # [..., length, mlp]
-    h = activation(cfg.hidden_act)(
-        dense(cfg.intermediate_size, cfg, ("embed", "mlp"), name="intermediate")(x))
-    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-    # [..., length, embed]
-    return dense(cfg.hidden_size, cfg, ("mlp", "embed"), name="output")(h)
 
 
 class ChunkedCrossAttention(nn.Module):
