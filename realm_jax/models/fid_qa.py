@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from realm_jax import fileio
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.models import fid as fid_lib
 from realm_jax.models.config import BertConfig, RealmConfig
@@ -115,12 +116,8 @@ def fid_config_from_dict(settings: dict, bert: BertConfig | None = None) -> fid_
 
 def write_fid_config(run_dir: str, config: fid_lib.FidConfig, **extra: Any) -> str:
   """`<run_dir>/fid_config.json` (atomically): the reader's FidConfig and `extra` settings."""
-  os.makedirs(run_dir, exist_ok=True)
   path = os.path.join(run_dir, FID_CONFIG_FILE)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump({"fid": fid_config_to_dict(config), **extra}, f, indent=2)
-  os.replace(tmp, path)
+  fileio.write_json_atomically(path, {"fid": fid_config_to_dict(config), **extra})
   return path
 
 
