@@ -111,11 +111,13 @@ def test_a_builder_slower_than_the_checkpoint_cadence_still_refreshes(tmp_path):
   picked_up = sorted({r["retrieval/index_step"] for r in records})
   assert len(picked_up) >= 4 and picked_up[0] == 0, picked_up
   assert "Not swapping in index" not in trainer_out, trainer_out[-3000:]
-  # Every index published while the trainer was looking was swapped in, once the first load
-  # (which compiles the query tower) was done: the watcher takes the newest there is.
+  # Every index the trainer swapped in is one the builder published, taken in order. (An index
+  # published while the trainer was busy may be passed over for a newer one: the watcher takes
+  # the newest there is, so which ones are skipped depends on the machine's load.)
   published = _published_steps(builder_out)
-  assert [s for s in published if picked_up[1] <= s <= picked_up[-1]] == picked_up[1:], (
-      published, picked_up)
+  assert set(picked_up) <= set(published), (published, picked_up)
+  index_steps = [r["retrieval/index_step"] for r in records]
+  assert index_steps == sorted(index_steps), index_steps
   # ... though the checkpoints of the refreshes were gone when they were in use.
   refreshed = [r for r in records if r["retrieval/index_step"] > 0]
   assert refreshed and not any(r["checkpoint_present"] for r in refreshed)
