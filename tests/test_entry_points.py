@@ -65,6 +65,8 @@ DRY_RUNS = {
                      "--gin.INIT_CHECKPOINT=None"],
     "toy_finetune_fid": ["--gin_file=gin_configs/experiments/toy_finetune_fid.gin",
                          "--gin.INIT_CHECKPOINT=None"],
+    "atlas_toy_finetune": ["--gin_file=gin_configs/experiments/atlas_toy_finetune.gin",
+                           "--gin.INIT_CHECKPOINT=None"],
     "toy_model": ["--gin_file=gin_configs/experiments/toy_model.gin",
                   "--gin_file=gin_configs/runs/ict.gin", "--gin.TASK='ict_toy'",
                   "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10"],

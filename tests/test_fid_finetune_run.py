@@ -1,8 +1,11 @@
 """A tiny generative (FiD) fine-tuning run through `python -m realm_jax.train` with
-gin_configs/experiments/toy_finetune_fid.gin, in-process: it trains, picks its checkpoint by
-the dev EM of generated answers, resumes exactly (4 steps straight == 2 steps, then resumed to
-4: identical parameters), and `python -m realm_jax.evaluate` generates answers and writes them
-with their evidence, scored by the extractive reader's EM.
+gin_configs/experiments/atlas_toy_finetune.gin (toy_finetune_fid.gin's reader, its question
+tower trained by ADist against the frozen index), in-process: it trains the reader and the
+question tower and leaves the index as it was, picks its checkpoint by the dev EM of generated
+answers, resumes exactly (4 steps straight == 2 steps, then resumed to 4: identical parameters),
+and `python -m realm_jax.evaluate` generates answers and writes them with their evidence, scored
+by the extractive reader's EM. (toy_finetune_fid.gin's frozen question tower is its trainable
+mask, tests/models/test_fid_objectives.py.)
 
 The corpus is the toy world's first documents (an index of the whole toy store takes long); the
 "pretraining" checkpoint is a fresh RealmPretrainModel (the retriever its index is built from,
@@ -57,12 +60,13 @@ def _run(world, name, steps, *bindings):
     store_lib.publish_index(run_dir, 0, embeddings, block_store_id=store.store_id,
                             checkpoint=init)
   code = train.main([
-      "train", "--gin_file=gin_configs/experiments/toy_finetune_fid.gin",
+      "train", "--gin_file=gin_configs/experiments/atlas_toy_finetune.gin",
       f"--gin.RUN_DIR='{run_dir}'", f"--gin.INIT_CHECKPOINT='{init}'",
       f"--gin.BLOCK_STORE='{store_dir}'", f"--gin.NUM_STEPS={steps}", "--gin.BATCH_SIZE=8",
       "--gin.train_main.checkpoint_every=2", "--gin.train_main.log_every=1",
       "--gin.FinetuneJob.eval_examples=8", "--gin.FinetuneJob.retriever_beam=8",
-      "--gin.FinetuneJob.length_bucket=0", "--gin.FidConfig.max_answer_length=6", *bindings])
+      "--gin.FinetuneJob.length_bucket=0", "--gin.FidConfig.max_answer_length=6",
+      "--gin.FidConfig.decoder_layers=1", *bindings])
   assert code == 0
   return run_dir
 
@@ -79,10 +83,14 @@ def test_fid_fine_tuning_runs_resumes_exactly_and_evaluates_with_evidence(world,
   assert sorted(metadata["param_items"]) == ["fid", "retriever"]
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
-  # The retriever only retrieves: exactly the warm start's.
+  # The question tower (the toy model's tied embedder) trained; the document side, the index
+  # the objective's scores read, is the one published before the run.
   init, _, _ = checkpoints.restore_params(os.path.dirname(os.path.dirname(world[3])), 1)
-  for x, y in zip(jax.tree.leaves(a["retriever"]), jax.tree.leaves(init["retriever"])):
-    np.testing.assert_array_equal(x, y)
+  assert any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a["retriever"]),
+                                                       jax.tree.leaves(init["retriever"])))
+  assert store_lib.latest_index_step(straight) == 0
+  np.testing.assert_array_equal(
+      store_lib.load_index(store_lib.index_dir(straight, 0)).embeddings, world[4])
   with open(os.path.join(straight, "best.json"), encoding="utf-8") as f:
     assert json.load(f)["metric"] == "eval/exact_match"
   with open(os.path.join(straight, "fid_config.json"), encoding="utf-8") as f:
@@ -105,3 +113,4 @@ def test_fid_fine_tuning_runs_resumes_exactly_and_evaluates_with_evidence(world,
     assert isinstance(p["prediction"], str) and len(p["block_ids"]) == 5
     assert len(p["block_scores"]) == 5 and p["predicted_block_id"] == -1
     assert p["correct"] == metrics.exact_match(p["prediction"], p["answers"])
+

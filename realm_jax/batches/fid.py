@@ -7,7 +7,10 @@ labels) with `answer_targets`: per question, the wordpieces of its FIRST answer 
 order) that fits `max_answer_length` with its EOS, then EOS, then padding, and their mask.
 `FidBatches` is `qa_inputs.OpenQABatches` (the live question tower searching the run's index,
 resumable) building those batches. Regex answers (CuratedTrec) are patterns, not texts to
-generate: refused.
+generate: refused. When the model trains its question tower (a retriever objective,
+`FidReaderModel.train_question_tower`) the batches also carry the question rows and the frozen
+index's embeddings of the K read blocks (`QUESTION_TOWER_KEYS`): the retrieval scores the
+objective trains are recomputed from them in the graph.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ Batch = dict[str, Any]
 # What the FiD model reads (and `fid_model_inputs` keeps).
 FID_MODEL_KEYS = ("reader_ids", "reader_type_ids", "reader_mask", "answer_targets",
                   "answer_mask", "retriever_correct", "example_mask")
+# What it also reads when a retriever objective trains its question tower: the questions
+# [Q, question_len] and the frozen index's embeddings of the read blocks [Q, reader_beam, proj].
+QUESTION_TOWER_KEYS = ("question_ids", "question_type_ids", "question_mask",
+                       "retrieved_block_emb")
 
 
 def answer_targets(answers_per_question: Sequence[Sequence[str]],
@@ -90,18 +97,36 @@ def build_fid_batch(store, examples: Sequence[Any], retrieved_ids: Any,
   return batch
 
 
-def fid_model_inputs(batch: Batch) -> Batch:
-  """What `FidReaderModel` reads of a `build_fid_batch` batch (`FID_MODEL_KEYS`)."""
-  return {key: batch[key] for key in FID_MODEL_KEYS}
+def fid_model_inputs(batch: Batch, question_tower: bool = False) -> Batch:
+  """What `FidReaderModel` reads of a `build_fid_batch` batch (`FID_MODEL_KEYS`, and
+  `QUESTION_TOWER_KEYS` with `question_tower`)."""
+  keys = FID_MODEL_KEYS + (QUESTION_TOWER_KEYS if question_tower else ())
+  return {key: batch[key] for key in keys}
 
 
-def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int,
-                   max_answer_length: int) -> dict[str, Any]:
-  """The per-example shapes and dtypes of `FidBatches`' batches (`fid_model_inputs`)."""
+def read_block_emb(block_emb: Any, retrieved_ids: Any, reader_beam: int) -> np.ndarray:
+  """The frozen index's embeddings of the blocks the reader reads: [Q, reader_beam, proj]
+  float32 of `block_emb` [num_blocks, proj] at the first `reader_beam` of `retrieved_ids`
+  [Q, beam] (the objectives score those only; the rest of the beam is not sent)."""
+  return qa_batches.gather_block_emb(block_emb, np.asarray(retrieved_ids)[:, :reader_beam])
+
+
+def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_length: int,
+                   question_len: int | None = None,
+                   proj_size: int | None = None) -> dict[str, Any]:
+  """The per-example shapes and dtypes of `FidBatches`' batches (`fid_model_inputs`); with
+  `question_len` and `proj_size` (a model that trains its question tower) also
+  `QUESTION_TOWER_KEYS`'."""
   shapes = {"reader_ids": [reader_beam, reader_len], "reader_type_ids": [reader_beam, reader_len],
             "reader_mask": [reader_beam, reader_len], "answer_targets": [max_answer_length],
             "answer_mask": [max_answer_length], "retriever_correct": [beam], "example_mask": []}
-  dtypes = {"retriever_correct": bool, "example_mask": bool}
+  if (question_len is None) != (proj_size is None):
+    raise ValueError("fid_batch_spec: question_len and proj_size go together (the question "
+                     "tower's inputs)")
+  if question_len is not None:
+    shapes.update(question_ids=[question_len], question_type_ids=[question_len],
+                  question_mask=[question_len], retrieved_block_emb=[reader_beam, proj_size])
+  dtypes = {"retriever_correct": bool, "example_mask": bool, "retrieved_block_emb": np.float32}
   return {key: jax.ShapeDtypeStruct(tuple(int(n) for n in shape), dtypes.get(key, np.int32))
           for key, shape in shapes.items()}
 
@@ -118,11 +143,14 @@ class FidBatches(qa_inputs.OpenQABatches):
 
   def build_batch(self, examples: Sequence[Any], ids: np.ndarray, scores: np.ndarray,
                   retriever: Any) -> Batch:
-    del retriever  # no index embeddings: the retriever is not trained
     fid = self.model.fid
     batch = build_fid_batch(
         self.store, examples, ids, scores, max_answer_length=fid.max_answer_length,
         vocab=self.vocab, eos_id=fid.eos_id, pad_id=fid.pad_id,
         reader_beam=self.model.reader_beam, reader_len=self.reader_len,
         question_len=self.question_len, max_occurrences=self.max_occurrences)
-    return fid_model_inputs(batch)
+    question_tower = self.model.train_question_tower
+    if question_tower:  # the frozen index's side of the scores the objective trains
+      batch["retrieved_block_emb"] = read_block_emb(retriever.block_emb, ids,
+                                                    self.model.reader_beam)
+    return fid_model_inputs(batch, question_tower)

@@ -12,13 +12,16 @@ Two readers (`reader`): 'extractive' (ORQA's span reader, `models.open_qa`) or '
 generative Fusion-in-Decoder reader, `models.fid_qa`, shaped by `@FidConfig()` in gin): the same
 retrieval and reader rows; the FiD reader is trained on one answer's wordpieces, its encoder
 warm-started from the BERT of `init_checkpoint`'s encoder (or reader) or `encoder_checkpoint`,
-its decoder fresh; the question tower is not trained with it; at every checkpoint its greedy
-answers, detokenised, are scored by the same EM, which picks the best checkpoint.
+its decoder fresh; by default its question tower only retrieves, with Atlas's retriever
+objectives (`retriever_objective`) it trains against the frozen index (query-side fine-tuning);
+at every checkpoint its greedy answers, detokenised, are scored by the same EM, which picks the
+best checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Optional, Sequence
 
 import gin
@@ -98,10 +101,14 @@ class FinetuneJob(IndexJob):
       (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
       distinct width is one compilation of the train step. 0 (the default): every batch at
       `reader_len`. The evaluation reads `reader_len` rows. Single-host runs only.
-    retriever_objective: how the question tower learns: "marginal" (ORQA's retriever and
-      reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop", "adist" over the
-      reader beam (the reader's loss then reads the scores held fixed; ORQA's retriever loss
-      over the whole beam stays: realm_jax.models.retriever_objectives).
+    retriever_objective: how the question tower learns. The extractive reader: "marginal"
+      (ORQA's retriever and reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop",
+      "adist" over the reader beam (the reader's loss then reads the scores held fixed; ORQA's
+      retriever loss over the whole beam stays: realm_jax.models.retriever_objectives). The
+      FiD reader: "none" (it only retrieves) or Atlas's "adist", "emdr2", "pdist", "loop" over
+      the K read blocks against the frozen index (`models.fid_qa`); "marginal" has no
+      counterpart there. None (the default): the reader's own, "marginal" for the extractive
+      reader, "none" for FiD.
     candidates: where each question's beam comes from: 'index' (the run's published index,
       searched with the live question tower: ORQA, REALM) or 'bm25' (Okapi BM25 over the
       BlockStore's text, `evaluation.bm25.BM25Searcher`: DrQA's pipeline, the reader trained
@@ -112,9 +119,9 @@ class FinetuneJob(IndexJob):
       Fusion-in-Decoder reader, `models.fid_qa.FidReaderModel`: rows `[CLS] question [SEP]
       body [SEP]` of the `reader_beam` blocks read together, trained on the first answer that
       fits `max_answer_length`, greedy answers scored by the same EM). With 'fid' the question
-      tower is not trained (it only retrieves: Atlas's retriever objectives with this reader
-      are not implemented), so `retriever_objective` stays 'marginal', `train_document_tower`
-      False and `peft` 'none'; regex-answer tasks are refused.
+      tower trains only by Atlas's objectives (`retriever_objective`; by default it only
+      retrieves), the document tower never (`train_document_tower` stays False), and `peft`
+      stays 'none'; regex-answer tasks are refused.
     fid: the FiD reader's settings, `@FidConfig()` in gin (`fid_config`); None: the defaults
       (a decoder shaped like the encoder, answers of up to 32 wordpieces with EOS).
   """
@@ -136,6 +143,7 @@ class FinetuneJob(IndexJob):
   candidates: str = "index"
   reader: str = "extractive"
   fid: Any = None
+  retriever_objective: Optional[str] = None
 
   name = "finetune"
 
@@ -179,6 +187,29 @@ class FinetuneJob(IndexJob):
                              else ""))
     self.open_store()
 
+  def default_objective(self) -> str:
+    """The reader's own `retriever_objective`: ORQA's "marginal" for the extractive reader,
+    "none" (the question tower only retrieves) for FiD."""
+    return "none" if self.reader == "fid" else "marginal"
+
+  def resolved_objective(self) -> str:
+    """`retriever_objective`, None read as `default_objective`."""
+    return self.default_objective() if self.retriever_objective is None else (
+        self.retriever_objective)
+
+  def check_retriever_objective(self) -> None:
+    """`retriever_objective` resolved (`resolved_objective`) and checked in one line:
+    IndexJob's check for the extractive reader's objectives ("none" is FiD's only); the FiD
+    reader's are `check_reader`'s."""
+    self.retriever_objective = self.resolved_objective()
+    if self.reader == "fid":
+      return
+    if self.retriever_objective == "none":
+      raise ConfigError("FinetuneJob.retriever_objective='none' is the FiD reader's "
+                        "(reader='fid'): the extractive reader's question tower trains by "
+                        "'marginal' (ORQA's losses) or one of Atlas's objectives")
+    super().check_retriever_objective()
+
   def check_candidates(self) -> None:
     """A one-line ConfigError unless `candidates` is known and fits the other settings: BM25's
     beam trains no retriever."""
@@ -189,7 +220,7 @@ class FinetuneJob(IndexJob):
     if self.candidates == "bm25":
       for setting, value, default in (
           ("train_document_tower", self.train_document_tower, False),
-          ("retriever_objective", self.retriever_objective, "marginal")):
+          ("retriever_objective", self.retriever_objective, self.default_objective())):
         if value != default:
           raise ConfigError(f"FinetuneJob.{setting}={value!r} trains the retriever, and "
                             f"candidates='bm25' has none to train (BM25 ranks): leave it at "
@@ -197,7 +228,8 @@ class FinetuneJob(IndexJob):
 
   def check_reader(self, ctx: RunContext) -> None:
     """A one-line ConfigError unless `reader` is known and fits the other settings (the FiD
-    reader trains no retriever and has no PEFT)."""
+    reader trains no document tower, its question tower only by its own objectives, and has
+    no PEFT)."""
     if self.reader not in READERS:
       raise ConfigError(f"FinetuneJob.reader={self.reader!r}; expected one of "
                         f"{', '.join(READERS)}")
@@ -206,14 +238,18 @@ class FinetuneJob(IndexJob):
         raise ConfigError("FinetuneJob.fid is the FiD reader's: set FinetuneJob.reader='fid' "
                           "too (or leave fid unset)")
       return
+    from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
+    try:
+      fid_qa.check_objective(self.resolved_objective(), self.objective_temperature)
+    except ValueError as e:
+      raise ConfigError(f"FinetuneJob.{e}") from e
     for setting, value, default in (
-        ("retriever_objective", self.retriever_objective, "marginal"),
         ("train_document_tower", self.train_document_tower, False),
         ("peft", self.peft, "none")):
       if value != default:
         raise ConfigError(f"FinetuneJob.{setting}={value!r} is not available with reader='fid' "
-                          f"(the FiD reader trains no retriever and has no PEFT yet): leave it "
-                          f"at {default!r}")
+                          f"(the FiD reader keeps the frozen index's document side and has no "
+                          f"PEFT yet): leave it at {default!r}")
     if self.fid is not None and not isinstance(self.fid, FidSettings):
       raise ConfigError(f"FinetuneJob.fid is a {type(self.fid).__name__}: bind "
                         f"FinetuneJob.fid = @FidConfig()")
@@ -228,8 +264,10 @@ class FinetuneJob(IndexJob):
     if self.reader == "fid":
       from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
       try:
-        return fid_qa.FidReaderModel(ctx.model_config, self.fid_model_config(ctx),
-                                     reader_beam=self.reader_beam)
+        return fid_qa.FidReaderModel(
+            ctx.model_config, self.fid_model_config(ctx), reader_beam=self.reader_beam,
+            retriever_objective=self.resolved_objective(),
+            objective_temperature=self.objective_temperature)
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:
@@ -246,10 +284,13 @@ class FinetuneJob(IndexJob):
     from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
     if self.reader == "fid":
       from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
+      question_tower = ({"question_len": self.question_len,
+                         "proj_size": ctx.model_config.proj_size}
+                        if model.train_question_tower else {})
       return global_spec(fid_batches.fid_batch_spec(
           beam=min(self.retriever_beam, self.store.num_blocks), reader_beam=self.reader_beam,
-          reader_len=self.reader_len, max_answer_length=model.fid.max_answer_length),
-                         ctx.global_batch)
+          reader_len=self.reader_len, max_answer_length=model.fid.max_answer_length,
+          **question_tower), ctx.global_batch)
     spec = qa_batches.open_qa_batch_spec(
         question_len=self.question_len, beam=min(self.retriever_beam, self.store.num_blocks),
         proj_size=ctx.model_config.proj_size, reader_beam=self.reader_beam,
@@ -412,7 +453,11 @@ class FinetuneJob(IndexJob):
     options = super().optimizer_options()
     if self.reader == "fid":
       from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
-      options["trainable"] = fid_qa.trainable_mask  # the question tower only retrieves
+      # The reader; the question tower too when an objective trains it (never the document
+      # tower: the index stays frozen).
+      options["trainable"] = (
+          fid_qa.trainable_mask if self.resolved_objective() == "none"
+          else functools.partial(fid_qa.trainable_mask, train_question_tower=True))
     config = self.peft_config()
     if config is not None:
       options["trainable"] = config.trainable_mask

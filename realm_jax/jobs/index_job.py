@@ -107,7 +107,7 @@ class IndexJob(Job):
       parts.append(f"retriever frozen for {self.freeze_retriever_steps} steps")
     if self.refresh_in_lockstep:
       parts.append("index refreshed in lockstep with the checkpoints")
-    if self.retriever_objective != "marginal":
+    if self.retriever_objective not in ("marginal", "none", None):  # none: FiD's frozen tower
       parts.append(f"retriever objective {self.retriever_objective} "
                    f"(T {self.objective_temperature:g})")
     return ", ".join(parts)

@@ -34,6 +34,12 @@ to Atlas's score per passage [B, K] (weights times value norms, averaged over la
 the target tokens, summed over the passage's tokens), the `attention_scores` that
 `retriever_objectives.adist_loss` distils. The default pass computes and keeps nothing of this.
 
+The other objectives' targets (`models.fid_qa`): `FidModel.teacher_forced` also returns every
+decoder layer's cross-attention keys and values of the memory, so more decodes over the same
+encodings cost no second encoder pass: `passage_log_likelihoods` (the decoder reading each
+passage alone: EMDR^2, PDist) and `left_out_log_likelihoods` (reading all passages but one, a
+visibility mask over the memory: LOOP).
+
 Decoding (`greedy_decode`, `beam_search`): jitted at fixed shapes; the encoder runs once, every
 layer's cross-attention keys and values of the memory are projected once, and the decoder runs
 one token per step over a self-attention key/value cache ([rows, max_len, heads, kv] per layer);
@@ -455,14 +461,17 @@ class FidDecoder(nn.Module):
                deterministic: bool) -> tuple[Array, Cache]:
     """Token embeddings [N, T, D] at positions index .. index + T - 1 -> (the normalised last
     hidden states [N, T, D] float32, the updated cache); cross per layer [B, S, heads, kv],
-    memory_mask bool [B, S]."""
+    memory_mask bool [B, S] (the real tokens) or [B, G T, S] (what each query of the G = N / B
+    rows reading memory row b sees: row b G + g's position t is query g T + t)."""
     length = token_embeddings.shape[1]
     # [N, T, D]; float32, so the residual stream stays float32 under bfloat16 compute.
     hidden = (token_embeddings.astype(jnp.float32)
               + self.position_embeddings(index + jnp.arange(length))[None].astype(jnp.float32))
     hidden = self.dropout(hidden, deterministic=deterministic)
     hidden = nn.with_logical_constraint(hidden, ("batch", "length", "embed"))
-    memory_visible = memory_mask[:, None, :]  # [B, 1, S]
+    # [B, 1, S]: every query sees the real tokens; or already one visibility per query
+    # [B, G T, S] (G = N / B decodes per memory row: `leave_one_out_visibility`).
+    memory_visible = memory_mask[:, None, :] if memory_mask.ndim == 2 else memory_mask
     new_cache = []
     for layer, layer_cache, layer_cross in zip(self.layers, cache, cross, strict=True):
       hidden, layer_cache = layer(hidden, index, layer_cache, layer_cross, memory_visible,
@@ -505,7 +514,8 @@ class FidModel(nn.Module):
     """Logits of the next tokens after decoder_input_ids [N, T] (positions index ..
     index + T - 1) -> ([N, T, V] in the compute dtype, the cache with those positions
     written). cross: `cross_keys_values` of the memory, per layer [B, S, heads, kv] (B divides
-    N: beams read their row's memory); memory_mask bool [B, S]."""
+    N: beams read their row's memory); memory_mask bool [B, S], or a visibility per query
+    [B, G T, S] (`FidDecoder`; G = N / B)."""
     cfg = self.config
     # [N, T, D]
     embedded = self.encoder.embeddings.word_embeddings(decoder_input_ids)
@@ -529,6 +539,16 @@ class FidModel(nn.Module):
     Returns:
       [B, T, V] logits (compute dtype): position t predicts target t.
     """
+    return self.teacher_forced(input_ids, input_mask, decoder_input_ids, type_ids,
+                               deterministic=deterministic)[0]
+
+  def teacher_forced(self, input_ids: Array, input_mask: Array, decoder_input_ids: Array,
+                     type_ids: Array | None = None, *, deterministic: bool = True
+                     ) -> tuple[Array, list[tuple[Array, Array]], Array]:
+    """`__call__`'s logits [B, T, V] with what more decodes over the same memory reuse (the
+    retriever objectives' passes, `passage_log_likelihoods`, `left_out_log_likelihoods`): the
+    cross-attention (keys, values) of every decoder layer, each [B, K L, heads, kv], and the
+    memory's mask, bool [B, K L]."""
     cfg = self.config
     length = decoder_input_ids.shape[1]
     if length > cfg.max_answer_length:
@@ -542,7 +562,7 @@ class FidModel(nn.Module):
     logits, _ = self.decode(decoder_input_ids, jnp.zeros((), jnp.int32),
                             init_cache(cfg, decoder_input_ids.shape[0], length), cross,
                             memory_mask, deterministic=deterministic)
-    return logits
+    return logits, cross, memory_mask
 
 
 # ------------------------------------------------------------------ parameters
@@ -572,6 +592,104 @@ def encoder_from_bert(params: Params, bert_params: Params) -> Params:
                        f"{tuple(theirs.shape)} in the BERT, {tuple(ours.shape)} in the encoder.")
   return {**params, "encoder": jax.tree.map(
       lambda ours, theirs: jnp.asarray(theirs, ours.dtype), params["encoder"], bert)}
+
+
+# ------------------------------------------------ the retriever objectives' decodes
+
+
+def split_passages(cross: list[tuple[Array, Array]], memory_mask: Array, num_passages: int
+                   ) -> tuple[list[tuple[Array, Array]], Array]:
+  """The memory of each passage alone: per layer (keys, values) [B, K L, heads, kv] ->
+  [B K, L, heads, kv], memory_mask [B, K L] -> [B K, L]; row b K + k is passage k of row b.
+  The cross-attention projects every memory token on its own, and the encoder reads every
+  passage row on its own, so these are exactly what a pass over passage k alone computes."""
+
+  def split(x: Array) -> Array:
+    batch, total = x.shape[:2]
+    return x.reshape(batch * num_passages, total // num_passages, *x.shape[2:])
+
+  return [(split(keys), split(values)) for keys, values in cross], split(memory_mask)
+
+
+def leave_one_out_visibility(memory_mask: Array, num_passages: int, target_len: int) -> Array:
+  """What each of K leave-one-out decodes sees of the memory: bool [B, K L] -> bool
+  [B, K T, K L]. Decode k of row b (row b K + k of the decoder's [B K, T] input, its queries
+  k T .. k T + T - 1 of memory row b) sees every real token but passage k's."""
+  total = memory_mask.shape[1]
+  passage = jnp.arange(total) // (total // num_passages)  # [K L] the passage of each token
+  decode = jnp.arange(num_passages * target_len) // target_len  # [K T] the decode of each query
+  others = passage[None, :] != decode[:, None]  # [K T, K L]
+  return memory_mask.astype(bool)[:, None, :] & others[None]
+
+
+def target_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple[Array, Array]],
+                           memory_visible: Array, targets: Array, target_mask: Array, *,
+                           repeats: int = 1) -> Array:
+  """Teacher-forced `log p(y | memory)` of each row's target, summed over its counted tokens,
+  with the decoder alone (its memory's keys and values given) and no dropout.
+
+  Args:
+    params: FidModel parameters (plain tree).
+    config: the model's config.
+    cross: per decoder layer, the memory's (keys, values) [R, S, heads, kv].
+    memory_visible: bool [R, S] (every decode of row r sees the same tokens) or [R, G T, S]
+      (decode g of row r sees `memory_visible[r, g T + t]` at position t; G = repeats).
+    targets: int [R, T], the answer tokens, EOS, padding.
+    target_mask: [R, T], nonzero on the tokens that count.
+    repeats: G, decodes of each row's target (rows r G .. r G + G - 1 of the decoder).
+
+  Returns:
+    float32 [R, G].
+  """
+  rows, length = targets.shape
+  # [R G, T]: each target's decodes next to each other (FidAttention's groups).
+  decoder_input_ids = jnp.repeat(shift_right(targets, config.bos_id), repeats, axis=0)
+  logits, _ = FidModel(config).apply(
+      {"params": params}, decoder_input_ids, jnp.zeros((), jnp.int32),
+      init_cache(config, rows * repeats, length), cross, memory_visible,
+      method=FidModel.decode)  # [R G, T, V]
+  # [R G, T]
+  token = token_log_probs(logits, jnp.repeat(targets, repeats, axis=0))
+  weights = jnp.repeat(target_mask, repeats, axis=0).astype(jnp.float32)
+  return jnp.sum(token * weights, axis=-1).reshape(rows, repeats)
+
+
+def passage_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple[Array, Array]],
+                            memory_mask: Array, num_passages: int, targets: Array,
+                            target_mask: Array) -> Array:
+  """`log p(y | z_k, x)`, the decoder reading passage k ALONE (EMDR^2's and PDist's
+  likelihoods in Atlas): each passage's slice of the memory as its own memory row
+  (`split_passages`), the target decoded once over each.
+
+  Args:
+    params, config: the FiD reader's.
+    cross: per layer, the (keys, values) [B, K L, heads, kv] of the K passages' memory
+      (`FidModel.teacher_forced`).
+    memory_mask: bool [B, K L].
+    num_passages: K.
+    targets, target_mask: [B, T].
+
+  Returns:
+    float32 [B, K], summed over the counted target tokens.
+  """
+  batch = targets.shape[0]
+  cross, mask = split_passages(cross, memory_mask, num_passages)  # [B K, L, ...], [B K, L]
+  return target_log_likelihoods(
+      params, config, cross, mask, jnp.repeat(targets, num_passages, axis=0),
+      jnp.repeat(target_mask, num_passages, axis=0)).reshape(batch, num_passages)
+
+
+def left_out_log_likelihoods(params: Params, config: FidConfig,
+                             cross: list[tuple[Array, Array]], memory_mask: Array,
+                             num_passages: int, targets: Array, target_mask: Array) -> Array:
+  """`log p(y | Z \\ z_k, x)`, the decoder reading every passage but k (LOOP's in Atlas): the
+  memory's keys and values computed once, K decodes of each target over it, decode k blind
+  to passage k (`leave_one_out_visibility`); the cross-attention's softmax then runs over the
+  other K - 1 passages' tokens, as it would with passage k removed. Args and returns as
+  `passage_log_likelihoods`."""
+  visible = leave_one_out_visibility(memory_mask, num_passages, targets.shape[1])
+  return target_log_likelihoods(params, config, cross, visible, targets, target_mask,
+                                repeats=num_passages)
 
 
 # ------------------------------------------------------------------ searches

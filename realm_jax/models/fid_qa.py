@@ -8,11 +8,35 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
 
 * **Retrieval**: as the extractive job (`models.open_qa`): the question tower searches the run's
   frozen index for the top `retriever_beam` blocks, the reader reads the first `reader_beam`
-  (K). The retriever is NOT trained here: the FiD loss has no path to the retrieval scores, the
-  optimizer leaves `params["retriever"]` exactly as it was warm-started (`trainable_mask`), and
-  Atlas's retriever objectives with this reader (ADist from the decoder's cross-attention,
-  EMDR^2, PDist, LOOP) are future work (`FinetuneJob` refuses `retriever_objective` other than
-  "marginal", `train_document_tower` and `peft` with `reader='fid'`).
+  (K). With `retriever_objective="none"` (the default) the retriever is NOT trained: the FiD
+  loss has no path to the retrieval scores, and the optimizer leaves `params["retriever"]`
+  exactly as it was warm-started (`trainable_mask`).
+* **Query-side fine-tuning** (Atlas sec. 2.2 and 2.4; `retriever_objective` "adist", "emdr2",
+  "pdist" or "loop"): the question tower trains, the document side stays the frozen index's
+  embeddings (the batch's `retrieved_block_emb` of the K read blocks; an untied document tower
+  is masked out of the optimizer). The retrieval scores of the read blocks are recomputed in
+  the graph with the live question tower, `s_k = q . d_k` [Q, K] (as the extractive reader
+  does), and `retriever_objectives` distils a target the reader computes, held fixed
+  (stop_gradient: no gradient from the objective reaches the reader), into `softmax(s / T)`:
+    adist  `fid.passage_attention_scores` of the training pass's decoder cross-attention
+           (weights times value norms, averaged over layers, heads and the answer tokens,
+           summed over each passage's tokens), `adist_loss`;
+    emdr2  `log p(y | z_k, x)`, the decoder reading passage k ALONE (`fid.
+           passage_log_likelihoods`: the training pass's memory split into K one-passage
+           memories), summed over the answer's tokens and EOS, `emdr2_loss` (sequence level);
+    pdist  the same likelihoods, `pdist_loss` (summed, not length-normalised: its docstring);
+    loop   `log p(y | Z \\ z_k, x)`, the decoder reading every passage but k (`fid.
+           left_out_log_likelihoods`: K decodes over the training pass's memory, decode k
+           blind to passage k), `retriever_objectives.left_out_loop_loss`.
+  Only the chosen objective's extra work runs: adist sows the training pass's cross-attention;
+  emdr2 / pdist / loop run K more decodes per question (no dropout) over the training pass's
+  memory keys and values, never a second encoder pass. A question without a target to train
+  on has no objective either. Departures from Atlas's code: the likelihoods are summed, not
+  length-normalised (its `ppmean`), and EMDR^2 marginalises the sequence's likelihood (the
+  paper's form) rather than each token's; its target passes run in eval mode, here the
+  decodes run without dropout but read the training pass's encodings (dropout included in
+  training), and ADist reads the training pass's attention (Atlas's "std" modes); the rest as
+  `retriever_objectives` says (no `temperature_gold`, no 1/sqrt(d), the KL summed over blocks).
 * **Reader rows**: one per read block, `[CLS] question [SEP] body [SEP]` with type ids 0 / 1,
   exactly the extractive reader's rows (`batches.open_qa.build_open_qa_batch`): the FiD encoder
   reads each on its own, the decoder reads all K at once (`models.fid`).
@@ -21,7 +45,11 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
   answer_targets`); a question none of whose answers fits counts no token (its loss is 0).
 * **Loss**: `fid.answer_loss`, the teacher-forced token cross entropy over the counted tokens of
   the batch (answer and EOS), in nats per token (`loss_sum / weight_sum`, exact under
-  microbatches).
+  microbatches). With an objective, `loss_sum` adds the objective's sum with each question's
+  row weighted by its counted answer tokens, so both terms share the one denominator
+  `weight_sum` (the counted tokens) and microbatching stays exact: loss = mean token cross
+  entropy + the token-weighted mean over questions of the objective (the per-question mean
+  when the answers are equally long).
 * **Prediction**: greedy decoding (`fid.greedy_decode`, at most `max_answer_length` tokens),
   detokenised with the project's WordPiece vocabulary (`detokenize`); EM is then ORQA's
   `metrics.exact_match` on the text, as for the extractive reader.
@@ -46,6 +74,8 @@ import numpy as np
 from realm_jax import fileio
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.models import fid as fid_lib
+from realm_jax.models import losses
+from realm_jax.models import retriever_objectives
 from realm_jax.models.config import BertConfig, RealmConfig
 from realm_jax.models.realm import ParamsFromBoxedInit, dropout_rngs, init_retriever_params
 from realm_jax.models.retriever import RealmRetriever, relevance_scores
@@ -54,11 +84,21 @@ Array = jax.Array
 Params = Any
 Batch = dict[str, Any]
 
-__all__ = ["FID_CONFIG_FILE", "FidReaderModel", "detokenize", "fid_config_from_dict",
-           "fid_config_to_dict", "read_fid_config", "summarize", "trainable_mask",
-           "write_fid_config"]
+__all__ = ["FID_CONFIG_FILE", "OBJECTIVES", "FidReaderModel", "check_objective", "detokenize",
+           "fid_config_from_dict", "fid_config_to_dict", "read_fid_config", "summarize",
+           "trainable_mask", "write_fid_config"]
 
 FID_CONFIG_FILE = "fid_config.json"
+
+# How the question tower learns with this reader: "none" (it only retrieves) or one of Atlas's
+# objectives (module docstring). REALM's "marginal" has no counterpart: the FiD loss does not
+# marginalise over blocks.
+OBJECTIVES = ("none", "adist", "emdr2", "pdist", "loop")
+# Each objective's loss over the read blocks' scores and the targets the reader computes.
+_RETRIEVER_LOSSES = {"adist": retriever_objectives.adist_loss,
+                     "emdr2": retriever_objectives.emdr2_loss,
+                     "pdist": retriever_objectives.pdist_loss,
+                     "loop": retriever_objectives.left_out_loop_loss}
 
 # Wordpiece detokenisation: BERT's basic tokenizer splits punctuation off words, so "O'Brien"
 # comes back as "o ' brien" and "Jean-Luc" as "jean - luc"; ORQA's normalisation drops the
@@ -86,10 +126,38 @@ def detokenize(ids: Sequence[int], vocab: vocab_lib.WordPieceVocabulary, *,
   return text.strip()
 
 
-def trainable_mask(params: Params) -> Params:
-  """The optimizer's `trainable`: the FiD reader trains, the retriever stays as it is."""
-  return {key: jax.tree.map(lambda _, on=key != "retriever": on, tree)
-          for key, tree in params.items()}
+def check_objective(objective: str, temperature: float) -> None:
+  """Raises ValueError (one line, naming the setting) unless `objective` is one of OBJECTIVES
+  with a valid `objective_temperature` (1 with "none": no scores are softmaxed)."""
+  if objective == "marginal":
+    raise ValueError("retriever_objective='marginal' has no counterpart with the FiD reader "
+                     "(its answer loss reads the K blocks together, no marginal over blocks): "
+                     "use 'adist', 'emdr2', 'pdist' or 'loop' to train the question tower, or "
+                     "'none'")
+  if objective not in OBJECTIVES:
+    raise ValueError(f"retriever_objective={objective!r}: not one of {', '.join(OBJECTIVES)} "
+                     f"with the FiD reader")
+  if objective != "none":
+    retriever_objectives.check_objective(objective, temperature)
+  elif temperature != 1:
+    raise ValueError(f"objective_temperature={temperature!r} applies to "
+                     f"{', '.join(OBJECTIVES[1:])}; retriever_objective='none' trains no "
+                     f"retriever: leave it at 1.0")
+
+
+def trainable_mask(params: Params, train_question_tower: bool = False) -> Params:
+  """The optimizer's `trainable`: the FiD reader trains; the retriever stays as it is unless
+  `train_question_tower` (a retriever objective, `FidReaderModel.train_question_tower`), and
+  then only its question tower does: untied towers keep the document tower
+  (`document_embedder`) as warm-started, whose embeddings the frozen index holds; tied towers
+  (one `embedder`) are the question tower, and the index built from them stays frozen."""
+
+  def trains(path, _) -> bool:
+    if path[0].key != "retriever":
+      return True
+    return train_question_tower and path[1].key != "document_embedder"
+
+  return jax.tree_util.tree_map_with_path(trains, params)
 
 
 # ------------------------------------------------------------------ the FidConfig on disk
@@ -136,17 +204,24 @@ class FidReaderModel(ParamsFromBoxedInit):
 
   Batch (`batches.fid.build_fid_batch`, `fid_model_inputs`): reader_ids, reader_type_ids,
   reader_mask [Q, reader_beam, reader_len]; answer_targets, answer_mask [Q, T] (T <=
-  max_answer_length); retriever_correct [Q, beam]; example_mask [Q].
+  max_answer_length); retriever_correct [Q, beam]; example_mask [Q]; with a retriever objective
+  also question_ids, question_type_ids, question_mask [Q, question_len] and retrieved_block_emb
+  [Q, >= reader_beam, proj] (the frozen index's embeddings of the beam's first blocks).
 
   Attributes:
     config: the run's RealmConfig (the question tower's; the checkpoints record it).
     fid: the reader's FidConfig (its `bert` is the encoder, warm-started from a BERT).
     reader_beam: blocks the reader reads (K).
+    retriever_objective: "none" (the question tower only retrieves) or Atlas's "adist",
+      "emdr2", "pdist", "loop" over the K read blocks (module docstring; `OBJECTIVES`).
+    objective_temperature: T of the retriever's softmax(scores / T) (1.0 with "none").
   """
 
   config: RealmConfig
   fid: fid_lib.FidConfig
   reader_beam: int = 5
+  retriever_objective: str = "none"
+  objective_temperature: float = 1.0
 
   # What the batch source and the predictor ask every open-QA model.
   train_document_tower = False
@@ -160,6 +235,13 @@ class FidReaderModel(ParamsFromBoxedInit):
   def __post_init__(self):
     if self.reader_beam < 1:
       raise ValueError(f"reader_beam must be positive, got {self.reader_beam}")
+    check_objective(self.retriever_objective, self.objective_temperature)
+
+  @property
+  def train_question_tower(self) -> bool:
+    """Whether a retriever objective trains the question tower (and the batches carry its
+    inputs: `batches.fid.QUESTION_TOWER_KEYS`)."""
+    return self.retriever_objective != "none"
 
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, fid_rng = jax.random.split(rng)
@@ -173,14 +255,78 @@ class FidReaderModel(ParamsFromBoxedInit):
 
   def logits(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
     """Teacher-forced answer logits [Q, T, V] of the batch's targets."""
+    return self._reader_pass(params["fid"], batch, rng)[0]
+
+  def _reader_pass(self, fid_params: Params, batch: Batch, rng: Array | None
+                   ) -> tuple[Array, list[tuple[Array, Array]], Array, Array | None]:
+    """The teacher-forced pass (dropout with `rng`).
+
+    Returns:
+      (logits [Q, T, V]; per decoder layer the memory's cross-attention (keys, values)
+      [Q, K L, heads, kv] and the memory mask bool [Q, K L], for the objectives' decodes;
+      with "adist", the passages' attention scores [Q, K] held fixed (else None)).
+    """
     self._check_rows(batch)
     decoder_input_ids = fid_lib.shift_right(batch["answer_targets"], self.fid.bos_id)
-    return fid_lib.FidModel(self.fid).apply(
-        {"params": params["fid"]}, batch["reader_ids"], batch["reader_mask"], decoder_input_ids,
-        batch["reader_type_ids"], deterministic=rng is None, rngs=dropout_rngs(rng))
+    adist = self.retriever_objective == "adist"
+    outputs = fid_lib.FidModel(self.fid).apply(
+        {"params": fid_params}, batch["reader_ids"], batch["reader_mask"], decoder_input_ids,
+        batch["reader_type_ids"], deterministic=rng is None, rngs=dropout_rngs(rng),
+        mutable=["intermediates"] if adist else False, method=fid_lib.FidModel.teacher_forced)
+    if not adist:
+      return (*outputs, None)
+    (logits, cross, memory_mask), state = outputs
+    probs, norms = fid_lib.cross_attention_maps(state["intermediates"])
+    # [Q, K]: Atlas's a_k from the decoder's cross-attention on the answer's tokens.
+    attention = fid_lib.passage_attention_scores(probs, norms, batch["answer_mask"],
+                                                 batch["reader_mask"])
+    return logits, cross, memory_mask, jax.lax.stop_gradient(attention)
+
+  def _targets(self, fid_params: Params, batch: Batch, cross: list[tuple[Array, Array]],
+               memory_mask: Array, attention: Array | None) -> Array:
+    """What the objective distils, per read block [Q, K], held fixed: the attention scores
+    (adist), `log p(y | z_k, x)` (emdr2, pdist) or `log p(y | Z \\ z_k, x)` (loop), the
+    latter two from decodes without dropout over the training pass's memory."""
+    if self.retriever_objective == "adist":
+      return attention
+    fixed = jax.lax.stop_gradient
+    decodes = (fid_lib.left_out_log_likelihoods if self.retriever_objective == "loop"
+               else fid_lib.passage_log_likelihoods)
+    return fixed(decodes(fixed(fid_params), self.fid, fixed(cross), memory_mask,
+                         self.reader_beam, batch["answer_targets"], batch["answer_mask"]))
+
+  def objective_targets(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
+    """The objective's targets [Q, K] of a batch (as `loss_fn` computes them; deterministic
+    without `rng`)."""
+    if not self.train_question_tower:
+      raise ValueError("retriever_objective='none' has no targets")
+    _, cross, memory_mask, attention = self._reader_pass(params["fid"], batch, rng)
+    return self._targets(params["fid"], batch, cross, memory_mask, attention)
+
+  def retrieval_scores(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
+    """`s_k = q . d_k` of the K read blocks [Q, K]: the live question tower's embeddings of
+    the batch's questions against the frozen index's embeddings of the blocks
+    (`retrieved_block_emb`), so the objective's gradient reaches the question tower only."""
+    question_emb = self.embed_questions(params, batch, rng)  # [Q, proj]
+    return relevance_scores(question_emb, batch["retrieved_block_emb"][:, :self.reader_beam])
+
+  def _objective_sums(self, params: Params, batch: Batch, rng: Array | None, targets: Array,
+                      weights: Array) -> dict:
+    """The objective's summed loss (rows weighted by their counted answer tokens, module
+    docstring) and the questions whose retriever's top block is the target's."""
+    scores = self.retrieval_scores(params, batch, rng)  # [Q, K]
+    question_weights = jnp.sum(weights, axis=-1)  # [Q] counted tokens, 0 for padding
+    _, aux = _RETRIEVER_LOSSES[self.retriever_objective](
+        scores, targets, question_weights, temperature=self.objective_temperature)
+    # LOOP's target prefers the block whose absence hurts most: the lowest left-out likelihood.
+    preferred = -targets if self.retriever_objective == "loop" else targets
+    agrees = jnp.argmax(scores, axis=-1) == jnp.argmax(preferred, axis=-1)  # [Q]
+    return {"objective_loss_sum": aux["loss_sum"],
+            "retriever_agreement_sum": jnp.sum((agrees & (question_weights > 0)).astype(
+                jnp.float32))}
 
   def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
-    logits = self.logits(params, batch, rng)  # [Q, T, V]
+    logits, cross, memory_mask, attention = self._reader_pass(params["fid"], batch, rng)
     example_mask = batch["example_mask"].astype(jnp.float32)  # [Q]
     weights = batch["answer_mask"].astype(jnp.float32) * example_mask[:, None]  # [Q, T]
     loss, aux = fid_lib.answer_loss(logits, batch["answer_targets"], weights)
@@ -189,7 +335,7 @@ class FidReaderModel(ParamsFromBoxedInit):
     answered = jnp.any(weights > 0, axis=-1)  # [Q] a target to train on
     answer_hit = jnp.all((hit > 0) | (weights == 0), axis=-1) & answered
     retriever_correct = batch["retriever_correct"].astype(bool)  # [Q, beam]
-    return loss, {
+    sums = {
         "loss_sum": aux["loss_sum"],
         "weight_sum": aux["weight_sum"],
         "token_correct_sum": jnp.sum(hit * weights),
@@ -200,9 +346,21 @@ class FidReaderModel(ParamsFromBoxedInit):
         "reader_any_correct_sum": jnp.sum(
             jnp.any(retriever_correct[:, :self.reader_beam], -1) * example_mask),
     }
+    if not self.train_question_tower:
+      return loss, sums
+    targets = self._targets(params["fid"], batch, cross, memory_mask, attention)  # [Q, K]
+    # The question tower's dropout apart from the reader's, whose pass stays the one of "none".
+    question_rng = None if rng is None else jax.random.fold_in(rng, 1)
+    objective = self._objective_sums(params, batch, question_rng, targets, weights)
+    sums.update(objective, answer_loss_sum=sums["loss_sum"],
+                loss_sum=sums["loss_sum"] + objective["objective_loss_sum"])
+    loss = losses._safe_divide(  # pylint: disable=protected-access
+        sums["loss_sum"], sums["weight_sum"])
+    return loss, sums
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
-    """(mean answer-token cross entropy, summed aux) with dropout."""
+    """(mean answer-token cross entropy (+ the objective's token-weighted mean: module
+    docstring), summed aux) with dropout."""
     return self._sums(params, batch, rng)
 
   def eval_fn(self, params: Params, batch: Batch) -> dict:
@@ -264,15 +422,23 @@ class FidReaderModel(ParamsFromBoxedInit):
 def summarize(aux: dict) -> dict[str, Array]:
   """Means from summed aux values: loss and token accuracy per counted answer token; answer
   accuracy (every target token the teacher-forced argmax), answerable (a target fits) and
-  recall (an answer in the beam / in the K blocks read) per question."""
+  recall (an answer in the beam / in the K blocks read) per question. With a retriever
+  objective also its two terms per counted token (`answer_loss`, `retriever_objective`: they
+  add up to `loss`) and `retriever_agreement`, the answered questions whose retriever's top
+  block is the target's top block."""
 
   def ratio(numerator: str, denominator: str) -> Array:
     den = aux[denominator]
     return jnp.where(den > 0, aux[numerator] / jnp.maximum(den, 1e-12), 0.0)
 
-  return {"loss": ratio("loss_sum", "weight_sum"),
-          "token_accuracy": ratio("token_correct_sum", "weight_sum"),
-          "answer_accuracy": ratio("answer_correct_sum", "answered_sum"),
-          "answerable": ratio("answered_sum", "example_sum"),
-          "retriever_any_correct": ratio("retriever_any_correct_sum", "example_sum"),
-          "reader_any_correct": ratio("reader_any_correct_sum", "example_sum")}
+  out = {"loss": ratio("loss_sum", "weight_sum"),
+         "token_accuracy": ratio("token_correct_sum", "weight_sum"),
+         "answer_accuracy": ratio("answer_correct_sum", "answered_sum"),
+         "answerable": ratio("answered_sum", "example_sum"),
+         "retriever_any_correct": ratio("retriever_any_correct_sum", "example_sum"),
+         "reader_any_correct": ratio("reader_any_correct_sum", "example_sum")}
+  if "objective_loss_sum" in aux:
+    out.update(answer_loss=ratio("answer_loss_sum", "weight_sum"),
+               retriever_objective=ratio("objective_loss_sum", "weight_sum"),
+               retriever_agreement=ratio("retriever_agreement_sum", "answered_sum"))
+  return out

@@ -25,6 +25,11 @@ retriever's (fixed) belief, as REALM's reader does, and its loss has the same va
 Fusion-in-Decoder reader reads its passages jointly and never sees the retriever's scores.)
 The model's loss is the reader's plus the objective's, over one denominator (see the models).
 
+With the project's FiD reader (`models.fid_qa`, open-QA fine-tuning) the objectives read what
+Atlas's do: the decoder's likelihood of the answer with each passage alone (emdr2, pdist), with
+all passages but one (loop: `left_out_loop_loss`, the left-out likelihoods given), and its
+cross-attention (adist); its reader loss is its own answer loss, which never sees the scores.
+
 Every function takes one row per target: `scores [N, K]` (the retriever's scores of the row's
 candidates), what the objective reads (`[N, K]`) and `weights [N]`, and returns `(loss, aux)` in
 the conventions of `losses.py`: float32, `aux["loss_sum"]` = sum over rows of
@@ -241,6 +246,30 @@ def loop_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
   target_logits = jnp.where(several[:, None], -log_left_out, 0.0)
   support = several[:, None] | possible
   return _distillation(scores, target_logits, support, weights, defined, temperature)
+
+
+def left_out_loop_loss(scores: Array, left_out_log_likelihoods: Array, weights: Array, *,
+                       temperature: float = 1.0) -> tuple[Array, dict]:
+  """LOOP for a reader that reads the candidates jointly (Atlas's FiD): the leave-one-out
+  predictions come from the reader itself, not from a marginal (`loop_loss`).
+
+  `loss_row = KL(p || q)`, `p_k = softmax_k(-sg(log p(y | Z \\ z_k, x)))` (the more the
+  prediction of y worsens without candidate k, the more mass), `q = softmax(s / T)`: PDist's
+  distillation of the negated left-out log-likelihoods. Atlas's code length-normalises them
+  (mean per target token); here the sum, as `pdist_loss`.
+
+  Args:
+    scores: [N, K] retrieval scores.
+    left_out_log_likelihoods: [N, K] finite log p(y | Z \\ z_k, x), the reader reading every
+      candidate but k.
+    weights: [N] row weights, 0 for padding.
+    temperature: T of the retriever's softmax.
+
+  Returns:
+    (loss, aux) as the module docstring says.
+  """
+  return pdist_loss(scores, -jax.lax.stop_gradient(left_out_log_likelihoods), weights,
+                    temperature=temperature)
 
 
 def adist_loss(scores: Array, attention_scores: Array, weights: Array, *,

@@ -124,17 +124,26 @@ def _ctx(tmp_path):
                     rules=partitioning.DEFAULT_RULES, init_checkpoint=None)
 
 
-def test_the_fid_job_builds_its_model_schema_and_resumable_batches(tmp_path):
+@pytest.mark.parametrize("objective", [None, "adist"])
+def test_the_fid_job_builds_its_model_schema_and_resumable_batches(objective, tmp_path):
+  """By default the batches hold what the reader reads; with a retriever objective also the
+  question rows and the frozen index's embeddings of the read blocks."""
   ctx = _ctx(tmp_path)
   job = jobs.FinetuneJob(task="toy_qa", reader="fid", reader_beam=2, reader_len=64,
                          retriever_beam=6, fid=jobs.finetune.fid_config(decoder_layers=1,
-                                                                        max_answer_length=8))
+                                                                        max_answer_length=8),
+                         retriever_objective=objective)
   job.configure(ctx)
   model = job.build_model(ctx)
   assert isinstance(model, fid_qa.FidReaderModel) and model.fid.decoder_layers == 1
   assert model.fid.bert == ctx.model_config.bert and model.fid.max_answer_length == 8
-  assert job.optimizer_options()["trainable"] is fid_qa.trainable_mask
+  assert model.retriever_objective == (objective or "none")
+  if objective is None:
+    assert job.optimizer_options()["trainable"] is fid_qa.trainable_mask
   spec = job.abstract_batch(ctx, model)
+  expected_keys = fid_batches.FID_MODEL_KEYS + (
+      fid_batches.QUESTION_TOWER_KEYS if objective else ())
+  assert sorted(spec) == sorted(expected_keys)
   batches = job.build_batches(ctx, model)
   assert isinstance(batches, fid_batches.FidBatches)
   batches.set_retriever(FakeRetriever(job.store.num_blocks))
@@ -142,6 +151,8 @@ def test_the_fid_job_builds_its_model_schema_and_resumable_batches(tmp_path):
   assert {k: (v.shape, v.dtype) for k, v in first[0].items()} == {
       k: (s.shape, s.dtype) for k, s in spec.items()}
   assert first[0]["answer_mask"].any(axis=1).all()  # toy answers fit 8 wordpieces
+  if objective:  # FakeRetriever's index embeddings (ones) of the 2 read blocks
+    np.testing.assert_array_equal(first[0]["retrieved_block_emb"], np.ones((2, 2, 8)))
   # Resume: a new source restored to the state after batch 0 yields batches 1, 2 again.
   again = job.build_batches(ctx, model)
   again.set_retriever(FakeRetriever(job.store.num_blocks))
@@ -186,7 +197,8 @@ def test_the_fid_job_warm_starts_its_encoder_from_a_bert(tmp_path):
 @pytest.mark.parametrize("setting, match", [
     (dict(reader="generative"), "expected one of extractive, fid"),
     (dict(reader="fid", peft="lora"), "not available with reader='fid'"),
-    (dict(reader="fid", retriever_objective="emdr2"), "not available with reader='fid'"),
+    (dict(reader="fid", retriever_objective="marginal"), "no counterpart with the FiD reader"),
+    (dict(reader="fid", train_document_tower=True), "not available with reader='fid'"),
     (dict(fid=jobs.finetune.FidSettings()), "set FinetuneJob.reader='fid'"),
     (dict(reader="fid", fid=jobs.finetune.FidSettings((("num_heads", 3),))), "FidConfig: "),
     (dict(reader="fid", task="curated_trec"), "regex answers"),

@@ -1,0 +1,269 @@
+"""Atlas's retriever objectives with the FiD reader (`models.fid_qa.FidReaderModel`,
+query-side fine-tuning), each checked against a construction of its own: the per-passage
+likelihoods against FiD passes over one passage sliced out by hand, the leave-one-out ones
+against passes with the passage physically removed, ADist's targets against a separate pass's
+cross-attention, the loss against NumPy retrieval scores and `retriever_objectives`; the
+objective's gradient reaches the question tower only; `FinetuneJob` refuses what does not fit.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from realm_jax import jobs
+from realm_jax.data import vocab as vocab_lib
+from realm_jax.gin_utils import ConfigError
+from realm_jax.jobs.base import RunContext
+from realm_jax.models import config as config_lib
+from realm_jax.models import fid as fid_lib
+from realm_jax.models import fid_qa
+from realm_jax.models import retriever_objectives
+from realm_jax.models.retriever import RealmRetriever
+from realm_jax.training import partitioning
+
+# A wide initialiser: the passages' likelihoods then differ by nats, not by rounding.
+FID = fid_lib.FidConfig.tiny(initializer_range=0.5)
+# Untied towers: the document tower is a separate subtree that must get no gradient.
+REALM = config_lib.RealmConfig(bert=FID.bert, proj_size=8, share_embedders=False)
+CLS, SEP, PAD = vocab_lib.CLS_ID, vocab_lib.SEP_ID, vocab_lib.PAD_ID
+K = 3
+TEMPERATURE = 0.5
+OBJECTIVES = ("adist", "emdr2", "pdist", "loop")
+
+
+def model_for(objective):
+  return fid_qa.FidReaderModel(REALM, FID, reader_beam=K, retriever_objective=objective,
+                               objective_temperature=TEMPERATURE if objective != "none" else 1.0)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return jax.jit(model_for("none").init)(jax.random.PRNGKey(0))
+
+
+def hand_batch():
+  """Three questions (the last one padding), K=3 rows of length 7 `[CLS] q [SEP] body [SEP]`
+  with different paddings; answers of 2 and 1 tokens + EOS; a retrieved beam of 4 whose first
+  3 blocks are read."""
+  ids = np.array([[[CLS, 5, SEP, 7, 8, 9, SEP], [CLS, 5, SEP, 10, SEP, PAD, PAD],
+                   [CLS, 5, SEP, 11, 12, SEP, PAD]],
+                  [[CLS, 6, 4, SEP, 13, SEP, PAD], [CLS, 6, 4, SEP, 14, 15, SEP],
+                   [CLS, 6, 4, SEP, 16, 17, SEP]],
+                  [[CLS, 6, SEP, 10, SEP, PAD, PAD], [CLS, 6, SEP, 11, 12, SEP, PAD],
+                   [CLS, 6, SEP, 9, SEP, PAD, PAD]]], np.int32)
+  mask = (ids != PAD).astype(np.int32)
+  question_end = np.argmax(ids == SEP, axis=-1)  # [Q, K] the first [SEP]
+  type_ids = (np.arange(ids.shape[-1]) > question_end[..., None]).astype(np.int32) * mask
+  targets = np.array([[20, 21, SEP, PAD], [30, SEP, PAD, PAD], [30, SEP, PAD, PAD]], np.int32)
+  answer_mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 0, 0]], np.int32)
+  question_ids = np.array([[CLS, 5, SEP, PAD], [CLS, 6, 4, SEP], [CLS, 6, SEP, PAD]], np.int32)
+  rng = np.random.default_rng(0)
+  return {"reader_ids": ids, "reader_type_ids": type_ids, "reader_mask": mask,
+          "answer_targets": targets, "answer_mask": answer_mask,
+          "retriever_correct": np.zeros((3, 4), bool),
+          "example_mask": np.array([True, True, False]),
+          "question_ids": question_ids, "question_type_ids": np.zeros_like(question_ids),
+          "question_mask": (question_ids != PAD).astype(np.int32),
+          "retrieved_block_emb": rng.normal(size=(3, 4, 8)).astype(np.float32)}
+
+
+def summed_log_probs(params, ids, mask, type_ids, targets, answer_mask):
+  """The reference: a plain FiD pass over the rows given, its log-softmax in NumPy, summed over
+  the counted answer tokens -> [Q]."""
+  logits = fid_lib.FidModel(FID).apply(
+      {"params": params["fid"]}, ids, mask, fid_lib.shift_right(jnp.asarray(targets), CLS),
+      type_ids)
+  logits = np.asarray(logits, np.float64)
+  log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
+      -1, keepdims=True)) - logits.max(-1, keepdims=True)
+  picked = np.take_along_axis(log_probs, np.asarray(targets)[..., None], axis=-1)[..., 0]
+  return (picked * answer_mask).sum(-1)
+
+
+def assert_spread(values):
+  """The passages' values differ clearly: comparing them per passage means something."""
+  values = np.asarray(values)[:2]  # the real questions
+  assert (values.max(-1) - values.min(-1)).min() > 1e-2, values
+
+
+@pytest.mark.parametrize("objective", ["emdr2", "pdist"])
+def test_per_passage_likelihoods_are_fid_passes_over_one_passage(params, objective):
+  batch = hand_batch()
+  got = jax.jit(model_for(objective).objective_targets)(params, batch)  # [Q, K]
+  expected = np.stack([
+      summed_log_probs(params, batch["reader_ids"][:, k:k + 1], batch["reader_mask"][:, k:k + 1],
+                       batch["reader_type_ids"][:, k:k + 1], batch["answer_targets"],
+                       batch["answer_mask"]) for k in range(K)], axis=1)
+  assert_spread(expected)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_left_out_likelihoods_are_fid_passes_with_the_passage_removed(params):
+  batch = hand_batch()
+  got = jax.jit(model_for("loop").objective_targets)(params, batch)  # [Q, K]
+  expected = np.stack([
+      summed_log_probs(params, *(np.delete(batch[key], k, axis=1)
+                                 for key in ("reader_ids", "reader_mask", "reader_type_ids")),
+                       batch["answer_targets"], batch["answer_mask"]) for k in range(K)], axis=1)
+  assert_spread(expected)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+  # And not the all-passages likelihood: each decode really misses its passage.
+  together = summed_log_probs(params, batch["reader_ids"], batch["reader_mask"],
+                              batch["reader_type_ids"], batch["answer_targets"],
+                              batch["answer_mask"])
+  assert np.abs(np.asarray(got) - together[:, None])[:2].min() > 1e-3
+
+
+def test_adist_targets_are_the_passage_attention_of_a_separate_pass(params):
+  batch = hand_batch()
+  got = jax.jit(model_for("adist").objective_targets)(params, batch)  # [Q, K]
+  _, state = fid_lib.FidModel(FID).apply(
+      {"params": params["fid"]}, batch["reader_ids"], batch["reader_mask"],
+      fid_lib.shift_right(jnp.asarray(batch["answer_targets"]), CLS), batch["reader_type_ids"],
+      mutable=["intermediates"])
+  probs, norms = fid_lib.cross_attention_maps(state["intermediates"])
+  expected = fid_lib.passage_attention_scores(probs, norms, batch["answer_mask"],
+                                              batch["reader_mask"])
+  assert_spread(expected)
+  np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def _np_log_softmax(x):
+  x = np.asarray(x, np.float64)
+  shifted = x - x.max(-1, keepdims=True)
+  return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_loss_is_the_answer_loss_plus_the_objective_on_numpy_scores(params, objective):
+  model = model_for(objective)
+  batch = hand_batch()
+  loss, aux = jax.jit(model.loss_fn)(params, batch, None)
+  example = batch["example_mask"].astype(np.float64)
+  weights = batch["answer_mask"] * example[:, None]  # [Q, T]
+  tokens = weights.sum(-1)  # [Q] each question's counted tokens: its objective row weight
+  answer_sum = -(summed_log_probs(params, batch["reader_ids"], batch["reader_mask"],
+                                  batch["reader_type_ids"], batch["answer_targets"],
+                                  weights)).sum()
+  # The retrieval scores by hand: the live question tower's embeddings . the index's.
+  question_emb = np.asarray(RealmRetriever(REALM).apply(
+      {"params": params["retriever"]}, batch["question_ids"], batch["question_type_ids"],
+      batch["question_mask"], method=RealmRetriever.embed_queries))  # [Q, proj]
+  scores = np.einsum("qp,qkp->qk", question_emb, batch["retrieved_block_emb"][:, :K])
+  targets = np.asarray(model.objective_targets(params, batch))  # checked above
+  function = {"adist": retriever_objectives.adist_loss,
+              "emdr2": retriever_objectives.emdr2_loss,
+              "pdist": retriever_objectives.pdist_loss,
+              "loop": retriever_objectives.left_out_loop_loss}[objective]
+  _, objective_aux = function(scores, targets, tokens, temperature=TEMPERATURE)
+  # The same in NumPy: EMDR^2's marginal, or the KL of a target softmax to softmax(s / T).
+  log_q = _np_log_softmax(scores / TEMPERATURE)
+  if objective == "emdr2":
+    joint = log_q + targets
+    rows = -(joint.max(-1) + np.log(np.exp(joint - joint.max(-1, keepdims=True)).sum(-1)))
+  else:
+    log_p = _np_log_softmax(-targets if objective == "loop" else targets)
+    rows = (np.exp(log_p) * (log_p - log_q)).sum(-1)
+  np.testing.assert_allclose(objective_aux["loss_sum"], (rows * tokens).sum(), rtol=1e-5)
+  np.testing.assert_allclose(aux["objective_loss_sum"], objective_aux["loss_sum"], rtol=1e-5)
+  np.testing.assert_allclose(aux["answer_loss_sum"], answer_sum, rtol=1e-5)
+  # One denominator, the counted answer tokens: loss = loss_sum / weight_sum, which is what
+  # keeps the trainer's microbatched gradient exact.
+  assert float(aux["weight_sum"]) == tokens.sum() == 5.0
+  np.testing.assert_allclose(loss, (answer_sum + (rows * tokens).sum()) / tokens.sum(),
+                             rtol=1e-5)
+  means = model.summarize(aux)
+  np.testing.assert_allclose(means["answer_loss"] + means["retriever_objective"], means["loss"],
+                             rtol=1e-6)
+  preferred = -targets if objective == "loop" else targets
+  agree = (scores.argmax(-1) == preferred.argmax(-1))[:2].mean()
+  np.testing.assert_allclose(means["retriever_agreement"], agree)
+
+
+@pytest.fixture(scope="module")
+def answer_grads(params):
+  """The gradient of the reader's answer loss alone (no objective)."""
+  return jax.grad(lambda p: model_for("none").loss_fn(p, hand_batch(), None)[0])(params)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_the_objective_trains_only_the_question_tower(params, answer_grads, objective):
+  """The objective's gradient: the question tower only (no document tower, no reader); the
+  reader's gradient of the total loss is the answer loss's alone."""
+  batch = hand_batch()
+  model = model_for(objective)
+  # Eager: at these sizes faster than compiling the backward passes.
+  objective_grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[1]["objective_loss_sum"])(
+      params)
+  total = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
+  for leaf in jax.tree.leaves(objective_grads["fid"]):
+    assert not np.any(leaf)
+  for leaf in jax.tree.leaves(objective_grads["retriever"]["document_embedder"]):
+    assert not np.any(leaf)
+  assert any(np.any(leaf) for leaf in
+             jax.tree.leaves(objective_grads["retriever"]["query_embedder"]))
+  for ours, reference in zip(jax.tree.leaves(total["fid"]), jax.tree.leaves(answer_grads["fid"])):
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-7)
+  assert not any(np.any(leaf) for leaf in jax.tree.leaves(answer_grads["retriever"]))
+
+
+def test_trainable_mask_trains_the_question_tower_only_with_an_objective(params):
+  frozen = fid_qa.trainable_mask(params)
+  assert not any(jax.tree.leaves(frozen["retriever"])) and all(jax.tree.leaves(frozen["fid"]))
+  trained = fid_qa.trainable_mask(params, train_question_tower=True)
+  assert all(jax.tree.leaves(trained["retriever"]["query_embedder"]))
+  assert not any(jax.tree.leaves(trained["retriever"]["document_embedder"]))
+  assert all(jax.tree.leaves(trained["fid"]))
+  # Tied towers: the one embedder is the question tower (the index stays frozen regardless).
+  tied = {"retriever": {"embedder": {"kernel": np.zeros(2)}}, "fid": {"bias": np.zeros(2)}}
+  assert fid_qa.trainable_mask(tied, True) == {"retriever": {"embedder": {"kernel": True}},
+                                               "fid": {"bias": True}}
+
+
+def _ctx(tmp_path):
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=8)
+  return RunContext(run_dir=str(tmp_path), model_config=config, batch_size=2, global_batch=2,
+                    seed=0, mesh=partitioning.make_mesh(-1, 1),
+                    rules=partitioning.DEFAULT_RULES, init_checkpoint=None)
+
+
+@pytest.mark.parametrize("setting, match", [
+    (dict(reader="fid", retriever_objective="marginal"),
+     "retriever_objective='marginal' has no counterpart with the FiD reader"),
+    (dict(reader="fid", retriever_objective="atlas"), "not one of none, adist, emdr2"),
+    (dict(reader="fid", objective_temperature=0.5), "retriever_objective='none' trains no"),
+    (dict(reader="fid", retriever_objective="pdist", objective_temperature=0.0),
+     "expected a finite number > 0"),
+    (dict(reader="fid", retriever_objective="adist", train_document_tower=True),
+     "train_document_tower=True is not available with reader='fid'"),
+    (dict(reader="fid", retriever_objective="loop", peft="lora"), "peft='lora' is not available"),
+    (dict(reader="fid", retriever_objective="emdr2", candidates="bm25"),
+     "candidates='bm25' has none to train"),
+    (dict(retriever_objective="none"), "'none' is the FiD reader's"),
+])
+def test_finetune_job_refuses_what_does_not_fit_in_one_line(setting, match, tmp_path):
+  job = jobs.FinetuneJob(**{"task": "toy_qa", **setting})
+  with pytest.raises(ConfigError, match=match) as error:
+    job.configure(_ctx(tmp_path))
+  assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("objective", [None, "none", "adist"])
+def test_finetune_job_passes_the_objective_to_the_fid_model(objective, tmp_path):
+  ctx = _ctx(tmp_path)
+  job = jobs.FinetuneJob(task="toy_qa", reader="fid", retriever_objective=objective,
+                         objective_temperature=1.0 if objective in (None, "none") else 0.25)
+  job.check_retriever_objective()
+  job.check_reader(ctx)
+  model = job.build_model(ctx)
+  assert model.retriever_objective == (objective or "none")
+  trainable = job.optimizer_options()["trainable"]
+  if objective == "adist":
+    assert model.objective_temperature == 0.25 and model.train_question_tower
+    assert isinstance(trainable, functools.partial)
+    assert trainable.keywords == {"train_question_tower": True}
+  else:
+    assert trainable is fid_qa.trainable_mask and not model.train_question_tower
