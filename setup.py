@@ -31,6 +31,8 @@ INSTALL_REQUIRES = [
 # and any looser requirement pulls several GB of CUDA wheels.
 TEST_REQUIRES = [
     "pytest==9.0.3",
+    # Two test processes (`-n 2`): the suite is mostly XLA compiles, one core each.
+    "pytest-xdist==3.8.0",
     "transformers==4.46.3",
     "torch==2.13.0",
     # Executes notebooks/realm_toy_demo.ipynb in the tests.

@@ -11,6 +11,19 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
 
+# One persistent compilation cache for the session, fresh each time (nothing carries over from
+# an earlier run or another version): many tests run the same program in several `train.main`
+# calls of one process (a straight run, then an interrupted and a resumed one), each of which
+# builds new jitted functions that would otherwise compile again. Subprocesses share it.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit  # noqa: E402
+  import shutil  # noqa: E402
+  import tempfile  # noqa: E402
+  _CACHE = tempfile.mkdtemp(prefix="realm_jax_test_compilation_cache_")
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.1"
+
 import pytest  # noqa: E402  (after XLA_FLAGS is set)
 
 

@@ -327,8 +327,11 @@ def test_bert_sows_attention_weights_and_value_norms_only_when_collected():
 # The pretraining model.
 # ----------------------------------------------------------------------------------------------
 
+# One layer: the objectives read the last layer's outputs and every layer's attention alike
+# (the averaging over layers is tested on two, test_attention_relevance_matches_loops).
 CONFIG = model_config.RealmConfig(
-    bert=model_config.tiny_bert(vocab_size=60, hidden_dropout=0.0, attention_dropout=0.0),
+    bert=model_config.tiny_bert(vocab_size=60, num_layers=1, hidden_dropout=0.0,
+                                attention_dropout=0.0),
     proj_size=16)
 QUERY_LEN, BLOCK_LEN = 6, 8
 
