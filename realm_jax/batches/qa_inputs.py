@@ -28,7 +28,7 @@ small next to a train step at BERT-base, and `query_params_every` refreshes it l
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -47,7 +47,8 @@ DEFAULT_RETRIEVER_BEAM = 5000
 DEFAULT_QUESTION_LEN = 64
 DEFAULT_MAX_OCCURRENCES = 32
 # Keys of `OpenQABatches.state()` that must match on restore.
-_MUST_MATCH = ("task", "split", "seed", "batch_size", "num_shards")
+_MUST_MATCH = ("task", "split", "seed", "batch_size", "num_shards", "few_shot",
+               "few_shot_seed")
 
 
 def _text(value: Any) -> str:
@@ -103,6 +104,23 @@ def host_local_params(params: Any) -> Any:
   return multihost_utils.process_allgather(params, tiled=True)
 
 
+def few_shot_sample(examples: Sequence[Any], size: int, seed: int, *, where: str = "the split"
+                    ) -> list[Any]:
+  """`size` of `examples` drawn without replacement with `seed`, in the split's order (a
+  uniform sample: the same `size` and `seed` give the same questions whatever the training
+  seed; a larger sample of one seed does not contain a smaller one).
+
+  Raises:
+    ValueError: `size` is not a positive integer, or exceeds the number of examples.
+  """
+  if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
+    raise ValueError(f"few_shot={size!r}: expected a positive number of questions")
+  if size > len(examples):
+    raise ValueError(f"few_shot={size}: {where} has only {len(examples)} questions")
+  chosen = np.random.default_rng(seed).choice(len(examples), size=size, replace=False)
+  return [examples[i] for i in np.sort(chosen)]
+
+
 class OpenQABatches:
   """Open-QA fine-tuning batches on this host (see the module docstring); resumable.
 
@@ -121,7 +139,8 @@ class OpenQABatches:
                max_occurrences: int = DEFAULT_MAX_OCCURRENCES,
                shard_index: Optional[int] = None, num_shards: Optional[int] = None,
                max_examples: Optional[int] = None,
-               vocab: Optional[vocab_lib.WordPieceVocabulary] = None):
+               vocab: Optional[vocab_lib.WordPieceVocabulary] = None,
+               few_shot: Optional[int] = None, few_shot_seed: int = 0):
     """Reads the split (question texts only: cheap) and checks the arguments.
 
     Args:
@@ -141,6 +160,10 @@ class OpenQABatches:
       shard_index, num_shards: this host's share (default: process index and count).
       max_examples: read only the first this many questions of the split (tests, smoke runs).
       vocab: the WordPiece vocabulary (bundled BERT uncased by default).
+      few_shot: train on only this many questions of the split (Atlas's few-shot protocol:
+        64, 256, ...; None: all), `few_shot_sample`'s seeded sample, drawn before the split is
+        sharded over hosts, so that every host and every training seed sees the same sample.
+      few_shot_seed: the sample's seed, apart from `seed` (which orders the sample's epochs).
 
     Raises:
       UnknownTaskError: the task is not registered.
@@ -168,6 +191,11 @@ class OpenQABatches:
     if not 0 <= self.shard_index < self.num_shards:
       raise ValueError(f"shard_index={self.shard_index} must be in [0, {self.num_shards})")
     examples = qa_task_examples(task_name, split, max_examples=max_examples)
+    self.few_shot = None if few_shot is None else int(few_shot)
+    self.few_shot_seed = int(few_shot_seed)
+    if self.few_shot is not None:
+      examples = few_shot_sample(examples, self.few_shot, self.few_shot_seed,
+                                 where=f"{task_name}/{split}")
     fits, self.skipped_too_long = [], 0
     for example in examples[self.shard_index::self.num_shards]:
       # [CLS] question [SEP] must fit the question row, and leave the reader a block token.
@@ -269,7 +297,8 @@ class OpenQABatches:
     """The data position, JSON-able (saved with each checkpoint)."""
     return {"task": self.task_name, "split": self.split, "seed": self.seed,
             "batch_size": self.batch_size, "shard_index": self.shard_index,
-            "num_shards": self.num_shards, "epoch": self._epoch,
+            "num_shards": self.num_shards, "few_shot": self.few_shot,
+            "few_shot_seed": self.few_shot_seed, "epoch": self._epoch,
             "batches_in_epoch": self._batches_in_epoch,
             "batches_consumed": self._batches_consumed}
 

@@ -124,6 +124,11 @@ class FinetuneJob(IndexJob):
       stays 'none'; regex-answer tasks are refused.
     fid: the FiD reader's settings, `@FidConfig()` in gin (`fid_config`); None: the defaults
       (a decoder shaped like the encoder, answers of up to 32 wordpieces with EOS).
+    few_shot: train on only this many questions of the task's train split (Atlas's few-shot
+      protocol: 64, 256, ...; None: all of them), a sample drawn with `few_shot_seed`
+      (`qa_inputs.few_shot_sample`), the same whatever `train_main.seed`, so that runs of one
+      sample differ only in their training seed. Evaluation reads the whole dev split.
+    few_shot_seed: the seed of that sample.
   """
   retriever_beam: int = 5000
   reader_beam: int = 5
@@ -143,6 +148,8 @@ class FinetuneJob(IndexJob):
   candidates: str = "index"
   reader: str = "extractive"
   fid: Any = None
+  few_shot: Optional[int] = None
+  few_shot_seed: int = 0
   retriever_objective: Optional[str] = None
 
   name = "finetune"
@@ -157,6 +164,10 @@ class FinetuneJob(IndexJob):
     self.check_retriever_objective()
     self.check_candidates()
     self.check_reader(ctx)
+    if self.few_shot is not None and (isinstance(self.few_shot, bool)
+                                      or not isinstance(self.few_shot, int) or self.few_shot < 1):
+      raise ConfigError(f"FinetuneJob.few_shot={self.few_shot!r}: expected a positive number of "
+                        f"training questions, or None for all of them")
     try:
       inputs.check_row_bucket(self.length_bucket)
     except ValueError as e:
@@ -311,9 +322,14 @@ class FinetuneJob(IndexJob):
       batches = batches_class(
           self.task, batch_size=ctx.batch_size, store=self.store, model=model, seed=ctx.seed,
           retriever_beam=self.retriever_beam, reader_len=self.reader_len,
-          question_len=self.question_len, max_occurrences=self.max_occurrences)
+          question_len=self.question_len, max_occurrences=self.max_occurrences,
+          few_shot=self.few_shot, few_shot_seed=self.few_shot_seed)
     except inputs.UnknownTaskError as e:
       raise ConfigError(f"FinetuneJob.task: {gin_utils.one_line(e)}") from e
+    except ValueError as e:
+      if self.few_shot is None:
+        raise
+      raise ConfigError(f"FinetuneJob.few_shot: {gin_utils.one_line(e)}") from e
     if not self.length_bucket:
       return batches
     return inputs.LengthBucketed(batches, keys=qa_batches.READER_ROW_KEYS, mask_key="reader_mask",
@@ -483,7 +499,10 @@ class FinetuneJob(IndexJob):
       fields = dict(self.fid.fields) if self.fid is not None else {}
       reader = ("reader FiD (generative; " + ", ".join(
           f"{k} {v}" for k, v in fields.items()) + ")") if fields else "reader FiD (generative)"
-    return ", ".join(filter(None, [super().describe(), what, candidates, reader]))
+    few_shot = ("" if self.few_shot is None
+                else f"few-shot: {self.few_shot} training questions (sample seed "
+                     f"{self.few_shot_seed})")
+    return ", ".join(filter(None, [super().describe(), what, candidates, reader, few_shot]))
 
   def question_tower_fn(self):
     """`params -> the question tower's retriever params` the live retrieval uses (LoRA merged,

@@ -160,3 +160,47 @@ def test_too_long_questions_are_left_out_and_counted(setup):
   assert len(batches.examples) + batches.skipped_too_long == 40
   with pytest.raises(ValueError, match="fewer than the per-host batch size"):
     make_batches(setup, question_len=4)
+
+
+def test_few_shot_trains_on_one_seeded_sample_whatever_the_training_seed(setup):
+  every = qa_inputs.qa_task_examples("toy_qa", "train", max_examples=40)
+  # The sample: 8 distinct questions of the split, in its order, drawn by the sample's seed.
+  runs = [make_batches(setup, seed=seed, few_shot=8, few_shot_seed=5) for seed in (0, 1)]
+  questions = [[e.question for e in run.examples] for run in runs]
+  assert questions[0] == questions[1] and len(set(questions[0])) == 8
+  positions = [next(i for i, e in enumerate(every) if e.question == q) for q in questions[0]]
+  assert positions == sorted(positions)
+  chosen = np.random.default_rng(5).choice(40, size=8, replace=False)
+  assert positions == sorted(chosen.tolist())
+  other = make_batches(setup, few_shot=8, few_shot_seed=6)
+  assert [e.question for e in other.examples] != questions[0]
+  # Training reads only the sample, two batches an epoch, ordered by the training seed.
+  seen = set()
+  for _ in range(4):
+    batch = next(runs[1])
+    seen.update(tuple(row) for row in batch["question_ids"])
+  assert len(seen) == 8 and runs[1].state()["few_shot"] == 8
+  # A position saved for another sample is not resumed on this one.
+  with pytest.raises(ValueError, match="another input stream"):
+    other.restore(runs[1].state())
+  with pytest.raises(ValueError, match="has only 40 questions"):
+    make_batches(setup, few_shot=41)
+  with pytest.raises(ValueError, match="positive number"):
+    make_batches(setup, few_shot=0)
+
+
+def test_the_fine_tuning_job_trains_on_its_few_shot_sample(setup, tmp_path):
+  from realm_jax import jobs  # pylint: disable=import-outside-toplevel
+  from realm_jax.jobs.base import RunContext  # pylint: disable=import-outside-toplevel
+  from realm_jax.training import partitioning  # pylint: disable=import-outside-toplevel
+  ctx = RunContext(run_dir=str(tmp_path), model_config=TINY, batch_size=4, global_batch=4,
+                   seed=0, mesh=partitioning.make_mesh(-1, 1), rules=partitioning.DEFAULT_RULES,
+                   init_checkpoint=None)
+  job = jobs.FinetuneJob(task="toy_qa", block_store=setup["store"].path, few_shot=16,
+                         few_shot_seed=2, retriever_beam=BEAM)
+  job.configure(ctx)
+  batches = job.build_batches(ctx, setup["model"])
+  every = qa_inputs.qa_task_examples("toy_qa", "train")
+  assert [e.question for e in batches.examples] == [
+      e.question for e in qa_inputs.few_shot_sample(every, 16, 2)]
+  assert "few-shot: 16 training questions (sample seed 2)" in job.describe()

@@ -231,6 +231,8 @@ def _ctx(tmp_path):
 
 
 @pytest.mark.parametrize("setting, match", [
+    (dict(few_shot=0), "few_shot=0: expected a positive number of training questions"),
+    (dict(reader="fid", few_shot=True), "few_shot=True: expected a positive number"),
     (dict(reader="fid", retriever_objective="marginal"),
      "retriever_objective='marginal' has no counterpart with the FiD reader"),
     (dict(reader="fid", retriever_objective="atlas"), "not one of none, adist, emdr2"),
