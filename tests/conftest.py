@@ -1,4 +1,5 @@
-"""Test-wide setup: 8 fake CPU devices, so sharding code runs on a real (if simulated) mesh.
+"""Test-wide setup: 8 fake CPU devices, so sharding code runs on a real (if simulated) mesh, and
+one fresh persistent compilation cache per test session.
 
 Set before anything imports jax (conftest loads first). Single-device code is unaffected: it
 runs on device 0.
