@@ -516,8 +516,6 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
     seed_out = os.path.join(out, f"seed{seed}")
-    shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
-                               ict_from_bert=ict_from_bert, baseline=False)
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := load_cell(path(name), cell_fingerprint)) is not None}
@@ -529,6 +527,9 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       # them removes the pretraining the fine-tuning rows' kept cells read).
       claim_runs_dir(seed_out, cell_fingerprint)
       family = plan()
+    # After the claim: a Recipe makes its directories when built, and the claim may remove them.
+    shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
+                               ict_from_bert=ict_from_bert, baseline=False)
     for row in ROWS:
       if row.name not in needed:
         continue

@@ -307,3 +307,24 @@ def test_a_runs_dir_of_other_gins_or_code_is_removed_before_runs_are_made(tmp_pa
   ablations.claim_runs_dir(str(runs), "fp-b")
   assert not (runs / "realm").exists()
   assert (tmp_path / "seed0.fingerprint").read_text().strip() == "fp-b"
+
+
+def test_a_stale_runs_dir_is_removed_before_the_seeds_recipes_make_their_directories(
+    tmp_path, monkeypatch):
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  out, cells = tmp_path / "runs", tmp_path / "cells"
+  (out / "seed0" / "shared" / "ict").mkdir(parents=True)  # no fingerprint recorded: stale
+  monkeypatch.setattr(realm_jax_tasks, "toy_block_store_dir", lambda: str(tmp_path / "blocks"))
+  made = []
+
+  def make_cell(row, seed, seed_out, shared, store, **kwargs):
+    del seed_out, store, kwargs
+    # What the recipe's first stage writes to: there, and the stale run gone.
+    assert os.path.isdir(shared.logs) and not os.path.exists(shared.ict)
+    made.append((row.name, seed))
+    return _cell(0.5)
+
+  monkeypatch.setattr(ablations, "_make_cell", make_cell)
+  rows = ablations.run(str(out), ("no_ict",), seeds=(0,), pretrain_steps=None,
+                       finetune_steps=None, cells=str(cells))
+  assert made == [("no_ict", 0)] and rows["no_ict"][0]["qa_em"] == 0.5
