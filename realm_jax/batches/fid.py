@@ -104,13 +104,6 @@ def fid_model_inputs(batch: Batch, question_tower: bool = False) -> Batch:
   return {key: batch[key] for key in keys}
 
 
-def read_block_emb(block_emb: Any, retrieved_ids: Any, reader_beam: int) -> np.ndarray:
-  """The frozen index's embeddings of the blocks the reader reads: [Q, reader_beam, proj]
-  float32 of `block_emb` [num_blocks, proj] at the first `reader_beam` of `retrieved_ids`
-  [Q, beam] (the objectives score those only; the rest of the beam is not sent)."""
-  return qa_batches.gather_block_emb(block_emb, np.asarray(retrieved_ids)[:, :reader_beam])
-
-
 def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_length: int,
                    question_len: int | None = None,
                    proj_size: int | None = None) -> dict[str, Any]:
@@ -151,6 +144,7 @@ class FidBatches(qa_inputs.OpenQABatches):
         question_len=self.question_len, max_occurrences=self.max_occurrences)
     question_tower = self.model.train_question_tower
     if question_tower:  # the frozen index's side of the scores the objective trains
-      batch["retrieved_block_emb"] = read_block_emb(retriever.block_emb, ids,
-                                                    self.model.reader_beam)
+      # [Q, reader_beam, proj]: the objectives score the read blocks only.
+      batch["retrieved_block_emb"] = qa_batches.gather_block_emb(
+          retriever.block_emb, np.asarray(ids)[:, :self.model.reader_beam])
     return fid_model_inputs(batch, question_tower)
