@@ -104,6 +104,14 @@ def host_local_params(params: Any) -> Any:
   return multihost_utils.process_allgather(params, tiled=True)
 
 
+def check_few_shot(size: Any) -> None:
+  """Raises ValueError (one line) unless `size` is None (every question) or a positive int."""
+  if size is not None and (isinstance(size, bool) or not isinstance(size, (int, np.integer))
+                           or size < 1):
+    raise ValueError(f"few_shot={size!r}: expected a positive number of training questions, "
+                     f"or None for all of them")
+
+
 def few_shot_sample(examples: Sequence[Any], size: int, seed: int, *, where: str = "the split"
                     ) -> list[Any]:
   """`size` of `examples` drawn without replacement with `seed`, in the split's order (a
@@ -113,8 +121,7 @@ def few_shot_sample(examples: Sequence[Any], size: int, seed: int, *, where: str
   Raises:
     ValueError: `size` is not a positive integer, or exceeds the number of examples.
   """
-  if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-    raise ValueError(f"few_shot={size!r}: expected a positive number of questions")
+  check_few_shot(size)
   if size > len(examples):
     raise ValueError(f"few_shot={size}: {where} has only {len(examples)} questions")
   chosen = np.random.default_rng(seed).choice(len(examples), size=size, replace=False)

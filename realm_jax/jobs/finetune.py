@@ -164,10 +164,11 @@ class FinetuneJob(IndexJob):
     self.check_retriever_objective()
     self.check_candidates()
     self.check_reader(ctx)
-    if self.few_shot is not None and (isinstance(self.few_shot, bool)
-                                      or not isinstance(self.few_shot, int) or self.few_shot < 1):
-      raise ConfigError(f"FinetuneJob.few_shot={self.few_shot!r}: expected a positive number of "
-                        f"training questions, or None for all of them")
+    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    try:
+      qa_inputs.check_few_shot(self.few_shot)
+    except ValueError as e:
+      raise ConfigError(f"FinetuneJob.{e}") from e
     try:
       inputs.check_row_bucket(self.length_bucket)
     except ValueError as e:
