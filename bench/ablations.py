@@ -121,11 +121,15 @@ class Row(NamedTuple):
 
   name: the cell's name; label: the table's; pretrains: whether the row pretrains a model of its
   own (False: a fine-tuning of the REALM row's pretraining of the seed); kwargs: the Recipe's
-  keyword arguments, plus the bench's own "ict" ("untrained") and "finetune_seed_offset"."""
+  keyword arguments, plus the bench's own "ict" ("untrained") and "finetune_seed_offset";
+  version: raised when code that only this row runs changes (e.g. its masking strategy), so
+  that its cells alone are made again, in runs of their own (`run_name`), while the other rows'
+  cells stay valid."""
   name: str
   label: str
   pretrains: bool
   kwargs: Mapping[str, Any]
+  version: int = 0
 
 
 BASE = "realm"
@@ -139,8 +143,10 @@ ROWS = (
         {"finetune_retriever": "warm_start", "finetune_reader": "bert"}),
     Row("random_token", "REALM with random uniform masks", True,
         {"pretrain_bindings": ["TASK='realm_toy_random_token'"]}),
+    # Version 1: SpanBERT's spans (whole words, geometric lengths, 15% of the sentence), where
+    # version 0 masked one run of 1-5 wordpieces.
     Row("random_span", "REALM with random span masks", True,
-        {"pretrain_bindings": ["TASK='realm_toy_random_span'"]}),
+        {"pretrain_bindings": ["TASK='realm_toy_random_span'"]}, version=1),
     Row("stale_30x", "REALM with a 30x stale index (here: never refreshed)", True,
         {"with_builder": False}),
     Row("no_null", "REALM without the null document (beside the paper)", True,
@@ -358,6 +364,18 @@ def save_cell(path: str, summary: dict, cell_fingerprint: str) -> None:
   os.replace(path + ".tmp", path)
 
 
+def run_name(row: Row) -> str:
+  """The directory of a pretraining row's runs under the seed's: a row's new version makes
+  new runs rather than resuming the old version's."""
+  return row.name if not row.version else f"{row.name}_v{row.version}"
+
+
+def row_fingerprint(row: Row, options: dict) -> str:
+  """The fingerprint of a row's cells: the bench's (`fingerprint(options)`), and the row's
+  version when it has one (version 0 adds nothing, so its cells keep their fingerprint)."""
+  return fingerprint(options if not row.version else {**options, "row_version": row.version})
+
+
 def claim_runs_dir(path: str, cell_fingerprint: str) -> None:
   """Keeps `path`, a directory of a bench's training runs, only if its runs were made for
   `cell_fingerprint`'s cells (recorded beside it in `<path>.fingerprint`): one left by other
@@ -484,9 +502,10 @@ def _make_cell(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, st
     kwargs["finetune_name"] = row.name
   print(f"\nablations: seed {seed}: {row.label} ...", flush=True)
   start = time.monotonic()
-  recipe = recipe_lib.Recipe(os.path.join(seed_out, row.name if row.pretrains else BASE), store,
-                             ict_dir=ict_dir, toy_bert=toy_bert, ict_from_bert=ict_from_bert,
-                             eval_split=EVAL_SPLIT, baseline=False, **kwargs)
+  run_dir = os.path.join(seed_out, run_name(row) if row.pretrains else BASE)
+  recipe = recipe_lib.Recipe(run_dir, store, ict_dir=ict_dir, toy_bert=toy_bert,
+                             ict_from_bert=ict_from_bert, eval_split=EVAL_SPLIT, baseline=False,
+                             **kwargs)
   summary = recipe.run()
   cell = cell_summary(row, summary, minutes=(time.monotonic() - start) / 60,
                       qa_checkpoint=evaluated_checkpoint(recipe.qa_metrics_path()),
@@ -506,10 +525,11 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
   from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
   store = realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
-  cell_fingerprint = fingerprint(cell_options(
+  options = cell_options(
       toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
-      ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps,
-      finetune_steps=finetune_steps))
+      ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps, finetune_steps=finetune_steps)
+  cell_fingerprint = fingerprint(options)
+  fingerprints = {row.name: row_fingerprint(row, options) for row in ROWS}
   wanted = [row.name for row in ROWS if not only or row.name in only]
   # The fine-tuning rows are compared with REALM's, whose pretraining they fine-tune.
   needed = {*wanted, *([BASE] if set(wanted) & set(FINETUNINGS) else [])}
@@ -518,7 +538,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     seed_out = os.path.join(out, f"seed{seed}")
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
-            if (cell := load_cell(path(name), cell_fingerprint)) is not None}
+            if (cell := load_cell(path(name), fingerprints[name])) is not None}
     plan = lambda: family_cells_to_make(BASE, FINETUNINGS, wanted, kept, pretraining_id(
         os.path.join(seed_out, BASE, "pretrain")))
     family = plan()
@@ -545,7 +565,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       cell = _make_cell(row, seed, seed_out, shared, store, pretrain_steps=pretrain_steps,
                         finetune_steps=finetune_steps, toy_bert=toy_bert,
                         ict_from_bert=ict_from_bert)
-      save_cell(path(row.name), cell, cell_fingerprint)
+      save_cell(path(row.name), cell, fingerprints[row.name])
       rows.setdefault(row.name, {})[seed] = cell
   return rows
 

@@ -1,14 +1,15 @@
 """Masked queries for REALM pretraining: salient-span masking and the two ablations.
 
-A pretraining example is one sentence of X with one span masked (REALM_SPEC 9-11):
+A pretraining example is one sentence of X with masked wordpieces (REALM_SPEC 9-11):
 
 * **salient_span** (REALM): every salient span of a record is mapped to the *first* sentence that
   fully contains it; spans crossing a sentence boundary are dropped. One (span, sentence) pair is
   drawn uniformly (duplicate spans count once, as in the release), and the query is only that
   sentence.
-* **random_span** (ablation): a contiguous run of wordpieces at a random place of a random
-  sentence, its length drawn from a distribution (uniform over 1..5 by default, or the salient
-  spans' own length distribution from `span_length_distribution`).
+* **random_span** (ablation, SpanBERT-style): spans of whole words at random places of a random
+  sentence, of geometric lengths (mean 3.8 words), until 15% of its wordpieces are masked;
+  options give one span, spans of wordpieces, or the salient spans' own length distribution
+  (`span_length_distribution`).
 * **random_token** (ablation, BERT-style): each wordpiece of a random sentence independently
   with probability 0.15.
 
@@ -74,7 +75,8 @@ class MaskedQuery:
     source_uid: uint64 uid of the block of Z this text came from (0: none), so retrieval can
       drop the trivial candidate (REALM_SPEC 12).
     span_byte_start, span_byte_limit: the masked span in bytes of the record's text (for
-      debugging; -1 for random_token, whose masks need not be contiguous).
+      debugging; random_span's several spans: from the first masked wordpiece to the last;
+      -1 for random_token, whose masks need not be contiguous).
     sentence_index: which of the record's sentences is the query.
   """
 
@@ -225,38 +227,89 @@ def _random_sentence(record, rng, vocab, query_len, skips) -> tuple[_Sentence, i
   return sentence, num_tokens
 
 
-class RandomSpanMasker:
-  """Ablation: mask a random contiguous run of wordpieces (the paper's "random span" ablation).
+def spanbert_length_probs(p: float = 0.2, max_length: int = 10) -> np.ndarray:
+  """SpanBERT's span lengths (Joshi et al. 2020, section 3.1): a geometric distribution of
+  parameter `p` over 1..max_length, renormalised (mean 3.8 for p = 0.2 and 10 words).
 
-  The sentence is drawn uniformly from the record's sentences (salient spans are not needed),
-  the run length L from `length_probs` (probabilities of L = 1, 2, ...; uniform over 1..5 by
-  default; pass `span_length_distribution(records)` to match the salient spans' lengths), then
-  the start uniformly among the places where the run fits in the (truncated) sentence. A run
-  longer than the sentence is cut to the sentence. The run is over wordpieces, so it may begin
-  or end inside a word (SpanBERT, which the paper cites for this ablation, masks whole words). Runs longer than max_masks keep their extra
-  [MASK]s without targets, as salient spans do.
+  Returns:
+    float64 [max_length]: probabilities of lengths 1..max_length.
+  """
+  if not 0 < p <= 1 or max_length < 1:
+    raise ValueError(f"p must be in (0, 1] and max_length positive, got {p}, {max_length}.")
+  lengths = np.arange(1, max_length + 1)
+  probs = p * (1 - p) ** (lengths - 1)
+  return probs / probs.sum()
+
+
+def word_starts(ids: Sequence[int], vocab: WordPieceVocabulary) -> list[int]:
+  """Indices of the wordpieces that begin a word: every piece but the `##` continuations."""
+  return [i for i, token_id in enumerate(ids)
+          if i == 0 or not vocab.id_to_token(int(token_id)).startswith("##")]
+
+
+class RandomSpanMasker:
+  """Ablation: random spans (the paper's "random span" row, after SpanBERT, Joshi et al. 2020).
+
+  By default as SpanBERT masks: a sentence drawn uniformly from the record's (salient spans are
+  not needed), then spans of whole words, each of a length L in words drawn from
+  `spanbert_length_probs()` (geometric, p = 0.2, at most 10 words, mean 3.8), starting at a
+  uniformly drawn word where it fits (a span longer than the sentence is cut to it), drawn until
+  `mask_budget` of the sentence's wordpieces are masked (SpanBERT's 15%: at least one span; a
+  span that overlaps one drawn before is drawn again, up to `MAX_DRAWS` draws).
+
+  Options reproduce simpler variants: `unit="wordpiece"` counts L in wordpieces, so a span may
+  begin or end inside a word; `mask_budget=None` masks one span only; `length_probs` gives the
+  probabilities of L = 1, 2, ... (e.g. `span_length_distribution(records)`, the salient spans'
+  own lengths). Spans masking more than max_masks wordpieces keep their extra [MASK]s without
+  targets, as salient spans do.
 
   Skips (counted): "no_sentence", "empty_sentence".
   """
 
   name = "random_span"
+  MAX_DRAWS = 100
 
-  def __init__(self, length_probs: Sequence[float] | None = None):
-    probs = np.full([5], 0.2) if length_probs is None else np.asarray(length_probs, np.float64)
+  def __init__(self, length_probs: Sequence[float] | None = None, *, unit: str = "word",
+               mask_budget: float | None = 0.15):
+    probs = (spanbert_length_probs() if length_probs is None
+             else np.asarray(length_probs, np.float64))
     if probs.ndim != 1 or not len(probs) or (probs < 0).any() or probs.sum() <= 0:
       raise ValueError(f"length_probs must be non-negative weights of lengths 1..n, got "
                        f"{length_probs!r}.")
+    if unit not in ("word", "wordpiece"):
+      raise ValueError(f"unit must be 'word' or 'wordpiece', got {unit!r}.")
+    if mask_budget is not None and not 0 < mask_budget <= 1:
+      raise ValueError(f"mask_budget must be in (0, 1] or None, got {mask_budget!r}.")
     self.length_probs = probs / probs.sum()
+    self.unit = unit
+    self.mask_budget = mask_budget
+
+  def _draw_span(self, units: list[int], num_tokens: int, rng: np.random.Generator
+                 ) -> list[int]:
+    """One span: the wordpiece indices of L consecutive units (words or wordpieces), `units`
+    being each unit's first wordpiece."""
+    length = min(1 + int(rng.choice(len(self.length_probs), p=self.length_probs)), len(units))
+    first = int(rng.integers(len(units) - length + 1))
+    limit = units[first + length] if first + length < len(units) else num_tokens
+    return list(range(units[first], limit))
 
   def __call__(self, record, *, rng, vocab, query_len, max_masks, source_uid, skips):
     drawn = _random_sentence(record, rng, vocab, query_len, skips)
     if drawn is None:
       return None
     sentence, num_tokens = drawn
-    length = min(1 + int(rng.choice(len(self.length_probs), p=self.length_probs)), num_tokens)
-    first = int(rng.integers(num_tokens - length + 1))
-    masked = list(range(first, first + length))
-    span = (sentence.byte_start + sentence.starts[first],
+    units = (list(range(num_tokens)) if self.unit == "wordpiece"
+             else word_starts(sentence.ids[:num_tokens], vocab))
+    masked = self._draw_span(units, num_tokens, rng)
+    if self.mask_budget is not None:
+      budget = self.mask_budget * num_tokens
+      for _ in range(self.MAX_DRAWS):
+        if len(masked) >= budget:
+          break
+        span = self._draw_span(units, num_tokens, rng)
+        if not set(span) & set(masked):
+          masked = sorted(masked + span)
+    span = (sentence.byte_start + sentence.starts[masked[0]],
             sentence.byte_start + sentence.limits[masked[-1]])
     return _build_query(sentence, masked, query_len=query_len, max_masks=max_masks,
                         source_uid=source_uid, span=span)

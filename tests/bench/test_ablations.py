@@ -260,6 +260,19 @@ def test_fingerprint_covers_the_world_version_and_the_report_split(monkeypatch):
   assert ablations.fingerprint(options()) != before  # cells reported on dev are not reused
 
 
+def test_a_rows_version_remakes_its_cells_alone_in_runs_of_their_own():
+  options = {"pretrain_steps": None}
+  base = ablations.fingerprint(options)
+  unversioned = ablations.Row("x", "X", True, {})
+  versioned = unversioned._replace(version=2)
+  # Version 0 keeps the bench's fingerprint, so the other rows' kept cells stay valid.
+  assert ablations.row_fingerprint(unversioned, options) == base
+  assert ablations.row_fingerprint(versioned, options) not in (
+      base, ablations.row_fingerprint(versioned._replace(version=1), options))
+  assert (ablations.run_name(unversioned), ablations.run_name(versioned)) == ("x", "x_v2")
+  assert ablations.ROW_BY_NAME["random_span"].version == 1  # SpanBERT's spans
+
+
 def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_path,
                                                                          monkeypatch, capsys):
   fingerprint = ablations.fingerprint({"pretrain_steps": None})

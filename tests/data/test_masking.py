@@ -196,21 +196,23 @@ def check_invariants(query, max_masks=10):
 LONG_TEXT = " ".join(["alpha", "beta", "gamma", "delta"] * 15) + "."  # 61 wordpieces
 
 
-def test_random_span_masker(vocab):
+def test_one_wordpiece_span_per_query(vocab):
+  """The one-span, wordpiece variant (`unit="wordpiece"`, `mask_budget=None`)."""
   rec = record([], text=LONG_TEXT, starts=[0], limits=[len(LONG_TEXT)])
+  one_span = masking.RandomSpanMasker([0.2] * 5, unit="wordpiece", mask_budget=None)
   lengths = set()
   for seed in range(200):
-    query = masking.make_masked_query(rec, strategy="random_span",
-                                      rng=np.random.default_rng(seed), vocab=vocab,
-                                      query_len=32)
+    query = masking.make_masked_query(rec, strategy=one_span, rng=np.random.default_rng(seed),
+                                      vocab=vocab, query_len=32)
     positions = check_invariants(query)
     assert (np.diff(positions) == 1).all()  # contiguous
     assert int((query.query_ids == MASK_ID).sum()) == len(positions)
     lengths.add(len(positions))
     assert positions.max() <= 30  # within the truncated sentence
-  assert lengths == {1, 2, 3, 4, 5}  # uniform over 1..5 by default
+  assert lengths == {1, 2, 3, 4, 5}  # uniform over 1..5
   # A given length distribution (always 12): 12 [MASK]s, the first 10 with targets.
-  masker = masking.RandomSpanMasker(length_probs=[0] * 11 + [1])
+  masker = masking.RandomSpanMasker(length_probs=[0] * 11 + [1], unit="wordpiece",
+                                    mask_budget=None)
   query = masking.make_masked_query(rec, strategy=masker, rng=np.random.default_rng(0),
                                     vocab=vocab)
   positions = check_invariants(query)
@@ -220,6 +222,56 @@ def test_random_span_masker(vocab):
   query = masking.make_masked_query(short, strategy=masker, rng=np.random.default_rng(0),
                                     vocab=vocab)
   assert check_invariants(query).tolist() == list(range(1, 9))
+
+
+def test_spanbert_length_probs_by_hand():
+  # Geometric(0.2) over 1..3, renormalised: 0.2, 0.16, 0.128 over 0.488.
+  np.testing.assert_allclose(masking.spanbert_length_probs(0.2, 3),
+                             np.array([0.2, 0.16, 0.128]) / 0.488)
+  # SpanBERT's figure: mean 3.8 words for p = 0.2 and at most 10.
+  probs = masking.spanbert_length_probs()
+  assert abs(float(np.arange(1, 11) @ probs) - 3.8) < 0.01
+  with pytest.raises(ValueError, match="p must be"):
+    masking.spanbert_length_probs(0.0)
+
+
+def test_word_starts_by_hand(vocab):
+  # zoe muller was born in tessa ##var . : "tessavar" is one word of two pieces.
+  pieces = ["zoe", "muller", "was", "born", "in", "tessa", "##var", "."]
+  assert masking.word_starts([vocab.token_to_id(t) for t in pieces], vocab) == [
+      0, 1, 2, 3, 4, 5, 7]
+
+
+def test_spanbert_spans_are_whole_words_until_the_budget(vocab):
+  # "tessavar ." repeated: words of two pieces (tessa ##var) and one (".").
+  text = " ".join(["Tessavar ."] * 20)
+  rec = record([], text=text, starts=[0], limits=[len(text)])
+  tessa, var = vocab.token_to_id("tessa"), vocab.token_to_id("##var")
+  several = 0
+  for seed in range(200):
+    query = masking.make_masked_query(rec, strategy="random_span",
+                                      rng=np.random.default_rng(seed), vocab=vocab)
+    check_invariants(query)
+    masked = np.flatnonzero(query.query_ids == MASK_ID)
+    # [query_len]: the ids before masking where known (the first 10 [MASK]s have targets).
+    original = query.query_ids.copy()
+    original[query.mlm_positions[:len(masked)]] = query.mlm_targets[:len(masked)]
+    # Whole words: "tessa" is masked with its "##var", and "##var" with its "tessa".
+    for position in masked:
+      assert original[position] != tessa or position + 1 in masked
+      assert original[position] != var or position - 1 in masked
+    # The budget: 15% of 60 wordpieces is 9; the last span may overshoot it, and the longest
+    # span (10 words) is at most 20 wordpieces.
+    assert 9 <= len(masked) < 9 + 20, len(masked)
+    several += bool((np.diff(masked) > 1).any())
+  assert several > 100  # most queries hold more than one span
+
+
+def test_random_span_rejects_bad_options():
+  with pytest.raises(ValueError, match="unit"):
+    masking.RandomSpanMasker(unit="char")
+  with pytest.raises(ValueError, match="mask_budget"):
+    masking.RandomSpanMasker(mask_budget=0.0)
 
 
 def test_random_token_masker(vocab):
