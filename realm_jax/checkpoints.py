@@ -244,9 +244,10 @@ def _checkpoint_args(step: int, params: Mapping[str, Any], *, config: RealmConfi
                      ) -> ocp.args.Composite:
   """The Orbax items of one checkpoint (shared by save_checkpoint and CheckpointWriter); with
   `peft` ((PeftCheckpoints, its metadata record)) only the trained parameters are saved."""
-  if not {"retriever", "encoder", "retro"} & set(params):
+  if not {"retriever", "encoder", "retro", "fid"} & set(params):
     raise CheckpointError(f"save_checkpoint: params must have a 'retriever' or an 'encoder' "
-                          f"entry, or a RETRO model's 'retro' (got {sorted(params)})")
+                          f"entry, a RETRO model's 'retro' or a closed-book FiD reader's 'fid' "
+                          f"(got {sorted(params)})")
   extra_state = dict(extra_state or {})
   json_state = dict(json_state or {})
   reserved = {PARAMS_ITEM, METADATA_ITEM}

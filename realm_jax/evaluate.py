@@ -31,7 +31,10 @@ Three things it does with a run directory (`<run>/checkpoints/<step>`, `<run>/in
 
 Mode "qa" and `--question` read the blocks the run's index ranks; with
 `evaluate_main.candidates='bm25'` they read the blocks BM25 ranks instead, with no retrieval
-score added (a run fine-tuned with `FinetuneJob.candidates='bm25'`: DrQA's pipeline; no index).
+score added (a run fine-tuned with `FinetuneJob.candidates='bm25'`: DrQA's pipeline; no index);
+with `evaluate_main.candidates='none'` they read no block (a closed-book FiD run,
+`FinetuneJob.candidates='none'`: one row `[CLS] question [SEP]`, empty evidence, no recall; no
+index).
 
 And one without a run:
 
@@ -234,8 +237,10 @@ def _open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int):
     except FileNotFoundError as e:
       raise ckpt_lib.CheckpointError(f"{run_dir}: a FiD reader's checkpoint without its "
                                      f"{fid_qa.FID_CONFIG_FILE}") from e
-    params = jax.device_put({"retriever": params["retriever"], "fid": params["fid"]})
-    return fid_qa.FidReaderModel(config, fid, reader_beam=reader_beam), params
+    closed_book = "retriever" not in params  # FinetuneJob(candidates='none'): no retriever
+    params = jax.device_put({key: params[key] for key in ("retriever", "fid") if key in params})
+    return fid_qa.FidReaderModel(config, fid, reader_beam=reader_beam,
+                                 closed_book=closed_book), params
   config = config.replace(**{"bert.adapter_size": theirs.bert.adapter_size})
   # Only the two towers the model reads; placed once rather than copied at every call.
   params = jax.device_put({"retriever": params["retriever"], "reader": params["reader"]})
@@ -250,13 +255,21 @@ class _Candidates(NamedTuple):
   index_step: Optional[int]
   where: str  # "index step 7" or "BM25's blocks"
   how: str  # "exact search" or "BM25 ranking"
+  kind: str = "index"  # evaluate_main.candidates
 
 
-def _reader_candidates(loaded: Any, backend: str, store: Any, config: Any) -> _Candidates:
-  """The published index's candidates (`loaded`), or with None BM25's over `store`."""
+def _reader_candidates(loaded: Any, backend: str, store: Any, config: Any,
+                       kind: str = "index") -> _Candidates:
+  """The published index's candidates (`loaded`), or with None BM25's over `store`; with
+  `kind` 'none' the closed book's (no block, no index)."""
+  if kind == "none":
+    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    return _Candidates(qa_inputs.ClosedBook(), None, None, "closed book (nothing retrieved)",
+                       "no retrieval", "none")
   if loaded is None:
     searcher = bm25_lib.BM25Searcher(store, config.proj_size)
-    return _Candidates(searcher, searcher.embeddings, None, "BM25's blocks", "BM25 ranking")
+    return _Candidates(searcher, searcher.embeddings, None, "BM25's blocks", "BM25 ranking",
+                       "bm25")
   return _Candidates(_searcher(loaded, backend), loaded.embeddings, loaded.step,
                      f"index step {loaded.step}", f"{backend} search")
 
@@ -282,8 +295,9 @@ def _run_qa(*, run_dir, config, task, split, step, why, candidates, store,
   fileio.write_json_atomically(metrics_path, {
       "mode": "qa", "run_dir": os.path.abspath(run_dir), "task": task, "split": split,
       "checkpoint_step": step, "checkpoint_choice": why, "index_step": candidates.index_step,
-      # Only BM25's candidates are named: an index's metrics stay as they were.
-      **({"candidates": "bm25"} if candidates.index_step is None else {}),
+      # Only BM25's or the closed book's candidates are named: an index's metrics stay as they
+      # were.
+      **({"candidates": candidates.kind} if candidates.index_step is None else {}),
       "backend": backend, "predictions": os.path.abspath(predictions_path),
       "metrics": metrics})
   print(f"{PROG}: {task}/{split}, checkpoint step {step} ({why}), {candidates.where}: "
@@ -340,6 +354,26 @@ def _run_retrieval(*, run_dir, config, task, kind, split, index_run, loaded, sto
   print(f"{PROG}: retrieval {task}/{split}, index step {loaded.step} (query tower from "
         f"{step_dir}): {metrics_lib.format_metrics(metrics)}; metrics {metrics_path}", flush=True)
   return 0
+
+
+def _check_closed_book(metadata: dict, step_dir: str, candidates: str) -> None:
+  """ConfigError unless `candidates='none'` goes with a FiD checkpoint and a closed-book one
+  (a FiD reader without a retriever, `FinetuneJob.candidates='none'`) with it."""
+  items = list(metadata.get("param_items", []))
+  if candidates == "none" and "fid" not in items:
+    raise ConfigError(f"evaluate_main.candidates='none' (closed book) reads no block: it needs "
+                      f"a generative FiD reader, and {step_dir} holds params {items} (a span "
+                      f"reader answers with spans of the blocks it reads)")
+  if candidates != "none" and "fid" in items and "retriever" not in items:
+    raise ConfigError(f"{step_dir} is a closed-book reader (FinetuneJob.candidates='none': "
+                      f"params {items}, no retriever): evaluate it with "
+                      f"--gin.evaluate_main.candidates=\"'none'\"")
+
+
+def _default(name: str) -> Any:
+  """evaluate_main's default of one setting."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  return inspect.signature(evaluate_main).parameters[name].default
 
 
 def _refuse_unused(settings: dict, what: str) -> None:
@@ -538,7 +572,10 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     candidates: what the reader reads in mode "qa" and for `questions`: "index" (the blocks
       the published index ranks) or "bm25" (the blocks BM25 ranks over the block store, with
       no retrieval score added: a run fine-tuned with FinetuneJob.candidates='bm25'; no index,
-      so index_step, index_run_dir, backend and verify_index stay at their defaults).
+      so index_step, index_run_dir, backend and verify_index stay at their defaults), or
+      "none" (the closed book: no block, one row `[CLS] question [SEP]`, empty evidence, no
+      recall; a FiD run fine-tuned with FinetuneJob.candidates='none'; no index either, and
+      reader_beam is 1).
     dry_run: check the configuration (and the run's checkpoint size, if any), print one line.
 
   Returns:
@@ -575,14 +612,20 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   if candidates not in bm25_lib.READER_CANDIDATES:
     raise ConfigError(f"evaluate_main.candidates={candidates!r}; expected one of "
                       f"{', '.join(bm25_lib.READER_CANDIDATES)}")
-  if candidates == "bm25":
+  if candidates != "index":
     if mode != "qa":
-      raise ConfigError(f"evaluate_main.candidates='bm25' is what the reader reads (mode 'qa' "
-                        f"or --question); mode {mode!r} does not read: BM25's own recall is "
-                        f"mode 'bm25'")
+      raise ConfigError(f"evaluate_main.candidates={candidates!r} is what the reader reads "
+                        f"(mode 'qa' or --question); mode {mode!r} does not read"
+                        + (": BM25's own recall is mode 'bm25'" if candidates == "bm25" else ""))
     _refuse_unused({"index_step": index_step, "index_run_dir": index_run_dir,
                     "backend": backend, "verify_index": verify_index},
-                   "candidates='bm25', which reads no index")
+                   f"candidates={candidates!r}, which reads no index")
+  if candidates == "none":
+    if reader_beam not in (1, _default("reader_beam")):
+      raise ConfigError(f"evaluate_main.reader_beam={reader_beam} does not apply to "
+                        f"candidates='none' (the closed book reads one row per question, the "
+                        f"question alone): leave it unset")
+    reader_beam = 1
   if mode == "bm25":
     _refuse_unused_for_bm25({
         "checkpoint_step": checkpoint_step, "index_step": index_step,
@@ -630,7 +673,9 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   if mode == "qa" and steps:
     step, why = runs.choose_checkpoint(run_dir, checkpoint_step)
     step_dir = ckpt_lib.checkpoint_path(run_dir, step)
-    _require_reader(_checkpoint_metadata(step_dir, model_config, "checkpoint"), step_dir)
+    metadata = _checkpoint_metadata(step_dir, model_config, "checkpoint")
+    _require_reader(metadata, step_dir)
+    _check_closed_book(metadata, step_dir, candidates)
     what += f"; checkpoint step {step} ({why})"
   elif mode == "retrieval" and steps and dry_run:
     # Retrieval uses the checkpoint its index was built from (checked when it is loaded); the
@@ -647,6 +692,8 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
       what += f"; no checkpoints in {ckpt_lib.checkpoints_dir(run_dir)} yet"
     if candidates == "bm25":
       what += "; candidates: BM25's blocks, no index"
+    elif candidates == "none":
+      what += "; closed book: nothing retrieved, no index"
     else:
       indexes = index_lib.list_indexes(index_run)
       what += (f"; index steps {indexes}" if indexes
@@ -668,10 +715,10 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     block_store = realm_jax_tasks.toy_block_store_dir()
   store = corpus_lib.BlockStore.open(block_store, verify="fast")
   log.info("%s", what)
-  loaded = None if candidates == "bm25" else _load_published_index(
+  loaded = None if candidates != "index" else _load_published_index(
       index_run, index_step, store, model_config, verify=True if verify_index else "fast")
   if questions or mode == "qa":
-    reader_candidates = _reader_candidates(loaded, backend, store, model_config)
+    reader_candidates = _reader_candidates(loaded, backend, store, model_config, candidates)
   if questions:
     return _run_questions(run_dir=run_dir, config=model_config, questions=questions, step=step,
                           why=why, candidates=reader_candidates, store=store,

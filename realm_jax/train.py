@@ -29,6 +29,8 @@ class, e.g. `--gin.PretrainJob.num_candidates=8`, and gin refuses another job's)
                   BERT (REALM starts from BERT; at paper scale convert it with
                   `python -m realm_jax.convert.hf`).
   @IctJob()       the ICT warm start of the retriever on an `ict_<corpus>` task (REALM_SPEC 14).
+  @ContrieverJob()  Contriever's warm start, an alternative to ICT: two independent random crops
+                  of a block as the positive pair, on a `contriever_<corpus>` task.
   @RetroMaeJob()  the RetroMAE warm start of the retriever, an alternative to ICT, on the blocks
                   of an `ict_<corpus>` task (its checkpoints are used as ICT's).
   @PretrainJob()  REALM pretraining on a `realm_<corpus>_<strategy>` task, candidates from the

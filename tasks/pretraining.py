@@ -28,6 +28,12 @@ Features of an ICT example (REALM_SPEC 14):
   query_ids, query_mask                  int32 [ict_query_len]  `[CLS] sentence [SEP]`
   block_ids, block_type_ids, block_mask  int32 [block_len]      `[CLS] title [SEP] body [SEP]`
   block_uid                              int64 []               uint64 uid of the block (bits)
+
+A Contriever example (`contriever_<corpus>`, `register_contriever_task`; realm_jax.data.contriever)
+has exactly the ICT features, so `IctModel` trains on it unchanged: the query row holds one
+random crop of a block's body, the block row `[CLS] title [SEP] crop [SEP]` another crop drawn
+independently. Its crops are drawn anew every epoch (the epoch's data seed reaches the
+generator), where ICT's and the masked queries' examples are fixed per record.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from realm_jax.data import contriever as contriever_lib
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import ict as ict_lib
 from realm_jax.data import masking
@@ -155,6 +162,32 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
     log.info("ICT examples: %d, %s", made, skips.summary())
 
 
+def _contriever_examples(*, block_store: PathOrFn, seed: int, data_seed: int | None,
+                         query_len: int, block_len: int, min_ratio: float, max_ratio: float
+                         ) -> Iterator[dict]:
+  """One crop pair of every block. Block b's rng is `default_rng([seed, b])`, or with the data
+  seed of an epoch (SeqioBatches hands each epoch its own) `default_rng([seed, data_seed, b])`:
+  every epoch of a training run draws new crops, as Contriever crops on the fly, and a resumed
+  run redraws the same ones."""
+  vocab = vocab_lib.default_vocabulary()
+  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  skips = masking.SkipCounter()
+  made = 0
+  for block_id in range(store.num_blocks):
+    rng = np.random.default_rng([seed, block_id] if data_seed is None
+                                else [seed, int(data_seed), block_id])
+    example = contriever_lib.make_contriever_example(
+        store.title(block_id), store.body(block_id), rng=rng, vocab=vocab, query_len=query_len,
+        block_len=block_len, min_ratio=min_ratio, max_ratio=max_ratio, skips=skips)
+    if example is None:
+      continue
+    made += 1
+    yield {name: example[name] for name in
+           ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")} | {
+               "block_uid": uid_to_int64(example["block_uid"])}
+  log.info("Contriever examples: %d, %s", made, skips.summary())
+
+
 def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,
                        max_masks: int, passes: int, strategy: str, annotator: str
                        ) -> Iterator[dict]:
@@ -256,22 +289,88 @@ def _generator_source(generator_fn: Callable[[], Iterator[dict]],
   return seqio.FunctionDataSource(dataset_fn, splits=("train",))
 
 
+def _seeded_generator_source(generator_fn: Callable[..., Iterator[dict]],
+                             signature: dict[str, tf.TensorSpec]) -> seqio.FunctionDataSource:
+  """As `_generator_source`, but the data seed seqio is given (SeqioBatches: one per epoch;
+  None when none is) reaches `generator_fn(data_seed=...)`."""
+  def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
+    del split, shuffle_files  # one split; example order is the corpus order
+    return tf.data.Dataset.from_generator(functools.partial(generator_fn, data_seed=seed),
+                                          output_signature=signature)
+  return seqio.FunctionDataSource(dataset_fn, splits=("train",))
+
+
+def _ict_fields(vocabulary: seqio.Vocabulary, query_len: int, block_len: int):
+  """An ICT example's fields (`ict_<corpus>` and `contriever_<corpus>` alike)."""
+  return _fields(
+      vocabulary,
+      query_ids=([query_len], tf.int32, True), query_mask=([query_len], tf.int32, False),
+      block_ids=([block_len], tf.int32, True), block_type_ids=([block_len], tf.int32, False),
+      block_mask=([block_len], tf.int32, False), block_uid=([], tf.int64, False))
+
+
+def register_contriever_task(corpus: str, *, block_store: PathOrFn, seed: int = 0,
+                             query_len: int = 64, block_len: int = 288,
+                             min_crop_ratio: float = contriever_lib.MIN_CROP_RATIO,
+                             max_crop_ratio: float = contriever_lib.MAX_CROP_RATIO) -> str:
+  """Registers `contriever_<corpus>`: Contriever's pairs of independent random crops of each
+  block (realm_jax.data.contriever), with ICT's features (the module docstring), so that
+  `ContrieverJob` (realm_jax.jobs.ict) trains `IctModel` on them.
+
+  Args:
+    corpus: short corpus name used in the task name.
+    block_store: BlockStore directory (or a function returning it, called on first use).
+    seed: example randomness seed (each epoch's data seed is mixed in).
+    query_len, block_len: the rows' lengths (ICT's 64 and 288; the toy world's blocks: 128).
+    min_crop_ratio, max_crop_ratio: a crop's length as a fraction of its block's body
+      (Contriever: 0.1 and 0.5).
+
+  Returns:
+    The task name.
+
+  Raises:
+    ValueError: crop ratios outside 0 < min <= max <= 1.
+  """
+  contriever_lib.check_crop_ratios(min_crop_ratio, max_crop_ratio)
+  signature, features = _ict_fields(vocab_lib.seqio_vocabulary(), query_len, block_len)
+  generator = functools.partial(
+      _contriever_examples, block_store=block_store, seed=seed, query_len=query_len,
+      block_len=block_len, min_ratio=float(min_crop_ratio), max_ratio=float(max_crop_ratio))
+  name = f"contriever_{corpus}"
+  _add(name, _seeded_generator_source(generator, signature), features)
+  return name
+
+
 def register_corpus_for_task(task_name: str, block_store: str,
                              pretrain_records: str | None = None,
-                             ict_remove_probability: float = 0.9) -> str | None:
+                             ict_remove_probability: float = 0.9,
+                             min_crop_ratio: float = contriever_lib.MIN_CROP_RATIO,
+                             max_crop_ratio: float = contriever_lib.MAX_CROP_RATIO
+                             ) -> str | None:
   """Registers the corpus that an unregistered `mlm_<corpus>`, `ict_<corpus>` or
-  `realm_<corpus>_<strategy>` task name names, over `block_store` (X = `pretrain_records`, or
+  `realm_<corpus>_<strategy>` task name names (a `contriever_<corpus>` name: that task alone,
+  `register_contriever_task`), over `block_store` (X = `pretrain_records`, or
   the corpus itself): how the paper-scale gins, `train` and `evaluate` reach a BlockStore built
   by `python -m realm_jax.build_corpus`. Says so in a warning (a misspelt task name would
   otherwise silently become a corpus of its own). ICT's blocks are the store's own length
   (`max_block_len`: a store built for short documents is not padded to 288), its query
-  sentence removed with `ict_remove_probability` (ORQA's 0.9).
+  sentence removed with `ict_remove_probability` (ORQA's 0.9); Contriever's crops are
+  `min_crop_ratio` to `max_crop_ratio` of a block's body.
 
   Returns:
     The corpus registered, or None (the task exists already, or the name names no corpus).
   """
   if task_name in seqio.TaskRegistry.names():
     return None
+  if task_name.startswith("contriever_") and len(task_name) > len("contriever_"):
+    corpus = task_name[len("contriever_"):]
+    log.warning("task %r is not registered: registering Contriever's crop pairs of corpus %r "
+                "over the BlockStore %s; if %r is a typo, fix the task name", task_name, corpus,
+                block_store, task_name)
+    store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+    register_contriever_task(corpus, block_store=block_store, block_len=store.max_block_len,
+                             min_crop_ratio=min_crop_ratio, max_crop_ratio=max_crop_ratio)
+    return corpus
   corpus = None
   for prefix in ("mlm_", "ict_"):
     if task_name.startswith(prefix):
@@ -338,11 +437,7 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
     _add(name, _generator_source(generator, masked_signature), masked_features)
     names.append(name)
 
-  ict_signature, ict_features = _fields(
-      vocabulary,
-      query_ids=([ict_query_len], tf.int32, True), query_mask=([ict_query_len], tf.int32, False),
-      block_ids=([block_len], tf.int32, True), block_type_ids=([block_len], tf.int32, False),
-      block_mask=([block_len], tf.int32, False), block_uid=([], tf.int64, False))
+  ict_signature, ict_features = _ict_fields(vocabulary, ict_query_len, block_len)
   generator = functools.partial(
       _ict_examples, block_store=block_store, seed=seed, query_len=ict_query_len,
       block_len=block_len, remove_probability=ict_remove_probability)

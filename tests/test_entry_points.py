@@ -67,6 +67,11 @@ DRY_RUNS = {
                          "--gin.INIT_CHECKPOINT=None"],
     "atlas_toy_finetune": ["--gin_file=gin_configs/experiments/atlas_toy_finetune.gin",
                            "--gin.INIT_CHECKPOINT=None"],
+    "atlas_toy_pretext": ["--gin_file=gin_configs/experiments/atlas_toy_pretext.gin",
+                          "--gin.INIT_CHECKPOINT=None"],
+    "atlas_toy_closed_book": ["--gin_file=gin_configs/experiments/atlas_toy_closed_book.gin",
+                              "--gin.INIT_CHECKPOINT=None"],
+    "contriever_toy": ["--gin_file=gin_configs/experiments/contriever_toy.gin"],
     "toy_model": ["--gin_file=gin_configs/experiments/toy_model.gin",
                   "--gin_file=gin_configs/runs/ict.gin", "--gin.TASK='ict_toy'",
                   "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10"],
@@ -94,7 +99,7 @@ DRY_RUNS = {
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
         "toy_bert": "mlm", "toy_bert_copy": "mlm", "toy_bert_distract": "mlm",
         "runs_mlm": "mlm", "toy_retromae": "retromae", "runs_retromae": "retromae",
-        "toy_retro": "retro", "runs_retro": "retro"}
+        "toy_retro": "retro", "runs_retro": "retro", "contriever_toy": "contriever"}
 
 
 def _resolved(args):

@@ -11,18 +11,29 @@ generate: refused. When the model trains its question tower (a retriever objecti
 `FidReaderModel.train_question_tower`) the batches also carry the question rows and the frozen
 index's embeddings of the K read blocks (`QUESTION_TOWER_KEYS`): the retrieval scores the
 objective trains are recomputed from them in the graph.
+
+Tasks with precomputed targets (Atlas's MLM pretext, `realm_jax_tasks.atlas`): a task whose
+examples carry `answer_ids` (the decoder's target wordpieces, built from ids: a sentinel
+sequence) trains on those ids, EOS appended, instead of encoding its answer strings
+(`task_answer_ids`, `with_answer_ids`); its questions are encoded with the task's question
+vocabulary (`question_vocabulary`: the one that reads the pretext's sentinels), in training and
+in the job's dev evaluation.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 
+from realm_jax.batches import inputs
 from realm_jax.batches import open_qa as qa_batches
 from realm_jax.batches import qa_inputs
+from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
+from realm_jax.data.open_qa import QAExample
 
 Batch = dict[str, Any]
 
@@ -35,9 +46,21 @@ QUESTION_TOWER_KEYS = ("question_ids", "question_type_ids", "question_mask",
                        "retrieved_block_emb")
 
 
+# Where a task keeps its examples' precomputed targets (`realm_jax_tasks.atlas`).
+ANSWER_IDS_FEATURE = "answer_ids"
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetedExample(QAExample):
+  """A QAExample with its decoder targets precomputed as ids (`answer_ids`, no EOS): trained on
+  as they are, never re-encoded from `answers` (which the dev EM still reads)."""
+  answer_ids: tuple[int, ...] = ()
+
+
 def answer_targets(answers_per_question: Sequence[Sequence[str]],
                    vocab: vocab_lib.WordPieceVocabulary, *, max_answer_length: int,
-                   eos_id: int = vocab_lib.SEP_ID, pad_id: int = vocab_lib.PAD_ID
+                   eos_id: int = vocab_lib.SEP_ID, pad_id: int = vocab_lib.PAD_ID,
+                   answer_ids: Optional[Sequence[Optional[Sequence[int]]]] = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Decoder targets of one answer per question.
 
@@ -46,6 +69,9 @@ def answer_targets(answers_per_question: Sequence[Sequence[str]],
     vocab: the WordPiece vocabulary.
     max_answer_length: T, the target width (answer wordpieces + EOS must fit).
     eos_id, pad_id: the FidConfig's.
+    answer_ids: per question, precomputed target ids (no EOS) or None; a question with ids
+      trains on them (chosen 0, or -1 when they do not fit with their EOS), its answer strings
+      unread.
 
   Returns:
     (targets int32 [Q, T]: the chosen answer's wordpieces, EOS, pad_id; mask int32 [Q, T]: 1 on
@@ -57,8 +83,10 @@ def answer_targets(answers_per_question: Sequence[Sequence[str]],
   mask = np.zeros((num, max_answer_length), np.int32)
   chosen = np.full((num,), -1, np.int32)
   for q, answers in enumerate(answers_per_question):
-    for a, answer in enumerate(answers):
-      ids = vocab.encode(answer)
+    given = None if answer_ids is None else answer_ids[q]
+    candidates = ([vocab.encode(answer) for answer in answers] if given is None
+                  else [[int(i) for i in given]])
+    for a, ids in enumerate(candidates):
       if 0 < len(ids) < max_answer_length:  # room for the EOS
         row = [*ids, eos_id]
         targets[q, :len(row)] = row
@@ -90,9 +118,12 @@ def build_fid_batch(store, examples: Sequence[Any], retrieved_ids: Any,
   open_qa_options.setdefault("max_span_width", max_answer_length - 1)
   batch = qa_batches.build_open_qa_batch(store, examples, retrieved_ids, retrieved_scores,
                                          vocab=vocab, **open_qa_options)
+  given = [getattr(e, "answer_ids", None) for e in examples]
   targets, mask, chosen = answer_targets([e.answers for e in examples], vocab,
                                          max_answer_length=max_answer_length, eos_id=eos_id,
-                                         pad_id=pad_id)
+                                         pad_id=pad_id,
+                                         answer_ids=None if given == [None] * len(given)
+                                         else given)
   batch.update({"answer_targets": targets, "answer_mask": mask, "answer_index": chosen})
   return batch
 
@@ -124,15 +155,72 @@ def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_l
           for key, shape in shapes.items()}
 
 
+def question_vocabulary(task_name: str) -> vocab_lib.WordPieceVocabulary:
+  """The vocabulary of a task's `question_ids` feature (the bundled one for the QA tasks; the
+  sentinel-reading `data.sentinels.SentinelVocabulary` for Atlas's pretext), which encodes its
+  question texts exactly as the task's question ids.
+
+  Raises:
+    UnknownTaskError: the task is not registered.
+  """
+  feature = inputs.get_task(task_name).output_features.get("question_ids")
+  wordpiece = getattr(getattr(feature, "vocabulary", None), "wordpiece", None)
+  return (wordpiece if isinstance(wordpiece, vocab_lib.WordPieceVocabulary)
+          else vocab_lib.default_vocabulary())
+
+
+def task_answer_ids(task_name: str, split: str) -> Optional[list[tuple[str, tuple[int, ...]]]]:
+  """A task split's precomputed targets, [(question, answer ids)] in the split's order (the
+  order `qa_inputs.qa_task_examples` reads it in), or None when the task has no
+  `answer_ids` feature."""
+  task = inputs.get_task(task_name)
+  if ANSWER_IDS_FEATURE not in task.output_features:
+    return None
+  dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False)
+  return [(ex["question"].decode("utf-8"), tuple(int(i) for i in ex[ANSWER_IDS_FEATURE]))
+          for ex in tensorflow_setup.numpy_iterator(dataset)]
+
+
+def with_answer_ids(examples: Sequence[QAExample],
+                    targets: Sequence[tuple[str, tuple[int, ...]]]) -> list[TargetedExample]:
+  """`examples` of a split (`qa_task_examples`' "<task>/<split>:<index>" sources) with the
+  precomputed targets of their index in it (`task_answer_ids`).
+
+  Raises:
+    ValueError: an example whose source names no index of `targets`, or whose question is not
+      the one there (the split was read in another order).
+  """
+  out = []
+  for example in examples:
+    index = example.source.rpartition(":")[2]
+    if not index.isdigit() or int(index) >= len(targets):
+      raise ValueError(f"{example.source!r}: no precomputed target for this example")
+    question, ids = targets[int(index)]
+    if question != example.question:
+      raise ValueError(f"{example.source!r}: the precomputed targets are another question's "
+                       f"({question[:60]!r}, not {example.question[:60]!r})")
+    out.append(TargetedExample(question=example.question, answers=example.answers,
+                               answers_are_regex=example.answers_are_regex,
+                               source=example.source, answer_ids=ids))
+  return out
+
+
 class FidBatches(qa_inputs.OpenQABatches):
   """`OpenQABatches` (questions, the live question tower's beam, resumable) yielding FiD
-  batches: `fid_model_inputs(build_fid_batch(...))`. `model` is a `FidReaderModel`."""
+  batches: `fid_model_inputs(build_fid_batch(...))`. `model` is a `FidReaderModel`. The
+  questions are encoded with the task's question vocabulary (`question_vocabulary`) unless
+  `vocab` is given; a task with precomputed targets trains on them (module docstring)."""
 
   def __init__(self, task_name: str, **kwargs: Any):
+    if kwargs.get("vocab") is None:
+      kwargs["vocab"] = question_vocabulary(task_name)
     super().__init__(task_name, **kwargs)
     if self.answers_are_regex:
       raise ValueError(f"task {task_name!r} has regex answers (CuratedTrec): the FiD reader "
                        f"generates answer texts and has none to train on")
+    targets = task_answer_ids(task_name, self.split)
+    if targets is not None:
+      self.examples = with_answer_ids(self.examples, targets)
 
   def build_batch(self, examples: Sequence[Any], ids: np.ndarray, scores: np.ndarray,
                   retriever: Any) -> Batch:

@@ -37,6 +37,10 @@ What the authors' code does, and what is followed here (`language/orqa/models/or
   `fullmatch` rather than the metric's prefix `match`: `match` would also mark "Paris, France and
   the" for the pattern "Paris", pushing the reader to over-long spans; every fullmatch span also
   passes the metric.
+* **Closed book** (Atlas's baseline without retrieval, `FinetuneJob.candidates='none'`): a beam
+  of `NULL_BLOCK` ids throughout (`qa_inputs.ClosedBook` retrieves them) reads no block: every
+  reader row is `[CLS] question [SEP]` alone (type ids 0, nothing after the question's [SEP],
+  no block tokens, no gold spans), its retriever labels False and its embeddings none.
 Host-only batch entries (`retrieved_scores`, `reader_token_starts/limits`,
 `reader_offsets_valid`) ride along so predictions can be mapped back to the original text
 (`span_text`, `answer_texts`); `model_inputs(batch)` drops them before a device transfer.
@@ -52,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from realm_jax.batches.candidates import NULL_BLOCK
 from realm_jax.data import vocab as vocab_lib
 
 Batch = dict[str, Any]
@@ -194,7 +199,9 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
     store: the BlockStore the index was built from (block ids are its rows).
     examples: Q `QAExample`s (anything with `question`, `answers`, `answers_are_regex`, and
       optionally `source`).
-    retrieved_ids: [Q, beam] block ids, best first (beam >= reader_beam; 5000 in the paper).
+    retrieved_ids: [Q, beam] block ids, best first (beam >= reader_beam; 5000 in the paper);
+      or `NULL_BLOCK` throughout, the closed book: rows `[CLS] question [SEP]` only (module
+      docstring; no `block_emb`, no `document_beam`).
     retrieved_scores: optional [Q, beam] searcher scores, kept for the predictions' evidence.
     vocab: the WordPiece vocabulary (the bundled BERT uncased by default).
     reader_beam: blocks read by the reader (5).
@@ -258,9 +265,15 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
     raise ValueError(f"the retrieved beam ({beam}) is smaller than reader_beam ({reader_beam})")
   if not 0 <= document_beam <= beam:
     raise ValueError(f"document_beam={document_beam} must lie in [0, beam={beam}]")
-  if retrieved_ids.min() < 0 or retrieved_ids.max() >= store.num_blocks:
+  closed_book = retrieved_ids.size > 0 and bool(np.all(retrieved_ids == NULL_BLOCK))
+  if closed_book and (block_emb is not None or document_beam):
+    raise ValueError("a closed-book beam (NULL_BLOCK throughout) has no block embeddings or "
+                     "document rows: pass block_emb=None and document_beam=0")
+  if not closed_book and (retrieved_ids.min() < 0 or retrieved_ids.max() >= store.num_blocks):
     raise ValueError(f"retrieved_ids out of range [0, {store.num_blocks}) of the BlockStore "
-                     f"{store.path}: was the index built from another store?")
+                     f"{store.path}: was the index built from another store?"
+                     + (" (NULL_BLOCK, the closed book, only as the whole beam)"
+                        if retrieved_ids.min() == NULL_BLOCK else ""))
   if retrieved_scores is not None:
     retrieved_scores = np.asarray(retrieved_scores, np.float32)
     if retrieved_scores.shape != retrieved_ids.shape:
@@ -314,7 +327,7 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
     answer_ids = ([] if answers_are_regex else
                   [a for a in (vocab.encode(ans) for ans in example.answers)
                    if 0 < len(a) <= max_span_width])
-    for k in range(beam):
+    for k in range(0 if closed_book else beam):  # the closed book's labels stay False
       block_id = int(retrieved_ids[q, k])
       texts = [store.body(block_id)]
       if retriever_label_text == "title_and_body":
@@ -323,12 +336,18 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
 
     block_start = len(question_tokens[q]) + 2  # [CLS] question [SEP]
     room = reader_len - block_start - 1  # the final [SEP] always fits
-    if room < 1:
+    if room < (-1 if closed_book else 1):  # the closed book needs no room for a block
       where = f" ({sources[q]})" if sources[q] else ""
       raise ValueError(
           f"question {q}{where} has {len(question_tokens[q])} wordpieces: with [CLS]/[SEP] it "
-          f"leaves no room for the block in reader_len={reader_len}; questions are never "
-          f"truncated (REALM_SPEC 26), raise reader_len.")
+          + ("does not fit" if closed_book else "leaves no room for the block in")
+          + f" reader_len={reader_len}; questions are never truncated (REALM_SPEC 26), raise "
+          f"reader_len.")
+    if closed_book:  # [CLS] question [SEP] alone in every row: type ids 0, no gold span
+      reader_ids[q, :, :block_start] = [vocab_lib.CLS_ID, *question_tokens[q], vocab_lib.SEP_ID]
+      reader_mask[q, :, :block_start] = 1
+      gold.append([[] for _ in range(reader_beam)])
+      continue
     gold.append([])
     for r in range(reader_beam):
       block_id = int(retrieved_ids[q, r])

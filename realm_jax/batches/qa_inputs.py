@@ -38,6 +38,7 @@ from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
 from realm_jax.data import tensorflow_setup
 from realm_jax.batches import open_qa as qa_batches
+from realm_jax.batches.candidates import NULL_BLOCK
 from realm_jax.models import open_qa
 from realm_jax.batches import inputs
 
@@ -90,6 +91,30 @@ def ranks_texts(retriever: Any) -> bool:
   """Whether a retriever ranks the question texts themselves (`retrieve_texts`: BM25,
   `evaluation.bm25.BM25Searcher`) rather than their embeddings by a question tower."""
   return hasattr(retriever, "retrieve_texts")
+
+
+class ClosedBook:
+  """No retrieval: Atlas's closed-book baseline (`FinetuneJob.candidates='none'`), a retriever
+  that ranks question texts (`ranks_texts`) and returns for each a beam of
+  `candidates.NULL_BLOCK` only, from which `qa_batches.build_open_qa_batch` builds reader rows
+  `[CLS] question [SEP]` with no block. Nothing to embed or search (`block_emb` and
+  `embeddings` None: no retrieval score), no index, no BlockStore identity to check."""
+
+  block_emb = None
+  embeddings = None
+  block_store_id = None
+  num_docs = None
+  step = 0  # no index step: named in the batches' messages only
+
+  def retrieve_texts(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(scores float32 [n, k] zeros, ids int32 [n, k] all `NULL_BLOCK`)."""
+    shape = (len(questions), int(k))
+    return np.zeros(shape, np.float32), np.full(shape, NULL_BLOCK, np.int32)
+
+
+def is_closed_book(retriever: Any) -> bool:
+  """Whether `retriever` reads no blocks (`ClosedBook`)."""
+  return isinstance(retriever, ClosedBook)
 
 
 def host_local_params(params: Any) -> Any:
@@ -157,7 +182,8 @@ class OpenQABatches:
       model: the OpenQAModel (reader beam, span width, whether the document tower trains).
       retriever: an `inputs.IndexRetriever`, an `IndexWatcher` of them, or a provider; or one
         that ranks the question texts (`retrieve_texts(questions, k) -> (scores, ids)` and
-        `block_emb`: `evaluation.bm25.BM25Searcher`); or set it later with `set_retriever`.
+        `block_emb`: `evaluation.bm25.BM25Searcher`, or `ClosedBook`, which retrieves nothing:
+        rows of the question alone); or set it later with `set_retriever`.
       split: the split to train on.
       seed: the data seed (epoch e is permuted with `inputs.epoch_seed(seed, e)`).
       retriever_beam: blocks per question for the retriever loss (clipped to the store size).

@@ -37,8 +37,9 @@ _TERM = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the un
 # slower to build than several small ones.
 QUERY_CHUNK = 16
 # Where the open-QA reader's blocks come from (`FinetuneJob.candidates`,
-# `evaluate_main.candidates`): the dense index, or `BM25Searcher`.
-READER_CANDIDATES = ("index", "bm25")
+# `evaluate_main.candidates`): the dense index, `BM25Searcher`, or none at all (the closed book
+# of the FiD reader, `batches.qa_inputs.ClosedBook`).
+READER_CANDIDATES = ("index", "bm25", "none")
 
 
 def tokenize(text: str) -> list[str]:

@@ -10,6 +10,9 @@ The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each bat
    (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
    generative FiD reader (`models.fid_qa.FidReaderModel`, the same reader rows), its greedy
    answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together);
+   With `qa_inputs.ClosedBook` as the searcher (Atlas's closed-book baseline, a FiD reader
+   trained with `FinetuneJob.candidates='none'`) nothing is retrieved: the reader reads
+   `[CLS] question [SEP]` alone, the predictions' evidence is empty and no recall is reported;
 4. score: ORQA's exact match (`metrics.exact_match`), or for CuratedTrec the regex match
    (`metrics.regex_match`, REALM_SPEC 32); retrieval recall@k = an answer occurs in one of the
    first k blocks (`metrics.has_answer` on the block body, DPR's variant; "string" or "regex"
@@ -79,7 +82,9 @@ class Predictor:
     params: its parameters.
     searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`, or
       with `retrieve_texts(questions, k)` that ranks the question texts instead (BM25,
-      `evaluation.bm25.BM25Searcher`: its zero embeddings add no retrieval score).
+      `evaluation.bm25.BM25Searcher`: its zero embeddings add no retrieval score), or
+      `qa_inputs.ClosedBook` (nothing retrieved: the question alone, no embeddings needed;
+      the only searcher of a closed-book model, `FidReaderModel(closed_book=True)`).
     store: the BlockStore the index was built from.
     vocab: the WordPiece vocabulary.
     block_emb: the index embeddings [num_blocks, proj] (NumPy or JAX), for the reader's
@@ -99,7 +104,11 @@ class Predictor:
       # Prediction reads the published index; a live document tower is a training device.
       model = type(model)(model.config, reader_beam=model.reader_beam)
     _check_searcher(searcher, store)
-    if block_emb is None:
+    self.closed_book = qa_inputs.is_closed_book(searcher)
+    if getattr(model, "closed_book", False) and not self.closed_book:
+      raise ValueError(f"a closed-book reader reads no blocks: its searcher is "
+                       f"qa_inputs.ClosedBook(), not a {type(searcher).__name__}")
+    if block_emb is None and not self.closed_book:
       block_emb = getattr(searcher, "embeddings", None)
       if block_emb is None:
         raise ValueError(f"{type(searcher).__name__} does not expose its embeddings: pass "
@@ -151,7 +160,8 @@ class Predictor:
     if batch_size is not None and num_real < batch_size:
       examples = examples + [examples[-1]] * (batch_size - num_real)
     example_mask = np.arange(len(examples)) < num_real  # [batch]
-    question_emb = self.embed([e.question for e in examples])  # [batch, proj]
+    # [batch, proj]; the closed book embeds nothing (it may have no question tower).
+    question_emb = None if self.closed_book else self.embed([e.question for e in examples])
     if qa_inputs.ranks_texts(self.searcher):  # BM25 ranks the question texts themselves
       scores, ids = self.searcher.retrieve_texts([e.question for e in examples], depth)
     else:
@@ -162,8 +172,9 @@ class Predictor:
         block_emb=self.block_emb, question_len=self.question_len,
         max_span_width=self.model.config.max_span_width, example_mask=example_mask)
     device_batch = qa_batches.model_inputs(batch)
-    # The reader scores blocks with the very embeddings the searcher was queried with.
-    device_batch["question_emb"] = question_emb
+    if question_emb is not None:
+      # The reader scores blocks with the very embeddings the searcher was queried with.
+      device_batch["question_emb"] = question_emb
     keys = getattr(self.model, "prediction_keys", None)
     if keys is not None:  # only what it reads: fixed shapes, one compilation
       device_batch = {key: device_batch[key] for key in keys if key in device_batch}
@@ -191,7 +202,8 @@ class Predictor:
                      "has_prediction"}]}.
     """
     example = QAExample(question=question, answers=(), source="answer_question")
-    num_evidence = num_evidence or self.model.reader_beam
+    # The closed book shows no evidence: it read none.
+    num_evidence = 0 if self.closed_book else num_evidence or self.model.reader_beam
     depth = min(max(num_evidence, self.model.reader_beam), self.store.num_blocks)
     batch, predictions, texts = self.run([example], depth=depth)
     answer = texts[0]
@@ -260,7 +272,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     "invalid_answer_patterns", the answer patterns that do not compile (each a miss)}.
     predictions, one per example, in order: {"question", "prediction", "answers", "block_ids",
     "block_scores", "predicted_block_id", "correct"} (plus "skipped" for a skipped question);
-    block ids and scores are the first `num_evidence` retrieved blocks.
+    block ids and scores are the first `num_evidence` retrieved blocks. With the closed book
+    (`qa_inputs.ClosedBook`) the evidence is empty and the metrics have no recall@k.
 
   Raises:
     ValueError: no examples, an unknown recall_match, examples mixing regex and plain answers,
@@ -279,11 +292,13 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
   predictor = Predictor(model, params, searcher=searcher, store=store, vocab=vocab,
                         block_emb=block_emb, embed_fn=embed_fn, reader_len=reader_len,
                         question_len=question_len)
-  depth = min(max(max(k_values), model.reader_beam), store.num_blocks)
+  closed_book = predictor.closed_book  # nothing retrieved: the reader's rows, no recall
+  depth = (model.reader_beam if closed_book
+           else min(max(max(k_values), model.reader_beam), store.num_blocks))
   if depth < model.reader_beam:
     raise ValueError(f"the store has {store.num_blocks} blocks, fewer than the reader beam "
                      f"({model.reader_beam})")
-  num_evidence = min(num_evidence or model.reader_beam, depth)
+  num_evidence = 0 if closed_book else min(num_evidence or model.reader_beam, depth)
   score_fn = metrics.regex_match if answers_are_regex else metrics.exact_match
   match_mode = "regex" if answers_are_regex else "string"
 
@@ -307,7 +322,9 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     batch, preds, texts = predictor.run(chunk, depth=depth, batch_size=batch_size,
                                         answers_are_regex=answers_are_regex)
     for i, (index, example) in enumerate(zip(indices, chunk)):
-      if recall_match == "substring":
+      if closed_book:
+        pass  # no block: no hit
+      elif recall_match == "substring":
         hits[index] = batch["retriever_correct"][i]
       else:
         hits[index] = [
@@ -333,7 +350,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
 
   results = {("regex_match" if answers_are_regex else "exact_match"):
              float(np.mean([p["correct"] for p in predictions]))}
-  results.update(metrics.top_k_recall(hits, k_values))
+  if not closed_book:
+    results.update(metrics.top_k_recall(hits, k_values))
   results["num_questions"] = len(examples)
   results["skipped_questions"] = len(examples) - len(readable)
   if answers_are_regex:
@@ -402,7 +420,9 @@ def format_answer(result: dict) -> list[str]:
   evidence block (rank, block id, title, retrieval score, snippet; `*` marks the block the
   answer was read from)."""
   source = (f"block {result['block_id']}, joint logit" if result["block_id"] >= 0 else
-            "generated from the blocks read, log-probability")  # a generative reader's
+            # a generative reader's; the closed book's read no block
+            f"generated from {'the blocks read' if result['evidence'] else 'the question alone'}"
+            f", log-probability")
   lines = [f"question: {result['question']}",
            f"answer: {result['answer']!r} ({source} {result['score']:.3f})"]
   for evidence in result["evidence"]:

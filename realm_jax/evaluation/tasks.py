@@ -16,7 +16,10 @@ __all__ = ["ict_query_texts", "ict_task_queries", "registered_tasks", "task_kind
 def task_kind(task: Any) -> Optional[str]:
   """"qa" (question/answers, EM or regex metric), "ict" (queries with their source block's
   uid) or None (a task `python -m realm_jax.evaluate` cannot evaluate, e.g. masked-query
-  pretraining)."""
+  pretraining, or Atlas's pretext, whose sentinel questions and precomputed targets
+  `answer_ids` only the fine-tuning job's dev evaluation reads)."""
+  if "answer_ids" in task.output_features:
+    return None
   metric_fns = list(task.metric_fns)
   if metrics.orqa_exact_match in metric_fns or metrics.curated_trec_regex_match in metric_fns:
     return "qa"

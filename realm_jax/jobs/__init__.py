@@ -27,7 +27,7 @@ def _runnable(cls: type) -> list[type]:
 
 _import_all()
 from realm_jax.jobs.finetune import FinetuneJob  # noqa: E402  (imported above; named here)
-from realm_jax.jobs.ict import IctJob  # noqa: E402
+from realm_jax.jobs.ict import ContrieverJob, IctJob  # noqa: E402
 from realm_jax.jobs.index_job import IndexJob  # noqa: E402
 from realm_jax.jobs.mlm import MlmJob  # noqa: E402
 from realm_jax.jobs.pretrain import PretrainJob  # noqa: E402
@@ -37,10 +37,10 @@ from realm_jax.jobs.retromae import RetroMaeJob  # noqa: E402
 def all_jobs() -> tuple[type, ...]:
   """Every runnable job class defined so far (this package's in pipeline order, then any
   defined elsewhere)."""
-  pipeline = ("mlm", "ict", "retromae", "pretrain", "finetune")
+  pipeline = ("mlm", "ict", "contriever", "retromae", "pretrain", "finetune")
   jobs = dict.fromkeys(_runnable(Job))
   return tuple(sorted(jobs, key=lambda j: pipeline.index(j.name) if j.name in pipeline else 99))
 
 
-__all__ = ["FinetuneJob", "IctJob", "IndexJob", "Job", "MlmJob", "PretrainJob", "RetroMaeJob",
-           "RunContext", "SeqioJob", "all_jobs"]
+__all__ = ["ContrieverJob", "FinetuneJob", "IctJob", "IndexJob", "Job", "MlmJob", "PretrainJob",
+           "RetroMaeJob", "RunContext", "SeqioJob", "all_jobs"]

@@ -6,7 +6,8 @@ when `train_document_tower=True`). The retriever and the reader warm-start from
 `init_checkpoint` (a pretraining checkpoint: the reader's BERT is its encoder's). At every
 checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best checkpoint.
 With `candidates='bm25'` the reader reads BM25's blocks instead (DrQA's pipeline), and the run
-needs no index.
+needs no index; with `candidates='none'` (the FiD reader only) it reads none: Atlas's closed-book
+baseline, no retriever, no index.
 
 Two readers (`reader`): 'extractive' (ORQA's span reader, `models.open_qa`) or 'fid' (Atlas's
 generative Fusion-in-Decoder reader, `models.fid_qa`, shaped by `@FidConfig()` in gin): the same
@@ -114,7 +115,12 @@ class FinetuneJob(IndexJob):
       BlockStore's text, `evaluation.bm25.BM25Searcher`: DrQA's pipeline, the reader trained
       on BM25's top `reader_beam` blocks with no retrieval score added; no index, no index
       watcher, the question tower unused). Evaluate such a run with
-      `evaluate_main.candidates='bm25'`.
+      `evaluate_main.candidates='bm25'`. Or 'none': the closed book (Atlas's baseline without
+      retrieval), `reader='fid'` only: its encoder reads one row per question, `[CLS] question
+      [SEP]` alone (`reader_beam=1`; `retriever_beam` is then 1, the beam's one empty slot), no
+      retriever parameters, no index and no index settings (retriever_objective 'none',
+      retriever_lr_scale 1, ...); the same loss, greedy answers and EM. Evaluate it with
+      `evaluate_main.candidates='none'`.
     reader: 'extractive' (ORQA's span reader, the default) or 'fid' (Atlas's generative
       Fusion-in-Decoder reader, `models.fid_qa.FidReaderModel`: rows `[CLS] question [SEP]
       body [SEP]` of the `reader_beam` blocks read together, trained on the first answer that
@@ -156,7 +162,8 @@ class FinetuneJob(IndexJob):
 
   def __post_init__(self):
     super().__post_init__()
-    self.bm25 = None  # the BM25Searcher of candidates='bm25', built by `start`
+    # The BM25Searcher of candidates='bm25' (qa_inputs.ClosedBook for 'none'), set by `start`.
+    self.bm25 = None
 
   def configure(self, ctx: RunContext) -> None:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top
@@ -190,6 +197,10 @@ class FinetuneJob(IndexJob):
       if realm_jax_tasks.answers_are_regex(task):
         raise ConfigError(f"FinetuneJob.reader='fid' generates answer texts: task "
                           f"{self.task!r} has regex answers (CuratedTrec), none to train on")
+    elif "answer_ids" in task.output_features:  # precomputed decoder targets (batches.fid)
+      raise ConfigError(f"FinetuneJob.task={self.task!r} has decoder targets (Atlas's pretext: "
+                        f"sentinel sequences), which only the generative reader trains on: set "
+                        f"FinetuneJob.reader='fid'")
     splits = tuple(task.splits)
     for what, split in (("the training split", "train"), ("FinetuneJob.eval_split",
                                                           self.eval_split)):
@@ -197,6 +208,8 @@ class FinetuneJob(IndexJob):
         raise ConfigError(f"{what} {split!r}: task {self.task!r} has splits {', '.join(splits)}"
                           + (" (eval_split='' evaluates nothing)" if split == self.eval_split
                              else ""))
+    if self.block_store is None and self.task == "atlas_pretext_toy":  # toy X, the toy store Z
+      self.block_store = realm_jax_tasks.toy_block_store_dir()
     self.open_store()
 
   def default_objective(self) -> str:
@@ -229,6 +242,8 @@ class FinetuneJob(IndexJob):
     if self.candidates not in bm25.READER_CANDIDATES:
       raise ConfigError(f"FinetuneJob.candidates={self.candidates!r}; expected one of "
                         f"{', '.join(bm25.READER_CANDIDATES)}")
+    if self.candidates == "none":
+      self.check_closed_book()
     if self.candidates == "bm25":
       for setting, value, default in (
           ("train_document_tower", self.train_document_tower, False),
@@ -237,6 +252,27 @@ class FinetuneJob(IndexJob):
           raise ConfigError(f"FinetuneJob.{setting}={value!r} trains the retriever, and "
                             f"candidates='bm25' has none to train (BM25 ranks): leave it at "
                             f"{default!r}")
+
+  def check_closed_book(self) -> None:
+    """candidates='none' (closed book): a one-line ConfigError unless the reader is FiD, reads
+    one row and nothing of a retriever or an index is set; `retriever_beam` becomes 1."""
+    if self.reader != "fid":
+      raise ConfigError(f"FinetuneJob.candidates='none' (closed book) reads no block: it needs "
+                        f"the generative reader, reader='fid' (the {self.reader!r} reader's "
+                        f"answers are spans of the blocks it reads)")
+    for setting, value, default in (
+        ("reader_beam", self.reader_beam, 1),
+        ("retriever_objective", self.resolved_objective(), "none"),
+        ("train_document_tower", self.train_document_tower, False),
+        ("retriever_lr_scale", self.retriever_lr_scale, 1.0),
+        ("freeze_retriever_steps", self.freeze_retriever_steps, 0),
+        ("refresh_in_lockstep", self.refresh_in_lockstep, False),
+        ("first_index_checkpoint_dir", self.first_index_checkpoint_dir, None)):
+      if value != default:
+        raise ConfigError(f"FinetuneJob.{setting}={value!r} does not fit candidates='none' "
+                          f"(closed book: one row per question, the question alone; no "
+                          f"retriever, no index): set it to {default!r}")
+    self.retriever_beam = 1  # the closed book's beam: one empty slot (NULL_BLOCK)
 
   def check_reader(self, ctx: RunContext) -> None:
     """A one-line ConfigError unless `reader` is known and fits the other settings (the FiD
@@ -279,7 +315,8 @@ class FinetuneJob(IndexJob):
         return fid_qa.FidReaderModel(
             ctx.model_config, self.fid_model_config(ctx), reader_beam=self.reader_beam,
             retriever_objective=self.resolved_objective(),
-            objective_temperature=self.objective_temperature)
+            objective_temperature=self.objective_temperature,
+            closed_book=self.candidates == "none")
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:
@@ -340,8 +377,9 @@ class FinetuneJob(IndexJob):
                  ) -> tuple[dict, str]:
     """The retriever, and the reader: a fine-tuning checkpoint's reader, or a pretraining
     checkpoint's encoder BERT under a fresh span head (REALM initialises the reader from the
-    knowledge-augmented encoder)."""
-    params = self.warm_start_retriever(checkpoint, params, source)
+    knowledge-augmented encoder). The closed book (candidates='none') has no retriever."""
+    if "retriever" in params:
+      params = self.warm_start_retriever(checkpoint, params, source)
     if self.reader == "fid":
       return self._warm_start_fid(checkpoint, params, source)
     if "reader" in checkpoint:
@@ -366,15 +404,38 @@ class FinetuneJob(IndexJob):
                       ) -> tuple[dict, str]:
     """FiD's parameters: a FiD fine-tuning checkpoint's reader whole, else its encoder from the
     BERT of a pretraining checkpoint's encoder (or an extractive fine-tuning checkpoint's
-    reader), its decoder fresh."""
-    if "fid" in checkpoint:
-      return {**params, "fid": checkpoint["fid"]}, "retriever, FiD reader"
+    reader), its decoder fresh. The closed book (no retriever) needs one of them."""
+    retriever = "retriever, " if "retriever" in params else ""
+    if "fid" in checkpoint:  # e.g. an Atlas pretext run's (experiments/atlas_toy_pretext.gin)
+      return ({**params, "fid": self._same_fid_shapes(params["fid"], checkpoint["fid"], source)},
+              f"{retriever}FiD reader")
     for key, what in (("encoder", "the encoder"), ("reader", "the extractive reader")):
       if key in checkpoint:
         return ({**params, "fid": self._fid_encoder(params, checkpoint[key]["bert"],
                                                     "init_checkpoint", source)},
-                f"retriever, FiD encoder (BERT of {what}; decoder fresh)")
+                f"{retriever}FiD encoder (BERT of {what}; decoder fresh)")
+    if not retriever:
+      raise ConfigError(f"init_checkpoint {source}: no fid, encoder or reader params for the "
+                        f"closed-book reader (has {sorted(checkpoint)}; the closed book has no "
+                        f"retriever)")
     return params, "retriever"
+
+  @staticmethod
+  def _same_fid_shapes(ours: Any, theirs: Any, source: str) -> Any:
+    """`theirs` (a checkpoint's FiD reader), after a one-line ConfigError unless its tree and
+    shapes are this run's (a decoder of other layers or `max_answer_length` positions)."""
+    import jax  # pylint: disable=g-import-not-at-top
+    if jax.tree_util.tree_structure(ours) != jax.tree_util.tree_structure(theirs):
+      raise ConfigError(f"init_checkpoint {source}: its FiD reader's parameter tree is not this "
+                        f"run's (another FidConfig.decoder_layers?): set FidConfig as in the "
+                        f"checkpoint's run (its fid_config.json)")
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(theirs)):
+      if tuple(a.shape) != tuple(b.shape):
+        raise ConfigError(f"init_checkpoint {source}: FiD parameter {jax.tree_util.keystr(path)}"
+                          f" is {tuple(b.shape)} there, {tuple(a.shape)} here (another "
+                          f"FidConfig, e.g. max_answer_length?): set FidConfig as in the "
+                          f"checkpoint's run (its fid_config.json)")
+    return theirs
 
   @staticmethod
   def _fid_encoder(params: dict, bert: Any, knob: str, source: str) -> dict:
@@ -403,10 +464,13 @@ class FinetuneJob(IndexJob):
       if jax.process_index() == 0:  # what `python -m realm_jax.evaluate` rebuilds it from
         fid_qa.write_fid_config(ctx.run_dir, model.fid, reader_beam=self.reader_beam,
                                 reader_len=self.reader_len)
-    if self.candidates == "bm25":
+    if self.candidates in ("bm25", "none"):
+      from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
       from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
-      # No index to watch: BM25's ranking never changes, so no hook either.
-      self.bm25 = bm25.BM25Searcher(self.store, ctx.model_config.proj_size)
+      # No index to watch: BM25's ranking never changes and the closed book reads no block, so
+      # no hook either.
+      self.bm25 = (bm25.BM25Searcher(self.store, ctx.model_config.proj_size)
+                   if self.candidates == "bm25" else qa_inputs.ClosedBook())
       batches.set_retriever(self.bm25)
       hooks = []
     else:
@@ -428,6 +492,10 @@ class FinetuneJob(IndexJob):
     answer_metric = ("regex_match" if examples and examples[0].answers_are_regex
                      else "exact_match")
     watcher, store, bm25 = self.watcher, self.store, self.bm25
+    vocab = None
+    if self.reader == "fid":  # the task's question vocabulary (Atlas's pretext reads sentinels)
+      from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
+      vocab = fid_batches.question_vocabulary(self.task)
 
     def eval_fn(step, state):
       del step
@@ -437,7 +505,7 @@ class FinetuneJob(IndexJob):
       results, _ = evaluate_lib.evaluate(
           model, params, examples, searcher=retriever.searcher if bm25 is None else bm25,
           store=store, block_emb=retriever.block_emb, batch_size=ctx.batch_size,
-          reader_len=self.reader_len)
+          reader_len=self.reader_len, vocab=vocab)
       return {f"eval/{name}": float(value) for name, value in results.items()}
 
     return eval_fn, f"eval/{answer_metric}"
@@ -494,7 +562,8 @@ class FinetuneJob(IndexJob):
     what = {"none": "", "lora": f"LoRA r {self.lora_rank} alpha {self.lora_alpha:g} on "
                                 f"{'/'.join(self.lora_targets)}",
             "adapters": f"adapters of {self.adapter_size}"}.get(self.peft, "")
-    candidates = "candidates: BM25's blocks (no index)" if self.candidates == "bm25" else ""
+    candidates = {"bm25": "candidates: BM25's blocks (no index)",
+                  "none": "closed book (no retrieval, no index)"}.get(self.candidates, "")
     reader = ""
     if self.reader == "fid":
       fields = dict(self.fid.fields) if self.fid is not None else {}

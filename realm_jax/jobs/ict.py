@@ -1,9 +1,15 @@
-"""`ict`: the Inverse Cloze Task warm start of the retriever (REALM_SPEC 14, ORQA).
+"""`ict`: the Inverse Cloze Task warm start of the retriever (REALM_SPEC 14, ORQA), and
+`contriever`, Contriever's (Izacard et al. 2021) beside it.
 
 The towers' BERT starts from `init_checkpoint`'s encoder (a converted BERT or an `mlm`
 checkpoint) when one is given: REALM warm-starts ICT from BERT. With `continue_retriever`, the
 checkpoint's whole retriever is continued instead (a RetroMAE run's: ICT as the contrastive
 stage after RetroMAE, as RetroMAE's paper fine-tunes its pre-trained encoder contrastively).
+
+`ContrieverJob` trains the same model (`IctModel`, in-batch negatives) on a
+`contriever_<corpus>` task: two independent random crops of one block are the positive pair
+(realm_jax.data.contriever). Its checkpoints are ICT checkpoints to everything downstream (the
+first index, pretraining's and fine-tuning's retriever warm start).
 """
 
 from __future__ import annotations
@@ -95,3 +101,98 @@ class IctJob(SeqioJob):
     if self.continue_retriever:
       return continue_retriever(checkpoint, params, source)
     return towers_from_encoder(checkpoint, params, source)
+
+
+@gin.configurable
+@dataclasses.dataclass
+class ContrieverJob(SeqioJob):
+  """IctModel on a `contriever_<corpus>` task: Contriever's independent random crops.
+
+  A job beside `IctJob` rather than a subclass, so that ICT's settings (its removal
+  probability) are refused on it by gin. Its warm start is IctJob's (every tower's BERT from
+  `init_checkpoint`'s encoder). `contriever_toy` is registered over the toy BlockStore when a
+  run names it; another corpus's `contriever_<corpus>` over `block_store`
+  (`realm_jax_tasks.register_corpus_for_task`).
+
+  Attributes:
+    min_crop_ratio: the shortest crop, as a fraction of its block's body (Contriever: 0.1).
+      Both ratios apply to a task that train registers (over `block_store`, or the toy
+      world's); other ratios on a task registered before are refused.
+    max_crop_ratio: the longest crop, as a fraction of its block's body (Contriever: 0.5).
+    similarity: "dot" (the retriever's relevance score, ICT's) or "cosine" (Contriever's).
+    temperature: the in-batch scores are divided by it (1.0: ICT's loss; Contriever: 0.05 over
+      cosines). gin_configs/experiments/contriever_toy.gin says which the toy world uses and
+      why.
+  """
+  # realm_jax.data.contriever's MIN_CROP_RATIO and MAX_CROP_RATIO (not imported: --help stays
+  # instant).
+  min_crop_ratio: float = 0.1
+  max_crop_ratio: float = 0.5
+  similarity: str = "dot"
+  temperature: float = 1.0
+
+  name = "contriever"
+  feature_keys = "ICT_BATCH_KEYS"
+  warm_start_bert_only = True
+
+  def configure(self, ctx: RunContext) -> None:
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import contriever as contriever_data  # pylint: disable=g-import-not-at-top
+    from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
+    try:
+      contriever_data.check_crop_ratios(self.min_crop_ratio, self.max_crop_ratio)
+    except ValueError as e:
+      raise ConfigError(f"ContrieverJob.min_crop_ratio={self.min_crop_ratio!r}, "
+                        f"max_crop_ratio={self.max_crop_ratio!r}: expected 0 < min_crop_ratio "
+                        f"<= max_crop_ratio <= 1") from e
+    try:
+      realm.IctModel(ctx.model_config, similarity=self.similarity,
+                     temperature=self.temperature)
+    except ValueError as e:
+      raise ConfigError(str(e).replace("IctModel: ", "ContrieverJob.")) from e
+    if not self.task.startswith("contriever_"):
+      hint = (f" (Contriever's crop pairs of that corpus are the task "
+              f"'contriever_{self.task[len('ict_'):]}')" if self.task.startswith("ict_") else "")
+      raise ConfigError(f"ContrieverJob.task={self.task!r} does not fit job 'contriever' "
+                        f"(expected a contriever_* task{hint})")
+    ratios = {"min_crop_ratio": float(self.min_crop_ratio),
+              "max_crop_ratio": float(self.max_crop_ratio)}
+    if self.block_store is not None:
+      registered = self.register_corpus(**ratios)
+    elif self.task == "contriever_toy":
+      # The toy world's task is this job's own (the toy store, its block length): registered,
+      # or registered again with this run's ratios.
+      realm_jax_tasks.pretraining.register_contriever_task(
+          "toy", block_store=realm_jax_tasks.toy_block_store_dir,
+          block_len=realm_jax_tasks.TOY_BLOCK_LEN, **ratios)
+      registered = True
+    else:
+      registered = False
+    default_ratios = (self.min_crop_ratio, self.max_crop_ratio) == (
+        contriever_data.MIN_CROP_RATIO, contriever_data.MAX_CROP_RATIO)
+    if not registered and not default_ratios and _registered(self.task):
+      # The ratios are fixed when a task is registered; this one was registered before.
+      raise ConfigError(f"ContrieverJob.min_crop_ratio/max_crop_ratio apply to a task that "
+                        f"train registers; task {self.task!r} is registered already with its "
+                        f"own (set them where it is registered: "
+                        f"realm_jax_tasks.pretraining.register_contriever_task)")
+    self.check_task_prefix("contriever_")
+
+  def build_model(self, ctx: RunContext) -> Any:
+    from realm_jax.models import realm  # pylint: disable=g-import-not-at-top
+    return realm.IctModel(ctx.model_config, similarity=self.similarity,
+                          temperature=self.temperature)
+
+  def describe(self) -> str:
+    return (f"crops {self.min_crop_ratio:g}-{self.max_crop_ratio:g} of a block, "
+            f"{self.similarity} scores / {self.temperature:g}")
+
+  def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
+                 ) -> tuple[dict, str]:
+    """Every retriever tower's BERT from the checkpoint's encoder, as IctJob's."""
+    return towers_from_encoder(checkpoint, params, source, what="Contriever")
+
+
+def _registered(task: str) -> bool:
+  import seqio  # pylint: disable=g-import-not-at-top
+  return task in seqio.TaskRegistry.names()

@@ -54,9 +54,15 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
   detokenised with the project's WordPiece vocabulary (`detokenize`); EM is then ORQA's
   `metrics.exact_match` on the text, as for the extractive reader.
 
+* **Closed book** (`closed_book=True`, `FinetuneJob.candidates='none'`: Atlas's closed-book
+  baseline, the same encoder-decoder with no retrieval): one reader row per question,
+  `[CLS] question [SEP]` alone (`batches.open_qa.build_open_qa_batch` over a beam of
+  `NULL_BLOCK`), so the decoder's memory holds the question's tokens only; no retriever at all
+  (no parameters, no objective), the same loss, decoding and EM.
+
 Parameters: `{"retriever": RealmRetriever params, "fid": FidModel params}` (the checkpoints'
 RealmConfig is the run's model config, the retriever's; the FidConfig is written beside the run,
-`<run_dir>/fid_config.json`, for `python -m realm_jax.evaluate`).
+`<run_dir>/fid_config.json`, for `python -m realm_jax.evaluate`); closed book: `{"fid"}` only.
 """
 
 from __future__ import annotations
@@ -215,6 +221,8 @@ class FidReaderModel(ParamsFromBoxedInit):
     retriever_objective: "none" (the question tower only retrieves) or Atlas's "adist",
       "emdr2", "pdist", "loop" over the K read blocks (module docstring; `OBJECTIVES`).
     objective_temperature: T of the retriever's softmax(scores / T) (1.0 with "none").
+    closed_book: no retrieval (module docstring): the question alone in one row
+      (`reader_beam` 1), no retriever parameters, `retriever_objective` "none".
   """
 
   config: RealmConfig
@@ -222,6 +230,7 @@ class FidReaderModel(ParamsFromBoxedInit):
   reader_beam: int = 5
   retriever_objective: str = "none"
   objective_temperature: float = 1.0
+  closed_book: bool = False
 
   # What the batch source and the predictor ask every open-QA model.
   train_document_tower = False
@@ -236,6 +245,10 @@ class FidReaderModel(ParamsFromBoxedInit):
     if self.reader_beam < 1:
       raise ValueError(f"reader_beam must be positive, got {self.reader_beam}")
     check_objective(self.retriever_objective, self.objective_temperature)
+    if self.closed_book and (self.reader_beam != 1 or self.retriever_objective != "none"):
+      raise ValueError(f"the closed-book reader reads one row per question (the question alone) "
+                       f"and has no retriever: reader_beam={self.reader_beam} and "
+                       f"retriever_objective={self.retriever_objective!r} must be 1 and 'none'")
 
   @property
   def train_question_tower(self) -> bool:
@@ -244,9 +257,11 @@ class FidReaderModel(ParamsFromBoxedInit):
     return self.retriever_objective != "none"
 
   def _boxed_init(self, rng: Array) -> Params:
-    retriever_rng, fid_rng = jax.random.split(rng)
-    return {"retriever": init_retriever_params(self.config, retriever_rng),
-            "fid": fid_lib.init_params(self.fid, fid_rng)}
+    retriever_rng, fid_rng = jax.random.split(rng)  # closed book: the same FiD init
+    fid = {"fid": fid_lib.init_params(self.fid, fid_rng)}
+    if self.closed_book:
+      return fid
+    return {"retriever": init_retriever_params(self.config, retriever_rng), **fid}
 
   def _check_rows(self, batch: Batch) -> None:
     if batch["reader_ids"].shape[1] != self.reader_beam:
@@ -374,6 +389,8 @@ class FidReaderModel(ParamsFromBoxedInit):
 
   def embed_questions(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
     """[Q, question_len] question ids -> [Q, proj] question embeddings (the search's)."""
+    if self.closed_book:
+      raise ValueError("the closed-book reader has no question tower: nothing to embed")
     return RealmRetriever(self.config).apply(
         {"params": params["retriever"]}, batch["question_ids"], batch.get("question_type_ids"),
         batch["question_mask"], deterministic=rng is None, rngs=dropout_rngs(rng),
@@ -388,7 +405,8 @@ class FidReaderModel(ParamsFromBoxedInit):
       log-probability, EOS included), block_index / block_id [Q] (-1: FiD reads the K blocks
       together, no single block holds its answer), retrieval_scores [Q, beam] (question .
       index embedding, with `question_emb` from the batch when given, as the extractive
-      reader's) and retrieved_block_ids [Q, beam].
+      reader's; zeros for the closed book, which retrieves nothing) and retrieved_block_ids
+      [Q, beam].
     """
     self._check_rows(batch)
     cfg = self.fid
@@ -399,12 +417,13 @@ class FidReaderModel(ParamsFromBoxedInit):
         {"params": params["fid"]}, batch["reader_ids"], batch["reader_mask"],
         fid_lib.shift_right(tokens, cfg.bos_id), batch["reader_type_ids"])
     log_prob = fid_lib.sequence_log_probs(logits, tokens, cfg.eos_id)  # [Q]
-    question_emb = batch.get("question_emb")
-    if question_emb is None:
-      question_emb = self.embed_questions(params, batch)
     retrieved = jnp.asarray(batch["retrieved_block_ids"])  # [Q, beam]
-    scores = (relevance_scores(question_emb, batch["retrieved_block_emb"])
-              if "retrieved_block_emb" in batch else jnp.zeros(retrieved.shape, jnp.float32))
+    scores = jnp.zeros(retrieved.shape, jnp.float32)
+    if "retrieved_block_emb" in batch and not self.closed_book:
+      question_emb = batch.get("question_emb")
+      if question_emb is None:
+        question_emb = self.embed_questions(params, batch)
+      scores = relevance_scores(question_emb, batch["retrieved_block_emb"])
     none = jnp.full(tokens.shape[:1], -1, jnp.int32)
     return {"answer_tokens": tokens, "logit": log_prob, "block_index": none, "block_id": none,
             "retrieval_scores": scores, "retrieved_block_ids": retrieved}

@@ -36,6 +36,8 @@ Array = jax.Array
 Params = Any
 Batch = dict[str, Array]
 
+# IctModel's in-batch scores: the dot products (ICT) or the cosines (Contriever's form).
+ICT_SIMILARITIES = ("dot", "cosine")
 # Shapes used only to trace `init`; parameters do not depend on them.
 _INIT_QUERY_LEN = 8
 _INIT_BLOCK_LEN = 8
@@ -123,13 +125,46 @@ class IctModel(ParamsFromBoxedInit):
   block_type_ids, block_mask [B, 288]. The loss is a softmax over every block of the batch.
   Under `jit` with the batch sharded over devices, the [B, B] score matrix is computed from the
   global arrays, so XLA gathers the block embeddings of all devices: in-batch negatives span the
-  global batch, as the authors' 4096-example batches did.
+  global batch, as the authors' 4096-example batches did. The `contriever_<corpus>` tasks have
+  the same batch (two random crops of a block).
+
+  Attributes:
+    config: model configuration.
+    similarity: the in-batch scores: "dot", the retriever's own relevance score (ICT, REALM;
+      the embeddings end in a LayerNorm, so a score is already on a fixed scale: proj_size x
+      cosine at the LayerNorm's initial gain), or "cosine", the embeddings' cosine
+      (Contriever's form; the index still ranks by dot product).
+    temperature: the scores are divided by it (1.0: ICT's loss, unchanged; Contriever: cosine
+      over 0.05).
   """
 
   config: RealmConfig
+  similarity: str = "dot"
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if self.similarity not in ICT_SIMILARITIES:
+      raise ValueError(f"IctModel: similarity={self.similarity!r} is not one of "
+                       f"{', '.join(ICT_SIMILARITIES)}")
+    if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+        or not self.temperature > 0):
+      raise ValueError(f"IctModel: temperature={self.temperature!r}: expected a number > 0")
 
   def _boxed_init(self, rng: Array) -> Params:
     return {"retriever": init_retriever_params(self.config, rng)}
+
+  def _in_batch_loss(self, query_emb: Array, block_emb: Array) -> tuple[Array, dict]:
+    """`losses.in_batch_softmax_loss` over the scores `similarity` / `temperature` (the
+    defaults: the plain dot products, nothing added)."""
+    if self.similarity == "cosine":
+      normalize = lambda x: x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, -1, keepdims=True),
+                                                          1e-12))
+      query_emb = normalize(query_emb.astype(jnp.float32))
+      block_emb = normalize(block_emb.astype(jnp.float32))
+    if self.temperature != 1.0:
+      # (q / T) . b = (q . b) / T
+      query_emb = query_emb.astype(jnp.float32) / self.temperature
+    return losses.in_batch_softmax_loss(query_emb, block_emb)
 
   def _embed(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, Array]:
     retriever = RealmRetriever(self.config)
@@ -150,13 +185,13 @@ class IctModel(ParamsFromBoxedInit):
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
     query_emb, block_emb = self._embed(params, batch, rng)
-    loss, aux = losses.in_batch_softmax_loss(query_emb, block_emb)
+    loss, aux = self._in_batch_loss(query_emb, block_emb)
     return loss, {"loss_sum": aux["loss_sum"], "weight_sum": aux["weight_sum"],
                   "accuracy_sum": aux["accuracy_sum"]}
 
   def eval_fn(self, params: Params, batch: Batch) -> dict:
     query_emb, block_emb = self._embed(params, batch, None)
-    _, aux = losses.in_batch_softmax_loss(query_emb, block_emb)
+    _, aux = self._in_batch_loss(query_emb, block_emb)
     return {"loss_sum": aux["loss_sum"], "weight_sum": aux["weight_sum"],
             "accuracy_sum": aux["accuracy_sum"]}
 

@@ -214,3 +214,91 @@ def test_fid_config_in_gin_refuses_the_encoder_and_unknown_fields():
     jobs.finetune.fid_config(bert=None)
   with pytest.raises(ConfigError, match="unknown field"):
     jobs.finetune.fid_config(decoder_layer=2)
+
+
+# -- precomputed targets (Atlas's MLM pretext, realm_jax_tasks.atlas)
+
+
+def test_answer_targets_take_precomputed_ids_as_they_are():
+  vocab = vocab_lib.default_vocabulary()
+  rome = vocab.encode("Rome")
+  targets, mask, chosen = fid_batches.answer_targets(
+      [["an answer string never encoded"], ["Rome"], ["x"]], vocab, max_answer_length=5,
+      answer_ids=[(1, 5000, 2, 5001), None, (1, 5000, 5001, 5002, 5003)])
+  # Question 0: its ids (sentinel 1, 5000, sentinel 2, 5001) and EOS, exactly 5.
+  np.testing.assert_array_equal(targets[0], [1, 5000, 2, 5001, SEP])
+  np.testing.assert_array_equal(mask[0], [1] * 5)
+  # Question 1: no ids, its answer encoded.
+  np.testing.assert_array_equal(targets[1], [*rome, SEP, PAD, PAD, PAD])
+  # Question 2: 5 ids and EOS do not fit 5 positions; its answer string is not a fallback.
+  assert not targets[2].any() and not mask[2].any()
+  np.testing.assert_array_equal(chosen, [0, 0, -1])
+
+
+def test_a_pretext_example_trains_on_its_ids_and_reads_its_sentinels(store):
+  """A question holding a sentinel's name, read by the sentinel vocabulary: the reader row
+  holds the sentinel's id; the targets are the example's ids, not its answer string."""
+  from realm_jax.data import sentinels  # pylint: disable=import-outside-toplevel
+  vocab = sentinels.sentinel_vocabulary()
+  where, was, born, mark, alpha = [vocab_lib.default_vocabulary().token_to_id(t)
+                                   for t in ("where", "was", "born", "?", "alpha")]
+  example = fid_batches.TargetedExample(question="Where was [unused0] born?",
+                                        answers=("[unused0] alpha",), answer_ids=(1, alpha))
+  batch = fid_batches.build_fid_batch(store, [example], np.array([[0, 1]]),
+                                      max_answer_length=4, vocab=vocab, reader_beam=2,
+                                      reader_len=24, question_len=16)
+  question = [CLS, where, was, 1, born, mark, SEP]
+  np.testing.assert_array_equal(batch["question_ids"][0, :7], question)
+  row = [*question, *vocab.encode(DOCS[0][1]), SEP]
+  np.testing.assert_array_equal(batch["reader_ids"][0, 0, :len(row)], row)
+  np.testing.assert_array_equal(batch["answer_targets"], [[1, alpha, SEP, PAD]])
+  np.testing.assert_array_equal(batch["answer_mask"], [[1, 1, 1, 0]])
+
+
+def test_precomputed_targets_join_examples_by_their_index_in_the_split():
+  examples = [QAExample("q two", ("a",), source="t/train:2"),
+              QAExample("q zero", ("b",), source="t/train:0")]
+  targets = [("q zero", (1, 7)), ("q one", (1, 8)), ("q two", (1, 9))]
+  joined = fid_batches.with_answer_ids(examples, targets)
+  assert [(e.question, e.answers, e.source, e.answer_ids) for e in joined] == [
+      ("q two", ("a",), "t/train:2", (1, 9)), ("q zero", ("b",), "t/train:0", (1, 7))]
+  with pytest.raises(ValueError, match="another question's"):
+    fid_batches.with_answer_ids([QAExample("q one", ("a",), source="t/train:0")], targets)
+  with pytest.raises(ValueError, match="no precomputed target"):
+    fid_batches.with_answer_ids([QAExample("q", ("a",), source="t/train:3")], targets)
+
+
+def test_a_tasks_question_vocabulary():
+  from realm_jax.data import sentinels  # pylint: disable=import-outside-toplevel
+  assert fid_batches.question_vocabulary("toy_qa") is vocab_lib.default_vocabulary()
+  assert isinstance(fid_batches.question_vocabulary("atlas_pretext_toy"),
+                    sentinels.SentinelVocabulary)
+  assert fid_batches.task_answer_ids("toy_qa", "dev") is None
+
+
+def test_a_pretext_task_needs_the_fid_reader(tmp_path):
+  job = jobs.FinetuneJob(task="atlas_pretext_toy")
+  with pytest.raises(ConfigError, match="set FinetuneJob.reader='fid'"):
+    job.configure(_ctx(tmp_path))
+
+
+def test_a_fid_checkpoint_of_another_shape_is_a_one_line_config_error(tmp_path):
+  ctx = _ctx(tmp_path)
+  job = jobs.FinetuneJob(task="toy_qa", reader="fid")
+  import jax  # pylint: disable=import-outside-toplevel
+
+  def shapes(**fields):
+    model = fid_qa.FidReaderModel(ctx.model_config, fid_lib.FidConfig.from_bert(
+        ctx.model_config.bert, **{"decoder_layers": 1, "max_answer_length": 16, **fields}))
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype),
+                        jax.eval_shape(model.init, jax.random.PRNGKey(0)))
+
+  fresh = shapes()
+  params, taken = job.warm_start(fresh, fresh, "same/5")
+  assert taken == "retriever, FiD reader"
+  width = ctx.model_config.bert.hidden_size
+  with pytest.raises(ConfigError, match=rf"position_embeddings.*is \(32, {width}\) there, "
+                                        rf"\(16, {width}\) here.*max_answer_length"):
+    job.warm_start({**fresh, "fid": shapes(max_answer_length=32)["fid"]}, fresh, "longer/5")
+  with pytest.raises(ConfigError, match="parameter tree is not this run's"):
+    job.warm_start({**fresh, "fid": shapes(decoder_layers=2)["fid"]}, fresh, "deeper/5")

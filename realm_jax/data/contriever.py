@@ -1,0 +1,134 @@
+"""Contriever's positive pairs: two independent random crops of one block (Izacard et al. 2021,
+"Unsupervised dense information retrieval with contrastive learning"), an alternative to ICT's
+sentence-and-block pairs for the retriever's warm start.
+
+Each crop is a contiguous span of the block body's wordpieces whose length is a fraction
+`ratio ~ U[min_ratio, max_ratio]` (0.1-0.5 in the paper) of the body, `length =
+max(1, floor(ratio * n))` wordpieces starting at `start ~ U{0, ..., n - length}`, as
+Contriever's `randomcrop`. The two crops are drawn independently (ratio, then start, for crop 1,
+then crop 2), so they may overlap, nest or be disjoint. The example has exactly ICT's layout
+(`realm_jax.data.ict`), so `IctModel` trains on it unchanged: crop 1 is the query row `[CLS]
+crop1 [SEP]` (no title, as ICT's query sentence), crop 2 the block row `[CLS] title [SEP] crop2
+[SEP]` (with the title, as ICT's block and as every indexed block: the document tower always
+reads a title). A crop longer than its row is cut at its end, so at paper scale (288-wordpiece
+blocks, 64-wordpiece queries) a long query crop is shorter than its drawn ratio.
+
+The body is tokenised alone (`vocab.encode`, the same wordpieces the BlockStore holds) and the
+crops count wordpieces, not words (Contriever crops tokens of its own tokenizer). Contriever's
+optional token deletion/replacement augmentations are not applied.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from realm_jax.data.masking import SkipCounter
+from realm_jax.data.vocab import CLS_ID, SEP_ID, WordPieceVocabulary, default_vocabulary
+
+QUERY_LEN = 64
+BLOCK_LEN = 288
+MIN_CROP_RATIO = 0.1
+MAX_CROP_RATIO = 0.5
+
+
+def check_crop_ratios(min_ratio: float, max_ratio: float) -> None:
+  """ValueError (one line, naming both) unless 0 < min_ratio <= max_ratio <= 1."""
+  for value in (min_ratio, max_ratio):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ValueError(f"crop ratios must be numbers, got min_ratio={min_ratio!r}, "
+                       f"max_ratio={max_ratio!r}")
+  if not 0 < min_ratio <= max_ratio <= 1:
+    raise ValueError(f"crop ratios must satisfy 0 < min_ratio <= max_ratio <= 1, got "
+                     f"min_ratio={min_ratio!r}, max_ratio={max_ratio!r}")
+
+
+def random_crop(num_tokens: int, rng: np.random.Generator, min_ratio: float = MIN_CROP_RATIO,
+                max_ratio: float = MAX_CROP_RATIO) -> tuple[int, int]:
+  """One crop `[start, end)` of a sequence of `num_tokens` (>= 1) wordpieces.
+
+  Two draws, in order: `ratio = rng.uniform(min_ratio, max_ratio)`, then `start =
+  rng.integers(0, num_tokens - length + 1)` with `length = max(1, floor(ratio * num_tokens))`.
+  """
+  check_crop_ratios(min_ratio, max_ratio)
+  if num_tokens < 1:
+    raise ValueError(f"random_crop needs at least one token, got {num_tokens}")
+  ratio = float(rng.uniform(min_ratio, max_ratio))
+  length = max(1, math.floor(ratio * num_tokens))
+  start = int(rng.integers(0, num_tokens - length + 1))
+  return start, start + length
+
+
+def make_contriever_example(title: str, body_text: str, *, rng: np.random.Generator,
+                            vocab: WordPieceVocabulary | None = None,
+                            query_len: int = QUERY_LEN, block_len: int = BLOCK_LEN,
+                            min_ratio: float = MIN_CROP_RATIO, max_ratio: float = MAX_CROP_RATIO,
+                            skips: SkipCounter | None = None) -> dict[str, Any] | None:
+  """One Contriever pair from a block, in ICT's example layout.
+
+  Args:
+    title: the block's title (in the block row only).
+    body_text: the block's body text, cropped twice.
+    rng: the only source of randomness: crop 1's ratio and start, then crop 2's.
+    vocab: WordPiece vocabulary (the bundled BERT uncased one by default).
+    query_len: length of the query row `[CLS] crop1 [SEP]` (crop 1 cut to query_len - 2).
+    block_len: length of the block row `[CLS] title [SEP] crop2 [SEP]` (the title cut to
+      block_len - 3, crop 2 to what is left).
+    min_ratio, max_ratio: the bounds of a crop's length as a fraction of the body (0.1, 0.5).
+    skips: counts the reason whenever None is returned: "no_tokens" (the body has no
+      wordpieces), "empty_block_body" (a title filling the block row).
+
+  Returns:
+    None (reason counted), or a dict:
+      query_ids, query_mask: int32 [query_len].
+      block_ids, block_type_ids, block_mask: int32 [block_len] (types as ICT's: 0 on
+        [CLS] title [SEP], 1 on crop 2 and its [SEP], 0 on padding).
+      block_uid: uint64 `corpus.content_uid(title, body_text)`, the whole block's uid.
+      query_span, block_span: int32 [2], each crop's [start, end) in the body's wordpieces as
+        drawn (before any cut to its row).
+  """
+  from realm_jax.data.corpus import content_uid  # pylint: disable=g-import-not-at-top
+
+  vocab = vocab or default_vocabulary()
+  skips = skips if skips is not None else SkipCounter()
+  if query_len < 3 or block_len < 4:
+    raise ValueError(f"query_len must be >= 3 and block_len >= 4, got {query_len}, {block_len}.")
+  check_crop_ratios(min_ratio, max_ratio)
+
+  body = vocab.encode(body_text)
+  if not body:
+    return skips.skip("no_tokens")
+  query_span = random_crop(len(body), rng, min_ratio, max_ratio)
+  block_span = random_crop(len(body), rng, min_ratio, max_ratio)
+
+  title_tokens = vocab.encode(title)[:block_len - 3]
+  crop2 = body[block_span[0]:block_span[1]][:block_len - 3 - len(title_tokens)]
+  if not crop2:
+    return skips.skip("empty_block_body")
+  crop1 = body[query_span[0]:query_span[1]][:query_len - 2]
+
+  # [query_len]
+  query_ids = np.zeros([query_len], np.int32)
+  query_ids[:len(crop1) + 2] = [CLS_ID, *crop1, SEP_ID]
+  query_mask = (np.arange(query_len) < len(crop1) + 2).astype(np.int32)
+
+  # [block_len]
+  num_title, num_body = len(title_tokens) + 2, len(crop2) + 1  # with CLS/SEP and SEP
+  block_ids = np.zeros([block_len], np.int32)
+  block_ids[:num_title + num_body] = [CLS_ID, *title_tokens, SEP_ID, *crop2, SEP_ID]
+  block_type_ids = np.zeros([block_len], np.int32)
+  block_type_ids[num_title:num_title + num_body] = 1
+  block_mask = (np.arange(block_len) < num_title + num_body).astype(np.int32)
+
+  return {
+      "query_ids": query_ids,
+      "query_mask": query_mask,
+      "block_ids": block_ids,
+      "block_type_ids": block_type_ids,
+      "block_mask": block_mask,
+      "block_uid": np.uint64(content_uid(title, body_text)),
+      "query_span": np.array(query_span, np.int32),
+      "block_span": np.array(block_span, np.int32),
+  }
