@@ -231,7 +231,7 @@ def paired(rows: Mapping[str, Mapping[int, dict]], a: str, b: str, key: str
   """(seeds, paired difference of `key`, row a minus row b) over the seeds both rows have a
   finite value for; None when there is none."""
   seeds = tuple(seed for seed in sorted(set(rows.get(a, {})) & set(rows.get(b, {})))
-                if all(_finite(rows[r][seed].get(key)) for r in (a, b)))
+                if all(finite(rows[r][seed].get(key)) for r in (a, b)))
   if not seeds:
     return None
   return seeds, paired_difference([rows[a][s][key] for s in seeds],
@@ -243,7 +243,7 @@ def direction_verdict(d: PairedDifference) -> str:
   seed" when every per-seed difference is positive, "beyond two standard errors" when the mean
   exceeds twice its standard error."""
   every = d.all_agree and d.mean > 0
-  beyond = _finite(d.standard_error) and d.mean > 2 * d.standard_error
+  beyond = finite(d.standard_error) and d.mean > 2 * d.standard_error
   if every and beyond:
     return "holds in every seed, beyond two standard errors"
   if every:
@@ -260,7 +260,7 @@ def direction_verdict(d: PairedDifference) -> str:
 def two_sided_verdict(d: PairedDifference) -> str:
   """For a comparison that predicts no sign: whether every seed agrees and whether |mean|
   exceeds two standard errors."""
-  beyond = _finite(d.standard_error) and abs(d.mean) > 2 * d.standard_error
+  beyond = finite(d.standard_error) and abs(d.mean) > 2 * d.standard_error
   if d.all_agree and beyond:
     return "same sign in every seed, beyond two standard errors"
   if d.all_agree:
@@ -272,12 +272,12 @@ def two_sided_verdict(d: PairedDifference) -> str:
 
 def format_difference(seeds: Sequence[int], d: PairedDifference) -> str:
   """`+0.083 ± 0.017 (seeds 0, 1, 2: +0.100, +0.050, +0.100)`: mean ± standard error."""
-  se = f"{d.standard_error:.3f}" if _finite(d.standard_error) else "n/a"
+  se = f"{d.standard_error:.3f}" if finite(d.standard_error) else "n/a"
   return (f"{d.mean:+.3f} ± {se} (seeds {', '.join(map(str, seeds))}: "
           f"{', '.join(f'{x:+.3f}' for x in d.per_seed)})")
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
   return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -576,7 +576,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
 def mean_sd_cell(values: Sequence[Optional[float]], digits: int = 3) -> str:
   """`mean ± sample standard deviation` of the finite values ("n/a" when none; the mean alone
   for one)."""
-  values = [v for v in values if _finite(v)]
+  values = [v for v in values if finite(v)]
   if not values:
     return "n/a"
   # Thousands grouped: parameter counts read as 8,788,801.
@@ -655,7 +655,7 @@ def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
   effects = [(direction, e) for direction, key, _, e in direction_stats(rows) if key == EM]
   if effects:
     direction, e = min(effects, key=lambda item: abs(item[1].mean))
-    se = f"{e.standard_error:.3f}" if _finite(e.standard_error) else "n/a"
+    se = f"{e.standard_error:.3f}" if finite(e.standard_error) else "n/a"
     text += (f" The smallest direction effect on {COLUMN_TITLES[EM]}, {direction.says}: "
              f"{e.mean:+.3f} ± {se}")
     text += (f", {abs(e.mean) / sd:.1f} times the noise's standard deviation." if sd > 0

@@ -1,0 +1,391 @@
+"""bench/atlas.py: the plan of cells, the commands a cell runs, which cells are made or reused,
+the tables and the paired comparisons on made-up cells (numbers worked out by hand in the
+comments), and the fingerprint over the gins its rows read. No training runs here (the runs
+themselves are tests/test_fid_finetune_run.py's, test_atlas_pretext_run.py's,
+test_closed_book_run.py's and test_contriever_run.py's)."""
+
+import fnmatch
+import json
+import os
+import re
+import sys
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO_ROOT not in sys.path:
+  sys.path.insert(0, REPO_ROOT)
+
+from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
+from bench import atlas  # noqa: E402  pylint: disable=wrong-import-position
+
+PY = sys.executable
+DEV_PICKED = "step 300: best by eval/exact_match=0.03 in best.json"
+CKPT = "/o/seed1/realm/pretrain/checkpoints/400"
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def test_the_plan_makes_the_pretraining_cell_first_then_every_row_at_every_size():
+  assert atlas.plan(("fid", "contriever"), ("all", "64"), (0, 1)) == [
+      (0, "extractive", "all"), (0, "fid", "64"), (0, "fid", "all"), (0, "contriever", "all"),
+      (1, "extractive", "all"), (1, "fid", "64"), (1, "fid", "all"), (1, "contriever", "all")]
+  # The extractive row's own few-shot cells after its all-questions cell, made once.
+  assert atlas.plan(("extractive",), ("256", "64"), (3,)) == [
+      (3, "extractive", "all"), (3, "extractive", "64"), (3, "extractive", "256")]
+  # Everything: 8 main rows (extractive, fid, 4 objectives, pretext, closed book) x 3 sizes,
+  # the base among them, + Contriever's one cell.
+  everything = atlas.plan((), atlas.DEFAULT_SIZES, (0,))
+  assert len(everything) == 8 * 3 + 1 and len(set(everything)) == len(everything)
+  assert [row for _, row, _ in everything[1:4]] == ["extractive", "extractive", "fid"]
+
+
+def test_sizes_are_all_or_positive_counts_smallest_first():
+  assert atlas.sorted_sizes(["all", "256", "64", "64"]) == ("64", "256", "all")
+  assert atlas.parse_size("all") == "all" and atlas.parse_size("064") == "64"
+  for bad in ("0", "-3", "half"):
+    with pytest.raises(Exception, match="expected 'all' or a positive number"):
+      atlas.parse_size(bad)
+
+
+# ---------------------------------------------------------------------------- the commands
+
+
+def test_an_objective_rows_cell_builds_its_index_fine_tunes_few_shot_and_evaluates_on_test():
+  layout = atlas.Layout("/o/seed1")
+  commands = atlas.cell_commands(atlas.ROW_BY_NAME["adist"], "64", 1, layout, "/store",
+                                 pretraining_checkpoint=CKPT, init_checkpoint=CKPT)
+  assert [stage for stage, _ in commands] == ["frozen index", "fine-tuning", "evaluation"]
+  (_, index), (_, train), (_, evaluate) = commands
+  assert index == [PY, "-m", "realm_jax.build_index", "--gin_file=gin_configs/runs/build_index.gin",
+                   "--once", "--gin.RUN_DIR='/o/seed1/realm/adist_64'",
+                   "--gin.BLOCK_STORE='/store'",
+                   f"--gin.build_index_main.checkpoint_dir='{CKPT}'"]
+  assert train == [PY, "-m", "realm_jax.train",
+                   "--gin_file=gin_configs/experiments/atlas_toy_finetune.gin",
+                   "--gin.RUN_DIR='/o/seed1/realm/adist_64'", f"--gin.INIT_CHECKPOINT='{CKPT}'",
+                   "--gin.train_main.seed=1", "--gin.FinetuneJob.retriever_objective='adist'",
+                   "--gin.FinetuneJob.few_shot=64", "--gin.FinetuneJob.few_shot_seed=1"]
+  assert evaluate == [PY, "-m", "realm_jax.evaluate",
+                      "--gin_file=gin_configs/experiments/toy_eval.gin",
+                      "--gin.RUN_DIR='/o/seed1/realm/adist_64'",
+                      "--gin.evaluate_main.split='test'",
+                      "--gin.evaluate_main.output='/o/seed1/realm/eval/adist_64_test.jsonl'"]
+
+
+def test_the_frozen_fid_row_the_pretext_row_and_the_closed_book_differ_where_they_should():
+  layout = atlas.Layout("/o/seed1")
+  commands = lambda row, size, init, **kw: dict(atlas.cell_commands(  # noqa: E731
+      atlas.ROW_BY_NAME[row], size, 1, layout, "/store", pretraining_checkpoint=CKPT,
+      init_checkpoint=init, **kw))
+  fid = commands("fid", "all", CKPT)
+  # The frozen query tower is the gin's own ('none'): no objective, and no few-shot on all.
+  assert fid["fine-tuning"][3:] == [
+      "--gin_file=gin_configs/experiments/toy_finetune_fid.gin",
+      "--gin.RUN_DIR='/o/seed1/realm/fid_all'", f"--gin.INIT_CHECKPOINT='{CKPT}'",
+      "--gin.train_main.seed=1"]
+  # The pretext row: the same gin and index, but the reader and tower from the pretext.
+  pretext = commands("pretext", "all", "/o/seed1/realm/atlas_pretext/checkpoints/400")
+  assert pretext["frozen index"][-1] == f"--gin.build_index_main.checkpoint_dir='{CKPT}'"
+  assert pretext["fine-tuning"][3:] == [
+      "--gin_file=gin_configs/experiments/toy_finetune_fid.gin",
+      "--gin.RUN_DIR='/o/seed1/realm/pretext_all'",
+      "--gin.INIT_CHECKPOINT='/o/seed1/realm/atlas_pretext/checkpoints/400'",
+      "--gin.train_main.seed=1"]
+  # The closed book: no index, its own gin, evaluated without candidates.
+  closed = commands("closed_book", "256", CKPT, finetune_steps=10)
+  assert list(closed) == ["fine-tuning", "evaluation"]
+  assert closed["fine-tuning"][3:] == [
+      "--gin_file=gin_configs/experiments/atlas_toy_closed_book.gin",
+      "--gin.RUN_DIR='/o/seed1/realm/closed_book_256'", f"--gin.INIT_CHECKPOINT='{CKPT}'",
+      "--gin.train_main.seed=1", "--gin.FinetuneJob.few_shot=256",
+      "--gin.FinetuneJob.few_shot_seed=1", "--gin.NUM_STEPS=10"]
+  assert closed["evaluation"][-1] == "--gin.evaluate_main.candidates='none'"
+  with pytest.raises(ValueError, match="runs through the recipe"):
+    atlas.cell_commands(atlas.ROW_BY_NAME["extractive"], "all", 1, layout, "/store",
+                        pretraining_checkpoint=CKPT, init_checkpoint=CKPT)
+
+
+def test_the_pretext_runs_once_per_seed_from_the_pretraining_checkpoint():
+  layout = atlas.Layout("/o/seed2")
+  pretraining = "/o/seed2/realm/pretrain/checkpoints/400"
+  (_, index), (_, train) = atlas.pretext_commands(layout, "/store", 2,
+                                                  pretraining_checkpoint=pretraining,
+                                                  pretext_steps=50)
+  assert index[-3:] == ["--gin.RUN_DIR='/o/seed2/realm/atlas_pretext'",
+                        "--gin.BLOCK_STORE='/store'",
+                        f"--gin.build_index_main.checkpoint_dir='{pretraining}'"]
+  assert train == [PY, "-m", "realm_jax.train",
+                   "--gin_file=gin_configs/experiments/atlas_toy_pretext.gin",
+                   "--gin.RUN_DIR='/o/seed2/realm/atlas_pretext'",
+                   f"--gin.INIT_CHECKPOINT='{pretraining}'", "--gin.train_main.seed=2",
+                   "--gin.NUM_STEPS=50"]
+  assert layout.pretext_eval_output() == (
+      "/o/seed2/realm/eval/atlas_pretext_zero_shot_test.jsonl")
+  assert atlas.metrics_path(layout.pretext_eval_output()).endswith(
+      "atlas_pretext_zero_shot_test.metrics.json")
+
+
+def test_the_recipes_cells_the_extractive_reader_and_the_contriever_warm_start():
+  extractive = atlas.ROW_BY_NAME["extractive"]
+  # All questions: the recipe's own REALM fine-tuning ("finetune"), the seed everywhere.
+  assert atlas.recipe_kwargs(extractive, "all", 2) == {
+      "eval_split": "test", "baseline": False, "pretrain_bindings": ["train_main.seed=2"],
+      "finetune_bindings": ["train_main.seed=2"]}
+  few = atlas.recipe_kwargs(extractive, "64", 2, pretrain_steps=40, finetune_steps=30)
+  assert few["finetune_name"] == "extractive_64"
+  assert few["pretrain_bindings"] == ["NUM_STEPS=40", "train_main.seed=2"]
+  assert few["finetune_bindings"] == ["NUM_STEPS=30", "train_main.seed=2",
+                                      "FinetuneJob.few_shot=64", "FinetuneJob.few_shot_seed=2"]
+  contriever = atlas.recipe_kwargs(atlas.ROW_BY_NAME["contriever"], "all", 0)
+  assert contriever["warm_start_gin"] == "gin_configs/experiments/contriever_toy.gin"
+  assert contriever["warm_start_bindings"] == ["train_main.seed=0"]
+  assert "finetune_name" not in contriever
+  with pytest.raises(ValueError, match="not run by the recipe"):
+    atlas.recipe_kwargs(atlas.ROW_BY_NAME["fid"], "all", 0)
+
+
+def test_commands_are_printed_as_the_gins_headers_write_them_and_paste_back_whole():
+  import shlex  # pylint: disable=import-outside-toplevel
+  cmd = [PY, "-m", "realm_jax.train", "--gin.RUN_DIR='/runs/a b'", "--once",
+         "--gin.FinetuneJob.retriever_objective='adist'", "--gin.train_main.seed=1",
+         "--gin.X='$HOME'"]
+  line = atlas.shell_command(cmd)
+  assert line.startswith(f"{PY} -m realm_jax.train --gin.RUN_DIR=\"'/runs/a b'\" --once "
+                         "--gin.FinetuneJob.retriever_objective=\"'adist'\" "
+                         "--gin.train_main.seed=1 ")
+  assert shlex.split(line) == cmd  # a `$` is quoted as shlex quotes it: still one word
+
+
+def test_the_agreement_is_the_mean_of_the_last_window_of_steps():
+  logged = {step: step / 1000 for step in range(20, 301, 20)}
+  # Steps 220..300 (> 300 - 100): 0.22, 0.24, 0.26, 0.28, 0.30.
+  assert atlas.last_window_mean(logged) == pytest.approx(0.26)
+  assert atlas.last_window_mean(logged, window=20) == pytest.approx(0.30)
+  assert atlas.last_window_mean({}) is None
+
+
+# ---------------------------------------------------------------------------- made or reused
+
+
+def _cell(em, pretraining="1.5", **figures):
+  return {"qa_em": em, "qa_checkpoint": DEV_PICKED, "pretraining": pretraining,
+          "minutes": 2.0, **figures}
+
+
+def test_cells_are_kept_reused_and_only_the_missing_made(tmp_path, monkeypatch, capsys):
+  out, cells = tmp_path / "runs", tmp_path / "cells"
+  made = []
+
+  def make_cell(row, size, seed, layout, shared, settings):
+    del shared, settings
+    if (row.name, size) == ("extractive", "all"):  # the base cell makes the pretraining
+      pretrain = os.path.join(layout.realm, "pretrain")
+      os.makedirs(pretrain, exist_ok=True)
+      with open(os.path.join(pretrain, "TRAINING_DONE"), "w", encoding="utf-8") as f:
+        json.dump({"done_unix": 1.5}, f)
+    made.append((seed, row.name, size))
+    return _cell(0.1, ablations.pretraining_id(os.path.join(layout.realm, "pretrain")))
+
+  monkeypatch.setattr(atlas, "make_cell", make_cell)
+  settings = atlas.Settings(store=str(tmp_path / "store"))
+  go = lambda: atlas.run(str(out), ("fid", "contriever"), ("64", "all"), (0,),  # noqa: E731
+                         settings, cells=str(cells))
+  results = go()
+  assert made == [(0, "extractive", "all"), (0, "fid", "64"), (0, "fid", "all"),
+                  (0, "contriever", "all")]
+  assert sorted(os.listdir(cells)) == ["seed0_contriever_all.json", "seed0_extractive_all.json",
+                                       "seed0_fid_64.json", "seed0_fid_all.json"]
+  assert results["fid", "64"][0]["qa_em"] == 0.1
+  made.clear()
+  go()
+  assert made == []  # every cell kept
+  assert "kept in" in capsys.readouterr().out
+  # A lost FiD cell is made alone, beside the kept cells of the pretraining still in --out.
+  os.remove(cells / "seed0_fid_64.json")
+  go()
+  assert made == [(0, "fid", "64")]
+  made.clear()
+  # Without that pretraining in --out, the base cell is made again before the fine-tunings;
+  # the Contriever cell, of a pretraining of its own, stays.
+  os.remove(out / "seed0" / "realm" / "pretrain" / "TRAINING_DONE")
+  os.remove(cells / "seed0_fid_all.json")
+  go()
+  assert made == [(0, "extractive", "all"), (0, "fid", "64"), (0, "fid", "all")]
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def _results():
+  """Three seeds of made-up cells: {(row, size): {seed: cell}}."""
+  def seeds(row, size, ems, **columns):
+    return {(row, size): {s: _cell(em, **{k: v[s] for k, v in columns.items()})
+                          for s, em in enumerate(ems)}}
+
+  same = lambda x: (x, x, x)  # noqa: E731
+  results = {}
+  results.update(seeds("extractive", "all", (0.20, 0.22, 0.24),
+                       **{atlas.RECALL: same(0.46), atlas.RECALL_TUNED: same(0.46),
+                          atlas.WARM_RECALL: (0.48, 0.47, 0.49),
+                          atlas.PRETRAINED_RECALL: same(0.46), atlas.AGREEMENT: same(None)}))
+  results.update(seeds("fid", "64", (0.01, 0.01, 0.01), **{atlas.RECALL: same(0.46)}))
+  results.update(seeds("fid", "all", (0.03, 0.02, 0.04),
+                       **{atlas.RECALL: same(0.46), atlas.RECALL_TUNED: same(0.46),
+                          atlas.AGREEMENT: same(None)}))
+  results.update(seeds("adist", "64", (0.01, 0.02, 0.00), **{atlas.RECALL: same(0.46)}))
+  results.update(seeds("adist", "all", (0.04, 0.03, 0.06),
+                       **{atlas.RECALL: same(0.46), atlas.RECALL_TUNED: (0.48, 0.47, 0.49),
+                          atlas.AGREEMENT: (0.5, 0.6, 0.7)}))
+  results.update(seeds("closed_book", "all", (0.03, 0.03, 0.03),
+                       **{atlas.RECALL: same(None), atlas.RECALL_TUNED: same(None)}))
+  results.update(seeds("contriever", "all", (0.18, 0.20, 0.25),
+                       **{atlas.WARM_RECALL: (0.32, 0.39, 0.35),
+                          atlas.PRETRAINED_RECALL: (0.40, 0.41, 0.42)}))
+  return results
+
+
+def test_by_row_takes_every_sizes_em_and_the_retriever_columns_of_all_questions():
+  rows = atlas.by_row(_results())
+  adist = rows["adist"][2]
+  assert adist["qa_em@64"] == 0.00 and adist["qa_em@all"] == 0.06
+  assert adist[atlas.AGREEMENT] == 0.7 and adist[atlas.RECALL_TUNED] == 0.49
+  assert adist[atlas.RECALL] == 0.46 and adist["minutes"] == 4.0  # two cells of 2 minutes
+
+
+def test_the_table_in_the_rows_order_mean_and_sample_sd_na_where_undefined():
+  lines = atlas.table(atlas.by_row(_results()), ("64", "all")).splitlines()
+  assert lines[0] == (
+      "| row | toy QA test EM, 64 questions | toy QA test EM, all questions | zero-shot "
+      "recall@5 (test) | test recall@5 after fine-tuning (all questions) | retriever "
+      "agreement (last 100 steps, all questions) | seeds | minutes |")
+  labels = [line.split(" | ")[0][2:] for line in lines[2:]]
+  assert labels == ["REALM's extractive reader", "FiD reader, query tower frozen ('none')",
+                    "FiD reader + ADist (attention distillation)",
+                    "FiD reader, closed book (no retrieval)"]  # Contriever: its own table
+  extractive, fid, adist, closed = (line.split(" | ") for line in lines[2:])
+  # The extractive row has no few-shot cell here: n/a. EM all 0.20, 0.22, 0.24: sd 0.020.
+  assert extractive[1:3] == ["n/a", "0.220 ± 0.020"]
+  assert fid[1:6] == ["0.010 ± 0.000", "0.030 ± 0.010", "0.460 ± 0.000", "0.460 ± 0.000", "n/a"]
+  # Agreement 0.5, 0.6, 0.7: 0.600 ± 0.100; minutes: two cells of 2 minutes per seed.
+  assert adist[5:] == ["0.600 ± 0.100", "3", "4.0 |"]
+  assert closed[3:5] == ["n/a", "n/a"]
+  assert len(lines) == 6  # every cell dev-picked: no note
+
+
+def test_the_table_names_a_cell_evaluated_on_a_checkpoint_dev_did_not_pick():
+  results = _results()
+  results["fid", "all"][1] = {**results["fid", "all"][1], "qa_checkpoint": "step 300: latest"}
+  text = atlas.table(atlas.by_row(results), ("64", "all"))
+  assert text.endswith("Evaluated on a checkpoint dev did not pick: fid all seed 1.")
+
+
+def test_the_paired_comparisons_on_hand_worked_differences():
+  lines = atlas.comparisons(atlas.by_row(_results()), ("64", "all")).splitlines()
+  by_title = {line.split(": ")[0][2:]: line for line in lines}
+  # FiD minus extractive, all: -0.17, -0.20, -0.20: mean -0.190, sd 0.0173, se 0.010; no
+  # source predicts a sign, both signs are judged.
+  assert by_title["FiD reader minus REALM's extractive reader, toy QA test EM, all questions"] \
+      .endswith("-0.190 ± 0.010 (seeds 0, 1, 2: -0.170, -0.200, -0.200): same sign in every "
+                "seed, beyond two standard errors")
+  # ADist minus none, all: +0.01, +0.01, +0.02: mean 0.0133, se 0.0033.
+  adist = "ADist (attention distillation) > query tower frozen (Atlas)"
+  assert by_title[f"{adist}, toy QA test EM, all questions"].endswith(
+      "+0.013 ± 0.003 (seeds 0, 1, 2: +0.010, +0.010, +0.020): holds in every seed, beyond two "
+      "standard errors")
+  # 64 questions: 0, +0.01, -0.01.
+  assert by_title[f"{adist}, toy QA test EM, 64 questions"].endswith("does not hold")
+  # Its question tower's recall after fine-tuning: +0.02, +0.01, +0.03.
+  assert by_title[f"{adist}, test recall@5 after fine-tuning (all questions)"].endswith(
+      "+0.020 ± 0.006 (seeds 0, 1, 2: +0.020, +0.010, +0.030): holds in every seed, beyond two "
+      "standard errors")
+  # Retrieval against the closed book: 0, -0.01, +0.01; the closed book has no recall.
+  assert by_title["retrieval > closed book (Atlas), toy QA test EM, all questions"].endswith(
+      "does not hold")
+  assert not any("closed book" in title and "recall" in title for title in by_title)
+  # No 64-question cell of the extractive row or the closed book: no line for them.
+  assert "FiD reader minus REALM's extractive reader, toy QA test EM, 64 questions" \
+      not in by_title
+  assert len(lines) == 5
+
+
+def test_the_warm_start_table_and_its_comparison():
+  rows = atlas.by_row(_results())
+  lines = atlas.warm_start_table(rows).splitlines()
+  assert lines[0].startswith("| warm start | zero-shot recall@5 of the warm start (test) | "
+                             "recall@5 after REALM pretraining (test) | toy QA test EM, all "
+                             "questions (extractive reader) |")
+  assert lines[2] == "| ICT (toy_ict.gin) | 0.480 ± 0.010 | 0.460 ± 0.000 | 0.220 ± 0.020 | 3 |"
+  assert lines[3].startswith("| Contriever-style (contriever_toy.gin) | 0.353 ± 0.035 | ")
+  text = atlas.comparisons(rows, ("64", "all"), [atlas.WARM_START_COMPARISON])
+  # Warm-start recall, Contriever minus ICT: -0.16, -0.08, -0.14: reversed in every seed.
+  warm = [line for line in text.splitlines() if "of the warm start" in line]
+  assert warm[0].endswith("-0.127 ± 0.024 (seeds 0, 1, 2: -0.160, -0.080, -0.140): reversed in "
+                          "every seed")
+  # Only all questions' EM (Contriever has no few-shot cell) and the two recalls.
+  assert len(text.splitlines()) == 3
+  del rows["contriever"]
+  assert atlas.warm_start_table(rows) == ""
+
+
+def test_the_markdown_has_both_tables_the_comparisons_and_a_reading_of_the_toy_scale():
+  text = atlas.markdown(atlas.by_row(_results()), ("64", "all"), (0, 1, 2))
+  assert text.startswith("`python bench/atlas.py --seeds 0 1 2 --sizes 64 all --write` "
+                         "(42 min of runs;")  # 7 (row, size) x 3 seeds, 2 minutes each
+  assert "| ICT (toy_ict.gin) |" in text and "Paired differences" in text
+  reading = text.split("Reading:", 1)[1]
+  assert "the best, 0.220: REALM's extractive reader." in reading
+  assert "adist +0.013 EM" in reading and "What the toy scale cannot show" in reading
+
+
+# ---------------------------------------------------------------------------- fingerprint
+
+
+def test_the_fingerprint_changes_with_every_gin_the_rows_read_and_only_those(tmp_path,
+                                                                             monkeypatch):
+  experiments = tmp_path / "gin_configs" / "experiments"
+  experiments.mkdir(parents=True)
+  for name in ("atlas_toy_pretext.gin", "contriever_toy.gin", "toy_finetune_fid.gin",
+               "toy_retro.gin"):
+    (experiments / name).write_text("NUM_STEPS = 1\n")
+  monkeypatch.setattr(ablations, "REPO", str(tmp_path))
+  before = atlas.fingerprint({"bench": "atlas"})
+  (experiments / "atlas_toy_pretext.gin").write_text("# A comment.\n\nNUM_STEPS = 1\n")
+  assert atlas.fingerprint({"bench": "atlas"}) == before  # comments decide nothing
+  assert atlas.fingerprint({"bench": "atlas", "pretext_steps": 5}) != before
+  for name in ("atlas_toy_pretext.gin", "contriever_toy.gin", "toy_finetune_fid.gin"):
+    (experiments / name).write_text("NUM_STEPS = 2\n")
+    changed = atlas.fingerprint({"bench": "atlas"})
+    assert changed != before, name
+    before = changed
+  (experiments / "atlas_toy_new.gin").write_text("X = 1\n")  # a new atlas_* gin counts
+  assert atlas.fingerprint({"bench": "atlas"}) != before
+  before = atlas.fingerprint({"bench": "atlas"})
+  (experiments / "toy_retro.gin").write_text("NUM_STEPS = 3\n")  # no row reads RETRO's
+  assert atlas.fingerprint({"bench": "atlas"}) == before
+
+
+def test_the_fingerprint_covers_every_gin_a_row_reads_and_what_they_include():
+  covered = lambda path: any(fnmatch.fnmatch(path, p)  # noqa: E731
+                             for p in atlas.FINGERPRINT_GINS)
+  read = {row.gin for row in atlas.ROWS if row.gin} | {
+      atlas.PRETEXT_GIN, atlas.CONTRIEVER_GIN, atlas.EVAL_GIN, atlas.BUILD_INDEX_GIN,
+      "gin_configs/experiments/toy_ict.gin", "gin_configs/experiments/toy_pretrain.gin"}
+  seen, todo = set(), sorted(read)
+  while todo:  # the gins they include, transitively
+    path = todo.pop()
+    if path in seen:
+      continue
+    seen.add(path)
+    with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as f:
+      todo += re.findall(r"^include '([^']+)'", f.read(), re.M)
+  assert [path for path in sorted(seen) if not covered(path)] == []
+  assert "gin_configs/models/tiny.gin" in seen and "gin_configs/runs/finetune.gin" in seen
+
+
+def test_cell_options_name_the_world_the_split_and_the_steps():
+  options = atlas.cell_options(toy_bert_sha256="ab", ict_from_bert=False, pretrain_steps=None,
+                               finetune_steps=30, pretext_steps=None)
+  assert options["eval_split"] == "test" and options["finetune_steps"] == 30
+  assert options["bench"] == "atlas" and "toy_world_generator_version" in options
