@@ -81,7 +81,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import datetime
-import functools
 import glob as glob_lib
 import hashlib
 import itertools
@@ -993,10 +992,9 @@ class _Analyzer:
   record_token_ids: str
   sentence_splitter: Callable[[str], list[tuple[int, int]]]
 
-  @functools.cached_property
+  @property
   def word_start_table(self) -> np.ndarray:
-    # [vocab_size] True for wordpieces that start a word (not "##" continuations).
-    return np.array([not t.startswith("##") for t in self.vocab.tokens], bool)
+    return self.vocab.word_start_table  # [vocab_size]
 
   def __call__(self, docs: Sequence[tuple]) -> "_ChunkResult":
     """Analyses (title, text, is_block, title_token_ids, body_token_ids) documents.

@@ -241,12 +241,6 @@ def spanbert_length_probs(p: float = 0.2, max_length: int = 10) -> np.ndarray:
   return probs / probs.sum()
 
 
-def word_starts(ids: Sequence[int], vocab: WordPieceVocabulary) -> list[int]:
-  """Indices of the wordpieces that begin a word: every piece but the `##` continuations."""
-  return [i for i, token_id in enumerate(ids)
-          if i == 0 or not vocab.id_to_token(int(token_id)).startswith("##")]
-
-
 class RandomSpanMasker:
   """Ablation: random spans (the paper's "random span" row, after SpanBERT, Joshi et al. 2020).
 
@@ -298,8 +292,12 @@ class RandomSpanMasker:
     if drawn is None:
       return None
     sentence, num_tokens = drawn
+    # The units' first wordpieces: every wordpiece, or the word starts (the first wordpiece
+    # always starts one, even a "##" piece left first by truncation).
+    starts = vocab.word_start_table[np.asarray(sentence.ids[:num_tokens], np.int64)]
+    starts[0] = True
     units = (list(range(num_tokens)) if self.unit == "wordpiece"
-             else word_starts(sentence.ids[:num_tokens], vocab))
+             else np.flatnonzero(starts).tolist())
     masked = self._draw_span(units, num_tokens, rng)
     if self.mask_budget is not None:
       budget = self.mask_budget * num_tokens

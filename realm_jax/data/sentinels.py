@@ -157,7 +157,7 @@ def word_starts(ids: Sequence[int], vocab: Optional[vocab_lib.WordPieceVocabular
                 ) -> np.ndarray:
   """bool [n]: where a word starts, i.e. the wordpiece is not a `##` continuation."""
   vocab = vocab or vocab_lib.default_vocabulary()
-  return np.array([not vocab.id_to_token(int(i)).startswith("##") for i in ids], bool)
+  return vocab.word_start_table[np.asarray(ids, np.int64)]
 
 
 # ------------------------------------------------------------------------------ corruption

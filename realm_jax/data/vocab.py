@@ -432,6 +432,12 @@ class WordPieceVocabulary:
   def vocab_size(self) -> int:
     return len(self.tokens)
 
+  @functools.cached_property
+  def word_start_table(self) -> np.ndarray:
+    """bool [vocab_size]: True for the wordpieces that start a word (not `##` continuations);
+    `word_start_table[ids]` marks the word starts of a tokenised text."""
+    return np.array([not token.startswith("##") for token in self.tokens], bool)
+
   # --------------------------------------------------------------------------- Python path
 
   def _wordpiece_uncached(self, word: str) -> tuple[tuple[int, int, int], ...]:
