@@ -126,6 +126,14 @@ def _masked_query_examples(*, block_store: PathOrFn, pretrain_records: PathOrFn 
 _ICT_SKIP_WARNED: set[tuple] = set()  # (store, seed, probability) already warned about
 
 
+def _ict_record(example: dict) -> dict:
+  """An ICT-shaped example (ICT's or Contriever's) as the task's record: the rows and the uid
+  as int64 (what TensorFlow holds)."""
+  rows = ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")
+  return {name: example[name] for name in rows} | {
+      "block_uid": uid_to_int64(example["block_uid"])}
+
+
 def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,
                   remove_probability: float) -> Iterator[dict]:
   vocab = vocab_lib.default_vocabulary()
@@ -140,9 +148,7 @@ def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len
     if example is None:
       continue
     made += 1
-    yield {name: example[name] for name in
-           ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")} | {
-               "block_uid": uid_to_int64(example["block_uid"])}
+    yield _ict_record(example)
   skipped = sum(skips.values())
   # Every pass over the task skips the same blocks (each block's rng is fixed): say it once.
   warning_key = (store.path, store.store_id, seed, remove_probability)
@@ -182,9 +188,7 @@ def _contriever_examples(*, block_store: PathOrFn, seed: int, data_seed: int | N
     if example is None:
       continue
     made += 1
-    yield {name: example[name] for name in
-           ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask")} | {
-               "block_uid": uid_to_int64(example["block_uid"])}
+    yield _ict_record(example)
   log.info("Contriever examples: %d, %s", made, skips.summary())
 
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from realm_jax.data import ict as ict_lib
 from realm_jax.data.masking import SkipCounter
-from realm_jax.data.vocab import CLS_ID, SEP_ID, WordPieceVocabulary, default_vocabulary
+from realm_jax.data.vocab import WordPieceVocabulary, default_vocabulary
 
 QUERY_LEN = 64
 BLOCK_LEN = 288
@@ -107,27 +108,10 @@ def make_contriever_example(title: str, body_text: str, *, rng: np.random.Genera
   crop2 = body[block_span[0]:block_span[1]][:block_len - 3 - len(title_tokens)]
   if not crop2:
     return skips.skip("empty_block_body")
-  crop1 = body[query_span[0]:query_span[1]][:query_len - 2]
-
-  # [query_len]
-  query_ids = np.zeros([query_len], np.int32)
-  query_ids[:len(crop1) + 2] = [CLS_ID, *crop1, SEP_ID]
-  query_mask = (np.arange(query_len) < len(crop1) + 2).astype(np.int32)
-
-  # [block_len]
-  num_title, num_body = len(title_tokens) + 2, len(crop2) + 1  # with CLS/SEP and SEP
-  block_ids = np.zeros([block_len], np.int32)
-  block_ids[:num_title + num_body] = [CLS_ID, *title_tokens, SEP_ID, *crop2, SEP_ID]
-  block_type_ids = np.zeros([block_len], np.int32)
-  block_type_ids[num_title:num_title + num_body] = 1
-  block_mask = (np.arange(block_len) < num_title + num_body).astype(np.int32)
-
+  crop1 = body[query_span[0]:query_span[1]]
   return {
-      "query_ids": query_ids,
-      "query_mask": query_mask,
-      "block_ids": block_ids,
-      "block_type_ids": block_type_ids,
-      "block_mask": block_mask,
+      **ict_lib.query_and_block_rows(crop1, title_tokens, crop2, query_len=query_len,
+                                     block_len=block_len),
       "block_uid": np.uint64(content_uid(title, body_text)),
       "query_span": np.array(query_span, np.int32),
       "block_span": np.array(block_span, np.int32),

@@ -28,6 +28,27 @@ BLOCK_LEN = 288
 REMOVE_PROBABILITY = 0.9
 
 
+def query_and_block_rows(query_tokens, title_tokens, body_tokens, *, query_len: int,
+                         block_len: int) -> dict[str, np.ndarray]:
+  """ICT's two rows: the query `[CLS] query [SEP]` (cut to query_len) and the block
+  `[CLS] title [SEP] body [SEP]` with type ids 1 on the body (the caller has cut title and body
+  to fit block_len), zero-padded, with their masks."""
+  # [query_len]
+  query_tokens = query_tokens[:query_len - 2]
+  query_ids = np.zeros([query_len], np.int32)
+  query_ids[:len(query_tokens) + 2] = [CLS_ID, *query_tokens, SEP_ID]
+  query_mask = (np.arange(query_len) < len(query_tokens) + 2).astype(np.int32)
+  # [block_len]
+  num_title, num_body = len(title_tokens) + 2, len(body_tokens) + 1  # with CLS/SEP and SEP
+  block_ids = np.zeros([block_len], np.int32)
+  block_ids[:num_title + num_body] = [CLS_ID, *title_tokens, SEP_ID, *body_tokens, SEP_ID]
+  block_type_ids = np.zeros([block_len], np.int32)
+  block_type_ids[num_title:num_title + num_body] = 1
+  block_mask = (np.arange(block_len) < num_title + num_body).astype(np.int32)
+  return {"query_ids": query_ids, "query_mask": query_mask, "block_ids": block_ids,
+          "block_type_ids": block_type_ids, "block_mask": block_mask}
+
+
 def make_ict_example(title: str, body_text: str, *, rng: np.random.Generator,
                      vocab: WordPieceVocabulary | None = None, query_len: int = QUERY_LEN,
                      block_len: int = BLOCK_LEN, remove_probability: float = REMOVE_PROBABILITY,
@@ -88,26 +109,9 @@ def make_ict_example(title: str, body_text: str, *, rng: np.random.Generator,
   if not body_tokens:
     return skips.skip("empty_block_body")
 
-  # [query_len]
-  query_tokens = query_tokens[:query_len - 2]
-  query_ids = np.zeros([query_len], np.int32)
-  query_ids[:len(query_tokens) + 2] = [CLS_ID, *query_tokens, SEP_ID]
-  query_mask = (np.arange(query_len) < len(query_tokens) + 2).astype(np.int32)
-
-  # [block_len]
-  num_title, num_body = len(title_tokens) + 2, len(body_tokens) + 1  # with CLS/SEP and SEP
-  block_ids = np.zeros([block_len], np.int32)
-  block_ids[:num_title + num_body] = [CLS_ID, *title_tokens, SEP_ID, *body_tokens, SEP_ID]
-  block_type_ids = np.zeros([block_len], np.int32)
-  block_type_ids[num_title:num_title + num_body] = 1
-  block_mask = (np.arange(block_len) < num_title + num_body).astype(np.int32)
-
   return {
-      "query_ids": query_ids,
-      "query_mask": query_mask,
-      "block_ids": block_ids,
-      "block_type_ids": block_type_ids,
-      "block_mask": block_mask,
+      **query_and_block_rows(query_tokens, title_tokens, body_tokens, query_len=query_len,
+                             block_len=block_len),
       "block_uid": np.uint64(content_uid(title, body_text)),
       "sentence_removed": np.bool_(removed),
       "query_sentence_index": np.int32(query_index),
