@@ -33,15 +33,13 @@ from realm_jax.evaluation import evaluate as evaluate_lib
 from realm_jax.evaluation import metrics
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
-from realm_jax.models import config as config_lib
 from realm_jax.models import fid_qa
-from realm_jax.models import realm
 from realm_jax_tasks import atlas
 
+import toy_runs  # tests/toy_runs.py
+
 # = gin_configs/experiments/toy_model.gin's sizes.
-TINY = config_lib.RealmConfig(
-    bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512),
-    span_hidden_size=64, retriever_pooling="mean")
+TINY = toy_runs.TINY
 TASK = "atlas_pretext_pretexttest"
 DEV_PERCENT = 20
 
@@ -153,12 +151,8 @@ def test_the_tasks_examples_restore_their_splits_sentences(records):
 def world(records, tmp_path_factory):
   del records
   root = tmp_path_factory.mktemp("pretext_run")
-  store_dir = str(root / "blocks")
-  source = corpus.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus.build_block_store(source, store_dir, limit=40, max_block_len=128)
+  store_dir, init, params = toy_runs.pretraining_start(root)
   store = corpus.BlockStore.open(store_dir)
-  params = realm.RealmPretrainModel(TINY).init(jax.random.PRNGKey(0))
-  init = checkpoints.save_checkpoint(str(root / "pretrain"), 1, params, config=TINY)
   embeddings = builder.embed_blocks(params["retriever"], TINY, store, batch_size=64,
                                     progress=None)
   return root, store, store_dir, init, embeddings

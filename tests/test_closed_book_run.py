@@ -25,19 +25,16 @@ from realm_jax import evaluate as evaluate_entry
 from realm_jax import train
 from realm_jax.batches import fid as fid_batches
 from realm_jax.batches import qa_inputs
-from realm_jax.data import corpus
-from realm_jax.data import toy_world
 from realm_jax.data.open_qa import QAExample
 from realm_jax.evaluation import metrics
 from realm_jax.models import config as config_lib
 from realm_jax.models import fid as fid_lib
 from realm_jax.models import fid_qa
-from realm_jax.models import realm
+
+import toy_runs  # tests/toy_runs.py
 
 # = gin_configs/experiments/toy_model.gin's sizes (what atlas_toy_closed_book.gin includes).
-TINY = config_lib.RealmConfig(
-    bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512),
-    span_hidden_size=64, retriever_pooling="mean")
+TINY = toy_runs.TINY
 GIN = "--gin_file=gin_configs/experiments/atlas_toy_closed_book.gin"
 # BERT uncased: [CLS] where was alpha born ? [SEP].
 QUESTION_ROW = [101, 2073, 2001, 6541, 2141, 1029, 102]
@@ -49,11 +46,7 @@ pytestmark = pytest.mark.usefixtures("clean_gin")
 def world(private_cache, tmp_path_factory):
   del private_cache
   root = tmp_path_factory.mktemp("closed_book_run")
-  store_dir = str(root / "blocks")
-  source = corpus.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus.build_block_store(source, store_dir, limit=40, max_block_len=128)
-  params = realm.RealmPretrainModel(TINY).init(jax.random.PRNGKey(0))
-  init = checkpoints.save_checkpoint(str(root / "pretrain"), 1, params, config=TINY)
+  store_dir, init, _ = toy_runs.pretraining_start(root)
   return root, store_dir, init
 
 

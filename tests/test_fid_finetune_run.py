@@ -23,17 +23,13 @@ from realm_jax import checkpoints
 from realm_jax import evaluate as evaluate_entry
 from realm_jax import train
 from realm_jax.data import corpus
-from realm_jax.data import toy_world
 from realm_jax.evaluation import metrics
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
-from realm_jax.models import config as config_lib
-from realm_jax.models import realm
 
-# = gin_configs/experiments/toy_model.gin's sizes (what toy_finetune_fid.gin includes).
-TINY = config_lib.RealmConfig(
-    bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512),
-    span_hidden_size=64, retriever_pooling="mean")
+import toy_runs  # tests/toy_runs.py
+
+TINY = toy_runs.TINY
 
 pytestmark = pytest.mark.usefixtures("clean_gin")
 
@@ -42,12 +38,8 @@ pytestmark = pytest.mark.usefixtures("clean_gin")
 def world(private_cache, tmp_path_factory):
   del private_cache
   root = tmp_path_factory.mktemp("fid_run")
-  store_dir = str(root / "blocks")
-  source = corpus.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus.build_block_store(source, store_dir, limit=40, max_block_len=128)
+  store_dir, init, params = toy_runs.pretraining_start(root)
   store = corpus.BlockStore.open(store_dir)
-  params = realm.RealmPretrainModel(TINY).init(jax.random.PRNGKey(0))
-  init = checkpoints.save_checkpoint(str(root / "pretrain"), 1, params, config=TINY)
   embeddings = builder.embed_blocks(params["retriever"], TINY, store, batch_size=64,
                                     progress=None)
   return root, store, store_dir, init, embeddings
