@@ -208,8 +208,6 @@ class FinetuneJob(IndexJob):
         raise ConfigError(f"{what} {split!r}: task {self.task!r} has splits {', '.join(splits)}"
                           + (" (eval_split='' evaluates nothing)" if split == self.eval_split
                              else ""))
-    if self.block_store is None and self.task == "atlas_pretext_toy":  # toy X, the toy store Z
-      self.block_store = realm_jax_tasks.toy_block_store_dir()
     self.open_store()
 
   def default_objective(self) -> str:

@@ -63,7 +63,9 @@ class IndexJob(Job):
     from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
     path = self.block_store
     if path is None:
-      if not (self.task.startswith("realm_toy_") or self.task == "toy_qa"):
+      toy_task = self.task.startswith("realm_toy_") or self.task in ("toy_qa",
+                                                                       "atlas_pretext_toy")
+      if not toy_task:
         raise ConfigError(f"{type(self).__name__}.block_store is required for task "
                           f"{self.task!r} (the BlockStore its index embeds)")
       import realm_jax_tasks  # pylint: disable=g-import-not-at-top
