@@ -162,8 +162,9 @@ class FinetuneJob(IndexJob):
 
   def __post_init__(self):
     super().__post_init__()
-    # The BM25Searcher of candidates='bm25' (qa_inputs.ClosedBook for 'none'), set by `start`.
-    self.bm25 = None
+    # The retriever of question texts when there is no index to watch: the BM25Searcher of
+    # candidates='bm25', qa_inputs.ClosedBook of 'none'; set by `start`.
+    self.text_retriever = None
 
   def configure(self, ctx: RunContext) -> None:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top
@@ -467,9 +468,9 @@ class FinetuneJob(IndexJob):
       from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
       # No index to watch: BM25's ranking never changes and the closed book reads no block, so
       # no hook either.
-      self.bm25 = (bm25.BM25Searcher(self.store, ctx.model_config.proj_size)
-                   if self.candidates == "bm25" else qa_inputs.ClosedBook())
-      batches.set_retriever(self.bm25)
+      self.text_retriever = (bm25.BM25Searcher(self.store, ctx.model_config.proj_size)
+                             if self.candidates == "bm25" else qa_inputs.ClosedBook())
+      batches.set_retriever(self.text_retriever)
       hooks = []
     else:
       hooks, _, _ = super().start(ctx, model, batches)
@@ -489,7 +490,7 @@ class FinetuneJob(IndexJob):
                                           max_examples=self.eval_examples)
     answer_metric = ("regex_match" if examples and examples[0].answers_are_regex
                      else "exact_match")
-    watcher, store, bm25 = self.watcher, self.store, self.bm25
+    watcher, store, text_retriever = self.watcher, self.store, self.text_retriever
     vocab = None
     if self.reader == "fid":  # the task's question vocabulary (Atlas's pretext reads sentinels)
       from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
@@ -498,10 +499,11 @@ class FinetuneJob(IndexJob):
     def eval_fn(step, state):
       del step
       params = jax.device_get(qa_inputs.host_local_params(state.params))
-      # BM25 is its own searcher; a dense retriever's is the index in use.
-      retriever = watcher.current if bm25 is None else bm25
+      # BM25 (or the closed book) is its own searcher; a dense retriever's is the index in use.
+      retriever = watcher.current if text_retriever is None else text_retriever
       results, _ = evaluate_lib.evaluate(
-          model, params, examples, searcher=retriever.searcher if bm25 is None else bm25,
+          model, params, examples,
+          searcher=retriever.searcher if text_retriever is None else text_retriever,
           store=store, block_emb=retriever.block_emb, batch_size=ctx.batch_size,
           reader_len=self.reader_len, vocab=vocab)
       return {f"eval/{name}": float(value) for name, value in results.items()}
