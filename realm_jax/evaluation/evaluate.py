@@ -45,8 +45,11 @@ import numpy as np
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
 from realm_jax.batches import open_qa as qa_batches
+from realm_jax.batches import inputs
 from realm_jax.batches import qa_inputs
 from realm_jax.evaluation import metrics
+from realm_jax.evaluation import retrieval
+from realm_jax.index import builder as builder_lib
 from realm_jax.models import open_qa
 
 log = logging.getLogger(__name__)
@@ -94,12 +97,15 @@ class Predictor:
     reader_len: reader sequence length (320).
     question_len: fixed question length, or None (the batch's longest; see
       `qa_batches.question_arrays`).
+    length_bucket: reader rows are cut to the batch's longest, rounded up to a multiple of this
+      (wordpieces; 0: read all reader_len positions). Padding changes no prediction: attention
+      and the span heads leave it out.
   """
 
   def __init__(self, model: open_qa.OpenQAModel, params: Any, *, searcher: Any, store,
                vocab: vocab_lib.WordPieceVocabulary | None = None, block_emb: Any = None,
                embed_fn: EmbedFn | None = None, reader_len: int = 320,
-               question_len: int | None = None):
+               question_len: int | None = None, length_bucket: int = 32):
     if model.train_document_tower:
       # Prediction reads the published index; a live document tower is a training device.
       model = type(model)(model.config, reader_beam=model.reader_beam)
@@ -122,6 +128,7 @@ class Predictor:
     self.embed_fn = embed_fn
     self.reader_len = reader_len
     self.question_len = question_len
+    self.length_bucket = inputs.check_row_bucket(length_bucket, process_count=1)
 
   def skip_reason(self, question: str) -> str | None:
     """Why a question cannot be read (too long, and never truncated), or None."""
@@ -175,6 +182,11 @@ class Predictor:
     if question_emb is not None:
       # The reader scores blocks with the very embeddings the searcher was queried with.
       device_batch["question_emb"] = question_emb
+    if self.length_bucket and "reader_mask" in device_batch:
+      # Rows padded to reader_len cost the reader as much as tokens: cut to the batch's longest,
+      # rounded up to the bucket (one compilation per width), as fine-tuning cuts its batches.
+      width = builder_lib.bucket_width(device_batch["reader_mask"], self.length_bucket)
+      device_batch = inputs.cut_rows(device_batch, qa_batches.READER_ROW_KEYS, width)
     keys = getattr(self.model, "prediction_keys", None)
     if keys is not None:  # only what it reads: fixed shapes, one compilation
       device_batch = {key: device_batch[key] for key in keys if key in device_batch}
@@ -243,6 +255,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
              answers_are_regex: bool | None = None, embed_fn: EmbedFn | None = None,
              block_emb: Any = None, reader_len: int = 320, question_len: int | None = None,
              recall_match: str = "has_answer", num_evidence: int | None = None,
+             length_bucket: int = 32,
              progress: Callable[[str], None] | None = None) -> tuple[dict, list[dict]]:
   """Open-QA metrics and predictions of a model over a QA split.
 
@@ -264,6 +277,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     recall_match: "has_answer" (DPR's tokenised match on the block body, regex `search` for
       CuratedTrec) or "substring" (ORQA's top_k_match: the retriever's training label).
     num_evidence: retrieved blocks kept per prediction (default: the reader's beam).
+    length_bucket: the reader rows' bucket (`Predictor`; 0: full reader_len rows).
     progress: called with a one-line status after each batch (e.g. `print`).
 
   Returns:
@@ -291,7 +305,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     answers_are_regex = flags.pop()
   predictor = Predictor(model, params, searcher=searcher, store=store, vocab=vocab,
                         block_emb=block_emb, embed_fn=embed_fn, reader_len=reader_len,
-                        question_len=question_len)
+                        question_len=question_len, length_bucket=length_bucket)
   closed_book = predictor.closed_book  # nothing retrieved: the reader's rows, no recall
   depth = (model.reader_beam if closed_book
            else min(max(max(k_values), model.reader_beam), store.num_blocks))
@@ -300,10 +314,10 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
                      f"({model.reader_beam})")
   num_evidence = 0 if closed_book else min(num_evidence or model.reader_beam, depth)
   score_fn = metrics.regex_match if answers_are_regex else metrics.exact_match
-  match_mode = "regex" if answers_are_regex else "string"
 
   predictions: list[dict | None] = [None] * len(examples)
   hits = np.zeros((len(examples), depth), bool)  # [questions, depth]
+  retrieved_ids = np.full((len(examples), depth), -1, np.int64)  # [questions, depth]
   readable = []  # indices of the questions the reader can take
   for index, example in enumerate(examples):
     reason = predictor.skip_reason(example.question)
@@ -327,9 +341,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
       elif recall_match == "substring":
         hits[index] = batch["retriever_correct"][i]
       else:
-        hits[index] = [
-            metrics.has_answer(store.body(int(block_id)), example.answers, match=match_mode)
-            for block_id in batch["retrieved_block_ids"][i]]
+        retrieved_ids[index] = batch["retrieved_block_ids"][i]
       predictions[index] = {
           "question": example.question,
           "prediction": texts[i],
@@ -348,6 +360,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
                f"{'regex_match' if answers_are_regex else 'exact_match'} so far "
                f"{correct / done:.4f}, {rate:.1f} q/s, ETA {eta:.0f}s")
 
+  if not closed_book and recall_match != "substring":
+    hits = retrieval.answer_hits(retrieved_ids, examples, store, answers_are_regex)
   results = {("regex_match" if answers_are_regex else "exact_match"):
              float(np.mean([p["correct"] for p in predictions]))}
   if not closed_book:

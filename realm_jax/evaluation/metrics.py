@@ -38,6 +38,7 @@ import numpy as np
 __all__ = [
     "DEFAULT_RECALL_KS",
     "SimpleTokenizer",
+    "answers_tokens",
     "curated_trec_regex_match",
     "exact_match",
     "format_metrics",
@@ -47,6 +48,7 @@ __all__ = [
     "normalize_answer",
     "orqa_exact_match",
     "regex_match",
+    "tokens_have_answer",
     "top_k_recall",
 ]
 
@@ -218,8 +220,10 @@ _DEFAULT_TOKENIZER = SimpleTokenizer()
 
 
 def _contains_sequence(haystack: list[str], needle: list[str]) -> bool:
-  width = len(needle)
-  return any(haystack[i:i + width] == needle for i in range(len(haystack) - width + 1))
+  width, first = len(needle), needle[0]
+  # Only positions that start with the needle's first token are compared whole.
+  return any(haystack[i:i + width] == needle
+             for i in range(len(haystack) - width + 1) if haystack[i] == first)
 
 
 def has_answer_tokens(text: str, tokenizer: SimpleTokenizer | None = None) -> list[str]:
@@ -227,6 +231,25 @@ def has_answer_tokens(text: str, tokenizer: SimpleTokenizer | None = None) -> li
   ``SimpleTokenizer`` (DPR's by default) and lower-cased."""
   tokenizer = tokenizer or _DEFAULT_TOKENIZER
   return tokenizer.tokenize(unicodedata.normalize("NFD", text), uncased=True)
+
+
+def answers_tokens(answers: str | Sequence[str],
+                   tokenizer: SimpleTokenizer | None = None) -> list[list[str]]:
+  """Each answer's ``has_answer_tokens`` (for ``tokens_have_answer``); an empty answer list
+  raises, as in ``has_answer``."""
+  return [has_answer_tokens(answer, tokenizer)
+          for answer in _as_reference_list(answers, "has_answer")]
+
+
+def tokens_have_answer(text_tokens: Sequence[str],
+                       answers_tokens: Sequence[Sequence[str]]) -> bool:
+  """``has_answer`` in "string" mode on a text and answers already split by
+  ``has_answer_tokens``: whether one answer's tokens occur in ``text_tokens`` as a contiguous
+  sequence (an answer without tokens matches nothing). For texts and answers compared many times
+  (retrieved blocks against questions), tokenise each once and call this."""
+  text_tokens = list(text_tokens)
+  return any(answer_tokens and _contains_sequence(text_tokens, list(answer_tokens))
+             for answer_tokens in answers_tokens)
 
 
 def has_answer(text: str,
@@ -261,12 +284,7 @@ def has_answer(text: str,
   refs = _as_reference_list(answers, "has_answer")
   text = unicodedata.normalize("NFD", text)
   if match == "string":
-    text_tokens = has_answer_tokens(text, tokenizer)
-    for answer in refs:
-      answer_tokens = has_answer_tokens(answer, tokenizer)
-      if answer_tokens and _contains_sequence(text_tokens, answer_tokens):
-        return True
-    return False
+    return tokens_have_answer(has_answer_tokens(text, tokenizer), answers_tokens(refs, tokenizer))
   if match == "regex":
     for pattern in refs:
       compiled = _compile_or_none(unicodedata.normalize("NFD", pattern))

@@ -50,16 +50,29 @@ def ict_hits(retrieved_ids: Any, block_uid: Any, store_uids: Any) -> Any:
   return (uids == np.asarray(block_uid, np.int64)[:, None]) & (ids >= 0)
 
 
-def answer_hits(retrieved_ids: Any, examples: Sequence[Any], store: Any) -> Any:
+def answer_hits(retrieved_ids: Any, examples: Sequence[Any], store: Any,
+                answers_are_regex: bool | None = None) -> Any:
   """Whether each retrieved block contains an answer (DPR's has_answer on the block body;
-  regex search for regex examples). bool [n, k]."""
+  regex search for regex examples, or for all with `answers_are_regex`). bool [n, k]; -1 ids
+  (no result) are misses."""
   ids = np.asarray(retrieved_ids)  # [n, k]
   hits = np.zeros(ids.shape, bool)
+  # A block is retrieved for many questions: its tokens are computed once (string answers).
+  block_tokens: dict[int, list[str]] = {}
   for row, example in enumerate(examples):
-    match = "regex" if example.answers_are_regex else "string"
+    if example.answers_are_regex if answers_are_regex is None else answers_are_regex:
+      for col, block_id in enumerate(ids[row]):
+        hits[row, col] = block_id >= 0 and metrics.has_answer(store.body(int(block_id)),
+                                                              example.answers, match="regex")
+      continue
+    answers_tokens = metrics.answers_tokens(example.answers)
     for col, block_id in enumerate(ids[row]):
-      hits[row, col] = block_id >= 0 and metrics.has_answer(store.body(int(block_id)),
-                                                            example.answers, match=match)
+      if block_id < 0:
+        continue
+      tokens = block_tokens.get(int(block_id))
+      if tokens is None:
+        tokens = block_tokens[int(block_id)] = metrics.has_answer_tokens(store.body(int(block_id)))
+      hits[row, col] = metrics.tokens_have_answer(tokens, answers_tokens)
   return hits
 
 

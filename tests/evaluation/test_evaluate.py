@@ -207,3 +207,24 @@ def test_default_path_searches_with_the_models_question_tower(store, model, rigg
   with pytest.raises(ValueError, match="another corpus"):
     evaluate_lib.evaluate(model, rigged_params, examples,
                           searcher=ExactSearcher(block_emb[:3]), store=store)
+
+
+def test_reader_rows_cut_to_a_length_bucket_predict_as_full_rows(store, model, index,
+                                                                  monkeypatch):
+  """An untrained reader (its spans depend on every real token): rows cut to the batch's
+  longest, rounded up to 8, give the predictions and scores of rows read at full width."""
+  _, searcher = index
+  params = jax.jit(model.init)(jax.random.PRNGKey(3))
+  widths = []
+  cut_rows = evaluate_lib.inputs.cut_rows
+  monkeypatch.setattr(evaluate_lib.inputs, "cut_rows",
+                      lambda batch, keys, width: widths.append(width) or cut_rows(batch, keys,
+                                                                                  width))
+  runs = [evaluate_lib.evaluate(model, params, _examples(), searcher=searcher, store=store,
+                                batch_size=2, k_values=KS, embed_fn=embed_fn, reader_len=64,
+                                question_len=16, length_bucket=bucket) for bucket in (0, 8)]
+  assert widths and all(width < 64 and width % 8 == 0 for width in widths)
+  (full_results, full), (cut_results, cut) = runs
+  assert cut_results == full_results
+  assert [p["prediction"] for p in cut] == [p["prediction"] for p in full]
+  assert [p["predicted_block_id"] for p in cut] == [p["predicted_block_id"] for p in full]
