@@ -26,6 +26,9 @@ every seed (`train_main.seed` of every stage: initialisation, dropout, data orde
                                rate 0 provides that checkpoint
   REALM fine-tuned again       REALM's pretraining fine-tuned with fine-tuning seed s + 1000
                                (the pretraining keeps seed s): the fine-tuning noise
+  retriever held 160 steps     --gin.PretrainJob.freeze_retriever_steps=160: whether the
+                               retriever's updates before the encoder reads its blocks are what
+                               lowers its recall in some seeds
 
 The 30x stale row. The paper refreshed its index every ~500 pretraining steps and its stale row
 30 times less often, so that index was still refreshed during pretraining, only rarely. The toy
@@ -71,9 +74,13 @@ difference has the predicted sign) and whether the mean exceeds two standard err
 two rows share their retriever, zero-shot recall is equal by construction and is not judged.
 Next to the smallest direction effect on EM stands the fine-tuning noise: "REALM fine-tuned
 again" minus REALM, mean ± standard error and the standard deviation of that difference.
-`--write` puts the table, the comparisons and the noise line into docs/benchmarks.md.
+REALM, its two mixed rows and the ORQA-style baseline are a 2 x 2 design (retriever, encoder),
+so REALM minus the baseline on EM is also split into the retriever's effect, the encoder's and
+their interaction, seed by seed, beside the change in zero-shot recall the retriever's
+pretraining made. `--write` puts the table, the comparisons, the noise line and that split into
+docs/benchmarks.md.
 
-Cells. A pretraining row's cell takes about 10 minutes on 2 cores and a fine-tuning row's a few,
+Cells. A pretraining row's cell takes 5 to 10 minutes on 2 cores and a fine-tuning row's a few,
 so the default 5 seeds are hours, longer than one sitting. Every finished cell (one row, one
 seed) is kept as `<cells>/seed<s>_<row>.json` (default `bench/results/ablations/`, kept with the
 repository): its summary, minutes, date, commit and a fingerprint of what decides its result
@@ -155,6 +162,10 @@ ROWS = (
         {"ict": "untrained"}),
     Row("realm_refit", f"REALM fine-tuned again (fine-tuning seed + {REFIT_SEED_OFFSET})", False,
         {"finetune_seed_offset": REFIT_SEED_OFFSET}),
+    # Whether the retriever's early updates, made while the encoder does not yet read its
+    # blocks (utility near zero), are what lowers its recall in some seeds.
+    Row("retriever_held", "REALM, the retriever held for its first 160 steps (beside the paper)",
+        True, {"pretrain_bindings": ["PretrainJob.freeze_retriever_steps=160"]}),
 )
 ROW_BY_NAME = {row.name: row for row in ROWS}
 # The rows that fine-tune the REALM row's pretraining.
@@ -192,6 +203,9 @@ DIRECTIONS = (
               "baseline retriever + REALM encoder > ORQA-style baseline", same_retriever=True),
     Direction(BASE, "no_null", "REALM > no null document", paper=False),
     Direction(BASE, "no_ict", "REALM > no ICT warm start", paper=False),
+    Direction("retriever_held", BASE, "retriever held 160 steps > REALM", paper=False),
+    Direction("retriever_held", "orqa", "retriever held 160 steps > ORQA-style baseline",
+              paper=False),
 )
 
 # ---------------------------------------------------------------------------- the statistics
@@ -663,6 +677,62 @@ def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
   return text
 
 
+# The four fine-tunings of a seed's pretraining form a 2 x 2 design: (retriever, encoder) of
+# REALM's pretraining or of the baseline (the ICT retriever, the toy BERT).
+FACTORIAL = {("realm", "realm"): BASE, ("realm", "bert"): "realm_retriever_bert_encoder",
+             ("ict", "realm"): "ict_retriever_realm_encoder", ("ict", "bert"): "orqa"}
+
+
+def factorial_effects(rows: Mapping[str, Mapping[int, dict]], key: str = EM
+                      ) -> Optional[tuple[tuple[int, ...], dict[str, PairedDifference]]]:
+  """REALM minus the ORQA-style baseline on `key`, split by the 2 x 2 design (`FACTORIAL`) seed
+  by seed: the retriever's effect (REALM's retriever against ICT's, averaged over the two
+  encoders), the encoder's (REALM's encoder against the toy BERT, over the two retrievers) and
+  their interaction; the first two add up to REALM minus the baseline. (seeds, {"retriever",
+  "encoder", "interaction", "total"}: paired differences against zero), over the seeds all four
+  rows have; None when there is none."""
+  cells = {factors: rows.get(name, {}) for factors, name in FACTORIAL.items()}
+  seeds = tuple(seed for seed in sorted(set.intersection(*(set(c) for c in cells.values())))
+                if all(finite(c[seed].get(key)) for c in cells.values()))
+  if not seeds:
+    return None
+  value = lambda retriever, encoder: np.array([cells[retriever, encoder][s][key] for s in seeds])
+  rr, rb, ir, ib = (value("realm", "realm"), value("realm", "bert"), value("ict", "realm"),
+                    value("ict", "bert"))
+  zero = np.zeros(len(seeds))
+  effects = {"retriever": ((rr - ir) + (rb - ib)) / 2, "encoder": ((rr - rb) + (ir - ib)) / 2,
+             "interaction": ((rr - ir) - (rb - ib)) / 2, "total": rr - ib}
+  return seeds, {name: paired_difference(list(e), list(zero)) for name, e in effects.items()}
+
+
+def factorial_lines(rows: Mapping[str, Mapping[int, dict]]) -> str:
+  """`factorial_effects` on test EM, one line each, and beside the retriever's effect the
+  change in zero-shot recall@5 its pretraining made (REALM's retriever minus ICT's); "" before
+  the four rows share a seed."""
+  found = factorial_effects(rows)
+  if found is None:
+    return ""
+  seeds, effects = found
+  titles = {"total": "REALM minus the ORQA-style baseline",
+            "retriever": "of which REALM's retriever (against ICT's, mean over both encoders)",
+            "encoder": "of which REALM's encoder (against the toy BERT, mean over both "
+                       "retrievers)",
+            "interaction": "interaction (the retriever's effect with REALM's encoder minus "
+                           "with the toy BERT, halved)"}
+  lines = [f"REALM against the ORQA-style baseline, {COLUMN_TITLES[EM]}, split by its 2 x 2 "
+           "design (retriever: REALM's or ICT's; encoder: REALM's or the toy BERT):"]
+  for name in ("total", "retriever", "encoder", "interaction"):
+    lines.append(f"* {titles[name]}: {format_difference(seeds, effects[name])}: "
+                 f"{two_sided_verdict(effects[name])}")
+  recall = paired(rows, BASE, "orqa", RECALL)
+  if recall is not None and recall[0] == seeds and len(seeds) > 2:
+    r = float(np.corrcoef(recall[1].per_seed, effects["retriever"].per_seed)[0, 1])
+    lines.append(f"* zero-shot recall@5, REALM's retriever minus ICT's: "
+                 f"{format_difference(*recall)}; its correlation over the seeds with the "
+                 f"retriever's effect on EM: {r:+.2f}")
+  return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------- command line
 
 
@@ -726,7 +796,8 @@ def main() -> int:
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
              toy_bert=toy_bert, ict_from_bert=args.ict_from == "bert", cells=cells)
-  text = "\n\n".join(part for part in (table(rows), comparisons(rows), noise_line(rows)) if part)
+  text = "\n\n".join(part for part in (table(rows), comparisons(rows), noise_line(rows),
+                                         factorial_lines(rows)) if part)
   print("\n" + text)
   if args.write:
     steps = lambda n: "the recipe's" if n is None else str(n)

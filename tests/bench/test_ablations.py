@@ -162,6 +162,45 @@ def test_noise_line_next_to_the_smallest_direction_effect():
   assert ablations.noise_line(one_seed) == ""  # no spread from one seed
 
 
+def test_factorial_effects_split_realm_minus_the_baseline_by_hand():
+  rows = {
+      # Seed 0: REALM 0.30, REALM retriever + BERT 0.26, ICT retriever + REALM encoder 0.20,
+      # ORQA 0.18. Retriever ((0.30 - 0.20) + (0.26 - 0.18)) / 2 = 0.09; encoder ((0.30 - 0.26)
+      # + (0.20 - 0.18)) / 2 = 0.03; interaction (0.10 - 0.08) / 2 = 0.01; total 0.12 = 0.09 +
+      # 0.03.
+      # Seed 1: 0.20, 0.22, 0.24, 0.20: retriever (-0.04 + 0.02) / 2 = -0.01; encoder (-0.02 +
+      # 0.04) / 2 = 0.01; interaction (-0.04 - 0.02) / 2 = -0.03; total 0.00.
+      # Seed 2: 0.25, 0.21, 0.19, 0.18: retriever (0.06 + 0.03) / 2 = 0.045; encoder (0.04 +
+      # 0.01) / 2 = 0.025; interaction 0.015; total 0.07.
+      "realm": _by_seed(_cell(0.30, 0.50), _cell(0.20, 0.40), _cell(0.25, 0.45)),
+      "realm_retriever_bert_encoder": _by_seed(_cell(0.26), _cell(0.22), _cell(0.21)),
+      "ict_retriever_realm_encoder": _by_seed(_cell(0.20), _cell(0.24), _cell(0.19)),
+      "orqa": _by_seed(_cell(0.18, 0.40), _cell(0.20, 0.45), _cell(0.18, 0.40)),
+  }
+  seeds, effects = ablations.factorial_effects(rows)
+  assert seeds == (0, 1, 2)
+  expected = {"retriever": (0.09, -0.01, 0.045), "encoder": (0.03, 0.01, 0.025),
+              "interaction": (0.01, -0.03, 0.015), "total": (0.12, 0.0, 0.07)}
+  for name, per_seed in expected.items():
+    assert effects[name].per_seed == pytest.approx(per_seed), name
+    assert effects[name].mean == pytest.approx(sum(per_seed) / 3), name
+  lines = ablations.factorial_lines(rows).splitlines()
+  # Retriever effect: mean 0.041667; deviations 0.048333, -0.051667, 0.003333; squares sum
+  # 0.0050167, / 2 = 0.0025083, sd 0.050083, SE 0.028916.
+  assert lines[2] == ("* of which REALM's retriever (against ICT's, mean over both encoders): "
+                      "+0.042 ± 0.029 (seeds 0, 1, 2: +0.090, -0.010, +0.045): within two "
+                      "standard errors, not the same sign in every seed")
+  # Recall differences +0.10, -0.05, +0.05 against the retriever's effects +0.09, -0.01,
+  # +0.045: means 0.033333 and 0.041667; centred (0.066667, -0.083333, 0.016667) and
+  # (0.048333, -0.051667, 0.003333); products sum 0.0075556; norms 0.108012 and 0.070829:
+  # r = 0.0075556 / 0.0076504 = 0.99.
+  assert lines[-1].endswith("its correlation over the seeds with the retriever's effect on "
+                            "EM: +0.99")
+  del rows["orqa"][2]  # a seed missing one of the four rows is left out
+  assert ablations.factorial_effects(rows)[0] == (0, 1)
+  assert ablations.factorial_lines({"realm": rows["realm"]}) == ""
+
+
 def test_rows_and_directions():
   names = [row.name for row in ablations.ROWS]
   assert names[:4] == ["realm", "realm_retriever_bert_encoder", "ict_retriever_realm_encoder",
