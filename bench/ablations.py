@@ -72,8 +72,9 @@ REALM > no ICT, on both columns: the mean paired difference (row A minus row B, 
 number of seeds), the per-seed differences, whether the direction holds in every seed (every
 difference has the predicted sign) and whether the mean exceeds two standard errors. Where the
 two rows share their retriever, zero-shot recall is equal by construction and is not judged.
-Next to the smallest direction effect on EM stands the fine-tuning noise: "REALM fine-tuned
-again" minus REALM, mean ± standard error and the standard deviation of that difference.
+Next to the smallest effect of the paper's directions on EM stands the fine-tuning noise:
+"REALM fine-tuned again" minus REALM, mean ± standard error and the standard deviation of that
+difference.
 REALM, its two mixed rows and the ORQA-style baseline are a 2 x 2 design (retriever, encoder),
 so REALM minus the baseline on EM is also split into the retriever's effect, the encoder's and
 their interaction, seed by seed, beside the change in zero-shot recall the retriever's
@@ -655,8 +656,8 @@ def comparisons(rows: Mapping[str, Mapping[int, dict]]) -> str:
 
 def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
   """The fine-tuning noise ("REALM fine-tuned again" minus REALM, test EM: mean ± standard
-  error and the standard deviation of the difference) next to the smallest direction effect on
-  test EM it must resolve; "" before both rows are measured with two seeds."""
+  error and the standard deviation of the difference) next to the smallest effect of the
+  paper's directions on test EM that it must resolve; "" before both rows are measured with two seeds."""
   pair = paired(rows, "realm_refit", BASE, EM)
   if pair is None or len(pair[0]) < 2:
     return ""
@@ -666,7 +667,8 @@ def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
           f"s + {REFIT_SEED_OFFSET}, minus REALM, {COLUMN_TITLES[EM]}: "
           f"{format_difference(seeds, d)}; standard deviation of the difference {sd:.3f} (one "
           f"fine-tuning's own spread about {sd / math.sqrt(2):.3f}, if the two are independent).")
-  effects = [(direction, e) for direction, key, _, e in direction_stats(rows) if key == EM]
+  effects = [(direction, e) for direction, key, _, e in direction_stats(rows)
+             if key == EM and direction.paper]
   if effects:
     direction, e = min(effects, key=lambda item: abs(item[1].mean))
     se = f"{e.standard_error:.3f}" if finite(e.standard_error) else "n/a"

@@ -566,6 +566,8 @@ class Recipe:
         "retrieval_utility_last": last("eval/retrieval/utility"),
         "qa_em_null_only": 0.0,
         "qa_em_realm": qa_metrics["metrics"]["exact_match"],
+        # The fine-tuned reader's own retrieval at the top (EM follows it on the toy world).
+        "qa_recall@1_realm": qa_metrics["metrics"].get("recall@1", float("nan")),
         "qa_em_orqa": (_metrics_json(orqa_qa)["metrics"]["exact_match"] if orqa_qa
                        else float("nan")),
         "recall@5_before": _metrics_json(before)["metrics"]["recall@5"],
