@@ -101,7 +101,8 @@ class FinetuneJob(IndexJob):
       multiple of this many wordpieces that holds its longest `[CLS] question [SEP] body [SEP]`
       (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
       distinct width is one compilation of the train step. 0 (the default): every batch at
-      `reader_len`. The evaluation reads `reader_len` rows. Single-host runs only.
+      `reader_len`. Single-host runs only. The evaluation cuts its own rows the same way
+      whatever this says (`evaluation.evaluate.Predictor`, buckets of 32).
     retriever_objective: how the question tower learns. The extractive reader: "marginal"
       (ORQA's retriever and reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop",
       "adist" over the reader beam (the reader's loss then reads the scores held fixed; ORQA's
