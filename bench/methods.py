@@ -240,7 +240,10 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], toy_bert: st
 
 def _table(results, header: str, entries: list[tuple[str, str]],
            columns: list[tuple[str, str, int]]) -> str:
-  """Markdown rows `entries` [(row, label)] x `columns` [(summary key, title, digits)]."""
+  """Markdown rows `entries` [(row, label)] x `columns` [(summary key, title, digits)]; "" when
+  no entry was measured."""
+  if not any(row in results for row, _ in entries):
+    return ""
   lines = [f"| {header} | " + " | ".join(title for _, title, _ in columns) + " |",
            "|---" * (len(columns) + 1) + "|"]
   for row, label in entries:
@@ -271,7 +274,7 @@ def tables(results: dict[str, dict[int, dict]]) -> str:
                 [("qa_em_realm", "EM (test)", 3), ("trainable_params", "trainable parameters", 0),
                  ("step_seconds", "seconds per step", 3),
                  ("checkpoint_mb", "checkpoint (MB)", 2)])
-  return "\n\n".join([warm, objectives, peft])
+  return "\n\n".join(table for table in (warm, objectives, peft) if table)
 
 
 WARM_KEYS = (("recall@5_before", "zero-shot recall@5 of the warm start"),

@@ -94,6 +94,9 @@ def test_the_three_tables():
   assert peft[2].startswith("| full | 0.300 ± 0.141 | 1,000 ± 0 |")
   # 0.15 and 0.25: mean 0.2, sample std sqrt(0.005) = 0.071.
   assert peft[3].startswith("| LoRA | 0.200 ± 0.071 | 5,000 ± 0 |")
+  # A table none of whose rows was measured is left out whole.
+  only_warm = methods.tables({"warm_bert_ict": _by_seed(_summary(0.3))}).split("\n\n")
+  assert len(only_warm) == 1 and only_warm[0].startswith("| warm start |")
 
 
 def test_finetune_costs_from_a_run_directory(tmp_path, monkeypatch):
