@@ -887,6 +887,14 @@ def cut_rows(batch: Mapping[str, Any], keys: Sequence[str], width: int) -> dict[
   return {key: value[..., :width] if key in keys else value for key, value in batch.items()}
 
 
+def cut_to_bucket(batch: Mapping[str, Any], keys: Sequence[str], mask_key: str,
+                  length_bucket: int) -> tuple[dict[str, Any], int]:
+  """(`batch` with `keys` cut to `index.builder.bucket_width` of its `mask_key` rows, that
+  width): the smallest multiple of `length_bucket` holding the longest row (0: no cut)."""
+  width = builder_lib.bucket_width(np.asarray(batch[mask_key]), length_bucket)
+  return cut_rows(batch, keys, width), width
+
+
 def spec_at_width(spec: Mapping[str, Any], keys: Sequence[str], width: int
                   ) -> dict[str, jax.ShapeDtypeStruct]:
   """The schema of `cut_rows(batch, keys, width)` for batches of schema `spec`: the last axis
@@ -941,8 +949,8 @@ class LengthBucketed:
     return self
 
   def __next__(self) -> dict[str, Any]:
-    batch = next(self.batches)
-    width = builder_lib.bucket_width(np.asarray(batch[self.mask_key]), self.length_bucket)
+    batch, width = cut_to_bucket(next(self.batches), self.keys, self.mask_key,
+                                 self.length_bucket)
     if width not in self.widths:
       self.widths.add(width)
       log.info("%s rows: a batch of width %d of %d (widths so far: %s; each is one compilation "
@@ -950,7 +958,7 @@ class LengthBucketed:
                sorted(self.widths))
     self._batches_cut += 1
     self._width_sum += width
-    return cut_rows(batch, self.keys, width)
+    return batch
 
   def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The wrapped iterator's schema: the full width, the widest batch this yields."""

@@ -992,10 +992,6 @@ class _Analyzer:
   record_token_ids: str
   sentence_splitter: Callable[[str], list[tuple[int, int]]]
 
-  @property
-  def word_start_table(self) -> np.ndarray:
-    return self.vocab.word_start_table  # [vocab_size]
-
   def __call__(self, docs: Sequence[tuple]) -> "_ChunkResult":
     """Analyses (title, text, is_block, title_token_ids, body_token_ids) documents.
 
@@ -1080,7 +1076,7 @@ class _Analyzer:
     else:
       ids, starts, limits, lengths = self._sentences(text_bytes, spans, body)
       oversize = int(np.count_nonzero(lengths > budget))
-      word_starts = self.word_start_table[ids] if oversize else None
+      word_starts = self.vocab.word_start_table[ids] if oversize else None
       ranges = pack_sentences(lengths.tolist(), budget, word_starts)
     first_block = len(chunk.blocks)
     for begin, end in ranges:
@@ -1101,7 +1097,7 @@ class _Analyzer:
     sentence and each sentence starts a word; else each sentence is tokenised alone.
     """
     spans = np.asarray(spans, np.int64).reshape(-1, 2)
-    lengths = _sentence_lengths(spans, text_bytes, body, self.word_start_table)
+    lengths = _sentence_lengths(spans, text_bytes, body, self.vocab.word_start_table)
     if lengths is not None:
       if len(spans) == 0:
         return (np.zeros(0, np.int32),) + (np.zeros(0, np.int64),) * 2 + (lengths,)

@@ -49,7 +49,6 @@ from realm_jax.batches import inputs
 from realm_jax.batches import qa_inputs
 from realm_jax.evaluation import metrics
 from realm_jax.evaluation import retrieval
-from realm_jax.index import builder as builder_lib
 from realm_jax.models import open_qa
 
 log = logging.getLogger(__name__)
@@ -185,8 +184,8 @@ class Predictor:
     if self.length_bucket and "reader_mask" in device_batch:
       # Rows padded to reader_len cost the reader as much as tokens: cut to the batch's longest,
       # rounded up to the bucket (one compilation per width), as fine-tuning cuts its batches.
-      width = builder_lib.bucket_width(device_batch["reader_mask"], self.length_bucket)
-      device_batch = inputs.cut_rows(device_batch, qa_batches.READER_ROW_KEYS, width)
+      device_batch, _ = inputs.cut_to_bucket(device_batch, qa_batches.READER_ROW_KEYS,
+                                             "reader_mask", self.length_bucket)
     keys = getattr(self.model, "prediction_keys", None)
     if keys is not None:  # only what it reads: fixed shapes, one compilation
       device_batch = {key: device_batch[key] for key in keys if key in device_batch}

@@ -219,10 +219,11 @@ class SimpleTokenizer:
 _DEFAULT_TOKENIZER = SimpleTokenizer()
 
 
-def _contains_sequence(haystack: list[str], needle: list[str]) -> bool:
-  width, first = len(needle), needle[0]
-  # Only positions that start with the needle's first token are compared whole.
-  return any(haystack[i:i + width] == needle
+def _contains_sequence(haystack: Sequence[str], needle: Sequence[str]) -> bool:
+  width, first, needle = len(needle), needle[0], list(needle)
+  # Only positions that start with the needle's first token are compared whole (as lists, so
+  # that a tuple and a list of the same tokens are equal).
+  return any(list(haystack[i:i + width]) == needle
              for i in range(len(haystack) - width + 1) if haystack[i] == first)
 
 
@@ -247,8 +248,7 @@ def tokens_have_answer(text_tokens: Sequence[str],
   ``has_answer_tokens``: whether one answer's tokens occur in ``text_tokens`` as a contiguous
   sequence (an answer without tokens matches nothing). For texts and answers compared many times
   (retrieved blocks against questions), tokenise each once and call this."""
-  text_tokens = list(text_tokens)
-  return any(answer_tokens and _contains_sequence(text_tokens, list(answer_tokens))
+  return any(answer_tokens and _contains_sequence(text_tokens, answer_tokens)
              for answer_tokens in answers_tokens)
 
 

@@ -950,7 +950,7 @@ def test_sentences_read_off_the_whole_text_are_tokenised_sentence_by_sentence(vo
       assert tuple(x.tolist() for x in got) == tuple(expected(text, spans)), text
       fast += corpus._sentence_lengths(  # pylint: disable=protected-access
           np.asarray(spans, np.int64).reshape(-1, 2), raw, body,
-          analyzer.word_start_table) is not None
+          vocab.word_start_table) is not None
   # The default splitter always cuts between words; cutting every 7 bytes almost never does.
   assert len(texts) <= fast < len(texts) + 10
 
