@@ -1,7 +1,7 @@
 r"""The whole REALM recipe on the embedded toy world, on a CPU: the project's main job; or on
 your own corpus and questions.
 
-  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--toy_bert shipped|none|DIR]
+  python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--bert shipped|none|DIR]
       [--ict_from random|bert]
   python -m realm_jax.recipe --documents docs.jsonl --questions qa/ [--out /tmp/realm_own]
       [--max_block_len N] [--ict_remove_probability P] [--ict_steps N] [--pretrain_steps N]
@@ -11,10 +11,10 @@ Stages, each one of the project's own entry points run as a child process (so th
 builder really is a second process next to the trainer, as on a pod):
 
   0. a BERT                     python -m realm_jax.convert.hf of the shipped toy BERT
-                                (realm_jax.toy_bert, docs/toy_bert.md; `--toy_bert DIR` for
-                                another BertForMaskedLM directory of the toy model's shape,
-                                `--toy_bert none` for random weights): what the paper's BERT is
-                                to REALM
+                                (realm_jax.toy_bert, docs/toy_bert.md; `--bert DIR` for
+                                another transformers BERT directory, whose config.json then
+                                sizes every tower, `--bert none` for random weights): what
+                                the paper's BERT is to REALM
   1. ICT warm start             python -m realm_jax.train   experiments/toy_ict.gin (towers
                                 from random weights; `--ict_from bert` from the BERT, as
                                 REALM's: a toy-world deviation, docs/architecture.md)
@@ -252,18 +252,66 @@ def latest_checkpoint_dir(run_dir: str) -> str:
   return os.path.join(run_dir, "checkpoints", str(_latest_step(run_dir)))
 
 
+# The BertConfig fields that decide the shape of the towers a BERT warm-starts.
+BERT_SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps")
+
+
+def bert_shape_bindings(directory: Optional[str]) -> tuple[str, ...]:
+  """Gin bindings that give every tower the shape of the BERT in `directory` (its config.json),
+  so that a BERT of any size (the toy BERT, all-MiniLM-L6-v2, BERT-base) warm-starts the toy
+  gins' model; () for random weights (the toy model's shape). Dropout stays the toy model's."""
+  if directory is None:
+    return ()
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  config = hf.bert_config_from_hf(hf.read_config(directory))
+  return tuple(f"model_config.tiny_bert.{field}={getattr(config, field)!r}"
+               for field in BERT_SHAPE_FIELDS)
+
+
+def describe_bert(directory: Optional[str], ict_from_bert: bool) -> str:
+  """One line on the BERT a run started from: its directory and shape, and what it started."""
+  if directory is None:
+    return "none (every tower from random weights of the toy model's shape)"
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  config = hf.bert_config_from_hf(hf.read_config(directory))
+  towers = ("the retriever (ICT's towers), the encoder and the readers" if ict_from_bert
+            else "the encoder and the readers; ICT's towers from random weights")
+  return (f"{directory} (hidden {config.hidden_size}, {config.num_layers} layers, "
+          f"{config.num_heads} heads, intermediate {config.intermediate_size}): {towers}")
+
+
 def toy_bert_dir(choice: str) -> Optional[str]:
-  """`--toy_bert`: 'shipped' (realm_jax/data/assets/toy_bert), 'none' (None: random weights)
-  or a BertForMaskedLM directory; ValueError when it has no weights."""
+  """`--bert`: 'shipped' (realm_jax/data/assets/toy_bert), 'none' (None: random weights)
+  or a transformers BERT directory (BertForMaskedLM, or BertModel, whose MLM head then starts
+  fresh); ValueError when it has no weights, an unreadable config.json, or another WordPiece
+  vocabulary than the one the corpus is tokenised with."""
   from realm_jax import toy_bert  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import vocab  # pylint: disable=g-import-not-at-top
   directory = {"shipped": toy_bert.SHIPPED_DIR, "none": None}.get(choice, choice)
-  if directory is not None and not os.path.isfile(os.path.join(directory, "model.safetensors")):
-    raise ValueError(f"--toy_bert {choice}: no model.safetensors in {directory}")
+  if directory is None:
+    return None
+  if not os.path.isfile(os.path.join(directory, "model.safetensors")):
+    raise ValueError(f"--bert {choice}: no model.safetensors in {directory}")
   sha256 = toy_bert.weights_sha256(directory) if choice == "shipped" else None
   if sha256 is not None and sha256 != toy_bert.SHIPPED_SHA256:
-    raise ValueError(f"--toy_bert shipped: {directory}/model.safetensors has sha256 {sha256}, "
+    raise ValueError(f"--bert shipped: {directory}/model.safetensors has sha256 {sha256}, "
                      f"not the shipped {toy_bert.SHIPPED_SHA256} (docs/toy_bert.md); a "
                      f"partial checkout? `python -m realm_jax.toy_bert` rebuilds it")
+  try:
+    bert_shape_bindings(directory)
+  except (OSError, ValueError, KeyError) as e:
+    raise ValueError(f"--bert {choice}: {gin_utils.one_line(e)}"
+                     + (" missing from its config.json" if isinstance(e, KeyError) else "")
+                     ) from e
+  vocab_file = os.path.join(directory, "vocab.txt")
+  if os.path.isfile(vocab_file):
+    with open(vocab_file, encoding="utf-8") as theirs, open(
+        vocab.bundled_vocab_path(), encoding="utf-8") as ours:
+      if theirs.read().split() != ours.read().split():
+        raise ValueError(f"--bert {choice}: {vocab_file} is not the BERT uncased WordPiece "
+                         f"vocabulary the corpus is tokenised with ({vocab.bundled_vocab_path()}"
+                         f"): the blocks' ids would mean other wordpieces to this BERT")
   return directory
 
 
@@ -303,9 +351,10 @@ class Recipe:
     self.out = os.path.abspath(out)
     self.store = store
     self.toy_bert = toy_bert
+    self.model_bindings = bert_shape_bindings(toy_bert)
     self.ict_from_bert = ict_from_bert
     self.baseline = baseline
-    self.bert = os.path.join(self.out, "toy_bert")
+    self.bert = os.path.join(self.out, "bert")
     self.orqa = os.path.join(self.out, "orqa")
     self.pretrain_bindings = list(pretrain_bindings)
     self.finetune_bindings = list(finetune_bindings)
@@ -339,10 +388,14 @@ class Recipe:
     from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.training_done(run_dir)
 
+  def bindings(self, child: str) -> tuple[str, ...]:
+    """The gin bindings of one kind of child ('ict', 'pretrain', 'finetune', 'evaluate'): the
+    BERT's shape (`bert_shape_bindings`), then the recipe's data (`data_bindings`)."""
+    return self.model_bindings + self.data_bindings(child)
+
   def data_bindings(self, child: str) -> tuple[str, ...]:
-    """The gin bindings that point one kind of child ('ict', 'pretrain', 'finetune',
-    'evaluate') at the recipe's data: none here, the toy gins' own tasks and the toy store
-    (`OwnDataRecipe`: your corpus and questions)."""
+    """The gin bindings that point one kind of child at the recipe's data: none here, the toy
+    gins' own tasks and the toy store (`OwnDataRecipe`: your corpus and questions)."""
     del child
     return ()
 
@@ -376,7 +429,7 @@ class Recipe:
                                  f"evaluate_main.first_index_checkpoint_dir='{index_checkpoint}'",
                                  f"evaluate_main.split='{split}'",
                                  f"evaluate_main.output='{output}'",
-                                 *self.data_bindings("evaluate"))),
+                                 *self.bindings("evaluate"))),
              os.path.join(self.logs, f"recall_{name}.log"))
     return child, output.replace(".jsonl", ".metrics.json")
 
@@ -409,7 +462,7 @@ class Recipe:
               f"ENCODER_CHECKPOINT={_quoted(bert)}",
               # Without a builder no refresh is ever published to wait for.
               *([] if self.with_builder else ["PretrainJob.refresh_in_lockstep=False"]),
-              *self.data_bindings("pretrain"), *self.pretrain_bindings),
+              *self.bindings("pretrain"), *self.pretrain_bindings),
         *(["--dry_run"] if dry_run else []))
 
   def _pretrain(self, bert: Optional[str]) -> None:
@@ -504,15 +557,15 @@ class Recipe:
     run_child(python_module("realm_jax.train", f"--gin_file={self.warm_start_gin}",
                             *_gin(f"RUN_DIR='{run_dir}'",
                                   f"INIT_CHECKPOINT={_quoted(init_checkpoint)}",
-                                  *self.data_bindings("ict"), *bindings)),
+                                  *self.bindings("ict"), *bindings)),
               os.path.join(self.logs, log))
 
   def _bert_checkpoint(self) -> Optional[str]:
-    """The recipe's BERT as step 0 of `<out>/toy_bert` (converted once), or None (random)."""
+    """The recipe's BERT as step 0 of `<out>/bert` (converted once), or None (random)."""
     if self.toy_bert is None:
       return None
     step_dir = os.path.join(self.bert, "checkpoints", "0")
-    self.stage("0 the BERT (converted from its BertForMaskedLM files)",
+    self.stage("0 the BERT (converted from its transformers files)",
                _latest_step(self.bert) == 0, lambda: run_child(
                    python_module("realm_jax.convert.hf", f"--hf_dir={self.toy_bert}",
                                  f"--run_dir={self.bert}"),
@@ -524,7 +577,7 @@ class Recipe:
     return (python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
                           *_gin(f"RUN_DIR='{run_dir}'",
                                 f"INIT_CHECKPOINT={_quoted(init_checkpoint)}",
-                                *bindings, *self.data_bindings("finetune"),
+                                *bindings, *self.bindings("finetune"),
                                 *self.finetune_bindings)),
             os.path.join(self.logs, f"{log}.log"))
 
@@ -545,7 +598,7 @@ class Recipe:
     child = (python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
                            *_gin(f"RUN_DIR='{run_dir}'", f"evaluate_main.split='{self.eval_split}'",
                                  f"evaluate_main.output='{predictions}'",
-                                 *self.data_bindings("evaluate"), *bindings)),
+                                 *self.bindings("evaluate"), *bindings)),
              os.path.join(self.logs, f"evaluate_{name}.log"))
     return child, predictions.replace(".jsonl", ".metrics.json")
 
@@ -848,7 +901,7 @@ class OwnDataRecipe(Recipe):
     # What the user asked for, by the flags that ask it, recorded: a resumed run must ask for
     # the same.
     self.arguments = {"--documents": documents, "--documents_format": documents_format,
-                      "--questions": questions, "--toy_bert": toy_bert,
+                      "--questions": questions, "--bert": toy_bert,
                       "--ict_from": "bert" if ict_from_bert else "random",
                       "--max_block_len": max_block_len,
                       "--ict_remove_probability": ict_remove_probability,
@@ -934,7 +987,7 @@ class OwnDataRecipe(Recipe):
     ict = python_module("realm_jax.train", f"--gin_file={self.warm_start_gin}",
                         *_gin(f"RUN_DIR='{self.ict}'",
                               f"INIT_CHECKPOINT={_quoted(bert if self.ict_from_bert else None)}",
-                              *self.data_bindings("ict"), *self.warm_start_bindings), "--dry_run")
+                              *self.bindings("ict"), *self.warm_start_bindings), "--dry_run")
     finetune, _ = self._finetune_child(self.bm25_reader, None, "dry_run_finetune",
                                        *self._bm25_reader_bindings(bert))
     run_children([(ict, os.path.join(self.logs, "dry_run_ict.log")),
@@ -967,7 +1020,7 @@ class OwnDataRecipe(Recipe):
     child = (python_module("realm_jax.evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
                            *_gin("RUN_DIR=None", "evaluate_main.mode='bm25'",
                                  "evaluate_main.split='test'", f"evaluate_main.output='{output}'",
-                                 *self.data_bindings("evaluate"))),
+                                 *self.bindings("evaluate"))),
              os.path.join(self.logs, "recall_bm25_test.log"))
     return child, output.replace(".jsonl", ".metrics.json")
 
@@ -1061,6 +1114,7 @@ class OwnDataRecipe(Recipe):
     dev = {row: metrics(path) for row, path in dev_recall.items()}
     return {
         "documents": self.documents, "questions": self.questions, "settings": self.settings,
+        "bert": describe_bert(self.toy_bert, self.ict_from_bert),
         "verdict": pretraining_verdict(dev["warm_start"], dev["pretrained"], step),
         "answer_metric": "regex_match" if open_qa.qa_path(self.questions)[0] else "exact_match",
         "recall": {row: metrics(path) for row, path in recall.items()},
@@ -1124,6 +1178,7 @@ def format_own_table(summary: dict, wall_seconds: float) -> str:
       ("mean index staleness (steps)", f"{summary['mean_staleness_steps']:.1f}"),
       ("wall time", f"{wall_seconds / 60:.1f} min")])
   lines += ["", summary["verdict"]]
+  lines += [f"bert: {summary['bert']}"]
   lines += [f"{name}: {setting['value']:g} ({setting['why']})"
             for name, setting in summary["settings"].items()]
   return "\n".join(lines)
@@ -1155,15 +1210,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       help=f"output directory (default {DEFAULT_OUT}; with --documents "
                            f"{OWN_OUT})")
   parser.add_argument("--fresh", action="store_true", help="delete --out first")
-  parser.add_argument("--toy_bert", default="shipped",
-                      help="the BertForMaskedLM directory every tower starts from: 'shipped' "
-                           "(default: the toy BERT in realm_jax/data/assets/toy_bert, "
-                           "docs/toy_bert.md), 'none' (random weights) or a directory of the "
-                           "toy model's shape (hidden 128, 2 layers, 2 heads, intermediate 512; "
-                           "with --documents its shape is checked before anything trains)")
+  parser.add_argument("--bert", "--toy_bert", dest="toy_bert", default="shipped",
+                      help="the BERT every tower starts from: 'shipped' (default: the toy BERT "
+                           "in realm_jax/data/assets/toy_bert, docs/toy_bert.md), 'none' "
+                           "(random weights of the toy model's shape) or a transformers BERT "
+                           "directory (config.json, model.safetensors, and vocab.txt if any "
+                           "must be BERT uncased's), whose config.json sizes every tower, e.g. "
+                           "all-MiniLM-L6-v2; a BertModel without an MLM head gets a fresh one "
+                           "(its decoder tied to the BERT's word embeddings). --toy_bert is the "
+                           "same flag"),
   parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
                       help="what ICT's towers start from: 'random' (default) weights, or the "
-                           "--toy_bert BERT as REALM's start from BERT. A toy-world deviation: "
+                           "--bert BERT as REALM's start from BERT. A toy-world deviation: "
                            "the toy BERT's hidden states keep too little of which name a "
                            "wordpiece sequence spells for ICT to learn the toy world's name "
                            "matching from them (docs/architecture.md)")

@@ -426,6 +426,19 @@ def test_pretraining_takes_the_encoder_from_an_mlm_checkpoint():
     job.warm_start_extra("encoder_checkpoint", ict, params, "ict/5")
 
 
+def test_pretraining_from_a_bert_without_an_mlm_head_keeps_the_fresh_head():
+  """A BertModel checkpoint (a sentence encoder such as all-MiniLM-L6-v2) has no MLM head: the
+  encoder takes its BERT and keeps the fresh head."""
+  mlm, fresh = _tiny_params("BertMlmModel", 2), _tiny_params("RealmPretrainModel", 3)
+  bert_only = {"encoder": {"bert": mlm["encoder"]["bert"]}}
+  params, taken = jobs.PretrainJob(task="realm_toy_salient_span").warm_start_extra(
+      "encoder_checkpoint", bert_only, fresh, "minilm/0")
+  assert taken == "encoder's BERT (the checkpoint has no MLM head: a fresh one)"
+  assert _leaves_equal(params["encoder"]["bert"], mlm["encoder"]["bert"])
+  assert _leaves_equal(params["encoder"]["mlm_head"], fresh["encoder"]["mlm_head"])
+  assert not _leaves_equal(params["encoder"]["bert"], fresh["encoder"]["bert"])
+
+
 def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_from_ict():
   """The ORQA-style baseline: an ICT init_checkpoint (retriever) and a BERT encoder_checkpoint
   (the reader's BERT; the span head stays fresh)."""

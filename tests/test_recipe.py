@@ -15,6 +15,9 @@ import time
 import pytest
 
 from realm_jax import recipe
+from realm_jax import toy_bert
+
+SHIPPED_BERT = toy_bert.SHIPPED_DIR  # a real BERT directory: its config.json sizes the towers
 
 
 def test_progress_filter_keeps_progress_lines_only_and_strips_log_prefixes():
@@ -52,7 +55,6 @@ def test_table_lists_every_figure_the_main_job_promises():
 
 
 def test_toy_bert_choice_checks_the_shipped_weights(tmp_path, monkeypatch):
-  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
   assert recipe.toy_bert_dir("shipped") == toy_bert.SHIPPED_DIR
   assert recipe.toy_bert_dir("none") is None
   with pytest.raises(ValueError, match="no model.safetensors"):
@@ -68,7 +70,7 @@ def test_ict_starts_from_random_weights_unless_asked_to_start_from_the_bert(tmp_
   commands = []
   monkeypatch.setattr(recipe, "run_child", lambda cmd, log: commands.append(list(cmd)))
   for ict_from_bert in (False, True):
-    run = recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert="/the/bert",
+    run = recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert=SHIPPED_BERT,
                         ict_from_bert=ict_from_bert)
     monkeypatch.setattr(run, "_bert_checkpoint", lambda: "/converted/checkpoints/0")
     run.train_ict(str(tmp_path / "ict"), "ict.log", "NUM_STEPS=3")
@@ -209,7 +211,7 @@ def _finished_recipe(tmp_path, monkeypatch, *, index_of_pretrain=400, **kwargs):
   list the children's commands are appended to, in the order they would run)."""
   from realm_jax.index import store as store_lib  # pylint: disable=import-outside-toplevel
   out, ict = tmp_path / "out", str(tmp_path / "ict")
-  run = recipe.Recipe(str(out), "/store", ict_dir=ict, toy_bert="/the/bert",
+  run = recipe.Recipe(str(out), "/store", ict_dir=ict, toy_bert=SHIPPED_BERT,
                       finetune_bindings=["NUM_STEPS=7"], **{"baseline": False, **kwargs})
   trained, indexes, commands = {ict, run.pretrain}, {run.pretrain: index_of_pretrain}, []
 
@@ -296,7 +298,7 @@ def test_without_the_builder_recall_after_pretraining_reads_the_final_checkpoint
 def test_the_warm_start_can_continue_a_checkpoint_instead_of_the_bert(tmp_path, monkeypatch):
   commands = []
   monkeypatch.setattr(recipe, "run_child", lambda cmd, log: commands.append(list(cmd)))
-  run = recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert="/the/bert", ict_from_bert=True)
+  run = recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert=SHIPPED_BERT, ict_from_bert=True)
   monkeypatch.setattr(run, "_bert_checkpoint", lambda: "/converted/checkpoints/0")
   run.train_ict(str(tmp_path / "ict"), "ict.log", init_checkpoint="/retromae/checkpoints/400")
   run.train_ict(str(tmp_path / "ict2"), "ict.log")

@@ -63,6 +63,75 @@ def test_flags_name_files_absolutely_and_pick_the_own_output_directory(tmp_path,
 # -- bad input, named before anything trains
 
 
+MINILM_CONFIG = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": 30522,
+                 "hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+                 "intermediate_size": 1536, "hidden_act": "gelu",
+                 "max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12,
+                 "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+
+
+def _bert_dir(root, config=MINILM_CONFIG, vocab=None):
+  """A transformers BERT directory as `--bert` reads it (the weights are not read here)."""
+  from realm_jax.data import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  root.mkdir(parents=True)
+  (root / "config.json").write_text(json.dumps(config))
+  (root / "model.safetensors").write_bytes(b"")
+  with open(vocab_lib.bundled_vocab_path(), encoding="utf-8") as f:
+    (root / "vocab.txt").write_text(vocab if vocab is not None else f.read())
+  return str(root)
+
+
+def test_a_berts_config_sizes_every_tower_of_every_child(tmp_path):
+  """all-MiniLM-L6-v2's config.json (hand-copied) becomes the towers' shape in the gins of every
+  kind of child; dropout stays the toy gins'."""
+  import gin  # pylint: disable=import-outside-toplevel
+  from realm_jax import evaluate, gin_utils  # pylint: disable=import-outside-toplevel,unused-import
+  directory = _bert_dir(tmp_path / "minilm")
+  shape = ("model_config.tiny_bert.vocab_size=30522", "model_config.tiny_bert.hidden_size=384",
+           "model_config.tiny_bert.num_layers=6", "model_config.tiny_bert.num_heads=12",
+           "model_config.tiny_bert.intermediate_size=1536",
+           "model_config.tiny_bert.hidden_act='gelu'",
+           "model_config.tiny_bert.max_position_embeddings=512",
+           "model_config.tiny_bert.type_vocab_size=2",
+           "model_config.tiny_bert.layer_norm_eps=1e-12")
+  assert recipe.bert_shape_bindings(directory) == shape
+  assert recipe.bert_shape_bindings(None) == ()
+  run = recipe.OwnDataRecipe(str(tmp_path / "out"), documents="/d.jsonl", questions="/qa",
+                             toy_bert=directory)
+  run.max_block_len, run.ict_remove_probability = 160, 0.2
+  for child in ("ict", "pretrain", "finetune", "evaluate"):
+    assert run.bindings(child)[:len(shape)] == shape
+    assert run.bindings(child)[len(shape):] == run.data_bindings(child)
+  gin_utils.parse_gin(["gin_configs/experiments/toy_eval.gin"],
+                      ["RUN_DIR='/x'", *run.bindings("evaluate")])
+  bert = gin.query_parameter("%MODEL_CONFIG").scoped_configurable_fn().bert
+  gin.clear_config()
+  assert (bert.hidden_size, bert.num_layers, bert.num_heads, bert.intermediate_size,
+          bert.hidden_act) == (384, 6, 12, 1536, "gelu")
+  assert bert.hidden_dropout == bert.attention_dropout == 0.0
+  assert recipe.describe_bert(directory, True) == (
+      f"{directory} (hidden 384, 6 layers, 12 heads, intermediate 1536): the retriever (ICT's "
+      f"towers), the encoder and the readers")
+
+
+def test_a_bad_bert_directory_is_named_before_anything_runs(tmp_path, capsys):
+  broken = dict(MINILM_CONFIG)
+  del broken["num_attention_heads"]
+  cases = [(_bert_dir(tmp_path / "no_heads", config=broken),
+            "'num_attention_heads' missing from its config.json"),
+           (_bert_dir(tmp_path / "cased", vocab="[PAD]\n[UNK]\nHello\n"),
+            "vocab.txt is not the BERT uncased WordPiece vocabulary"),
+           (str(tmp_path), "no model.safetensors")]
+  for directory, expected in cases:
+    with pytest.raises(SystemExit) as exit_info:
+      recipe.parse_args(["--bert", directory])
+    assert exit_info.value.code == 2
+    assert f"--bert {directory}: " in capsys.readouterr().err
+    with pytest.raises(ValueError, match=expected):
+      recipe.toy_bert_dir(directory)
+  assert recipe.parse_args(["--toy_bert", "none"]).bert is None  # the flag's other name
+
+
 def test_questions_need_three_splits_none_empty_every_record_well_formed(tmp_path):
   good = _write_questions(tmp_path / "good")
   splits = recipe.check_questions(good)
@@ -263,6 +332,7 @@ def _summary(before_dev, after_dev, regex=False):
       "mlm_accuracy_null_only": 0.061, "mlm_accuracy_realm": 0.068,
       "retrieval_utility": {"first": 0.13, "chosen": 0.2, "last": 0.04},
       "refreshes": 4.0, "mean_staleness_steps": 41.0,
+      "bert": recipe.describe_bert(None, False),
       "settings": {"max_block_len": {"value": 160, "why": "chosen from the documents: ..."}}}
 
 
@@ -285,6 +355,7 @@ def test_table_has_bm25_beside_the_dense_retrievers_at_every_cut_off():
   assert ("Pretraining did not improve retrieval over the warm start: dev recall@1 0.100 -> "
           "0.100, recall@5 0.400 -> 0.300") in table
   assert "max_block_len: 160 (chosen from the documents: ...)" in table
+  assert "bert: none (every tower from random weights of the toy model's shape)" in table
   regex = recipe.format_own_table(_summary((0.1,) * 4, (0.2,) * 4, regex=True), 60)
   assert "test regex match" in regex.splitlines()[0]
   assert "Pretraining improved retrieval over the warm start: dev" in regex

@@ -470,7 +470,11 @@ def write_checkpoint(directory: str, run_dir: str, kind: str | None = None,
     raise ValueError(f"{directory}: a {kind!r} checkpoint is no BERT warm start; convert a "
                      f"{' or '.join(_WARM_START_KINDS)} checkpoint")
   config, params, _ = load_checkpoint(directory, kind, **config_overrides)
-  return checkpoints.save_checkpoint(run_dir, 0, {"encoder": params}, config=config)
+  # The knowledge-augmented encoder has no pooler: a BertModel's (e.g. a sentence encoder's)
+  # is left out, so that the item has the encoder's tree (its MLM head, if any, included).
+  bert = {name: value for name, value in params["bert"].items() if name != "pooler"}
+  return checkpoints.save_checkpoint(run_dir, 0, {"encoder": {**params, "bert": bert}},
+                                     config=config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,8 +100,13 @@ class PretrainJob(IndexJob):
 
   def warm_start_extra(self, knob: str, checkpoint: Mapping[str, Any], params: dict,
                        source: str) -> tuple[dict, str]:
-    """`encoder_checkpoint`: the knowledge-augmented encoder (REALM starts it from BERT)."""
-    return {**params, "encoder": require(checkpoint, "encoder", knob, source)}, "encoder"
+    """`encoder_checkpoint`: the knowledge-augmented encoder (REALM starts it from BERT). A
+    BERT without an MLM head (a `BertModel` checkpoint, e.g. a sentence encoder) keeps the
+    fresh head, whose decoder is tied to the BERT's word embeddings."""
+    encoder = require(checkpoint, "encoder", knob, source)
+    taken = ("encoder" if "mlm_head" in encoder
+             else "encoder's BERT (the checkpoint has no MLM head: a fresh one)")
+    return {**params, "encoder": {**params["encoder"], **encoder}}, taken
 
   def start(self, ctx: RunContext, model: Any, batches: Any):
     hooks, _, _ = super().start(ctx, model, batches)

@@ -202,6 +202,32 @@ def test_a_bert_becomes_the_warm_start_checkpoint_of_ict_and_pretraining(tmp_pat
       model.bert.embeddings.word_embeddings.weight.detach().numpy())
 
 
+def test_a_bert_model_without_mlm_head_warm_starts_pretraining_with_a_fresh_head(tmp_path):
+  """A BertModel (a sentence encoder such as all-MiniLM-L6-v2: a pooler, no MLM head) becomes
+  an encoder item of the knowledge-augmented encoder's tree less its head: pretraining takes
+  its BERT whole and keeps a fresh MLM head, and the towers' tree is the fresh one's."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from realm_jax import jobs  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import realm  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  model = _randomize(transformers.BertModel(_tiny_bert_config(), add_pooling_layer=True))
+  model.save_pretrained(tmp_path / "hf")
+  assert hf.main(["--hf_dir", str(tmp_path / "hf"), "--run_dir", str(tmp_path / "bert")]) == 0
+  restored, config, _ = checkpoints.restore_checkpoint_dir(
+      str(tmp_path / "bert" / "checkpoints" / "0"))
+  assert set(restored["encoder"]) == {"bert"} and "pooler" not in restored["encoder"]["bert"]
+  fresh = jax.device_get(realm.RealmPretrainModel(config).init(jax.random.PRNGKey(0)))
+  params, taken = jobs.PretrainJob(task="realm_toy_salient_span").warm_start_extra(
+      "encoder_checkpoint", restored, fresh, "bert/0")
+  assert "no MLM head" in taken
+  assert (jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(fresh))
+  np.testing.assert_array_equal(
+      params["encoder"]["bert"]["embeddings"]["word_embeddings"]["embedding"],
+      model.embeddings.word_embeddings.weight.detach().numpy())
+  np.testing.assert_array_equal(params["encoder"]["mlm_head"]["transform"]["kernel"],
+                                fresh["encoder"]["mlm_head"]["transform"]["kernel"])
+
+
 def test_conversion_cli_names_the_problem(tmp_path, capsys):
   model = _randomize(transformers.BertForMaskedLM(_tiny_bert_config()))
   model.save_pretrained(tmp_path / "hf")
