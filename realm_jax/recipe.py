@@ -5,7 +5,7 @@ your own corpus and questions.
       [--ict_from random|bert]
   python -m realm_jax.recipe --documents docs.jsonl --questions qa/ [--out /tmp/realm_own]
       [--max_block_len N] [--ict_remove_probability P] [--ict_steps N] [--pretrain_steps N]
-      [--finetune_steps N] ...
+      [--finetune_steps N] [--ict_lr R] [--pretrain_lr R] [--finetune_lr R] [--bert DIR] ...
 
 Stages, each one of the project's own entry points run as a child process (so the index
 builder really is a second process next to the trainer, as on a pod):
@@ -697,14 +697,18 @@ class InputError(Exception):
   the file (and the record and field where there is one), raised before anything trains."""
 
 
-def step_bindings(child: str, steps: Optional[int]) -> list[str]:
+def step_bindings(child: str, steps: Optional[int],
+                  learning_rate: Optional[float] = None) -> list[str]:
   """`--ict_steps`, `--pretrain_steps`, `--finetune_steps` ('ict', 'pretrain', 'finetune') as
-  gin bindings: NUM_STEPS and a checkpoint every 1/CHECKPOINTS_PER_RUN of the run; none for
-  None (the toy gin's own)."""
-  if steps is None:
-    return []
-  every = max(1, steps // CHECKPOINTS_PER_RUN[child])
-  return [f"NUM_STEPS={steps}", f"train_main.checkpoint_every={every}"]
+  gin bindings: NUM_STEPS and a checkpoint every 1/CHECKPOINTS_PER_RUN of the run; then
+  `--<child>_lr` as LEARNING_RATE; none for None (the toy gin's own)."""
+  bindings = []
+  if steps is not None:
+    every = max(1, steps // CHECKPOINTS_PER_RUN[child])
+    bindings += [f"NUM_STEPS={steps}", f"train_main.checkpoint_every={every}"]
+  if learning_rate is not None:
+    bindings.append(f"LEARNING_RATE={learning_rate!r}")
+  return bindings
 
 
 def absolute_questions(questions: str) -> str:
@@ -1256,12 +1260,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "a corpus and questions that do not belong together); the rest are "
                         "named and count as misses")
   steps = parser.add_argument_group(
-      "run lengths (default: the toy gins'; fewer steps try the pipeline in minutes)")
-  for child, what, default in (("ict", "ICT", 400), ("pretrain", "REALM pretraining", 400),
-                              ("finetune", "each fine-tuning", 300)):
+      "run lengths and peak learning rates (default: the toy gins', made for the toy model; "
+      "fewer steps try the pipeline in minutes, and a pretrained BERT of real size wants the "
+      "smaller rates of its papers, e.g. ORQA's ICT 1e-4, REALM's pretraining 3e-5)")
+  for child, what, default, rate in (("ict", "ICT", 400, 1e-3),
+                                     ("pretrain", "REALM pretraining", 400, 3e-4),
+                                     ("finetune", "each fine-tuning", 300, 3e-4)):
     steps.add_argument(f"--{child}_steps", type=_positive(int),
                        help=f"{what} steps (default {default}), with a checkpoint every "
                             f"1/{CHECKPOINTS_PER_RUN[child]} of them as the toy gin has it")
+    steps.add_argument(f"--{child}_lr", type=_positive(float),
+                       help=f"{what}'s peak learning rate (default {rate:g})")
   args = parser.parse_args(argv)
   if (args.documents is None) != (args.questions is None):
     parser.error("--documents and --questions go together: your corpus and its questions")
@@ -1296,9 +1305,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shutil.rmtree(args.out)
   # The gin files are addressed from the repository root, where the children run.
   os.chdir(gin_utils.REPO_ROOT)
-  bindings = {"warm_start_bindings": step_bindings("ict", args.ict_steps),
-              "pretrain_bindings": step_bindings("pretrain", args.pretrain_steps),
-              "finetune_bindings": step_bindings("finetune", args.finetune_steps)}
+  bindings = {"warm_start_bindings": step_bindings("ict", args.ict_steps, args.ict_lr),
+              "pretrain_bindings": step_bindings("pretrain", args.pretrain_steps,
+                                                 args.pretrain_lr),
+              "finetune_bindings": step_bindings("finetune", args.finetune_steps,
+                                                 args.finetune_lr)}
 
   def run() -> int:
     start = time.monotonic()

@@ -58,6 +58,10 @@ def test_flags_name_files_absolutely_and_pick_the_own_output_directory(tmp_path,
   assert recipe.step_bindings("pretrain", 40) == ["NUM_STEPS=40",
                                                   "train_main.checkpoint_every=8"]
   assert recipe.step_bindings("finetune", None) == []
+  assert recipe.step_bindings("ict", 100, 1e-4) == ["NUM_STEPS=100",
+                                                    "train_main.checkpoint_every=25",
+                                                    "LEARNING_RATE=0.0001"]
+  assert recipe.parse_args(["--pretrain_lr", "3e-5"]).pretrain_lr == 3e-5
 
 
 # -- bad input, named before anything trains
