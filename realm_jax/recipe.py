@@ -156,10 +156,28 @@ def child_env() -> dict[str, str]:
   launcher's allocator settings (`realm_jax_launch.local.ALLOCATOR_ENV`, 0.74x the toy step's
   time) and JAX's persistent compilation cache (`compilation_cache_dir`): every stage, and
   every cell of a bench, compiles the same steps again, about 8 s each on 2 cores and 1.2 s
-  read from the cache."""
+  read from the cache. No malloc settings with REALM_JAX_ALLOCATOR=system (below)."""
   import realm_jax_launch.local as launcher  # pylint: disable=g-import-not-at-top
-  settings = {**launcher.ALLOCATOR_ENV, "JAX_COMPILATION_CACHE_DIR": compilation_cache_dir()}
+  allocator = {} if os.environ.get(ALLOCATOR_CHOICE) == "system" else launcher.ALLOCATOR_ENV
+  settings = {**allocator, "JAX_COMPILATION_CACHE_DIR": compilation_cache_dir()}
   return {key: value for key, value in settings.items() if key not in os.environ}
+
+
+# REALM_JAX_ALLOCATOR=system: the children keep glibc's malloc defaults. The launcher's settings
+# keep each process's peak heap, which suits the toy model; a larger model's heap then grows
+# past memory (all-MiniLM-L6-v2's ICT step at batch 64 on this 2-core machine: killed at 22 GB,
+# 7.4 GB with glibc's defaults), so `main` chooses it for a BERT larger than the toy model's.
+ALLOCATOR_CHOICE = "REALM_JAX_ALLOCATOR"
+TOY_BERT_WIDTH_X_LAYERS = 128 * 2
+
+
+def larger_than_toy(directory: Optional[str]) -> bool:
+  """Whether the BERT in `directory` is larger (width x layers) than the toy model."""
+  if directory is None:
+    return False
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  config = hf.bert_config_from_hf(hf.read_config(directory))
+  return config.hidden_size * config.num_layers > TOY_BERT_WIDTH_X_LAYERS
 
 
 def run_child(cmd: Sequence[str], log_path: str) -> None:
@@ -569,7 +587,7 @@ class Recipe:
                _latest_step(self.bert) == 0, lambda: run_child(
                    python_module("realm_jax.convert.hf", f"--hf_dir={self.toy_bert}",
                                  f"--run_dir={self.bert}"),
-                   os.path.join(self.logs, "toy_bert.log")))
+                   os.path.join(self.logs, "bert.log")))
     return step_dir
 
   def _finetune_child(self, run_dir: str, init_checkpoint: Optional[str], log: str,
@@ -1305,6 +1323,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     shutil.rmtree(args.out)
   # The gin files are addressed from the repository root, where the children run.
   os.chdir(gin_utils.REPO_ROOT)
+  if larger_than_toy(args.bert) and ALLOCATOR_CHOICE not in os.environ:
+    os.environ[ALLOCATOR_CHOICE] = "system"
+    print(f"{PROG}: a BERT larger than the toy model: the children keep glibc's malloc "
+          f"defaults ({ALLOCATOR_CHOICE}=system), not the launcher's toy-tuned settings",
+          flush=True)
   bindings = {"warm_start_bindings": step_bindings("ict", args.ict_steps, args.ict_lr),
               "pretrain_bindings": step_bindings("pretrain", args.pretrain_steps,
                                                  args.pretrain_lr),

@@ -88,13 +88,32 @@ def test_children_get_the_allocator_settings_and_compilation_cache_unless_the_us
   expected = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
               "MALLOC_TRIM_THRESHOLD_": "4294967296",
               "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "jax_compilation_cache")}
-  for key in expected:
+  for key in (*expected, "REALM_JAX_ALLOCATOR"):
     monkeypatch.delenv(key, raising=False)
   assert recipe.child_env() == expected
+  monkeypatch.setenv("REALM_JAX_ALLOCATOR", "system")  # glibc's defaults: no malloc settings
+  assert recipe.child_env() == {"JAX_COMPILATION_CACHE_DIR": str(tmp_path /
+                                                                 "jax_compilation_cache")}
+  monkeypatch.delenv("REALM_JAX_ALLOCATOR")
   monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
   monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
   assert recipe.child_env() == {k: v for k, v in expected.items()
                                 if k not in ("MALLOC_ARENA_MAX", "JAX_COMPILATION_CACHE_DIR")}
+
+
+def test_a_bert_larger_than_the_toy_model_keeps_glibcs_allocator(tmp_path):
+  """The toy-tuned malloc settings keep each process's peak heap: only the toy model's shape
+  (width x layers 128 x 2) gets them."""
+  import json  # pylint: disable=import-outside-toplevel
+  assert not recipe.larger_than_toy(SHIPPED_BERT) and not recipe.larger_than_toy(None)
+  with open(os.path.join(SHIPPED_BERT, "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  for width, layers, larger in ((384, 6, True), (128, 3, True), (64, 4, False)):
+    directory = tmp_path / f"{width}x{layers}"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(
+        {**config, "hidden_size": width, "num_hidden_layers": layers}))
+    assert recipe.larger_than_toy(str(directory)) == larger
 
 
 def test_children_side_by_side_each_log_their_own_output_and_failures_are_named(
