@@ -17,7 +17,7 @@ def _cell(bpb, bpb_off, salient, other, minutes=1.0):
   return {"bpb": bpb, "bpb_no_retrieval": bpb_off, "loss": 0.0, "loss_no_retrieval": 0.0,
           "loss_salient": salient, "loss_other": other, "bpb_filtered": bpb, "step": 300,
           "salient_share": 0.16, "params": 1000, "params_trained": 1000,
-          "flops_per_token": 2e6, "minutes": minutes}
+          "flops_per_token": 2e6, "filtered_share": 0.9, "minutes": minutes}
 
 
 def test_the_paired_differences_are_per_seed_and_say_whether_seeds_agree():
@@ -79,3 +79,25 @@ def test_the_leakage_table_averages_each_threshold_over_the_seeds():
   lines = retro_bench.leakage_table(results, ["toy"]).splitlines()
   assert lines[0] == "| corpus | row | alpha <= 0.25 | alpha <= 1 |"
   assert lines[2] == "| toy | RETRO (trained with retrieval) | 2.0000 (50%) | 3.0000 (100%) |"
+
+
+@pytest.mark.parametrize("control_with, expected", [
+    (1.0, "give it 1.000, so the CCA reads them"),
+    (1.8, "give it 0.200 (10% of its bits, where copying the continuation would save about "
+          "half), against 0.100 from the neighbours of other documents"),
+    (1.95, "even neighbours that hold the very text it predicts give it only 0.050")])
+def test_the_reading_says_how_far_the_positive_control_reads_its_neighbours(control_with,
+                                                                            expected):
+  """Without its neighbours the control reads 2.0 bits per byte: saving over a quarter of them
+  is reading fully, over a twentieth in part, less barely (RETRO itself gains 2.2 - 2.1)."""
+  results = {("toy", "baseline"): {0: _cell(2.0, 2.0, 5.0, 3.0)},
+             ("toy", "retro"): {0: _cell(2.1, 2.2, 5.1, 3.1)},
+             ("toy", "retro_own_document"): {0: _cell(control_with, 2.0, 5.0, 3.0)}}
+  assert expected in retro_bench.reading(results, ["toy"])
+
+
+def test_the_reading_says_when_a_lead_over_the_baseline_is_not_the_neighbours():
+  results = {("toy", "baseline"): {0: _cell(2.2, 2.2, 5.0, 3.0)},
+             ("toy", "retro"): {0: _cell(2.0, 2.01, 5.1, 3.1)}}
+  assert ("its neighbours give it 0.010 of its 0.200 lead, so the rest comes from how it "
+          "trained") in retro_bench.reading(results, ["toy"])
