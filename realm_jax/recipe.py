@@ -165,8 +165,8 @@ def child_env() -> dict[str, str]:
 
 # REALM_JAX_ALLOCATOR=system: the children keep glibc's malloc defaults. The launcher's settings
 # keep each process's peak heap, which suits the toy model; a larger model's heap then grows
-# past memory (all-MiniLM-L6-v2's ICT step at batch 64 on this 2-core machine: killed at 22 GB,
-# 7.4 GB with glibc's defaults), so `main` chooses it for a BERT larger than the toy model's.
+# past memory (docs/own_corpus.md, "A real BERT"), so `main` chooses it for a BERT larger than
+# the toy model's.
 ALLOCATOR_CHOICE = "REALM_JAX_ALLOCATOR"
 TOY_BERT_WIDTH_X_LAYERS = 128 * 2
 

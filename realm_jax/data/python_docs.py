@@ -1,6 +1,6 @@
 r"""A real-text corpus and questions for trying realm_jax on your own data: Python's documentation.
 
-  python -m realm_jax.data.python_docs --out /tmp/pydocs [--seed 0]
+  python -m realm_jax.data.python_docs --out /tmp/pydocs [--seed 0] [--subset 240,40,40]
 
 The toy world is fiction made for REALM; a user's corpus is real text with its own shape. This
 module makes such a test set from what every Python installation carries, so the "your own
@@ -222,9 +222,16 @@ def _write_jsonl(path: str, records: Sequence[dict]) -> None:
       f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
-def generate(out: str, seed: int = 0) -> dict:
+def _of_modules(title: str, modules: set[str]) -> bool:
+  """Whether a document's title names one of `modules` or something inside it."""
+  return any(title == m or title.startswith(m + ".") for m in modules)
+
+
+def generate(out: str, seed: int = 0, subset: Optional[Sequence[int]] = None) -> dict:
   """Writes the corpus, the questions and the manifest into `out` (a new directory, renamed
-  into place when complete); returns the manifest."""
+  into place when complete); returns the manifest. `subset`: (train, dev, test) counts: only the
+  first that many questions of each split, and only the documents of the modules they ask about
+  (a corpus for trying a larger BERT in minutes)."""
   documents, questions = [], []
   seen_ids: set[str] = set()
   for name in public_modules():
@@ -245,19 +252,33 @@ def generate(out: str, seed: int = 0) -> dict:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with fileio.staged_directory(out, f".{os.path.basename(out)}.staging-") as staging:
     os.makedirs(os.path.join(staging, "qa"))
+    by_split = {split: [q for q in questions if splits[q["module"]] == split]
+                for split, _ in _SPLITS}
+    if subset is not None:
+      by_split = {split: rows[:n] for (split, rows), n in zip(by_split.items(), subset)}
+      modules = {q["module"] for rows in by_split.values() for q in rows}
+      documents = [d for d in documents if _of_modules(d["title"], modules)]
     _write_jsonl(os.path.join(staging, "docs.jsonl"), documents)
     counts = {"documents": len(documents)}
-    for split, _ in _SPLITS:
-      rows = [{"question": q["question"], "answer": q["answer"]} for q in questions
-              if splits[q["module"]] == split]
-      _write_jsonl(os.path.join(staging, "qa", f"{split}.jsonl"), rows)
+    for split, rows in by_split.items():
+      _write_jsonl(os.path.join(staging, "qa", f"{split}.jsonl"),
+                   [{"question": q["question"], "answer": q["answer"]} for q in rows])
       counts[f"questions_{split}"] = len(rows)
     files = ["docs.jsonl"] + [f"qa/{split}.jsonl" for split, _ in _SPLITS]
-    manifest = {"python": sys.version.split()[0], "seed": seed, "counts": counts,
+    manifest = {"python": sys.version.split()[0], "seed": seed,
+                "subset": None if subset is None else list(subset), "counts": counts,
                 "sha256": {f: fileio.sha256_file(os.path.join(staging, f)) for f in files}}
     fileio.write_json_atomically(os.path.join(staging, "manifest.json"), manifest)
     fileio.publish_staged(staging, out)
   return manifest
+
+
+def _counts(text: str) -> tuple[int, int, int]:
+  """`--subset`: three positive counts, train,dev,test."""
+  parts = text.split(",")
+  if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    raise argparse.ArgumentTypeError(f"{text!r}: expected three positive counts TRAIN,DEV,TEST")
+  return tuple(int(p) for p in parts)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -265,11 +286,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", required=True, help="output directory (must not exist)")
   parser.add_argument("--seed", type=int, default=0, help="split seed (default %(default)s)")
+  parser.add_argument("--subset", type=_counts, metavar="TRAIN,DEV,TEST",
+                      help="keep the first that many questions of each split and only the "
+                           "documents of the modules they ask about (e.g. 240,40,40: 1,421 "
+                           "documents on Python 3.11, for a larger BERT on a CPU)")
   args = parser.parse_args(argv)
   from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
 
   def write() -> int:
-    manifest = generate(os.path.abspath(args.out), args.seed)
+    manifest = generate(os.path.abspath(args.out), args.seed, args.subset)
     counts = manifest["counts"]
     print(f"{PROG}: {counts['documents']:,} documents, questions "
           + " / ".join(f"{counts[f'questions_{s}']:,} {s}" for s, _ in _SPLITS)

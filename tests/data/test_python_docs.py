@@ -79,3 +79,26 @@ def test_generate_writes_answerable_questions_and_nothing_of_this_machine(tmp_pa
     assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "a" / name).read_bytes()
   with pytest.raises(FileExistsError, match="exists"):
     python_docs.generate(str(tmp_path / "a"))
+
+
+def test_a_subset_is_the_first_questions_and_their_modules_documents(tmp_path, capsys):
+  """`--subset 5,3,2`: the full output's first questions of each split, and of its documents
+  those whose title is a module asked about or lies inside one (read from the questions)."""
+  full = tmp_path / "full"
+  python_docs.generate(str(full))
+  assert python_docs.main(["--out", str(tmp_path / "sub"), "--subset", "5,3,2"]) == 0
+  modules = set()
+  for split, n in (("train", 5), ("dev", 3), ("test", 2)):
+    lines = (full / "qa" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    assert (tmp_path / "sub" / "qa" / f"{split}.jsonl").read_text(
+        encoding="utf-8").splitlines() == lines
+    modules |= {re.search(r"(?:function of the|in the) (\S+) module",
+                          json.loads(line)["question"]).group(1) for line in lines}
+  kept = [line for line in (full / "docs.jsonl").read_text(encoding="utf-8").splitlines()
+          if any(json.loads(line)["title"] == m or json.loads(line)["title"].startswith(m + ".")
+                 for m in modules)]
+  assert (tmp_path / "sub" / "docs.jsonl").read_text(encoding="utf-8").splitlines() == kept
+  assert 0 < len(kept) < 1000
+  with pytest.raises(SystemExit):
+    python_docs.main(["--out", str(tmp_path / "bad"), "--subset", "5,3"])
+  assert "expected three positive counts" in capsys.readouterr().err
