@@ -78,7 +78,8 @@ before anything trains, with one line naming the file (and record and field) of 
   5. open-QA fine-tuning        REALM, the ORQA-style baseline and the reader fine-tuned on
                                 BM25's top blocks (FinetuneJob.candidates='bm25', DrQA's
                                 pipeline: a working system where the dense retriever cannot
-                                compete yet), three side by side
+                                compete yet), three side by side (one after the other for a
+                                BERT larger than the toy model: memory)
   6. evaluation                 each of the three on the test questions
 
 and ends with a table of recall at every cut-off (1, 5, 20, 100, clipped to the corpus) of
@@ -406,6 +407,16 @@ class Recipe:
     from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
     return checkpoints.training_done(run_dir)
 
+  def run_trainings(self, children: Sequence[tuple[Sequence[str], str]]) -> None:
+    """Independent training children: side by side for the toy model (`run_children`), one
+    after the other for a BERT larger than it, whose side-by-side runs outgrow memory (three
+    all-MiniLM-L6-v2 fine-tunings on 24 GiB: one killed)."""
+    if larger_than_toy(self.toy_bert):
+      for child in children:
+        run_children([child])
+    else:
+      run_children(children)
+
   def bindings(self, child: str) -> tuple[str, ...]:
     """The gin bindings of one kind of child ('ict', 'pretrain', 'finetune', 'evaluate'): the
     BERT's shape (`bert_shape_bindings`), then the recipe's data (`data_bindings`)."""
@@ -552,7 +563,7 @@ class Recipe:
                    for run_dir, checkpoint, log, _, _ in runs
                    if store_lib.latest_index_step(run_dir) is None]))
     self.stage(f"5 open-QA fine-tuning ({which})", all(self.trained(run[0]) for run in runs),
-               lambda: run_children([
+               lambda: self.run_trainings([
                    self._finetune_child(run_dir, checkpoint, log, *bindings)
                    for run_dir, checkpoint, log, bindings, _ in runs
                    if not self.trained(run_dir)]))
@@ -1090,11 +1101,11 @@ class OwnDataRecipe(Recipe):
             (self.orqa, ict, "finetune_orqa", baseline_reader, "orqa", ()),
             (self.bm25_reader, ict, "finetune_bm25", self._bm25_reader_bindings(bert),
              "bm25_reader", ("evaluate_main.candidates='bm25'",))]
-    which = "REALM, the ORQA-style baseline and the BM25 reader, side by side"
+    which = "REALM, the ORQA-style baseline and the BM25 reader"
     self.stage(f"5 open-QA fine-tuning ({which})", all(self.trained(run[0]) for run in runs),
-               lambda: run_children([self._finetune_child(run_dir, init, log, *bindings)
-                                     for run_dir, init, log, bindings, _, _ in runs
-                                     if not self.trained(run_dir)]))
+               lambda: self.run_trainings([self._finetune_child(run_dir, init, log, *bindings)
+                                           for run_dir, init, log, bindings, _, _ in runs
+                                           if not self.trained(run_dir)]))
     evaluations = {name: self._evaluate_child(run_dir, name, *bindings)
                    for run_dir, _, _, _, name, bindings in runs}
     self._stage_children(f"6 evaluation on your test questions ({which})",

@@ -383,3 +383,21 @@ def test_ict_continues_a_retromae_checkpoints_retriever_whole():
   # checkpoint, which has none, is refused.
   with pytest.raises(ConfigError, match="no encoder params"):
     jobs.IctJob(task="ict_toy").warm_start(retromae, fresh, "retromae/400")
+
+
+def test_trainings_of_a_bert_larger_than_the_toy_model_run_one_after_the_other(tmp_path,
+                                                                               monkeypatch):
+  import json  # pylint: disable=import-outside-toplevel
+  calls = []
+  monkeypatch.setattr(recipe, "run_children", lambda children: calls.append(list(children)))
+  children = [(["a"], "a.log"), (["b"], "b.log")]
+  recipe.Recipe(str(tmp_path / "toy"), "/store", toy_bert=SHIPPED_BERT).run_trainings(children)
+  assert calls == [children]  # the toy model's: side by side
+  with open(os.path.join(SHIPPED_BERT, "config.json"), encoding="utf-8") as f:
+    config = {**json.load(f), "hidden_size": 384, "num_hidden_layers": 6}
+  (tmp_path / "big").mkdir()
+  (tmp_path / "big" / "config.json").write_text(json.dumps(config))
+  calls.clear()
+  recipe.Recipe(str(tmp_path / "out"), "/store",
+                toy_bert=str(tmp_path / "big")).run_trainings(children)
+  assert calls == [[children[0]], [children[1]]]
