@@ -9,6 +9,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from bench import methods  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax import recipe as recipe_lib  # noqa: E402  pylint: disable=wrong-import-position
+from realm_jax import toy_bert  # noqa: E402  pylint: disable=wrong-import-position
+
+# A real BERT directory: the recipe reads its config.json for the towers' shape.
+SHIPPED_BERT = toy_bert.SHIPPED_DIR
 
 
 def _summary(em, recall_before=0.4, trainable=1000, recall_after=0.5):
@@ -52,7 +56,7 @@ def test_shared_warm_starts_retromae_then_ict_continuing_it(tmp_path, monkeypatc
                       lambda self: "/converted/checkpoints/0")
   monkeypatch.setattr(recipe_lib, "_latest_step", lambda run_dir: 400)
   shared = str(tmp_path / "seed3" / "shared")
-  run_dir = methods.shared_warm_start("retromae_ict", shared, 3, "/store", "/the/bert")
+  run_dir = methods.shared_warm_start("retromae_ict", shared, 3, "/store", SHIPPED_BERT)
   assert run_dir == os.path.join(shared, "retromae_ict")
   retromae, ict = commands
   assert "--gin_file=gin_configs/experiments/toy_retromae.gin" in retromae
@@ -63,12 +67,12 @@ def test_shared_warm_starts_retromae_then_ict_continuing_it(tmp_path, monkeypatc
   assert "--gin.IctJob.continue_retriever=True" in ict  # the whole retriever, not a BERT
   assert "--gin.train_main.seed=3" in ict and f"--gin.RUN_DIR='{run_dir}'" in ict
   # Trained once: asked again (the RetroMAE row, another row), nothing runs.
-  methods.shared_warm_start("retromae_bert_dec70", shared, 3, "/store", "/the/bert")
-  methods.shared_warm_start("retromae_ict", shared, 3, "/store", "/the/bert")
+  methods.shared_warm_start("retromae_bert_dec70", shared, 3, "/store", SHIPPED_BERT)
+  methods.shared_warm_start("retromae_ict", shared, 3, "/store", SHIPPED_BERT)
   assert len(commands) == 2
   # BERT then ICT: ICT from the toy BERT; the recipe's ICT from random weights.
-  methods.shared_warm_start("bert_ict", shared, 3, "/store", "/the/bert")
-  methods.shared_warm_start("ict", shared, 3, "/store", "/the/bert")
+  methods.shared_warm_start("bert_ict", shared, 3, "/store", SHIPPED_BERT)
+  methods.shared_warm_start("ict", shared, 3, "/store", SHIPPED_BERT)
   assert "--gin.INIT_CHECKPOINT='/converted/checkpoints/0'" in commands[2]
   assert "--gin.INIT_CHECKPOINT=None" in commands[3]
   assert f"--gin.RUN_DIR='{shared}/ict'" in commands[3]  # where the ablations' ICT lives too
