@@ -409,8 +409,8 @@ class Recipe:
 
   def run_trainings(self, children: Sequence[tuple[Sequence[str], str]]) -> None:
     """Independent training children: side by side for the toy model (`run_children`), one
-    after the other for a BERT larger than it, whose side-by-side runs outgrow memory (three
-    all-MiniLM-L6-v2 fine-tunings on 24 GiB: one killed)."""
+    after the other for a BERT larger than it, whose side-by-side runs outgrow memory
+    (docs/own_corpus.md, "With a real English BERT")."""
     if larger_than_toy(self.toy_bert):
       for child in children:
         run_children([child])
