@@ -172,12 +172,17 @@ ALLOCATOR_CHOICE = "REALM_JAX_ALLOCATOR"
 TOY_BERT_WIDTH_X_LAYERS = 128 * 2
 
 
+def bert_config(directory: str):
+  """The BertConfig of a transformers BERT directory (its config.json)."""
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  return hf.bert_config_from_hf(hf.read_config(directory))
+
+
 def larger_than_toy(directory: Optional[str]) -> bool:
   """Whether the BERT in `directory` is larger (width x layers) than the toy model."""
   if directory is None:
     return False
-  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
-  config = hf.bert_config_from_hf(hf.read_config(directory))
+  config = bert_config(directory)
   return config.hidden_size * config.num_layers > TOY_BERT_WIDTH_X_LAYERS
 
 
@@ -282,8 +287,7 @@ def bert_shape_bindings(directory: Optional[str]) -> tuple[str, ...]:
   gins' model; () for random weights (the toy model's shape). Dropout stays the toy model's."""
   if directory is None:
     return ()
-  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
-  config = hf.bert_config_from_hf(hf.read_config(directory))
+  config = bert_config(directory)
   return tuple(f"model_config.tiny_bert.{field}={getattr(config, field)!r}"
                for field in BERT_SHAPE_FIELDS)
 
@@ -292,8 +296,7 @@ def describe_bert(directory: Optional[str], ict_from_bert: bool) -> str:
   """One line on the BERT a run started from: its directory and shape, and what it started."""
   if directory is None:
     return "none (every tower from random weights of the toy model's shape)"
-  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
-  config = hf.bert_config_from_hf(hf.read_config(directory))
+  config = bert_config(directory)
   towers = ("the retriever (ICT's towers), the encoder and the readers" if ict_from_bert
             else "the encoder and the readers; ICT's towers from random weights")
   return (f"{directory} (hidden {config.hidden_size}, {config.num_layers} layers, "
@@ -318,7 +321,7 @@ def toy_bert_dir(choice: str) -> Optional[str]:
                      f"not the shipped {toy_bert.SHIPPED_SHA256} (docs/toy_bert.md); a "
                      f"partial checkout? `python -m realm_jax.toy_bert` rebuilds it")
   try:
-    bert_shape_bindings(directory)
+    bert_config(directory)
   except (OSError, ValueError, KeyError) as e:
     raise ValueError(f"--bert {choice}: {gin_utils.one_line(e)}"
                      + (" missing from its config.json" if isinstance(e, KeyError) else "")
@@ -371,6 +374,7 @@ class Recipe:
     self.store = store
     self.toy_bert = toy_bert
     self.model_bindings = bert_shape_bindings(toy_bert)
+    self.larger_than_toy = larger_than_toy(toy_bert)
     self.ict_from_bert = ict_from_bert
     self.baseline = baseline
     self.bert = os.path.join(self.out, "bert")
@@ -411,7 +415,7 @@ class Recipe:
     """Independent training children: side by side for the toy model (`run_children`), one
     after the other for a BERT larger than it, whose side-by-side runs outgrow memory
     (docs/own_corpus.md, "With a real English BERT")."""
-    if larger_than_toy(self.toy_bert):
+    if self.larger_than_toy:
       for child in children:
         run_children([child])
     else:
