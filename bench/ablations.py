@@ -92,7 +92,9 @@ differs is run again. A fine-tuning row's cell is reused only beside the REALM c
 pretraining it fine-tuned (each records its pretraining's TRAINING_DONE time): when one must be
 made and `--out` no longer holds that pretraining, REALM's cell is made again with the
 fine-tunings. The fingerprint does not cover the code: after a change that alters results, start
-over with `--fresh_cells`.
+over with `--fresh_cells`. `--finetune_steps N` (with its own `--cells` directory) fine-tunes the
+pretrainings `--out` holds again, N steps each, into directories of their own
+(`<row>_<N>steps`): it makes no ICT or pretraining run again.
 """
 
 from __future__ import annotations
@@ -385,6 +387,20 @@ def run_name(row: Row) -> str:
   return row.name if not row.version else f"{row.name}_v{row.version}"
 
 
+def finetune_slot(name: str, finetune_steps: Optional[int]) -> str:
+  """The directory (and evaluation name) of a fine-tuning: `name` at the gins' length, with the
+  length appended for another, so that a seed's pretrainings are fine-tuned again at a new
+  length beside the old fine-tunings instead of resuming them."""
+  return name if finetune_steps is None else f"{name}_{finetune_steps}steps"
+
+
+def runs_fingerprint(options: dict) -> str:
+  """What a seed's runs directory is claimed with: the cells' fingerprint at the gins'
+  fine-tuning length, since each length fine-tunes into directories of its own
+  (`finetune_slot`) while the ICT and pretraining runs do not depend on it."""
+  return fingerprint({**options, "finetune_steps": None})
+
+
 def row_fingerprint(row: Row, options: dict) -> str:
   """The fingerprint of a row's cells: the bench's (`fingerprint(options)`), and the row's
   version when it has one (version 0 adds nothing, so its cells keep their fingerprint)."""
@@ -513,8 +529,8 @@ def _make_cell(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, st
   kwargs["pretrain_bindings"] = [*steps(pretrain_steps), seed_binding,
                                  *kwargs.get("pretrain_bindings", [])]
   kwargs["finetune_bindings"] = [*steps(finetune_steps), f"train_main.seed={seed + offset}"]
-  if not row.pretrains:
-    kwargs["finetune_name"] = row.name
+  kwargs["finetune_name"] = finetune_slot("finetune" if row.pretrains else row.name,
+                                         finetune_steps)
   print(f"\nablations: seed {seed}: {row.label} ...", flush=True)
   start = time.monotonic()
   run_dir = os.path.join(seed_out, run_name(row) if row.pretrains else BASE)
@@ -543,7 +559,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
   options = cell_options(
       toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
       ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps, finetune_steps=finetune_steps)
-  cell_fingerprint = fingerprint(options)
+  seed_runs_fingerprint = runs_fingerprint(options)
   fingerprints = {row.name: row_fingerprint(row, options) for row in ROWS}
   wanted = [row.name for row in ROWS if not only or row.name in only]
   # The fine-tuning rows are compared with REALM's, whose pretraining they fine-tune.
@@ -560,7 +576,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     if family or needed - set(kept):
       # Something is made: not from runs of other gins or code (planned again, as removing
       # them removes the pretraining the fine-tuning rows' kept cells read).
-      claim_runs_dir(seed_out, cell_fingerprint)
+      claim_runs_dir(seed_out, seed_runs_fingerprint)
       family = plan()
     # After the claim: a Recipe makes its directories when built, and the claim may remove them.
     shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,

@@ -380,3 +380,58 @@ def test_a_stale_runs_dir_is_removed_before_the_seeds_recipes_make_their_directo
   rows = ablations.run(str(out), ("no_ict",), seeds=(0,), pretrain_steps=None,
                        finetune_steps=None, cells=str(cells))
   assert made == [("no_ict", 0)] and rows["no_ict"][0]["qa_em"] == 0.5
+
+
+def test_another_fine_tuning_length_keeps_the_pretrainings_and_fine_tunes_beside_them(
+    tmp_path, monkeypatch):
+  """Cells of another length are other cells, but the seed's runs (ICT, pretrainings) stay:
+  the new fine-tunings go to directories named with their length."""
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  default = {"pretrain_steps": None, "finetune_steps": None}
+  longer = {**default, "finetune_steps": 900}
+  assert ablations.fingerprint(longer) != ablations.fingerprint(default)
+  assert ablations.runs_fingerprint(longer) == ablations.runs_fingerprint(default) == \
+      ablations.fingerprint(default)
+  assert ablations.finetune_slot("finetune", None) == "finetune"
+  assert ablations.finetune_slot("orqa", 900) == "orqa_900steps"
+
+  out, cells = tmp_path / "runs", tmp_path / "cells"
+  monkeypatch.setattr(realm_jax_tasks, "toy_block_store_dir", lambda: str(tmp_path / "blocks"))
+  options = ablations.cell_options(toy_bert_sha256=None, ict_from_bert=False,
+                                   pretrain_steps=None, finetune_steps=None)
+  ablations.claim_runs_dir(str(out / "seed0"), ablations.runs_fingerprint(options))
+  (out / "seed0" / "realm" / "pretrain").mkdir(parents=True)
+  (out / "seed0" / "realm" / "pretrain" / "TRAINING_DONE").write_text('{"done_unix": 1.5}')
+  names = []
+
+  class FakeRecipe:
+    def __init__(self, out_dir, store, **kwargs):
+      del store
+      self.out, self.logs = out_dir, os.path.join(out_dir, "logs")
+      self.ict = os.path.join(out_dir, "ict")
+      self.pretrain = os.path.join(out_dir, "pretrain")
+      names.append(kwargs.get("finetune_name"))
+
+    def run(self):
+      return {}
+
+    def qa_metrics_path(self):
+      return os.path.join(self.out, "eval", "metrics.json")
+
+  monkeypatch.setattr(ablations.recipe_lib, "Recipe", FakeRecipe)
+  monkeypatch.setattr(ablations, "cell_summary", lambda row, summary, **kw: _cell(0.5))
+  monkeypatch.setattr(ablations, "evaluated_checkpoint", lambda path: None)
+  monkeypatch.setattr(ablations, "dev_picked", lambda cell: True)
+  shared = FakeRecipe(str(out / "seed0" / "shared"), None)
+  monkeypatch.setattr(shared, "trained", lambda path: True, raising=False)
+  monkeypatch.setattr(shared, "stage", lambda *args: None, raising=False)
+  names.clear()
+  for name in ("realm", "orqa"):
+    ablations._make_cell(ablations.ROW_BY_NAME[name], 0, str(out / "seed0"), shared, "store",
+                         pretrain_steps=None, finetune_steps=900, toy_bert=None,
+                         ict_from_bert=False)
+  assert names == ["finetune_900steps", "orqa_900steps"]
+  # The claim with the longer length's options keeps the pretraining.
+  ablations.claim_runs_dir(str(out / "seed0"), ablations.runs_fingerprint(
+      {**options, "finetune_steps": 900}))
+  assert (out / "seed0" / "realm" / "pretrain" / "TRAINING_DONE").exists()
