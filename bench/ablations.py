@@ -387,6 +387,12 @@ def run_name(row: Row) -> str:
   return row.name if not row.version else f"{row.name}_v{row.version}"
 
 
+def section_title(finetune_steps: Optional[int]) -> str:
+  """The docs/benchmarks.md section `--write` writes: one per fine-tuning length."""
+  title = "Ablations on the toy world (paper Table 2)"
+  return title if finetune_steps is None else f"{title}, fine-tuning {finetune_steps} steps"
+
+
 def finetune_slot(name: str, finetune_steps: Optional[int]) -> str:
   """The directory (and evaluation name) of a fine-tuning: `name` at the gins' length, with the
   length appended for another, so that a seed's pretrainings are fine-tuned again at a new
@@ -819,11 +825,22 @@ def main() -> int:
   print("\n" + text)
   if args.write:
     steps = lambda n: "the recipe's" if n is None else str(n)
+    flags = "".join(f" --{name} {value}" for name, value in (
+        ("pretrain_steps", args.pretrain_steps), ("finetune_steps", args.finetune_steps),
+        ("cells", os.path.relpath(cells, REPO) if cells != DEFAULT_CELLS else None))
+        if value is not None)
+    refit = ("" if args.finetune_steps is None else
+             " The ICT warm starts and pretrainings are those of the gins' fine-tuning length "
+             "(the runs of the section \"Ablations on the toy world (paper Table 2)\"), "
+             f"fine-tuned again for {args.finetune_steps} steps into directories of their own; "
+             "the minutes count the fine-tunings and evaluations.")
     body = (
         "Toy world (gin_configs/experiments/toy_*.gin), every row measured "
-        f"with seeds {', '.join(map(str, args.seeds))} by `python bench/ablations.py --write` "
+        f"with seeds {', '.join(map(str, args.seeds))} by `python bench/ablations.py --write"
+        f"{flags}` "
         f"({sum(c['minutes'] for r in rows.values() for c in r.values()):.0f} minutes of runs "
-        "in all; the cells are kept in bench/results/ablations/ with their commit and date). "
+        f"in all; the cells are kept in {os.path.relpath(cells, REPO)}/ with their commit and "
+        f"date).{refit} "
         f"Pretraining rows repeat pretraining ({steps(args.pretrain_steps)} steps), the "
         f"frozen fine-tuning index, fine-tuning ({steps(args.finetune_steps)} steps) and "
         "evaluation with one change; the two mixed rows, the ORQA-style baseline and REALM "
@@ -853,7 +870,7 @@ def main() -> int:
         "\"beyond two standard errors\" when the mean exceeds twice its standard error. Where "
         "two rows share their retriever, zero-shot recall is equal by construction.\n\n"
         + text)
-    report.write_section("Ablations on the toy world (paper Table 2)", body)
+    report.write_section(section_title(args.finetune_steps), body)
   return 0
 
 

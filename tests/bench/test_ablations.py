@@ -394,6 +394,10 @@ def test_another_fine_tuning_length_keeps_the_pretrainings_and_fine_tunes_beside
       ablations.fingerprint(default)
   assert ablations.finetune_slot("finetune", None) == "finetune"
   assert ablations.finetune_slot("orqa", 900) == "orqa_900steps"
+  # Each length has its own docs section: the gins' length's table stays beside the new one.
+  assert ablations.section_title(None) == "Ablations on the toy world (paper Table 2)"
+  assert ablations.section_title(900) == (
+      "Ablations on the toy world (paper Table 2), fine-tuning 900 steps")
 
   out, cells = tmp_path / "runs", tmp_path / "cells"
   monkeypatch.setattr(realm_jax_tasks, "toy_block_store_dir", lambda: str(tmp_path / "blocks"))
