@@ -22,6 +22,10 @@ fine-tunes, read against the frozen index built from it):
                pretraining checkpoint, its checkpoint picked on the pretext's dev EM), then
                fine-tuned exactly as the `fid` row (toy_finetune_fid.gin), so that
                "pretext minus fid" is the pretext's effect alone
+  pretext_reader
+               the same, after a pretext that leaves the query tower alone
+               (`retriever_objective` 'none', its learning rate 0): the pretext's effect on the
+               reader alone, apart from what ADist does to the query tower
   closed_book  the FiD reader with no retrieval: experiments/atlas_toy_closed_book.gin
   contriever   (the second table) the toy recipe from the Contriever-style warm start
                (experiments/contriever_toy.gin in place of toy_ict.gin): its own REALM
@@ -116,7 +120,7 @@ class Row(NamedTuple):
   'contriever' (the second table: a whole recipe from the Contriever-style warm start); gin: the
   fine-tuning gin (FiD rows); objective: the FiD reader's `retriever_objective` binding (None:
   the gin's); warm_start: what the fine-tuning starts from, 'pretraining' (the seed's REALM
-  pretraining checkpoint) or 'pretext' (the seed's Atlas pretext checkpoint)."""
+  pretraining checkpoint) or a `PRETEXTS` entry (the seed's Atlas pretext checkpoint)."""
   name: str
   label: str
   reader: str
@@ -134,10 +138,19 @@ ROWS = (
     *(Row(o, f"FiD reader + {OBJECTIVE_NAMES[o]}", "fid", ATLAS_GIN, o) for o in OBJECTIVES),
     Row("pretext", "FiD reader after Atlas's pretext (ADist), query tower frozen", "fid",
         FID_GIN, warm_start="pretext"),
+    Row("pretext_reader", "FiD reader after a pretext with its query tower frozen", "fid",
+        FID_GIN, warm_start="pretext_frozen"),
     Row("closed_book", "FiD reader, closed book (no retrieval)", "closed_book", CLOSED_BOOK_GIN),
     Row("contriever", "Contriever-style warm start", "contriever"),
 )
 ROW_BY_NAME = {row.name: row for row in ROWS}
+# Atlas's pretext, one run per seed and kind: its directory under the seed's REALM runs and its
+# bindings beside atlas_toy_pretext.gin. "pretext_frozen" trains the reader alone (no objective
+# and no learning rate for the query tower, which AdamW's weight decay would otherwise move).
+PRETEXTS = {"pretext": ("atlas_pretext", ()),
+            "pretext_frozen": ("atlas_pretext_frozen",
+                               ("FinetuneJob.retriever_objective='none'",
+                                "FinetuneJob.retriever_lr_scale=0.0"))}
 MAIN_ROWS = tuple(row.name for row in ROWS if row.reader != "contriever")
 BASE_ROW = "extractive"
 # The cell that makes the seed's REALM pretraining (the recipe's REALM row); every other cell of
@@ -267,12 +280,12 @@ def evaluate_command(run_dir: str, output: str, *, closed_book: bool = False) ->
 
 
 def pretext_command(run_dir: str, init_checkpoint: str, seed: int,
-                    pretext_steps: Optional[int] = None) -> list[str]:
-  """Atlas's MLM pretext from the REALM pretraining checkpoint."""
+                    pretext_steps: Optional[int] = None, kind: str = "pretext") -> list[str]:
+  """Atlas's MLM pretext (`PRETEXTS[kind]`) from the REALM pretraining checkpoint."""
   return recipe_lib.python_module(
       "realm_jax.train", f"--gin_file={PRETEXT_GIN}",
       *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT='{init_checkpoint}'",
-            f"train_main.seed={seed}", *steps_bindings(pretext_steps)))
+            f"train_main.seed={seed}", *PRETEXTS[kind][1], *steps_bindings(pretext_steps)))
 
 
 def metrics_path(output: str) -> str:
@@ -296,9 +309,8 @@ class Layout(NamedTuple):
   def contriever(self) -> str:  # the recipe from the Contriever-style warm start
     return os.path.join(self.seed_out, "contriever")
 
-  @property
-  def pretext(self) -> str:
-    return os.path.join(self.realm, "atlas_pretext")
+  def pretext(self, kind: str = "pretext") -> str:
+    return os.path.join(self.realm, PRETEXTS[kind][0])
 
   def run_dir(self, row: str, size: str) -> str:
     return os.path.join(self.realm, cell_name(row, size))
@@ -306,8 +318,8 @@ class Layout(NamedTuple):
   def eval_output(self, name: str) -> str:
     return os.path.join(self.realm, "eval", f"{name}_{EVAL_SPLIT}.jsonl")
 
-  def pretext_eval_output(self) -> str:
-    return self.eval_output("atlas_pretext_zero_shot")
+  def pretext_eval_output(self, kind: str = "pretext") -> str:
+    return self.eval_output(f"{PRETEXTS[kind][0]}_zero_shot")
 
 
 def cell_commands(row: Row, size: str, seed: int, layout: Layout, store: str, *,
@@ -331,13 +343,15 @@ def cell_commands(row: Row, size: str, seed: int, layout: Layout, store: str, *,
 
 
 def pretext_commands(layout: Layout, store: str, seed: int, *, pretraining_checkpoint: str,
-                     pretext_steps: Optional[int] = None) -> list[tuple[str, list[str]]]:
-  """(stage, command) of the seed's Atlas pretext: its frozen index (the pretraining
-  checkpoint's) and its run. Its zero-shot evaluation is `evaluate_command(layout.pretext,
-  layout.pretext_eval_output())`."""
-  return [("frozen index", index_command(layout.pretext, pretraining_checkpoint, store)),
-          ("pretext", pretext_command(layout.pretext, pretraining_checkpoint, seed,
-                                      pretext_steps))]
+                     pretext_steps: Optional[int] = None, kind: str = "pretext"
+                     ) -> list[tuple[str, list[str]]]:
+  """(stage, command) of the seed's Atlas pretext of `kind`: its frozen index (the pretraining
+  checkpoint's) and its run. Its zero-shot evaluation is `evaluate_command(layout.pretext(kind),
+  layout.pretext_eval_output(kind))`."""
+  run_dir = layout.pretext(kind)
+  return [("frozen index", index_command(run_dir, pretraining_checkpoint, store)),
+          ("pretext", pretext_command(run_dir, pretraining_checkpoint, seed, pretext_steps,
+                                      kind))]
 
 
 def recipe_kwargs(row: Row, size: str, seed: int, *, pretrain_steps: Optional[int] = None,
@@ -480,36 +494,38 @@ def _run(name: str, cmd: Sequence[str], realm: recipe_lib.Recipe) -> None:
   recipe_lib.run_child(cmd, os.path.join(realm.logs, f"{name}.log"))
 
 
-def _pretext(seed: int, layout: Layout, realm: recipe_lib.Recipe, settings: Settings
-             ) -> tuple[str, Optional[float], dict]:
-  """The seed's Atlas pretext (made once, then reused by each size's cell): (the checkpoint dev
-  picked, its zero-shot test recall@5, what the cell records of it: that checkpoint and why,
-  and the pretext's own retriever agreement)."""
+def _pretext(seed: int, layout: Layout, realm: recipe_lib.Recipe, settings: Settings,
+             kind: str) -> tuple[str, Optional[float], dict]:
+  """The seed's Atlas pretext of `kind` (made once, then reused by each size's cell): (the
+  checkpoint dev picked, its zero-shot test recall@5, what the cell records of it: that
+  checkpoint and why, and the pretext's own retriever agreement)."""
   from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   from realm_jax.evaluation import runs  # pylint: disable=import-outside-toplevel
   from realm_jax.index import store as store_lib  # pylint: disable=import-outside-toplevel
   pretraining = _pretraining_checkpoint(realm)
   # A pretext run of another pretraining (made again since) is not reused.
-  ablations.claim_runs_dir(layout.pretext, f"{ablations.pretraining_id(realm.pretrain)} "
-                                           f"{pretraining}")
+  run_dir, name = layout.pretext(kind), PRETEXTS[kind][0]
+  what = f"seed {seed}: Atlas's pretext" + ("" if kind == "pretext" else
+                                            ", query tower frozen")
+  ablations.claim_runs_dir(run_dir, f"{ablations.pretraining_id(realm.pretrain)} "
+                                    f"{pretraining}")
   (_, index), (_, train) = pretext_commands(layout, settings.store, seed,
                                             pretraining_checkpoint=pretraining,
-                                            pretext_steps=settings.pretext_steps)
-  realm.stage(f"seed {seed}: Atlas's pretext: frozen index (the pretraining checkpoint's)",
-              store_lib.latest_index_step(layout.pretext) is not None,
-              lambda: _run("index_atlas_pretext", index, realm))
-  realm.stage(f"seed {seed}: Atlas's pretext (MLM with retrieval, ADist)",
-              realm.trained(layout.pretext), lambda: _run("atlas_pretext", train, realm))
-  output = layout.pretext_eval_output()
-  realm.stage(f"seed {seed}: Atlas's pretext: zero-shot toy QA {EVAL_SPLIT} recall",
+                                            pretext_steps=settings.pretext_steps, kind=kind)
+  realm.stage(f"{what}: frozen index (the pretraining checkpoint's)",
+              store_lib.latest_index_step(run_dir) is not None,
+              lambda: _run(f"index_{name}", index, realm))
+  realm.stage(f"{what} (MLM with retrieval)", realm.trained(run_dir),
+              lambda: _run(name, train, realm))
+  output = layout.pretext_eval_output(kind)
+  realm.stage(f"{what}: zero-shot toy QA {EVAL_SPLIT} recall",
               os.path.exists(metrics_path(output)),
-              lambda: _run("evaluate_atlas_pretext", evaluate_command(layout.pretext, output),
-                           realm))
-  step, why = runs.choose_checkpoint(layout.pretext, None)
-  checkpoint = checkpoints.checkpoint_path(layout.pretext, step)
+              lambda: _run(f"evaluate_{name}", evaluate_command(run_dir, output), realm))
+  step, why = runs.choose_checkpoint(run_dir, None)
+  checkpoint = checkpoints.checkpoint_path(run_dir, step)
   return checkpoint, _recall5(_metrics(metrics_path(output))), {
       "pretext_checkpoint": f"{checkpoint}: {why}",
-      "pretext_agreement": retriever_agreement(layout.pretext)}
+      "pretext_agreement": retriever_agreement(run_dir)}
 
 
 def _fid_cell(row: Row, size: str, seed: int, layout: Layout, shared: recipe_lib.Recipe,
@@ -522,8 +538,8 @@ def _fid_cell(row: Row, size: str, seed: int, layout: Layout, shared: recipe_lib
   if row.reader == "fid":
     recall = _recall5(_metrics(os.path.join(realm.evals, "recall_after.metrics.json")))
   init = pretraining
-  if row.warm_start == "pretext":
-    init, recall, extra = _pretext(seed, layout, realm, settings)
+  if row.warm_start in PRETEXTS:
+    init, recall, extra = _pretext(seed, layout, realm, settings, row.warm_start)
   run_dir = layout.run_dir(row.name, size)
   # A run of another warm start (a pretraining or pretext made again since) is not reused.
   ablations.claim_runs_dir(run_dir, f"{ablations.pretraining_id(realm.pretrain)} {init}")
@@ -711,6 +727,10 @@ COMPARISONS = (
                  (RECALL_TUNED,)) for o in OBJECTIVES),
     Comparison("pretext", "fid", "Atlas's pretext > none (Atlas)", True,
                (RECALL, RECALL_TUNED)),
+    Comparison("pretext_reader", "fid", "a pretext for the reader alone > none", True),
+    Comparison("pretext", "pretext_reader",
+               "Atlas's pretext minus the pretext for the reader alone (what ADist's query "
+               "tower adds)", False, (RECALL, RECALL_TUNED)),
     Comparison("fid", "closed_book", "retrieval > closed book (Atlas)", True),
 )
 WARM_START_COMPARISON = Comparison(
@@ -787,6 +807,8 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
                f"trained by {d.mean:+.3f} (against the frozen index of the pretraining it "
                f"started from).")
   for a, b, what in (("pretext", "fid", "Atlas's pretext before the FiD fine-tuning"),
+                     ("pretext_reader", "fid",
+                      "a pretext for the reader alone (query tower frozen)"),
                      ("fid", "closed_book", "retrieval against the closed book"),
                      ("fid", "extractive", "the FiD reader against REALM's extractive reader")):
     if (a, b, key) in stats:
@@ -819,8 +841,10 @@ def markdown(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str],
       "index built from it: REALM's extractive reader (toy_finetune.gin), the FiD reader "
       "(toy_finetune_fid.gin) with its query tower frozen or trained by one of Atlas's "
       "objectives (atlas_toy_finetune.gin), the FiD reader warm-started from Atlas's MLM "
-      "pretext (atlas_toy_pretext.gin, ADist) and then fine-tuned as the frozen-tower row, and "
-      "the closed book (atlas_toy_closed_book.gin). Few-shot: `FinetuneJob.few_shot` training "
+      "pretext (atlas_toy_pretext.gin, ADist) and then fine-tuned as the frozen-tower row, "
+      "the same after a pretext that trains the reader alone (its query tower frozen: "
+      "`retriever_objective='none'`, its learning rate 0), and the closed book "
+      "(atlas_toy_closed_book.gin). Few-shot: `FinetuneJob.few_shot` training "
       "questions of 2,000 drawn with `few_shot_seed` = the seed (every row of a seed trains on "
       "the same sample). Every stage runs with the seed; fine-tuning picks its checkpoint on "
       "toy QA dev EM (best.json), and every figure is measured on toy QA test. Zero-shot "

@@ -34,10 +34,10 @@ def test_the_plan_makes_the_pretraining_cell_first_then_every_row_at_every_size(
   # The extractive row's own few-shot cells after its all-questions cell, made once.
   assert atlas.plan(("extractive",), ("256", "64"), (3,)) == [
       (3, "extractive", "all"), (3, "extractive", "64"), (3, "extractive", "256")]
-  # Everything: 8 main rows (extractive, fid, 4 objectives, pretext, closed book) x 3 sizes,
-  # the base among them, + Contriever's one cell.
+  # Everything: 9 main rows (extractive, fid, 4 objectives, two pretexts, closed book) x 3
+  # sizes, the base among them, + Contriever's one cell.
   everything = atlas.plan((), atlas.DEFAULT_SIZES, (0,))
-  assert len(everything) == 8 * 3 + 1 and len(set(everything)) == len(everything)
+  assert len(everything) == 9 * 3 + 1 and len(set(everything)) == len(everything)
   assert [row for _, row, _ in everything[1:4]] == ["extractive", "extractive", "fid"]
 
 
@@ -125,6 +125,20 @@ def test_the_pretext_runs_once_per_seed_from_the_pretraining_checkpoint():
       "/o/seed2/realm/eval/atlas_pretext_zero_shot_test.jsonl")
   assert atlas.metrics_path(layout.pretext_eval_output()).endswith(
       "atlas_pretext_zero_shot_test.metrics.json")
+  # The pretext for the reader alone: its own run, no objective and no learning rate for the
+  # query tower, the rest as Atlas's.
+  (_, index), (_, train) = atlas.pretext_commands(layout, "/store", 2,
+                                                  pretraining_checkpoint=pretraining,
+                                                  kind="pretext_frozen")
+  assert index[-3] == "--gin.RUN_DIR='/o/seed2/realm/atlas_pretext_frozen'"
+  assert train[4:] == ["--gin.RUN_DIR='/o/seed2/realm/atlas_pretext_frozen'",
+                       f"--gin.INIT_CHECKPOINT='{pretraining}'", "--gin.train_main.seed=2",
+                       "--gin.FinetuneJob.retriever_objective='none'",
+                       "--gin.FinetuneJob.retriever_lr_scale=0.0"]
+  assert layout.pretext_eval_output("pretext_frozen") == (
+      "/o/seed2/realm/eval/atlas_pretext_frozen_zero_shot_test.jsonl")
+  row = atlas.ROW_BY_NAME["pretext_reader"]
+  assert (row.reader, row.gin, row.warm_start) == ("fid", atlas.FID_GIN, "pretext_frozen")
 
 
 def test_the_recipes_cells_the_extractive_reader_and_the_contriever_warm_start():
