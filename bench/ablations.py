@@ -830,10 +830,11 @@ def main() -> int:
         ("cells", os.path.relpath(cells, REPO) if cells != DEFAULT_CELLS else None))
         if value is not None)
     refit = ("" if args.finetune_steps is None else
-             " The ICT warm starts and pretrainings are those of the gins' fine-tuning length "
-             "(the runs of the section \"Ablations on the toy world (paper Table 2)\"), "
-             f"fine-tuned again for {args.finetune_steps} steps into directories of their own; "
-             "the minutes count the fine-tunings and evaluations.")
+             " Each seed's ICT warm start and pretrainings are the runs of the gins' "
+             "fine-tuning length (the section \"Ablations on the toy world (paper Table 2)\"; "
+             "a pretraining `--out` no longer held is made again as it was made), fine-tuned "
+             f"again for {args.finetune_steps} steps into directories of their own; the minutes "
+             "count what this run made.")
     body = (
         "Toy world (gin_configs/experiments/toy_*.gin), every row measured "
         f"with seeds {', '.join(map(str, args.seeds))} by `python bench/ablations.py --write"

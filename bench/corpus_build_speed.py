@@ -2,8 +2,8 @@ r"""Throughput of the corpus build by WordPiece backend and worker processes (RE
 
   python bench/corpus_build_speed.py             # 20k synthetic articles + Python's docs
 
-Builds the same BlockStore from the same JSONL with: the build as the issue for a faster build
-measured it (commit FIRST_BUILD, 2026-11-21: 1.5 MB/s then; its code taken from git into the
+Builds the same BlockStore from the same JSONL with: the build whose speed docs/benchmarks.md
+first measured (commit FIRST_BUILD, 2026-11-21: 1.5 MB/s then; its code taken from git into the
 workdir), today's build with the Python reference tokenizer in one process (the build before
 the compiled backends), the Rust `tokenizers` backend and the "cached" backend (the default)
 in one process, and the cached backend with 2 worker processes.
