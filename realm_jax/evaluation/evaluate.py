@@ -6,7 +6,7 @@ The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each bat
 2. retrieve the top `max(k_values)` blocks with a searcher (`realm_jax.index.search`; exact
    search over the index embeddings matrix, or ScaNN);
 3. build the reader features of the top `model.reader_beam` blocks
-   (`realm_jax.models.qa_batches.build_open_qa_batch`) and take the global argmax (block, span)
+   (`realm_jax.batches.open_qa.build_open_qa_batch`) and take the global argmax (block, span)
    (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
    generative FiD reader (`models.fid_qa.FidReaderModel`, the same reader rows), its greedy
    answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together);
