@@ -698,14 +698,18 @@ def check_model_size(config: RealmConfig, expected: RealmConfig, where: str, *,
         f"same model size or change the model gin.")
 
 
-def _checkpoint_config(step_dir: str, metadata: dict,
-                       expected_config: Optional[RealmConfig]) -> RealmConfig:
+def checkpoint_config(step_dir: str, metadata: dict,
+                      expected_config: Optional[RealmConfig] = None, *,
+                      bert_only: bool = False) -> RealmConfig:
+  """The model config a checkpoint's metadata (`read_metadata(step_dir)`) records; a one-line
+  CheckpointError when it is unreadable or, given `expected_config`, of another model size
+  (`check_model_size`; BERT's shape only with `bert_only`)."""
   try:
     config = realm_config_from_dict(metadata["config"])
   except (KeyError, TypeError, ValueError) as e:
     raise CheckpointError(f"{step_dir}: the metadata's model config is unreadable ({e})") from e
   if expected_config is not None:
-    check_model_size(config, expected_config, step_dir)
+    check_model_size(config, expected_config, step_dir, bert_only=bert_only)
   return config
 
 
@@ -737,7 +741,7 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
   step_dir = os.path.abspath(os.fspath(step_dir))
   verify_checkpoint(step_dir)
   metadata = read_metadata(step_dir)
-  config = _checkpoint_config(step_dir, metadata, expected_config)
+  config = checkpoint_config(step_dir, metadata, expected_config)
   record = metadata.get("peft")
   if not record or PARAMS_ITEM not in targets:
     return _restore(step_dir, targets, metadata), config, metadata

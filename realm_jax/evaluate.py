@@ -108,16 +108,10 @@ def _check_k_values(k_values: Any) -> tuple[int, ...]:
 def _checkpoint_metadata(step_dir: str, config: Any, where: str) -> dict:
   """The metadata of a checkpoint step directory; ConfigError (naming both sizes) when it is
   of another model size than `config`."""
-  from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   metadata = ckpt_lib.read_metadata(step_dir)
   try:
-    try:
-      their_config = realm_config_from_dict(metadata["config"])
-    except (KeyError, TypeError, ValueError) as e:
-      raise ckpt_lib.CheckpointError(f"{step_dir}: the metadata's model config is unreadable "
-                                     f"({e})") from e
-    ckpt_lib.check_model_size(their_config, config, step_dir)
+    ckpt_lib.checkpoint_config(step_dir, metadata, config)
   except ckpt_lib.CheckpointError as e:
     raise ConfigError(f"{where}: {gin_utils.one_line(e)}") from e
   return metadata

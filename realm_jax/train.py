@@ -61,15 +61,9 @@ def _check_init_checkpoint(step_dir: str, config: Any, knob: str, *, bert_only: 
   """One-line ConfigError unless `step_dir` is a finished checkpoint of this model size (of this
   BERT shape with `bert_only`: a BERT warm start, whose heads start fresh)."""
   from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from realm_jax.models.config import realm_config_from_dict  # pylint: disable=g-import-not-at-top
   try:
-    metadata = ckpt_lib.read_metadata(step_dir)
-    try:
-      their_config = realm_config_from_dict(metadata["config"])
-    except (KeyError, TypeError, ValueError) as e:
-      raise ckpt_lib.CheckpointError(f"{step_dir}: the metadata's model config is unreadable "
-                                     f"({e})") from e
-    ckpt_lib.check_model_size(their_config, config, step_dir, bert_only=bert_only)
+    ckpt_lib.checkpoint_config(step_dir, ckpt_lib.read_metadata(step_dir), config,
+                               bert_only=bert_only)
   except ckpt_lib.CheckpointError as e:
     raise ConfigError(f"{knob}: {gin_utils.one_line(e)}") from e
 
