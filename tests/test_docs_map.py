@@ -6,6 +6,7 @@ import importlib
 import pathlib
 import re
 
+import gin
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -86,7 +87,10 @@ def _resolves(dotted: str) -> bool:
   parts = dotted.split(".")
   for i in range(len(parts), 0, -1):
     try:
-      obj = importlib.import_module(".".join(parts[:i]))
+      # A module imported for the first time registers its gin configurables, which a config
+      # locked by an earlier test in this process would refuse.
+      with gin.unlock_config():
+        obj = importlib.import_module(".".join(parts[:i]))
     except ImportError:
       continue
     for attr in parts[i:]:
