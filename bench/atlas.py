@@ -144,13 +144,14 @@ ROWS = (
     Row("contriever", "Contriever-style warm start", "contriever"),
 )
 ROW_BY_NAME = {row.name: row for row in ROWS}
-# Atlas's pretext, one run per seed and kind: its directory under the seed's REALM runs and its
-# bindings beside atlas_toy_pretext.gin. "pretext_frozen" trains the reader alone (no objective
-# and no learning rate for the query tower, which AdamW's weight decay would otherwise move).
+# Atlas's pretext, one run per seed and kind: its directory under the seed's REALM runs, its
+# bindings beside atlas_toy_pretext.gin and what its stage lines add. "pretext_frozen" trains
+# the reader alone (no objective and no learning rate for the query tower, which AdamW's
+# weight decay would otherwise move).
 PRETEXTS = {"pretext": ("atlas_pretext", ()),
             "pretext_frozen": ("atlas_pretext_frozen",
                                ("FinetuneJob.retriever_objective='none'",
-                                "FinetuneJob.retriever_lr_scale=0.0"))}
+                                "FinetuneJob.retriever_lr_scale=0.0"), ", query tower frozen")}
 MAIN_ROWS = tuple(row.name for row in ROWS if row.reader != "contriever")
 BASE_ROW = "extractive"
 # The cell that makes the seed's REALM pretraining (the recipe's REALM row); every other cell of
@@ -505,8 +506,7 @@ def _pretext(seed: int, layout: Layout, realm: recipe_lib.Recipe, settings: Sett
   pretraining = _pretraining_checkpoint(realm)
   # A pretext run of another pretraining (made again since) is not reused.
   run_dir, name = layout.pretext(kind), PRETEXTS[kind][0]
-  what = f"seed {seed}: Atlas's pretext" + ("" if kind == "pretext" else
-                                            ", query tower frozen")
+  what = f"seed {seed}: Atlas's pretext" + "".join(PRETEXTS[kind][2:])
   ablations.claim_runs_dir(run_dir, f"{ablations.pretraining_id(realm.pretrain)} "
                                     f"{pretraining}")
   (_, index), (_, train) = pretext_commands(layout, settings.store, seed,

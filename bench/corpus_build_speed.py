@@ -87,15 +87,14 @@ def extract_build(commit: str, workdir: str) -> Optional[str]:
 
 def child(jsonl: str, dest: str, backend: str, workers: int, max_block_len: int) -> None:
   """Runs in the subprocess: one build; prints one JSON line of figures."""
-  if backend.startswith("tree:"):  # an old build: its package first, its own keyword arguments
+  old_build = backend.startswith("tree:")
+  if old_build:  # its package first, and its own keyword arguments (no backend, no workers)
     sys.path.insert(0, backend[len("tree:"):])
   from realm_jax.data import corpus  # pylint: disable=import-outside-toplevel
   from realm_jax.data import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
 
-  if backend.startswith("tree:"):
-    kwargs = {}
-  else:
-    kwargs = {"vocab": vocab_lib.WordPieceVocabulary(backend=backend), "workers": workers}
+  kwargs = {} if old_build else {
+      "vocab": vocab_lib.WordPieceVocabulary(backend=backend), "workers": workers}
   start = time.perf_counter()
   report = corpus.build_block_store(corpus.JsonlSource(jsonl), dest,
                                     max_block_len=max_block_len, **kwargs)

@@ -166,8 +166,8 @@ def child_env() -> dict[str, str]:
 
 # REALM_JAX_ALLOCATOR=system: the children keep glibc's malloc defaults. The launcher's settings
 # keep each process's peak heap, which suits the toy model; a larger model's heap then grows
-# past memory (docs/own_corpus.md, "With a real English BERT"), so `main` chooses it for a BERT larger than
-# the toy model's.
+# past memory (docs/own_corpus.md, "With a real English BERT"), so `main` chooses it for a BERT
+# larger than the toy model's.
 ALLOCATOR_CHOICE = "REALM_JAX_ALLOCATOR"
 TOY_BERT_WIDTH_X_LAYERS = 128 * 2
 
