@@ -89,9 +89,10 @@ repository): its summary, minutes, date, commit and a fingerprint of what decide
 step options). A later run reuses every cell whose fingerprint matches and runs the rest, so the
 table can be finished in another sitting or on another machine; a cell whose fingerprint
 differs is run again. A fine-tuning row's cell is reused only beside the REALM cell whose
-pretraining it fine-tuned (each records its pretraining's TRAINING_DONE time): when one must be
-made and `--out` no longer holds that pretraining, REALM's cell is made again with the
-fine-tunings. The fingerprint does not cover the code: after a change that alters results, start
+pretraining it fine-tuned (each records its pretraining's `pretraining_id`, a digest of the
+trained values): when one must be made and `--out` no longer holds that pretraining, it is made
+again, and the kept cells stay if the remake trained the same values (a toy pretraining is
+deterministic), else REALM's cell is made again with the fine-tunings. The fingerprint does not cover the code: after a change that alters results, start
 over with `--fresh_cells`. `--finetune_steps N` (with its own `--cells` directory) fine-tunes the
 pretrainings `--out` holds again, N steps each, into directories of their own
 (`<row>_<N>steps`): it makes no ICT or pretraining run again.
@@ -110,7 +111,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -433,14 +434,41 @@ def claim_runs_dir(path: str, cell_fingerprint: str) -> None:
   os.replace(marker + ".tmp", marker)
 
 
+PRETRAINING_ID_FILE = "PARAMS_VALUES_SHA256.json"
+
+
 def pretraining_id(run_dir: str) -> Optional[str]:
-  """Which pretraining run `run_dir` holds: the time its TRAINING_DONE records (a run made
-  again records another), or None when it has not finished."""
+  """Which pretraining `run_dir` holds: the sha256 of its last checkpoint's parameter values, or
+  None when it has not finished. A toy pretraining made again from the same seed, gins and code
+  trains the same values (seed 0's REALM row and bench/methods.py's marginal row, made on
+  different days, agree to every digit), so the cells of a pretraining made in one sitting stay
+  paired with those of its remake in the next. Computed once per finished run and kept beside
+  its TRAINING_DONE."""
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   try:
-    with open(os.path.join(run_dir, "TRAINING_DONE"), encoding="utf-8") as f:
-      return repr(json.load(f)["done_unix"])
+    with open(os.path.join(run_dir, checkpoints.TRAINING_DONE), encoding="utf-8") as f:
+      done = json.load(f)
+    done_unix = done["done_unix"]
   except (OSError, ValueError, KeyError, TypeError):
     return None
+  kept_path = os.path.join(run_dir, PRETRAINING_ID_FILE)
+  try:
+    with open(kept_path, encoding="utf-8") as f:
+      kept = json.load(f)
+    if kept["done_unix"] == done_unix:
+      return kept["pretraining_id"]
+  except (OSError, ValueError, KeyError, TypeError):
+    pass
+  step = done.get("last_checkpoint")
+  if step is None:
+    step = checkpoints.latest_checkpoint_step(run_dir)
+  if step is None:
+    raise RuntimeError(f"{run_dir}: TRAINING_DONE but no checkpoint to identify the run by")
+  digest = checkpoints.params_values_sha256(checkpoints.checkpoint_path(run_dir, step))
+  identity = f"params {digest[:16]} (step {step})"
+  from realm_jax import fileio  # pylint: disable=import-outside-toplevel
+  fileio.write_json_atomically(kept_path, {"done_unix": done_unix, "pretraining_id": identity})
+  return identity
 
 
 def family_cells_to_make(base: str, finetunings: Sequence[str], wanted: Sequence[str],
@@ -467,6 +495,23 @@ def family_cells_to_make(base: str, finetunings: Sequence[str], wanted: Sequence
   # What is made reads the pretraining in --out (or makes one): kept cells of another are
   # made again.
   return [row for row in need if not valid(row, pretraining_in_out)]
+
+
+def plan_family(base: str, finetunings: Sequence[str], wanted: Sequence[str],
+                kept: Mapping[str, Mapping], base_pretrain_dir: str,
+                make_pretraining: Callable[[], Any]) -> list[str]:
+  """`family_cells_to_make`, after making the kept base cell's pretraining again when `--out`
+  no longer holds it and a cell of its family is to be made (a session's runs do not outlive
+  it; its kept cells do). A remake that trains the same values (`pretraining_id`) keeps every
+  kept cell paired with it, so only the missing cells are made; one that does not makes the
+  base cell and its fine-tunings again, as before."""
+  in_out = pretraining_id(base_pretrain_dir)
+  made = family_cells_to_make(base, finetunings, wanted, kept, in_out)
+  if in_out is None and base in made and base in kept:
+    make_pretraining()
+    made = family_cells_to_make(base, finetunings, wanted, kept,
+                                pretraining_id(base_pretrain_dir))
+  return made
 
 
 def cell_summary(row: Row, recipe_summary: dict, *, minutes: float, qa_checkpoint: str,
@@ -518,10 +563,10 @@ def _untrained_ict(shared: recipe_lib.Recipe, seed: int) -> str:
   return run_dir
 
 
-def _make_cell(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, store: str, *,
-               pretrain_steps: Optional[int], finetune_steps: Optional[int],
-               toy_bert: Optional[str], ict_from_bert: bool) -> dict:
-  """Runs one cell's recipe (stages already done in `seed_out` are skipped) and returns it."""
+def _cell_recipe(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, store: str, *,
+                 pretrain_steps: Optional[int], finetune_steps: Optional[int],
+                 toy_bert: Optional[str], ict_from_bert: bool) -> recipe_lib.Recipe:
+  """The recipe of one cell (its seed's shared ICT warm start made first when missing)."""
   seed_binding = f"train_main.seed={seed}"
   shared.stage(f"seed {seed}: the shared ICT warm start", shared.trained(shared.ict),
                lambda: shared.train_ict(shared.ict, "ict.log", seed_binding))
@@ -537,12 +582,16 @@ def _make_cell(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, st
   kwargs["finetune_bindings"] = [*steps(finetune_steps), f"train_main.seed={seed + offset}"]
   kwargs["finetune_name"] = finetune_slot("finetune" if row.pretrains else row.name,
                                          finetune_steps)
+  run_dir = os.path.join(seed_out, run_name(row) if row.pretrains else BASE)
+  return recipe_lib.Recipe(run_dir, store, ict_dir=ict_dir, toy_bert=toy_bert,
+                           ict_from_bert=ict_from_bert, eval_split=EVAL_SPLIT, baseline=False,
+                           **kwargs)
+
+
+def _make_cell(row: Row, seed: int, recipe: recipe_lib.Recipe) -> dict:
+  """Runs one cell's recipe (stages already done are skipped) and returns its cell."""
   print(f"\nablations: seed {seed}: {row.label} ...", flush=True)
   start = time.monotonic()
-  run_dir = os.path.join(seed_out, run_name(row) if row.pretrains else BASE)
-  recipe = recipe_lib.Recipe(run_dir, store, ict_dir=ict_dir, toy_bert=toy_bert,
-                             ict_from_bert=ict_from_bert, eval_split=EVAL_SPLIT, baseline=False,
-                             **kwargs)
   summary = recipe.run()
   cell = cell_summary(row, summary, minutes=(time.monotonic() - start) / 60,
                       qa_checkpoint=evaluated_checkpoint(recipe.qa_metrics_path()),
@@ -576,17 +625,21 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := load_cell(path(name), fingerprints[name])) is not None}
-    plan = lambda: family_cells_to_make(BASE, FINETUNINGS, wanted, kept, pretraining_id(
-        os.path.join(seed_out, BASE, "pretrain")))
-    family = plan()
+    base_pretrain = os.path.join(seed_out, BASE, "pretrain")
+    family = family_cells_to_make(BASE, FINETUNINGS, wanted, kept, pretraining_id(base_pretrain))
     if family or needed - set(kept):
-      # Something is made: not from runs of other gins or code (planned again, as removing
-      # them removes the pretraining the fine-tuning rows' kept cells read).
+      # Something is made: not from runs of other gins or code.
       claim_runs_dir(seed_out, seed_runs_fingerprint)
-      family = plan()
     # After the claim: a Recipe makes its directories when built, and the claim may remove them.
     shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
                                ict_from_bert=ict_from_bert, baseline=False)
+    recipe = lambda row: _cell_recipe(  # noqa: E731
+        row, seed, seed_out, shared, store, pretrain_steps=pretrain_steps,
+        finetune_steps=finetune_steps, toy_bert=toy_bert, ict_from_bert=ict_from_bert)
+    if family:
+      # Planned again: the claim may have removed the pretraining the kept cells read.
+      family = plan_family(BASE, FINETUNINGS, wanted, kept, base_pretrain,
+                           lambda: recipe(ROW_BY_NAME[BASE]).run_pretraining())
     for row in ROWS:
       if row.name not in needed:
         continue
@@ -599,9 +652,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       if row.name in kept:
         print(f"ablations: seed {seed}: {row.label}: the kept cell is not of the REALM "
               f"pretraining the seed's fine-tuning rows read; made again", flush=True)
-      cell = _make_cell(row, seed, seed_out, shared, store, pretrain_steps=pretrain_steps,
-                        finetune_steps=finetune_steps, toy_bert=toy_bert,
-                        ict_from_bert=ict_from_bert)
+      cell = _make_cell(row, seed, recipe(row))
       save_cell(path(row.name), cell, fingerprints[row.name])
       rows.setdefault(row.name, {})[seed] = cell
   return rows

@@ -488,6 +488,16 @@ def _recipe_cell(row: Row, size: str, seed: int, layout: Layout, shared: recipe_
           "pretraining": ablations.pretraining_id(recipe.pretrain), "recipe": summary}
 
 
+def remake_pretraining(seed: int, layout: Layout, shared: recipe_lib.Recipe,
+                       settings: Settings) -> None:
+  """The seed's REALM pretraining alone, as its base cell makes it (`ablations.plan_family`)."""
+  _shared_ict(shared, seed)
+  kwargs = recipe_kwargs(ROW_BY_NAME[BASE_ROW], ALL, seed,
+                         pretrain_steps=settings.pretrain_steps,
+                         finetune_steps=settings.finetune_steps)
+  _recipe(layout.realm, settings, ict_dir=shared.ict, **kwargs).run_pretraining()
+
+
 def _run(name: str, cmd: Sequence[str], realm: recipe_lib.Recipe) -> None:
   """One of this bench's own children, its command printed first (the recipe's children write
   theirs at the top of their logs in `<out>/.../logs/`)."""
@@ -599,16 +609,20 @@ def run(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int
     family = [cell_name(row, size) for row, size in mine if row in MAIN_ROWS]
     kept = {name: cell for (row, size), name in zip(mine, names)
             if (cell := ablations.load_cell(cell_path(cells, seed, row, size), fp)) is not None}
-    to_make = lambda: ablations.family_cells_to_make(  # noqa: E731
-        BASE_CELL, [n for n in family if n != BASE_CELL], family, kept,
-        ablations.pretraining_id(os.path.join(layout.realm, "pretrain")))
-    made = to_make()
+    pretrain_dir = os.path.join(layout.realm, "pretrain")
+    finetunings = [n for n in family if n != BASE_CELL]
+    made = ablations.family_cells_to_make(BASE_CELL, finetunings, family, kept,
+                                          ablations.pretraining_id(pretrain_dir))
     if made or set(names) - set(kept):
       # Something is made: not from runs of other gins, options or code.
       ablations.claim_runs_dir(layout.seed_out, fp)
-      made = to_make()
     # After the claim: a Recipe makes its directories when built, and the claim may remove them.
     shared = _recipe(layout.shared, settings)
+    if made:
+      # Planned again: the claim may have removed the pretraining the kept cells read.
+      made = ablations.plan_family(
+          BASE_CELL, finetunings, family, kept, pretrain_dir,
+          lambda: remake_pretraining(seed, layout, shared, settings))  # pylint: disable=cell-var-from-loop
     for (row_name, size), name in zip(mine, names):
       row = ROW_BY_NAME[row_name]
       path = cell_path(cells, seed, row_name, size)

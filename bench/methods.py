@@ -170,10 +170,9 @@ def finetune_costs(run_dir: str, log_path: str) -> dict:
           "checkpoint_mb": size / 2**20}
 
 
-def _make_cell(name: str, description: str, kwargs: dict, seed: int, seed_dir: str,
-               store: str, toy_bert: Optional[str]) -> dict:
-  """Runs one cell's recipe (stages already done are skipped) and returns its summary, with
-  "minutes", its fine-tuning's costs, the checkpoint its evaluation read and its pretraining."""
+def _cell_recipe(name: str, kwargs: dict, seed: int, seed_dir: str, store: str,
+                 toy_bert: Optional[str]) -> recipe_lib.Recipe:
+  """The recipe of one cell (its warm start made first when the row names a shared one)."""
   seed_binding = f"train_main.seed={seed}"
   kwargs = dict(kwargs)
   warm_start = kwargs.pop("warm_start", None)
@@ -185,10 +184,15 @@ def _make_cell(name: str, description: str, kwargs: dict, seed: int, seed_dir: s
   kwargs["finetune_bindings"] = [seed_binding, *kwargs.get("finetune_bindings", [])]
   # PEFT rows fine-tune the base row's pretrained model: its directory, stages 1-3 done.
   row_dir = os.path.join(seed_dir, BASE_ROW if name in PEFT_ROWS else name)
+  return recipe_lib.Recipe(row_dir, store, toy_bert=toy_bert, eval_split=ablations.EVAL_SPLIT,
+                           baseline=False, **kwargs)
+
+
+def _make_cell(description: str, seed: int, recipe: recipe_lib.Recipe) -> dict:
+  """Runs one cell's recipe (stages already done are skipped) and returns its summary, with
+  "minutes", its fine-tuning's costs, the checkpoint its evaluation read and its pretraining."""
   print(f"\nmethods: seed {seed}: {description} ...", flush=True)
   start = time.monotonic()
-  recipe = recipe_lib.Recipe(row_dir, store, toy_bert=toy_bert,
-                             eval_split=ablations.EVAL_SPLIT, baseline=False, **kwargs)
   summary = recipe.run()
   summary.update(finetune_costs(recipe.finetune,
                                 os.path.join(recipe.logs, f"{recipe.finetune_name}.log")))
@@ -221,10 +225,13 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], toy_bert: st
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := ablations.load_cell(path(name), cell_fingerprint)) is not None}
-    family = ablations.family_cells_to_make(
-        BASE_ROW, PEFT_ROWS, wanted, kept,
-        ablations.pretraining_id(os.path.join(seed_dir, BASE_ROW, "pretrain")))
-    for name, description, kwargs in all_rows:
+    kwargs_of = {name: kwargs for name, _, kwargs in all_rows}
+    recipe = lambda name: _cell_recipe(  # noqa: E731
+        name, kwargs_of[name], seed, seed_dir, store, toy_bert)  # pylint: disable=cell-var-from-loop
+    family = ablations.plan_family(
+        BASE_ROW, PEFT_ROWS, wanted, kept, os.path.join(seed_dir, BASE_ROW, "pretrain"),
+        lambda: recipe(BASE_ROW).run_pretraining())
+    for name, description, _ in all_rows:
       if name not in needed:
         continue
       make = name in family if name in (BASE_ROW, *PEFT_ROWS) else name not in kept
@@ -232,7 +239,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], toy_bert: st
         print(f"methods: seed {seed}: {description}: kept in {path(name)}", flush=True)
         results.setdefault(name, {})[seed] = kept[name]
         continue
-      summary = _make_cell(name, description, kwargs, seed, seed_dir, store, toy_bert)
+      summary = _make_cell(description, seed, recipe(name))
       ablations.save_cell(path(name), summary, cell_fingerprint)
       results.setdefault(name, {})[seed] = summary
   return results

@@ -197,6 +197,20 @@ def params_sha256(step_dir: str) -> str:
   return hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()
 
 
+def params_values_sha256(step_dir: str) -> str:
+  """One sha256 of a checkpoint's parameter values (each leaf's path, dtype, shape and bytes),
+  not of its files: Orbax names its files at random, so two runs that trained bit-identical
+  parameters have different file checksums (`params_sha256`) but this same digest."""
+  params, _, _ = restore_checkpoint_dir(step_dir)
+  digest = hashlib.sha256()
+  leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+  for path, leaf in sorted(leaves, key=lambda item: jax.tree_util.keystr(item[0])):
+    values = np.ascontiguousarray(np.asarray(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)} {values.dtype.str} {values.shape}\n".encode())
+    digest.update(values.tobytes())
+  return digest.hexdigest()
+
+
 def checkpoints_dir(run_dir: str) -> str:
   """`<run_dir>/checkpoints`: the CheckpointManager's directory."""
   return os.path.join(os.path.abspath(os.fspath(run_dir)), CHECKPOINTS_DIR)

@@ -518,7 +518,10 @@ class Recipe:
     if code:
       raise RuntimeError(f"pretraining exited with status {code}; see {self.logs}")
 
-  def run(self) -> dict:
+  def run_pretraining(self) -> tuple[str, str]:
+    """Stages 1-3: the warm start, its index and REALM pretraining, each skipped when done, with
+    recall before and after; returns the paths of those two recall metrics. `run` goes on from
+    here; a bench calls it alone to make a pretraining again."""
     from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
 
     bert = self._bert_checkpoint()
@@ -545,6 +548,12 @@ class Recipe:
     after = os.path.join(self.evals, "recall_after.metrics.json")
     self.stage("  recall after pretraining", os.path.exists(after),
                 lambda: self._recall("after", store_lib.latest_index_step(self.pretrain)))
+    return before, after
+
+  def run(self) -> dict:
+    from realm_jax.index import store as store_lib  # pylint: disable=g-import-not-at-top
+
+    before, after = self.run_pretraining()
     # REALM's fine-tuning from the pretrained model (or the mix `finetune_retriever` and
     # `finetune_reader` ask for) and, side by side, the baseline's from the ICT retriever and
     # the BERT reader: (run directory, its index's checkpoint, log name, extra bindings,

@@ -272,10 +272,58 @@ def test_family_cells_to_make(wanted, kept, in_out, expected):
   assert ablations.family_cells_to_make("base", FT, wanted, kept, in_out) == expected
 
 
-def test_pretraining_id_and_the_evaluated_checkpoint(tmp_path):
-  assert ablations.pretraining_id(str(tmp_path)) is None  # not finished
-  (tmp_path / "TRAINING_DONE").write_text('{"done_unix": 1764000000.25, "last_checkpoint": 400}')
-  assert ablations.pretraining_id(str(tmp_path)) == "1764000000.25"
+def finished_run(run_dir, value: float, step: int = 400) -> None:
+  """A finished pretraining run: one tiny checkpoint of `value`s and TRAINING_DONE."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import config as config_lib  # pylint: disable=import-outside-toplevel
+  params = {"retriever": {"dense": {"kernel": np.full((2, 3), value, np.float32),
+                                    "bias": np.zeros(3, np.float32)}}}
+  checkpoints.save_checkpoint(str(run_dir), step, params,
+                              config=config_lib.RealmConfig(bert=config_lib.tiny_bert()))
+  checkpoints.mark_training_done(str(run_dir))
+
+
+def test_a_pretraining_is_identified_by_its_trained_values_not_by_when_it_ran(tmp_path):
+  first, again, other = tmp_path / "first", tmp_path / "again", tmp_path / "other"
+  assert ablations.pretraining_id(str(first)) is None  # not finished
+  finished_run(first, 0.5)
+  finished_run(again, 0.5)  # made again later: other files, other TRAINING_DONE time
+  finished_run(other, 0.25)
+  identity = ablations.pretraining_id(str(first))
+  assert identity.startswith("params ") and identity.endswith("(step 400)")
+  assert ablations.pretraining_id(str(again)) == identity
+  assert ablations.pretraining_id(str(other)) != identity
+  # Kept beside TRAINING_DONE, and computed again once the run is finished anew.
+  kept = json.loads((first / ablations.PRETRAINING_ID_FILE).read_text())
+  assert kept["pretraining_id"] == identity
+  (first / ablations.PRETRAINING_ID_FILE).write_text(json.dumps({**kept, "done_unix": 0.0}))
+  assert ablations.pretraining_id(str(first)) == identity
+
+
+@pytest.mark.parametrize("remade_value,expected", [
+    (0.5, ["f1"]),  # the remake trained the same values: the kept cells stay
+    (0.25, ["base", "f1", "f2"]),  # another pretraining: the family is made again
+])
+def test_a_lost_pretraining_is_made_again_before_its_family_is_planned(tmp_path, remade_value,
+                                                                       expected):
+  finished_run(tmp_path / "made_before", 0.5)
+  identity = ablations.pretraining_id(str(tmp_path / "made_before"))
+  kept = {"base": {"pretraining": identity}, "f2": {"pretraining": identity}}
+  pretrain_dir = tmp_path / "out" / "pretrain"  # lost with the sitting that made it
+  remade = []
+  remake = lambda: remade.append(1) or finished_run(pretrain_dir, remade_value)  # noqa: E731
+  assert ablations.plan_family("base", FT, ["base", "f1", "f2"], kept, str(pretrain_dir),
+                               remake) == expected
+  assert remade == [1]
+  # Nothing to make: no pretraining is made again.
+  everything = {**kept, "f1": {"pretraining": identity}}
+  assert ablations.plan_family("base", FT, ["base", "f1", "f2"], everything,
+                               str(tmp_path / "gone"), remake) == []
+  assert remade == [1]
+
+
+def test_the_evaluated_checkpoint(tmp_path):
   metrics = tmp_path / "toy_qa_test.metrics.json"
   metrics.write_text(json.dumps({"checkpoint_step": 100, "checkpoint_choice":
                                  "best by eval/exact_match=0.2 in best.json", "metrics": {}}))
@@ -369,17 +417,18 @@ def test_a_stale_runs_dir_is_removed_before_the_seeds_recipes_make_their_directo
   monkeypatch.setattr(realm_jax_tasks, "toy_block_store_dir", lambda: str(tmp_path / "blocks"))
   made = []
 
-  def make_cell(row, seed, seed_out, shared, store, **kwargs):
+  def cell_recipe(row, seed, seed_out, shared, store, **kwargs):
     del seed_out, store, kwargs
     # What the recipe's first stage writes to: there, and the stale run gone.
     assert os.path.isdir(shared.logs) and not os.path.exists(shared.ict)
-    made.append((row.name, seed))
-    return _cell(0.5)
+    return row, seed
 
-  monkeypatch.setattr(ablations, "_make_cell", make_cell)
+  monkeypatch.setattr(ablations, "_cell_recipe", cell_recipe)
+  monkeypatch.setattr(ablations, "_make_cell",
+                      lambda row, seed, recipe: made.append(recipe) or _cell(0.5))
   rows = ablations.run(str(out), ("no_ict",), seeds=(0,), pretrain_steps=None,
                        finetune_steps=None, cells=str(cells))
-  assert made == [("no_ict", 0)] and rows["no_ict"][0]["qa_em"] == 0.5
+  assert made == [(ablations.ROW_BY_NAME["no_ict"], 0)] and rows["no_ict"][0]["qa_em"] == 0.5
 
 
 def test_another_fine_tuning_length_keeps_the_pretrainings_and_fine_tunes_beside_them(
@@ -429,11 +478,13 @@ def test_another_fine_tuning_length_keeps_the_pretrainings_and_fine_tunes_beside
   shared = FakeRecipe(str(out / "seed0" / "shared"), None)
   monkeypatch.setattr(shared, "trained", lambda path: True, raising=False)
   monkeypatch.setattr(shared, "stage", lambda *args: None, raising=False)
+  monkeypatch.setattr(ablations, "pretraining_id", lambda run_dir: "P")
   names.clear()
   for name in ("realm", "orqa"):
-    ablations._make_cell(ablations.ROW_BY_NAME[name], 0, str(out / "seed0"), shared, "store",
-                         pretrain_steps=None, finetune_steps=900, toy_bert=None,
-                         ict_from_bert=False)
+    row = ablations.ROW_BY_NAME[name]
+    ablations._make_cell(row, 0, ablations._cell_recipe(
+        row, 0, str(out / "seed0"), shared, "store", pretrain_steps=None, finetune_steps=900,
+        toy_bert=None, ict_from_bert=False))
   assert names == ["finetune_900steps", "orqa_900steps"]
   # The claim with the longer length's options keeps the pretraining.
   ablations.claim_runs_dir(str(out / "seed0"), ablations.runs_fingerprint(

@@ -10,6 +10,8 @@ import os
 import re
 import sys
 
+import shutil
+
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,6 +20,7 @@ if REPO_ROOT not in sys.path:
 
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
 from bench import atlas  # noqa: E402  pylint: disable=wrong-import-position
+from test_ablations import finished_run  # noqa: E402  pylint: disable=wrong-import-position
 
 PY = sys.executable
 DEV_PICKED = "step 300: best by eval/exact_match=0.03 in best.json"
@@ -192,17 +195,23 @@ def test_cells_are_kept_reused_and_only_the_missing_made(tmp_path, monkeypatch, 
   out, cells = tmp_path / "runs", tmp_path / "cells"
   made = []
 
+  pretraining_value = [0.5]  # what a pretraining trains; a remake the same unless changed
+
+  def remake_pretraining(seed, layout, shared, settings):
+    del seed, shared, settings
+    made.append("pretraining")
+    finished_run(os.path.join(layout.realm, "pretrain"), pretraining_value[0])
+
   def make_cell(row, size, seed, layout, shared, settings):
-    del shared, settings
-    if (row.name, size) == ("extractive", "all"):  # the base cell makes the pretraining
-      pretrain = os.path.join(layout.realm, "pretrain")
-      os.makedirs(pretrain, exist_ok=True)
-      with open(os.path.join(pretrain, "TRAINING_DONE"), "w", encoding="utf-8") as f:
-        json.dump({"done_unix": 1.5}, f)
+    pretrain = os.path.join(layout.realm, "pretrain")
+    if (row.name, size) == ("extractive", "all") and not os.path.exists(pretrain):
+      remake_pretraining(seed, layout, shared, settings)  # the base cell makes it
+      made.pop()
     made.append((seed, row.name, size))
-    return _cell(0.1, ablations.pretraining_id(os.path.join(layout.realm, "pretrain")))
+    return _cell(0.1, ablations.pretraining_id(pretrain))
 
   monkeypatch.setattr(atlas, "make_cell", make_cell)
+  monkeypatch.setattr(atlas, "remake_pretraining", remake_pretraining)
   settings = atlas.Settings(store=str(tmp_path / "store"))
   go = lambda: atlas.run(str(out), ("fid", "contriever"), ("64", "all"), (0,),  # noqa: E731
                          settings, cells=str(cells))
@@ -221,12 +230,20 @@ def test_cells_are_kept_reused_and_only_the_missing_made(tmp_path, monkeypatch, 
   go()
   assert made == [(0, "fid", "64")]
   made.clear()
-  # Without that pretraining in --out, the base cell is made again before the fine-tunings;
-  # the Contriever cell, of a pretraining of its own, stays.
-  os.remove(out / "seed0" / "realm" / "pretrain" / "TRAINING_DONE")
+  # The pretraining gone from --out (a new sitting): it is made again first, and as it trains
+  # the same values the kept cells stay paired with it; only the lost cell is made.
+  shutil.rmtree(out / "seed0" / "realm" / "pretrain")
   os.remove(cells / "seed0_fid_all.json")
   go()
-  assert made == [(0, "extractive", "all"), (0, "fid", "64"), (0, "fid", "all")]
+  assert made == ["pretraining", (0, "fid", "all")]
+  made.clear()
+  # A remake that trains other values: the base cell and every fine-tuning are made again;
+  # the Contriever cell, of a pretraining of its own, stays.
+  shutil.rmtree(out / "seed0" / "realm" / "pretrain")
+  os.remove(cells / "seed0_fid_all.json")
+  pretraining_value[0] = 0.25
+  go()
+  assert made == ["pretraining", (0, "extractive", "all"), (0, "fid", "64"), (0, "fid", "all")]
 
 
 # ---------------------------------------------------------------------------- the report
