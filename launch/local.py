@@ -53,6 +53,8 @@ import threading
 import time
 from typing import IO, Mapping, Optional, Sequence
 
+from realm_jax.progress import format_duration
+
 PROG = "launch"
 EXIT_USAGE = 2
 EXIT_BUILDER_FAILED = 3
@@ -146,15 +148,6 @@ def stop_processes(procs: Sequence[subprocess.Popen], *,
             else f"exit {returncode}")
     outcome.append((proc.pid, f"{what} after SIGINT" if killed else what))
   return outcome
-
-
-def format_seconds(seconds: float) -> str:
-  """`4.2s`, `3m07s` or `1h02m03s`."""
-  if seconds < 60:
-    return f"{seconds:.1f}s"
-  minutes, secs = divmod(int(round(seconds)), 60)
-  hours, minutes = divmod(minutes, 60)
-  return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
 def exit_status(returncode: int) -> int:
@@ -272,7 +265,7 @@ class _Child:
     if self.stopped:
       what = f"stopped: {what}"
     wall = (self.ended or time.monotonic()) - self.started
-    return f"{self.name} {what} in {format_seconds(wall)}"
+    return f"{self.name} {what} in {format_duration(wall)}"
 
 
 class _SignalFlag:
@@ -391,7 +384,7 @@ class _Launcher:
       if self.flag.count:
         name = signal.Signals(self.flag.last).name
         self.say(f"got {name}; stopping (SIGINT to both, SIGKILL after "
-                 f"{format_seconds(self.grace_seconds)}; Ctrl-C again to kill at once)")
+                 f"{format_duration(self.grace_seconds)}; Ctrl-C again to kill at once)")
         self.stop(self.children)
         return 128 + self.flag.last
       status = self._check_builder()
@@ -409,11 +402,11 @@ class _Launcher:
         if builder_deadline is None:
           timeout = self.builder_timeout
           builder_deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
-          limit = "no time limit" if timeout is None else f"up to {format_seconds(timeout)}"
+          limit = "no time limit" if timeout is None else f"up to {format_duration(timeout)}"
           self.say(f"the trainer is done; waiting ({limit}) for the builder to index the last "
                    f"checkpoint and exit")
         elif time.monotonic() >= builder_deadline:
-          self.say(f"the builder did not finish within {format_seconds(self.builder_timeout)} "
+          self.say(f"the builder did not finish within {format_duration(self.builder_timeout)} "
                    f"of the trainer; stopping it (the last checkpoint may not be indexed)")
           self.stop([self.builder])
           self._builder_seen = True

@@ -113,7 +113,7 @@ DEFAULT_OUT = "/tmp/realm_toy"
 # What the console shows of a child's output (the rest is in <out>/logs/).
 _PROGRESS = re.compile(r"step \d+/\d+|published index|: done|error|Error|dry run|evaluate: "
                        r"(toy_qa|ict_toy|((retrieval|bm25) )?qa_(regex_)?files_)|"
-                       r"embedding: [\d,]+/[\d,]+ blocks \(100")
+                       r"embedding: blocks [\d,]+/[\d,]+ \(100")
 
 
 class _Progress:

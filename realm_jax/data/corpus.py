@@ -101,6 +101,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 
 from realm_jax import fileio
+from realm_jax import progress as progress_lib
 from realm_jax.data import sentences as sentences_lib
 from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
@@ -1304,31 +1305,15 @@ class BuildProgress:
   fraction_done: Optional[float]
 
   @property
-  def documents_per_s(self) -> float:
-    return self.documents_read / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-  @property
   def eta_s(self) -> Optional[float]:
-    if not self.fraction_done or self.fraction_done <= 0:
-      return None
-    return self.elapsed_s * (1.0 - self.fraction_done) / self.fraction_done
+    return progress_lib.eta_seconds(self.documents_read, None, self.elapsed_s,
+                                    fraction=self.fraction_done)
 
   def line(self) -> str:
-    eta = self.eta_s
-    parts = [f"{self.documents_read:,} documents read ({self.documents_per_s:,.0f}/s)",
-             f"{self.blocks_written:,} blocks written"]
-    if self.fraction_done is not None:
-      parts.append(f"{100 * self.fraction_done:.1f}%")
-    if eta is not None:
-      parts.append(f"ETA {_format_seconds(eta)}")
-    return ", ".join(parts)
-
-
-def _format_seconds(seconds: float) -> str:
-  seconds = int(round(seconds))
-  hours, rest = divmod(seconds, 3600)
-  minutes, secs = divmod(rest, 60)
-  return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+    # The share done is of the input's bytes, so the documents read have no total.
+    return progress_lib.line("documents read", self.documents_read, None, self.elapsed_s,
+                             unit="documents", fraction=self.fraction_done,
+                             extras=[f"{self.blocks_written:,} blocks written"])
 
 
 @dataclasses.dataclass
@@ -1357,7 +1342,7 @@ class BuildReport:
     lines = [f"BlockStore written to {self.path}",
              f"  store_id {self.store_id}",
              f"  {c['documents_read']:,} documents read, {c['documents_used']:,} used, "
-             f"{self.num_blocks:,} blocks in {_format_seconds(self.elapsed_s)}",
+             f"{self.num_blocks:,} blocks in {progress_lib.format_duration(self.elapsed_s)}",
              f"  oversize sentences split: {c['oversize_sentences']:,}; records truncated: "
              f"{c['truncated_records']:,}; token-id mismatches kept: {c['token_mismatches']:,}"]
     skipped = {k: v for k, v in c["skipped"].items() if v}

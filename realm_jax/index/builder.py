@@ -62,6 +62,7 @@ from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmEmbedder
 from realm_jax.models import retriever as retriever_lib
 from realm_jax import checkpoints as ckpt_lib
+from realm_jax import progress as progress_lib
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,6 @@ INDEX_DTYPES = tuple(_NUMPY_DTYPES)  # the index dtypes embed_blocks writes
 # ------------------------------------------------------------------------------ progress
 
 
-def _format_seconds(seconds: float) -> str:
-  seconds = int(round(seconds))
-  hours, rest = divmod(seconds, 3600)
-  minutes, secs = divmod(rest, 60)
-  return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
-
-
 @dataclasses.dataclass(frozen=True)
 class EmbedProgress:
   """Progress of `embed_blocks`, passed to its `progress` callback.
@@ -99,21 +93,8 @@ class EmbedProgress:
   blocks_total: int
   elapsed_s: float
 
-  @property
-  def blocks_per_s(self) -> float:
-    return self.blocks_done / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-  @property
-  def eta_s(self) -> Optional[float]:
-    rate = self.blocks_per_s
-    return (self.blocks_total - self.blocks_done) / rate if rate > 0 else None
-
   def line(self) -> str:
-    eta = self.eta_s
-    percent = 100.0 * self.blocks_done / self.blocks_total if self.blocks_total else 100.0
-    return (f"{self.blocks_done:,}/{self.blocks_total:,} blocks ({percent:.1f}%), "
-            f"{self.blocks_per_s:,.1f} blocks/s, ETA "
-            f"{_format_seconds(eta) if eta is not None else '?'}")
+    return progress_lib.line("blocks", self.blocks_done, self.blocks_total, self.elapsed_s)
 
 
 def log_progress(progress: EmbedProgress) -> None:

@@ -40,7 +40,6 @@ report the position of the batches it has *returned*, not of those it has read a
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import math
@@ -58,6 +57,7 @@ from jax.sharding import Mesh
 from realm_jax.models import realm
 from realm_jax.models.config import RealmConfig
 from realm_jax import checkpoints
+from realm_jax import progress
 from realm_jax.training import partitioning
 
 log = logging.getLogger(__name__)
@@ -681,12 +681,6 @@ def _peak_flops(peak_flops_per_device: Optional[float]) -> Optional[float]:
   return None
 
 
-def _format_eta(seconds: float) -> str:
-  if not math.isfinite(seconds):
-    return "?"
-  return str(datetime.timedelta(seconds=int(round(seconds))))
-
-
 class _Interval:
   """Metrics of the steps since the last log line: means of the step metrics, last hook values,
   and the wall time of the steps that were not compiling."""
@@ -971,11 +965,11 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
         if hasattr(batches, "metrics"):  # this host's input counts
           scalars.update({name: float(v) for name, v in batches.metrics().items()})
         writer.write_scalars(step, scalars)
+        # The rate leaves out the steps that compiled, so the ETA is not thrown by them.
         rate = steps_timed / seconds_timed if seconds_timed > 0 else float("nan")
-        eta = (num_steps - step) / rate if rate > 0 else float("nan")
-        log.info("step %d/%d (%.1f%%) | %.3g steps/s | train/loss %.5g | elapsed %s | ETA %s",
-                 step, num_steps, 100.0 * step / num_steps, rate, scalars["train/loss"],
-                 _format_eta(time.perf_counter() - run_start), _format_eta(eta))
+        log.info("%s", progress.line("step", step, num_steps, time.perf_counter() - run_start,
+                                     unit="steps", rate=rate,
+                                     extras=[f"train/loss {scalars['train/loss']:.5g}"]))
         interval = _Interval()
 
       if step % checkpoint_every == 0 or step == num_steps:
@@ -993,5 +987,5 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
   if is_chief:
     checkpoints.mark_training_done(run_dir)
   log.info("%s: trained to step %d in %s", run_dir, num_steps,
-           _format_eta(time.perf_counter() - run_start))
+           progress.format_duration(time.perf_counter() - run_start))
   return state

@@ -447,6 +447,12 @@ def test_a_builder_dying_midway_leaves_nothing_loadable_and_a_rerun_publishes(
 # ------------------------------------------------------------------------------ entry point
 
 
+@pytest.fixture(autouse=True)
+def _entry_point_gin(clean_gin):
+  """The entry point's tests parse gin in this process: cleared (and unlocked) after each."""
+  del clean_gin
+
+
 def run_main(capsys, *args):
   code = entry.main(["build_index", "--gin_file=gin_configs/runs/build_index.gin", *args])
   out, err = capsys.readouterr()

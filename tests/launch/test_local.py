@@ -131,7 +131,7 @@ def test_trainer_success_lets_builder_finish(child, tmp_path, capfd):
   status = _run(tmp_path, child("trainer", 0.1), child("builder", 1.5))
   assert status == 0
   assert _marker(tmp_path, "builder", "done") and not _marker(tmp_path, "builder", "sigint")
-  assert "waiting (up to 30m00s) for the builder" in capfd.readouterr().err
+  assert "waiting (up to 0:30:00) for the builder" in capfd.readouterr().err
 
 
 def test_trainer_failure_stops_builder(child, tmp_path, capfd):
@@ -378,10 +378,8 @@ def test_cli_run_dir_puts_logs_under_it(child, tmp_path, capfd):
   capfd.readouterr()
 
 
-def test_format_seconds():
-  assert local.format_seconds(4.24) == "4.2s"
-  assert local.format_seconds(187) == "3m07s"
-  assert local.format_seconds(3723) == "1h02m03s"
+def test_durations_are_the_progress_helpers():
+  assert local.format_duration(187) == "0:03:07"
 
 
 @pytest.mark.parametrize("training_done", [True, False])
