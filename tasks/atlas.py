@@ -48,11 +48,11 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from realm_jax.data import answer_match
 from realm_jax.data import masking
 from realm_jax.data import salient_spans
 from realm_jax.data import sentinels
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.evaluation import metrics
 from realm_jax_tasks.open_qa import _answers_postprocess
 
 PathOrFn = Union[str, Callable[[], str]]
@@ -214,7 +214,7 @@ def register_atlas_pretext_task(corpus: str, *, pretrain_records: PathOrFn, seed
       output_features={"question_ids": seqio.Feature(vocabulary, add_eos=False),
                        "answer_ids": seqio.Feature(vocabulary, add_eos=False)},
       postprocess_fn=_answers_postprocess,
-      metric_fns=[metrics.orqa_exact_match])
+      metric_fns=[answer_match.orqa_exact_match])
   return name
 
 

@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 import seqio
 import tensorflow as tf
 
+from realm_jax.data import answer_match
 from realm_jax.data import open_qa
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.evaluation import metrics
 
 QA_DATA_ENV = "REALM_JAX_QA_DATA"
 CHECK_SIZES_ENV = "REALM_JAX_QA_CHECK_SIZES"
@@ -51,7 +51,7 @@ def _tokenize_question(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 def answers_are_regex(task: Any) -> bool:
   """Whether a QA task's references are regular expressions (CuratedTrec), from its metric."""
-  return metrics.curated_trec_regex_match in tuple(getattr(task, "metric_fns", ()))
+  return answer_match.curated_trec_regex_match in tuple(getattr(task, "metric_fns", ()))
 
 
 def register_qa_task(name: str, examples_fn: ExamplesFn, *, answers_are_regex: bool = False,
@@ -68,7 +68,8 @@ def register_qa_task(name: str, examples_fn: ExamplesFn, *, answers_are_regex: b
         output_signature={"question": tf.TensorSpec([], tf.string),
                           "answers": tf.TensorSpec([None], tf.string)})
 
-  metric = metrics.curated_trec_regex_match if answers_are_regex else metrics.orqa_exact_match
+  metric = (answer_match.curated_trec_regex_match if answers_are_regex
+            else answer_match.orqa_exact_match)
   seqio.TaskRegistry.remove(name)
   seqio.TaskRegistry.add(
       name,

@@ -29,8 +29,8 @@ from realm_jax.data import sentinels
 from realm_jax.data import tensorflow_setup
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.evaluation import evaluate as evaluate_lib
 from realm_jax.evaluation import metrics
+from realm_jax.evaluation import qa as qa_lib
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.models import fid_qa
@@ -181,13 +181,13 @@ def test_a_pretext_run_warm_starts_fine_tuning_reader_and_question_tower(world, 
   init = world[3]
   # The dev evaluation reads the questions with the task's sentinel-reading vocabulary.
   vocabularies = []
-  evaluate = evaluate_lib.evaluate
+  evaluate = qa_lib.evaluate
 
   def spy(*args, **kwargs):
     vocabularies.append(kwargs.get("vocab"))
     return evaluate(*args, **kwargs)
 
-  monkeypatch.setattr(evaluate_lib, "evaluate", spy)
+  monkeypatch.setattr(qa_lib, "evaluate", spy)
   pretext = _train(world, "gin_configs/experiments/atlas_toy_pretext.gin", "pretext", init, 2,
                    f"--gin.TASK='{TASK}'", "--gin.FinetuneJob.eval_examples=8")
   trained, _, metadata = checkpoints.restore_params(pretext, 2)

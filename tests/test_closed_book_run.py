@@ -169,9 +169,9 @@ def test_a_closed_book_searcher_goes_with_a_closed_book_model():
   fid = fid_lib.FidConfig.from_bert(TINY.bert, decoder_layers=1)
   with pytest.raises(ValueError, match="reader_beam=5 and retriever_objective='none'"):
     fid_qa.FidReaderModel(TINY, fid, reader_beam=5, closed_book=True)
-  from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax.evaluation import qa as qa_lib  # pylint: disable=import-outside-toplevel
   model = fid_qa.FidReaderModel(TINY, fid, reader_beam=1, closed_book=True)
   with pytest.raises(ValueError, match="its searcher is qa_inputs.ClosedBook"):
-    evaluate_lib.Predictor(model, {}, searcher=object(), store=None, block_emb=np.zeros((1, 1)))
-  predictor = evaluate_lib.Predictor(model, {}, searcher=qa_inputs.ClosedBook(), store=None)
+    qa_lib.Predictor(model, {}, searcher=object(), store=None, block_emb=np.zeros((1, 1)))
+  predictor = qa_lib.Predictor(model, {}, searcher=qa_inputs.ClosedBook(), store=None)
   assert predictor.closed_book and predictor.block_emb is None

@@ -24,8 +24,9 @@ from realm_jax import gin_utils
 from realm_jax.data import corpus
 from realm_jax.data import open_qa as open_qa_data
 from realm_jax.data import toy_world
-from realm_jax.evaluation import evaluate as evaluate_lib
 from realm_jax.evaluation import metrics as metrics_lib
+from realm_jax.evaluation import qa as qa_lib
+from realm_jax.evaluation import results
 from realm_jax.evaluation import retrieval
 from realm_jax.evaluation import runs
 from realm_jax.index import builder
@@ -128,7 +129,7 @@ def library_qa(world):
   file, answered by the evaluation library with the run's params and index."""
   examples = _toy_questions(8)
   loaded = store_lib.load_index(store_lib.index_dir(world.run_dir, STEP))
-  metrics, predictions = evaluate_lib.evaluate(
+  metrics, predictions = qa_lib.evaluate(
       OpenQAModel(TINY, reader_beam=5), world.params, examples,
       searcher=ExactSearcher(loaded.embeddings), store=world.store, k_values=KS)
   return types.SimpleNamespace(examples=examples, metrics=metrics, predictions=predictions)
@@ -144,7 +145,7 @@ def test_qa_mode_equals_the_evaluation_library_and_writes_both_files(world, libr
   metrics_path = predictions_path[:-len(".jsonl")] + ".metrics.json"
   assert f"checkpoint step {STEP} (latest), index step {STEP}" in out[0]
   assert predictions_path in out[0] and metrics_path in out[0]
-  assert any("8/8 questions" in line and "ETA" in line for line in err), err
+  assert any("questions 8/8 (100.0%)" in line and "ETA" in line for line in err), err
 
   examples, expected = library_qa.examples, library_qa.metrics
   expected_predictions = library_qa.predictions
@@ -172,7 +173,7 @@ def test_qa_mode_on_bm25s_blocks_equals_the_library_with_the_bm25_searcher(world
   from realm_jax.evaluation import bm25  # pylint: disable=import-outside-toplevel
   examples = _toy_questions(8)
   searcher = bm25.BM25Searcher(world.store, TINY.proj_size)
-  expected, expected_predictions = evaluate_lib.evaluate(
+  expected, expected_predictions = qa_lib.evaluate(
       OpenQAModel(TINY, reader_beam=5), world.params, examples, searcher=searcher,
       store=world.store, k_values=KS)
   output = str(world.root / "bm25_reader" / "test.jsonl")
@@ -206,9 +207,9 @@ def test_question_prints_the_answer_and_its_evidence(world, capsys):
   out, err = _output(capsys)
   assert code == 0, err
   model = OpenQAModel(TINY, reader_beam=5)
-  expected = evaluate_lib.answer_question(model, world.params, QUESTION,
-                                          searcher=ExactSearcher(world.embeddings),
-                                          store=world.store)
+  expected = qa_lib.answer_question(model, world.params, QUESTION,
+                                    searcher=ExactSearcher(world.embeddings),
+                                    store=world.store)
   assert out[0] == f"evaluate: checkpoint step {STEP} (latest), index step {STEP}"
   assert out[1] == f"question: {QUESTION}"
   assert out[2].startswith(f"answer: {expected['answer']!r} (block {expected['block_id']},")
@@ -371,7 +372,7 @@ def test_bm25_mode_recall_on_your_own_questions_and_corpus(bm25_world, capsys, t
                    f"(k1 0.9, b 0.4): recall@1 0.5000, recall@4 0.7500, num_questions 4, "
                    f"num_blocks 4; metrics {metrics_path}"]
     assert any("BM25 index of 4 blocks" in line for line in err), err
-    assert any("4/4 questions" in line for line in err), err
+    assert any("questions 4/4 (100.0%)" in line for line in err), err
     names[task] = saved["task"]
 
   # With a run directory: the metrics go next to the retrieval mode's.
@@ -477,6 +478,43 @@ def test_bm25_dry_run_and_run_dir_none_only_for_bm25(capsys):
                  "metrics /tmp/never_written.metrics.json; no data read, nothing written)"]
   line = _one_line(capsys, _main("--gin.RUN_DIR=None", "--dry_run"), 2, "config error")
   assert "run_dir=None: expected a directory path" in line and "mode 'bm25'" in line
+
+
+# ------------------------------------------------------------------------------ every mode
+
+
+@pytest.mark.parametrize("mode", ["qa", "retrieval", "bm25"])
+def test_every_mode_writes_through_the_one_result_writer(world, mode, monkeypatch, capsys,
+                                                         tmp_path):
+  """One `results.write` per run: the metrics JSON holds the mode, what the mode says it
+  evaluated and the metrics (and the predictions' path for "qa"), the summary line ends with
+  the files written."""
+  written = []
+  write = results.write
+
+  def spy(result, output, run_dir):
+    written.append(result)
+    return write(result, output, run_dir)
+
+  monkeypatch.setattr(results, "write", spy)
+  output = str(tmp_path / f"{mode}.jsonl")
+  code = _main(*_world_args(world, f"--gin.evaluate_main.mode='{mode}'",
+                            "--gin.evaluate_main.max_examples=4",
+                            f"--gin.evaluate_main.output='{output}'"))
+  out, err = _output(capsys)
+  assert code == 0, err
+  assert len(written) == 1 and written[0].mode == mode
+  metrics_path = output[:-len(".jsonl")] + ".metrics.json"
+  saved = json.load(open(metrics_path, encoding="utf-8"))
+  has_predictions = mode == "qa"
+  assert set(saved) == {"mode", "metrics", *written[0].fields} | (
+      {"predictions"} if has_predictions else set())
+  assert saved["mode"] == mode and saved["metrics"] == pytest.approx(dict(written[0].metrics))
+  assert saved["metrics"]["num_questions"] == 4
+  assert os.path.exists(output) == has_predictions
+  files = (f"predictions {output}, " if has_predictions else "") + f"metrics {metrics_path}"
+  assert out == [f"evaluate: {written[0].summary}: "
+                 f"{metrics_lib.format_metrics(written[0].metrics)}; {files}"]
 
 
 # ------------------------------------------------------------------------------ dry runs

@@ -4,9 +4,9 @@ r"""A real-text corpus and questions for trying realm_jax on your own data: Pyth
 
 The toy world is fiction made for REALM; a user's corpus is real text with its own shape. This
 module makes such a test set from what every Python installation carries, so the "your own
-corpus and questions" walk-through (README) runs anywhere with no download: the docstrings of
-the standard library's public modules, classes and functions and the language reference topics
-of `pydoc_data` (the PSF-licensed Python documentation). It writes
+corpus and questions" walk-through (docs/own_corpus.md) runs anywhere with no download: the
+docstrings of the standard library's public modules, classes and functions and the language
+reference topics of `pydoc_data` (the PSF-licensed Python documentation). It writes
 
 * ``docs.jsonl`` -- one ``{"id", "title", "text"}`` document per module, class, function or
   method docstring and per reference topic: short English documents (most one to five

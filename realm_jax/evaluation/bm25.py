@@ -184,7 +184,7 @@ class BM25Searcher:
   It serves both users of a retriever by `retrieve_texts`, which ranks question texts where a
   dense retriever embeds them: the fine-tuning batches (`batches.qa_inputs.OpenQABatches`, which
   also read `block_emb` and `block_store_id`) and the evaluation's `Predictor`
-  (`evaluation.evaluate`, which reads `embeddings` and `num_docs`).
+  (`evaluation.qa`, which reads `embeddings` and `num_docs`).
 
   The embeddings are zeros, so the model's retrieval score `question . block` is 0 for every
   block: the reader's joint (block, span) softmax is its span scores alone, as DrQA's reader

@@ -3,18 +3,15 @@
 REALM reports its open-QA numbers with ORQA's evaluation code (REALM_SPEC items 31-33); the
 retrieval recall that later papers compare against is DPR's. Both are reproduced here:
 
-* ``normalize_answer`` / ``exact_match``: ORQA's ``eval_utils.normalize_answer`` and
-  ``exact_match_score`` (the SQuAD normalisation plus Unicode NFD), maxed over the references.
-* ``regex_match``: ORQA's CuratedTrec metric, ``re.compile(ref, IGNORECASE | UNICODE |
-  MULTILINE).match(prediction)`` on the raw prediction. ``.match`` anchors at the start of the
-  prediction but does not require a full match; an invalid pattern is a miss.
+* ``normalize_answer`` / ``exact_match`` / ``regex_match`` and the seqio metric functions
+  ``orqa_exact_match`` / ``curated_trec_regex_match``: ORQA's answer matching, from
+  ``realm_jax.data.answer_match`` (the QA tasks name those metric functions, so they live under
+  both the tasks and this module).
 * ``SimpleTokenizer`` / ``has_answer``: DPR's ``qa_validation.has_answer``. In "string" mode the
   text and each answer are NFD-normalised, tokenised and lower-cased, and the answer's token
   sequence is looked for in the text's; in "regex" mode the pattern is ``search``-ed (not
   ``match``-ed) in the NFD text.
 * ``top_k_recall``: share of questions with an answer-bearing block among the first k retrieved.
-* ``orqa_exact_match`` / ``curated_trec_regex_match``: seqio metric functions
-  ``metric_fn(targets, predictions) -> {name: percent}``.
 * ``format_metrics``: a metrics dict as the one summary line `python -m realm_jax.evaluate`
   prints.
 
@@ -27,13 +24,18 @@ from __future__ import annotations
 
 import functools
 import re
-import string
 import sys
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
+
+# ORQA's answer matching lives in the data layer, under the QA tasks that name its metric
+# functions (and that may not import the evaluation); it is part of this module's interface too.
+from realm_jax.data.answer_match import (REGEX_FLAGS, compile_pattern, curated_trec_regex_match,
+                                         exact_match, invalid_patterns, normalize_answer,
+                                         orqa_exact_match, reference_list, regex_match)
 
 __all__ = [
     "DEFAULT_RECALL_KS",
@@ -52,110 +54,8 @@ __all__ = [
     "top_k_recall",
 ]
 
-# ORQA and DPR both compile answer patterns with these flags.
-_REGEX_FLAGS = re.IGNORECASE | re.UNICODE | re.MULTILINE
-_PUNCTUATION = frozenset(string.punctuation)
-# ``\b`` is Unicode-aware for str patterns, exactly as in ORQA's (Python 3) code; that includes its
-# quirk that a combining mark is not a word character, so NFD "the\u0301" loses its "the".
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
 # The k values REALM/ORQA/DPR tables report.
 DEFAULT_RECALL_KS = (5, 10, 50, 100)
-
-# Errors ``re.compile`` can raise on a hostile or broken pattern. DPR catches BaseException; that
-# would also swallow KeyboardInterrupt, so only what a bad pattern can cause is caught.
-_PATTERN_ERRORS = (re.error, OverflowError, RecursionError, ValueError, TypeError)
-
-
-def normalize_answer(text: str) -> str:
-  """ORQA's answer normalisation (REALM_SPEC item 31).
-
-  In this order: Unicode NFD, lower-case, drop every ASCII punctuation character
-  (``string.punctuation``), replace the whole words a/an/the by a space, collapse whitespace.
-
-  Args:
-    text: a prediction or a reference answer.
-
-  Returns:
-    The normalised string.
-  """
-  text = unicodedata.normalize("NFD", text)
-  text = text.lower()
-  text = "".join(ch for ch in text if ch not in _PUNCTUATION)
-  text = _ARTICLES.sub(" ", text)
-  return " ".join(text.split())
-
-
-def _as_reference_list(references: str | Sequence[str], what: str) -> tuple[str, ...]:
-  """Returns ``references`` as a non-empty tuple; a lone string is one reference.
-
-  A bare string is accepted as a single reference because iterating it would silently compare
-  the prediction with its characters.
-  """
-  if isinstance(references, str):
-    return (references,)
-  refs = tuple(references)
-  if not refs:
-    # ORQA's ``max`` over an empty list raises too: an example without references cannot be scored.
-    raise ValueError(f"{what}: the list of references is empty; every example needs at least one")
-  for i, ref in enumerate(refs):
-    if not isinstance(ref, str):
-      raise TypeError(f"{what}: reference {i} is {type(ref).__name__} {ref!r}, expected str")
-  return refs
-
-
-def exact_match(prediction: str, references: str | Sequence[str]) -> bool:
-  """ORQA's exact match: any reference equals the prediction after ``normalize_answer``.
-
-  Args:
-    prediction: the predicted answer string.
-    references: the reference answers (a single string counts as one reference).
-
-  Returns:
-    True iff ``normalize_answer(prediction) == normalize_answer(ref)`` for some reference.
-
-  Raises:
-    ValueError: ``references`` is empty (ORQA raises on it as well).
-  """
-  refs = _as_reference_list(references, "exact_match")
-  normalized_prediction = normalize_answer(prediction)
-  return any(normalized_prediction == normalize_answer(ref) for ref in refs)
-
-
-def _compile_or_none(pattern: str) -> re.Pattern[str] | None:
-  """Compiles an answer pattern with ORQA/DPR's flags; None when it is not a valid regex."""
-  try:
-    return re.compile(pattern, _REGEX_FLAGS)
-  except _PATTERN_ERRORS:
-    return None
-
-
-def invalid_patterns(patterns: Sequence[str]) -> list[str]:
-  """The answer patterns that are not valid regular expressions (each scores as a miss)."""
-  return [p for p in patterns if _compile_or_none(p) is None]
-
-
-def regex_match(prediction: str, patterns: str | Sequence[str]) -> bool:
-  """ORQA's CuratedTrec metric (REALM_SPEC item 32).
-
-  Each pattern is compiled with IGNORECASE | UNICODE | MULTILINE and applied with ``.match`` to
-  the raw (un-normalised) prediction: anchored at the start, but trailing text after the match is
-  allowed. A pattern that does not compile counts as a miss, as in ORQA.
-
-  Args:
-    prediction: the predicted answer string.
-    patterns: the reference regular expressions (a single string counts as one pattern).
-
-  Returns:
-    True iff some pattern matches at the start of the prediction.
-
-  Raises:
-    ValueError: ``patterns`` is empty.
-  """
-  for pattern in _as_reference_list(patterns, "regex_match"):
-    compiled = _compile_or_none(pattern)
-    if compiled is not None and compiled.match(prediction) is not None:
-      return True
-  return False
 
 
 @functools.cache
@@ -186,7 +86,7 @@ def _category_class(prefixes: str) -> str:
 def _simple_tokenizer_regex() -> re.Pattern[str]:
   alpha_num = f"[{_category_class('LNM')}]+"  # DPR: [\p{L}\p{N}\p{M}]+
   non_space = f"[^{_category_class('ZC')}]"  # DPR: [^\p{Z}\p{C}]
-  return re.compile(f"({alpha_num})|({non_space})", _REGEX_FLAGS)
+  return re.compile(f"({alpha_num})|({non_space})", REGEX_FLAGS)
 
 
 class SimpleTokenizer:
@@ -239,7 +139,7 @@ def answers_tokens(answers: str | Sequence[str],
   """Each answer's ``has_answer_tokens`` (for ``tokens_have_answer``); an empty answer list
   raises, as in ``has_answer``."""
   return [has_answer_tokens(answer, tokenizer)
-          for answer in _as_reference_list(answers, "has_answer")]
+          for answer in reference_list(answers, "has_answer")]
 
 
 def tokens_have_answer(text_tokens: Sequence[str],
@@ -281,13 +181,13 @@ def has_answer(text: str,
   Raises:
     ValueError: unknown ``match`` or an empty answer list.
   """
-  refs = _as_reference_list(answers, "has_answer")
+  refs = reference_list(answers, "has_answer")
   text = unicodedata.normalize("NFD", text)
   if match == "string":
     return tokens_have_answer(has_answer_tokens(text, tokenizer), answers_tokens(refs, tokenizer))
   if match == "regex":
     for pattern in refs:
-      compiled = _compile_or_none(unicodedata.normalize("NFD", pattern))
+      compiled = compile_pattern(unicodedata.normalize("NFD", pattern))
       if compiled is not None and compiled.search(text) is not None:
         return True
     return False
@@ -332,82 +232,6 @@ def top_k_recall(retrieved_has_answer: Any,
       raise ValueError(f"top_k_recall: every k must be a positive integer, got {k!r}")
     result[f"recall@{int(k)}"] = float(np.mean(first_hit < k))
   return result
-
-
-def _target_references(target: Any, index: int) -> tuple[str, ...]:
-  """The reference strings of one seqio target: a list of strings, one string, or a mapping (or
-  QAExample) with ``answers``."""
-  if isinstance(target, Mapping):
-    if "answers" not in target:
-      raise ValueError(
-          f"target {index}: a dict target needs an 'answers' field, got keys {sorted(target)}")
-    target = target["answers"]
-  elif hasattr(target, "answers") and not isinstance(target, (str, bytes)):
-    target = target.answers
-  if isinstance(target, (str, bytes)):
-    target = [target]
-  refs = []
-  for ref in target:
-    refs.append(ref.decode("utf-8") if isinstance(ref, bytes) else ref)
-  return _as_reference_list(refs, f"target {index}")
-
-
-def _prediction_text(prediction: Any, index: int) -> str:
-  if isinstance(prediction, bytes):
-    return prediction.decode("utf-8")
-  if not isinstance(prediction, str):
-    raise TypeError(
-        f"prediction {index} is {type(prediction).__name__} {prediction!r}, expected str")
-  return prediction
-
-
-def _percent_correct(targets: Sequence[Any], predictions: Sequence[Any], score_fn,
-                     name: str) -> dict[str, float]:
-  targets = list(targets)
-  predictions = list(predictions)
-  if len(targets) != len(predictions):
-    raise ValueError(
-        f"{name}: {len(targets)} targets but {len(predictions)} predictions; they must pair up")
-  if not targets:
-    raise ValueError(f"{name}: no examples to score")
-  correct = sum(
-      bool(score_fn(_prediction_text(p, i), _target_references(t, i)))
-      for i, (t, p) in enumerate(zip(targets, predictions)))
-  return {name: 100.0 * correct / len(targets)}
-
-
-def orqa_exact_match(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
-  """seqio metric function: ORQA exact match, in percent.
-
-  Args:
-    targets: per example, the reference answers: a list of strings, a single string, or a dict
-      (or ``QAExample``) with ``answers``. Bytes are decoded as UTF-8.
-    predictions: per example, the predicted answer string.
-
-  Returns:
-    ``{"exact_match": percent in [0, 100]}``.
-
-  Raises:
-    ValueError: the lengths differ, there are no examples, or a target has no references.
-  """
-  return _percent_correct(targets, predictions, exact_match, "exact_match")
-
-
-def curated_trec_regex_match(targets: Sequence[Any],
-                             predictions: Sequence[Any]) -> dict[str, float]:
-  """seqio metric function: ORQA's CuratedTrec regex match (``regex_match``), in percent.
-
-  Args:
-    targets: per example, the reference patterns, in any form ``orqa_exact_match`` accepts.
-    predictions: per example, the predicted answer string.
-
-  Returns:
-    ``{"regex_match": percent in [0, 100]}``.
-
-  Raises:
-    ValueError: the lengths differ, there are no examples, or a target has no patterns.
-  """
-  return _percent_correct(targets, predictions, regex_match, "regex_match")
 
 
 def format_metrics(metrics: dict) -> str:

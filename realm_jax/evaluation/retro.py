@@ -26,11 +26,17 @@ import re
 import sys
 from typing import Any, Optional, Sequence, Union
 
+import flax.linen as nn
+import jax
 import numpy as np
 
+from realm_jax import checkpoints
+from realm_jax.batches import retro as retro_batches
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import salient_spans
 from realm_jax.data import vocab as vocab_lib
+from realm_jax.index import chunks as chunks_lib
+from realm_jax.models import retro as retro_model
 
 # Written by RetroJob.start (realm_jax.jobs.retro.RETRO_CONFIG_FILE; jobs imports evaluation,
 # not the reverse, so the name is repeated here and a test checks the two agree).
@@ -54,7 +60,6 @@ class RetroEvalError(ValueError):
 
 def read_run_config(run_dir: str) -> tuple[Any, dict]:
   """(RetroConfig, the run's keys of RUN_KEYS) from `<run_dir>/retro_config.json`."""
-  from realm_jax.models import retro as retro_model  # pylint: disable=g-import-not-at-top
   path = os.path.join(run_dir, RETRO_CONFIG_FILE)
   try:
     with open(path, encoding="utf-8") as f:
@@ -76,10 +81,6 @@ def read_run_config(run_dir: str) -> tuple[Any, dict]:
 
 def _restore(run_dir: str, step: Optional[int], config: Any) -> tuple[int, Any]:
   """(step, params["retro"]) of the run's checkpoint `step` (None: the newest)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  import jax  # pylint: disable=g-import-not-at-top
-  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
-  from realm_jax.models import retro as retro_model  # pylint: disable=g-import-not-at-top
   if step is None:
     step = checkpoints.latest_checkpoint_step(run_dir)
     if step is None:
@@ -227,8 +228,6 @@ def chunk_salient_marks(database: Any, store: corpus_lib.BlockStore, chunk_ids: 
 def _loss_function(config: Any) -> Any:
   """jitted (params, input_ids [B, n], neighbour_ids [B, l, k, r] or None, neighbour_mask)
   -> [B, n - 1] next-token losses, as `RetroLanguageModel.eval_fn` computes them."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from realm_jax.models import retro as retro_model  # pylint: disable=g-import-not-at-top
   model = retro_model.RetroModel(config)
 
   def losses(params, input_ids, neighbour_ids, neighbour_mask):
@@ -301,10 +300,6 @@ def evaluate_retro(run_dir: str, *, step: Optional[int] = None,
     RetroEvalError: a bad argument, or a run or its data that cannot be evaluated (named);
     checkpoints.CheckpointError for a missing or unreadable checkpoint.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  from realm_jax.batches import retro as retro_batches  # pylint: disable=g-import-not-at-top
-  from realm_jax.index import chunks as chunks_lib  # pylint: disable=g-import-not-at-top
-
   run_dir = os.fspath(run_dir)
   max_sequences = _check_int("max_sequences", max_sequences, 1)
   batch_size = _check_int("batch_size", batch_size, 1)
@@ -458,7 +453,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="sequences per forward pass (default: %(default)s)")
   parser.add_argument("--out", default=None, help="also write the JSON to this file")
   args = parser.parse_args(argv)
-  from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
   try:
     result = evaluate_retro(args.run_dir, step=args.step, num_neighbours=args.num_neighbours,
                             max_sequences=args.max_sequences,

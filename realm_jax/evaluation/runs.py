@@ -1,15 +1,15 @@
-"""What an evaluation of a run directory reads and writes there: the checkpoint it evaluates
-(the best one recorded in `best.json`, else the newest) and where its predictions and metrics go
-(`<run>/predictions/`)."""
+"""Which checkpoint of a run directory an evaluation reads: the best one recorded in
+`best.json`, else the newest, and whether it is of the evaluated model's size."""
 
 from __future__ import annotations
 
-import os
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["PREDICTIONS_DIR", "choose_checkpoint", "output_paths"]
+from realm_jax import checkpoints as ckpt_lib
+from realm_jax import gin_utils
+from realm_jax.gin_utils import ConfigError
 
-PREDICTIONS_DIR = "predictions"
+__all__ = ["checkpoint_metadata", "choose_checkpoint"]
 
 
 def choose_checkpoint(run_dir: str, checkpoint_step: Optional[int]) -> tuple[Optional[int], str]:
@@ -22,7 +22,6 @@ def choose_checkpoint(run_dir: str, checkpoint_step: Optional[int]) -> tuple[Opt
     (step or None when the run has no finished checkpoint, a description such as
     "best by eval/exact_match=0.41 in best.json", "latest" or "as asked").
   """
-  from realm_jax import checkpoints as ckpt_lib  # pylint: disable=g-import-not-at-top
   steps = ckpt_lib.list_checkpoint_steps(run_dir)
   if checkpoint_step is not None:
     return int(checkpoint_step), "as asked"
@@ -38,9 +37,12 @@ def choose_checkpoint(run_dir: str, checkpoint_step: Optional[int]) -> tuple[Opt
   return steps[-1], why
 
 
-def output_paths(output: Optional[str], run_dir: str, stem: str) -> tuple[str, str]:
-  """(predictions JSONL, metrics JSON): `output` or `<run_dir>/predictions/<stem>.jsonl`, and
-  the same path with `.metrics.json` in place of `.jsonl`."""
-  predictions = output or os.path.join(run_dir, PREDICTIONS_DIR, f"{stem}.jsonl")
-  base = predictions[:-len(".jsonl")] if predictions.endswith(".jsonl") else predictions
-  return predictions, base + ".metrics.json"
+def checkpoint_metadata(step_dir: str, config: Any, where: str) -> dict:
+  """The metadata of a checkpoint step directory; ConfigError (`where` and both sizes) when it
+  is of another model size than `config`."""
+  metadata = ckpt_lib.read_metadata(step_dir)
+  try:
+    ckpt_lib.checkpoint_config(step_dir, metadata, config)
+  except ckpt_lib.CheckpointError as e:
+    raise ConfigError(f"{where}: {gin_utils.one_line(e)}") from e
+  return metadata

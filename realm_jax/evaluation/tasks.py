@@ -7,7 +7,12 @@ from typing import Any, Optional
 
 import numpy as np
 
+# The tasks' plugin before seqio: it keeps TensorFlow, which seqio imports, off the accelerators.
+import realm_jax_tasks  # pylint: disable=unused-import  (it registers the tasks)
+import seqio
+from realm_jax.batches import inputs
 from realm_jax.data import tensorflow_setup
+from realm_jax.data import vocab as vocab_lib
 from realm_jax.evaluation import metrics
 
 __all__ = ["ict_query_texts", "ict_task_queries", "registered_tasks", "task_kind"]
@@ -30,9 +35,6 @@ def task_kind(task: Any) -> Optional[str]:
 
 def registered_tasks(kind: str) -> list[str]:
   """Names of the registered seqio tasks of one `task_kind` ("qa" or "ict"), sorted."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
-  del realm_jax_tasks
   return sorted(name for name in seqio.TaskRegistry.names()
                 if task_kind(seqio.get_mixture_or_task(name)) == kind)
 
@@ -50,7 +52,6 @@ def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = N
     {"query_ids", "query_mask": int32 [n, query_len], "block_uid": int64 [n] (the source
     block's uint64 uid as the int64 with the same bits, as the task carries it)}.
   """
-  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
   task = inputs.get_task(task_name)
   rows = {"query_ids": [], "query_mask": [], "block_uid": []}
   for example in tensorflow_setup.numpy_iterator(_split_dataset(task, split, max_examples)):
@@ -70,7 +71,6 @@ def ict_query_texts(query_ids: Any, query_mask: Any) -> list[str]:
   The text is the uncased vocabulary's: lower-cased and without accents, so a query word with
   an accent does not match the block's original spelling.
   """
-  from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab = vocab_lib.default_vocabulary()
   specials = set(vocab_lib.SPECIAL_TOKENS.values())
   return [vocab.decode([int(i) for i, m in zip(ids, mask) if m and int(i) not in specials])

@@ -102,7 +102,7 @@ class FinetuneJob(IndexJob):
       (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
       distinct width is one compilation of the train step. 0 (the default): every batch at
       `reader_len`. Single-host runs only. The evaluation cuts its own rows the same way
-      whatever this says (`evaluation.evaluate.Predictor`, buckets of 32).
+      whatever this says (`evaluation.qa.Predictor`, buckets of 32).
     retriever_objective: how the question tower learns. The extractive reader: "marginal"
       (ORQA's retriever and reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop",
       "adist" over the reader beam (the reader's loss then reads the scores held fixed; ORQA's
@@ -482,11 +482,11 @@ class FinetuneJob(IndexJob):
 
   def _eval_fn(self, ctx: RunContext, model: Any):
     """EM (regex match for CuratedTrec) and recall@k on `eval_split` with the live parameters
-    and the index in use, through `evaluation.evaluate` (what `python -m realm_jax.evaluate`
+    and the index in use, through `evaluation.qa` (what `python -m realm_jax.evaluate`
     reports)."""
     import jax  # pylint: disable=g-import-not-at-top
     from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
-    from realm_jax.evaluation import evaluate as evaluate_lib  # pylint: disable=g-import-not-at-top
+    from realm_jax.evaluation import qa as qa_lib  # pylint: disable=g-import-not-at-top
     examples = qa_inputs.qa_task_examples(self.task, self.eval_split,
                                           max_examples=self.eval_examples)
     answer_metric = ("regex_match" if examples and examples[0].answers_are_regex
@@ -502,7 +502,7 @@ class FinetuneJob(IndexJob):
       params = jax.device_get(qa_inputs.host_local_params(state.params))
       # BM25 (or the closed book) is its own searcher; a dense retriever's is the index in use.
       retriever = watcher.current if text_retriever is None else text_retriever
-      results, _ = evaluate_lib.evaluate(
+      results, _ = qa_lib.evaluate(
           model, params, examples,
           searcher=retriever.searcher if text_retriever is None else text_retriever,
           store=store, block_emb=retriever.block_emb, batch_size=ctx.batch_size,

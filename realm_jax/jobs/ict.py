@@ -121,8 +121,8 @@ class ContrieverJob(SeqioJob):
     max_crop_ratio: the longest crop, as a fraction of its block's body (Contriever: 0.5).
     similarity: "dot" (the retriever's relevance score, ICT's) or "cosine" (Contriever's).
     temperature: the in-batch scores are divided by it (1.0: ICT's loss; Contriever: 0.05 over
-      cosines). gin_configs/experiments/contriever_toy.gin says which the toy world uses and
-      why.
+      cosines). The toy world's choice: gin_configs/experiments/contriever_toy.gin, measured
+      in docs/toy_settings.md, "Contriever scores".
   """
   # realm_jax.data.contriever's MIN_CROP_RATIO and MAX_CROP_RATIO (not imported: --help stays
   # instant).

@@ -127,15 +127,15 @@ class RealmConfig:
       BERT; REALM_SPEC 1), or "mean", the mean of the last hidden states over the real tokens.
       "mean" is for retrievers trained from random weights (the toy world): there a [CLS]
       vector is nearly the same for every input, and a CLS retriever does not learn to match a
-      question's rare name wordpieces to its document in minutes (gin_configs/experiments/
-      toy_model.gin has the measurements). Same parameters either way.
+      question's rare name wordpieces to its document in minutes (measured in
+      docs/toy_settings.md, "Mean pooling"). Same parameters either way.
     retriever_query_masks: how the query embedder treats `[MASK]` wordpieces
       (`mask_token_id`) of a masked pretraining query: "read" them as any token (REALM), or
       "ignore" them (left out of its attention and pooling, as padding is). "ignore" is for a
       retriever warm-started by ICT from random weights (the toy world): ICT's queries have no
       `[MASK]`, so its embedding stays random and pulls the mean of a masked sentence away
-      from the sentence's document (gin_configs/experiments/toy_model.gin has the
-      measurements). A question or an ICT query has no `[MASK]`: the same either way.
+      from the sentence's document (measured in docs/toy_settings.md, "Query masks ignored"). A
+      question or an ICT query has no `[MASK]`: the same either way.
     mask_token_id: the vocabulary's `[MASK]` id (default: BERT's, `realm_jax.data.vocab.MASK_ID`).
     share_embedders: tie the query and document embedders (the release's
       `share_embedders=True`); False gives two independent towers.

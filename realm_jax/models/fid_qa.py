@@ -385,7 +385,7 @@ class FidReaderModel(ParamsFromBoxedInit):
   def summarize(self, aux: dict) -> dict[str, Array]:
     return summarize(aux)
 
-  # -- prediction (`evaluation.evaluate.Predictor`)
+  # -- prediction (`evaluation.qa.Predictor`)
 
   def embed_questions(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
     """[Q, question_len] question ids -> [Q, proj] question embeddings (the search's)."""

@@ -15,9 +15,9 @@ import pytest
 from flax import traverse_util
 
 from realm_jax import checkpoints
-from realm_jax import evaluate
 from realm_jax import export_peft
 from realm_jax.batches import open_qa as qa_batches
+from realm_jax.evaluation import modes as evaluation_modes
 from realm_jax.models import bert
 from realm_jax.models import config as model_config
 from realm_jax.models import open_qa
@@ -291,7 +291,7 @@ def test_the_checkpoint_holds_only_the_trained_parameters_and_restores_the_model
              for path, params_leaf in _flat(params).items())
   shutil.rmtree(out)
   # `evaluate` reads a PEFT run with the model config its checkpoint has (adapters included).
-  model, params = evaluate._open_qa_model(peft_run["run_dir"], CONFIG, 4, 2)
+  model, params = evaluation_modes.open_qa_model(peft_run["run_dir"], CONFIG, 4, 2)
   assert model.config == peft_run["config"] and "peft" not in params
 
 

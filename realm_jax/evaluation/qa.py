@@ -1,6 +1,6 @@
-"""Run an open-QA model over a QA split: EM / regex match, top-k recall, predictions JSONL.
+"""Open-QA answers of a model over a QA split: EM / regex match, top-k recall, predictions.
 
-The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each batch of questions:
+For each batch of questions:
 
 1. embed the questions (the model's question tower, or a caller's `embed_fn`);
 2. retrieve the top `max(k_values)` blocks with a searcher (`realm_jax.index.search`; exact
@@ -8,8 +8,8 @@ The library behind `python -m realm_jax.evaluate` (issue 5 item 5). For each bat
 3. build the reader features of the top `model.reader_beam` blocks
    (`realm_jax.batches.open_qa.build_open_qa_batch`) and take the global argmax (block, span)
    (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
-   generative FiD reader (`models.fid_qa.FidReaderModel`, the same reader rows), its greedy
-   answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together);
+   generative FiD reader (`realm_jax.models.fid_qa.FidReaderModel`, the same reader rows), its
+   greedy answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together).
    With `qa_inputs.ClosedBook` as the searcher (Atlas's closed-book baseline, a FiD reader
    trained with `FinetuneJob.candidates='none'`) nothing is retrieved: the reader reads
    `[CLS] question [SEP]` alone, the predictions' evidence is empty and no recall is reported;
@@ -27,14 +27,15 @@ Metrics are fractions in [0, 1] over all examples; `num_questions` counts them. 
 too long for the reader (questions are never truncated, REALM_SPEC 26) or for a fixed
 `question_len` does not stop the run: it is counted in `skipped_questions`, predicted as "" with
 a `skipped` reason, and scored as a miss (so skipping never inflates a metric).
+
+`evaluate` serves `python -m realm_jax.evaluate`'s mode "qa" (`realm_jax.evaluation.modes`) and
+fine-tuning's dev evaluation; `Predictor.answer` and `format_answer` its free-text questions.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from realm_jax import progress as progress_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
 from realm_jax.batches import open_qa as qa_batches
@@ -53,8 +55,7 @@ from realm_jax.models import open_qa
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Predictor", "answer_question", "evaluate", "format_answer",
-           "write_predictions_jsonl"]
+__all__ = ["Predictor", "answer_question", "evaluate", "format_answer"]
 
 RECALL_MATCHES = ("has_answer", "substring")
 EmbedFn = Callable[[Sequence[str]], Any]
@@ -277,7 +278,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
       CuratedTrec) or "substring" (ORQA's top_k_match: the retriever's training label).
     num_evidence: retrieved blocks kept per prediction (default: the reader's beam).
     length_bucket: the reader rows' bucket (`Predictor`; 0: full reader_len rows).
-    progress: called with a one-line status after each batch (e.g. `print`).
+    progress: called after each batch with a `realm_jax.progress.line` of the questions read
+      (rate, ETA) and the answer metric so far (e.g. `print`).
 
   Returns:
     (metrics, predictions). metrics: {"exact_match" or "regex_match", "recall@k" for each k
@@ -328,7 +330,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
                           "answers": list(example.answers), "block_ids": [],
                           "block_scores": [], "predicted_block_id": -1, "correct": False,
                           "skipped": reason}
-  start_time = time.monotonic()
+  answer_metric = "regex_match" if answers_are_regex else "exact_match"
+  correct, start = 0, time.monotonic()
   for begin in range(0, len(readable), batch_size):
     indices = readable[begin:begin + batch_size]
     chunk = [examples[i] for i in indices]
@@ -350,19 +353,15 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
           "predicted_block_id": int(preds["block_id"][i]),
           "correct": bool(score_fn(texts[i], example.answers)),
       }
+      correct += predictions[index]["correct"]
     if progress is not None:
       done = begin + len(indices)
-      rate = done / max(time.monotonic() - start_time, 1e-9)
-      eta = (len(readable) - done) / max(rate, 1e-9)
-      correct = sum(predictions[i]["correct"] for i in readable[:done])
-      progress(f"evaluate: {done}/{len(readable)} questions, "
-               f"{'regex_match' if answers_are_regex else 'exact_match'} so far "
-               f"{correct / done:.4f}, {rate:.1f} q/s, ETA {eta:.0f}s")
+      progress(progress_lib.line("questions", done, len(readable), time.monotonic() - start,
+                                 extras=(f"{answer_metric} so far {correct / done:.4f}",)))
 
   if not closed_book and recall_match != "substring":
     hits = retrieval.answer_hits(retrieved_ids, examples, store, answers_are_regex)
-  results = {("regex_match" if answers_are_regex else "exact_match"):
-             float(np.mean([p["correct"] for p in predictions]))}
+  results = {answer_metric: float(np.mean([p["correct"] for p in predictions]))}
   if not closed_book:
     results.update(metrics.top_k_recall(hits, k_values))
   results["num_questions"] = len(examples)
@@ -391,41 +390,6 @@ def answer_question(model: open_qa.OpenQAModel, params: Any, question: str, *, s
   predictor = Predictor(model, params, searcher=searcher, store=store, vocab=vocab,
                         block_emb=block_emb, embed_fn=embed_fn, reader_len=reader_len)
   return predictor.answer(question, num_evidence=num_evidence, snippet_chars=snippet_chars)
-
-
-def write_predictions_jsonl(path: str, predictions: Sequence[dict]) -> None:
-  """Writes predictions as JSON lines, `{"question", "prediction"}` first (the authors' format,
-  read by ORQA's `evaluate_predictions.py`), then the evidence fields.
-
-  Written to a temporary file next to `path` and renamed into place, so a crash never leaves a
-  half-written file under the final name.
-
-  Args:
-    path: output file (local path).
-    predictions: dicts with at least "question" and "prediction".
-
-  Raises:
-    ValueError: a prediction lacks "question" or "prediction" (names its index).
-  """
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  tmp = f"{path}.tmp-{os.getpid()}"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      for i, prediction in enumerate(predictions):
-        missing = [k for k in ("question", "prediction") if k not in prediction]
-        if missing:
-          raise ValueError(f"prediction {i} lacks {missing}; got keys {sorted(prediction)}")
-        record = {"question": prediction["question"], "prediction": prediction["prediction"]}
-        record.update({k: v for k, v in prediction.items() if k not in record})
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
 
 
 def format_answer(result: dict) -> list[str]:

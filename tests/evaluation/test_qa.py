@@ -1,5 +1,5 @@
-"""evaluate / answer_question / write_predictions_jsonl on a toy corpus whose retrieval and
-reader are rigged, so exact match and recall are known by hand."""
+"""qa.evaluate / answer_question / results.write_predictions_jsonl on a toy corpus whose
+retrieval and reader are rigged, so exact match and recall are known by hand."""
 
 import dataclasses
 import json
@@ -14,7 +14,8 @@ from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.open_qa import QAExample
 from realm_jax.batches import open_qa as qa_batches
-from realm_jax.evaluation import evaluate as evaluate_lib
+from realm_jax.evaluation import qa as qa_lib
+from realm_jax.evaluation import results as results_lib
 from realm_jax.index.search import ExactSearcher
 from realm_jax.models import config as model_config
 from realm_jax.models import open_qa
@@ -88,7 +89,7 @@ def _examples(regex=False):
 def test_rigged_exact_match_and_recall(store, model, rigged_params, index, regex):
   _, searcher = index
   # batch_size 2: the second batch holds one question and one padding copy.
-  results, predictions = evaluate_lib.evaluate(
+  results, predictions = qa_lib.evaluate(
       model, rigged_params, _examples(regex), searcher=searcher, store=store, batch_size=2,
       k_values=KS, embed_fn=embed_fn, reader_len=READER_LEN, question_len=16)
   name = "regex_match" if regex else "exact_match"
@@ -111,7 +112,7 @@ def test_an_invalid_answer_pattern_is_a_counted_and_reported_miss(store, model, 
   examples = _examples(regex=True)
   # "Par[" does not compile; "Par.s" would have matched the prediction "Paris".
   examples[0] = dataclasses.replace(examples[0], answers=("Par[", "Rome("))
-  results, predictions = evaluate_lib.evaluate(
+  results, predictions = qa_lib.evaluate(
       model, rigged_params, examples, searcher=searcher, store=store, batch_size=2,
       k_values=KS, embed_fn=embed_fn, reader_len=READER_LEN, question_len=16)
   assert predictions[0]["prediction"] == "Paris" and not predictions[0]["correct"]
@@ -125,10 +126,10 @@ def test_recall_by_orqa_substring_label_is_case_sensitive(store, model, rigged_p
   lower = [QAExample("What is the capital of France?", ("paris",))]
   kwargs = dict(searcher=searcher, store=store, batch_size=2, k_values=(1,),
                 embed_fn=embed_fn, reader_len=READER_LEN, question_len=16)
-  results, _ = evaluate_lib.evaluate(model, rigged_params, lower, **kwargs)
+  results, _ = qa_lib.evaluate(model, rigged_params, lower, **kwargs)
   assert results["recall@1"] == 1.0 and results["exact_match"] == 1.0  # DPR's uncased match
-  results, _ = evaluate_lib.evaluate(model, rigged_params, lower, recall_match="substring",
-                                     **kwargs)
+  results, _ = qa_lib.evaluate(model, rigged_params, lower, recall_match="substring",
+                               **kwargs)
   assert results["recall@1"] == 0.0  # ORQA's label: "paris" is not a substring of "Paris ..."
 
 
@@ -137,7 +138,7 @@ def test_a_question_too_long_to_read_is_skipped_counted_and_scored_as_a_miss(
   _, searcher = index
   too_long = QAExample("why " * 20 + "?", ("Paris",), source="dev.jsonl:7")
   lines = []
-  results, predictions = evaluate_lib.evaluate(
+  results, predictions = qa_lib.evaluate(
       model, rigged_params, [too_long] + _examples(), searcher=searcher, store=store,
       batch_size=2, k_values=KS, embed_fn=embed_fn, reader_len=READER_LEN, question_len=16,
       progress=lines.append)
@@ -146,16 +147,17 @@ def test_a_question_too_long_to_read_is_skipped_counted_and_scored_as_a_miss(
   assert results["recall@3"] == pytest.approx(2 / 4)
   assert predictions[0]["prediction"] == "" and "question_len=16" in predictions[0]["skipped"]
   assert [p["prediction"] for p in predictions[1:]] == ["Paris", "London", "Berlin"]
-  assert lines[-1].startswith("evaluate: 3/3 questions, exact_match so far 0.3333")
+  assert lines[-1].startswith("questions 3/3 (100.0%) | ") and "ETA" in lines[-1]
+  assert "| exact_match so far 0.3333 |" in lines[-1]
 
 
 def test_predictions_jsonl_in_the_authors_format(store, model, rigged_params, index, tmp_path):
   _, searcher = index
-  _, predictions = evaluate_lib.evaluate(
+  _, predictions = qa_lib.evaluate(
       model, rigged_params, _examples(), searcher=searcher, store=store, batch_size=4,
       k_values=KS, embed_fn=embed_fn, reader_len=READER_LEN, question_len=16)
   path = tmp_path / "out" / "predictions.jsonl"
-  evaluate_lib.write_predictions_jsonl(str(path), predictions)
+  results_lib.write_predictions_jsonl(str(path), predictions)
   lines = path.read_text(encoding="utf-8").splitlines()
   assert len(lines) == 3
   records = [json.loads(line) for line in lines]
@@ -165,14 +167,14 @@ def test_predictions_jsonl_in_the_authors_format(store, model, rigged_params, in
   assert records[2]["block_ids"] == [3, 2] and records[2]["block_scores"] == [4.0, 3.0]
   assert not list(tmp_path.glob("out/*.tmp-*"))
   with pytest.raises(ValueError, match="prediction 1 lacks"):
-    evaluate_lib.write_predictions_jsonl(str(path), [records[0], {"question": "q"}])
+    results_lib.write_predictions_jsonl(str(path), [records[0], {"question": "q"}])
   assert path.read_text(encoding="utf-8").splitlines() == lines  # the old file is intact
 
 
 def test_answer_question_returns_the_answer_and_its_evidence(store, model, rigged_params,
                                                               index):
   _, searcher = index
-  result = evaluate_lib.answer_question(
+  result = qa_lib.answer_question(
       model, rigged_params, "What is the capital of Italy?", searcher=searcher, store=store,
       embed_fn=embed_fn, reader_len=READER_LEN, num_evidence=3)
   assert result["answer"] == "London" and result["block_id"] == 2
@@ -189,7 +191,7 @@ def test_default_path_searches_with_the_models_question_tower(store, model, rigg
   searcher = ExactSearcher(block_emb)
   assert searcher.embeddings.shape[0] > len(DOCS)
   examples = _examples()
-  results, predictions = evaluate_lib.evaluate(
+  results, predictions = qa_lib.evaluate(
       model, rigged_params, examples, searcher=searcher, store=store, batch_size=4,
       k_values=(2,), reader_len=READER_LEN, question_len=16)
   ids, mask, _ = qa_batches.question_arrays([e.question for e in examples],
@@ -205,8 +207,8 @@ def test_default_path_searches_with_the_models_question_tower(store, model, rigg
     assert prediction["prediction"] == DOCS[expected[0]][1].split()[0]
   assert results["num_questions"] == 3
   with pytest.raises(ValueError, match="another corpus"):
-    evaluate_lib.evaluate(model, rigged_params, examples,
-                          searcher=ExactSearcher(block_emb[:3]), store=store)
+    qa_lib.evaluate(model, rigged_params, examples,
+                    searcher=ExactSearcher(block_emb[:3]), store=store)
 
 
 def test_reader_rows_cut_to_a_length_bucket_predict_as_full_rows(store, model, index,
@@ -216,13 +218,13 @@ def test_reader_rows_cut_to_a_length_bucket_predict_as_full_rows(store, model, i
   _, searcher = index
   params = jax.jit(model.init)(jax.random.PRNGKey(3))
   widths = []
-  cut_rows = evaluate_lib.inputs.cut_rows
-  monkeypatch.setattr(evaluate_lib.inputs, "cut_rows",
+  cut_rows = qa_lib.inputs.cut_rows
+  monkeypatch.setattr(qa_lib.inputs, "cut_rows",
                       lambda batch, keys, width: widths.append(width) or cut_rows(batch, keys,
                                                                                   width))
-  runs = [evaluate_lib.evaluate(model, params, _examples(), searcher=searcher, store=store,
-                                batch_size=2, k_values=KS, embed_fn=embed_fn, reader_len=64,
-                                question_len=16, length_bucket=bucket) for bucket in (0, 8)]
+  runs = [qa_lib.evaluate(model, params, _examples(), searcher=searcher, store=store,
+                          batch_size=2, k_values=KS, embed_fn=embed_fn, reader_len=64,
+                          question_len=16, length_bucket=bucket) for bucket in (0, 8)]
   assert widths and all(width < 64 and width % 8 == 0 for width in widths)
   (full_results, full), (cut_results, cut) = runs
   assert cut_results == full_results
