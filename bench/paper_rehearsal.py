@@ -143,12 +143,12 @@ class SyntheticPretrainJob(PretrainJob):
 
   def _batches(self, ctx: Any, retriever: Any = None, **options: Any) -> Any:
     del options  # shuffle / num_epochs of the evaluation stream: random queries either way
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import pretraining_batches  # pylint: disable=g-import-not-at-top
     masked = SyntheticMaskedQueries(ctx.batch_size, vocab_size=ctx.model_config.bert.vocab_size,
                                     seed=ctx.seed)
-    return inputs.PretrainingBatches(masked, self.store, retriever=retriever,
-                                     num_candidates=self.num_candidates,
-                                     null_document=self.null_document)
+    return pretraining_batches.PretrainingBatches(masked, self.store, retriever=retriever,
+                                                  num_candidates=self.num_candidates,
+                                                  null_document=self.null_document)
 
 
 # ------------------------------------------------------------------------------ setup

@@ -30,10 +30,10 @@ Variants of a job with a length bucket (its gin's `length_bucket`, or `--length_
 
   padded    every batch at its full width (the reader rows at query_len + block_len, or
             `reader_len`): the step as it was before length buckets.
-  bucketed  the same batches through `inputs.LengthBucketed`, as the job's `build_batches` wraps
-            them: the reader rows cut to the smallest multiple of the bucket that holds the
-            batch's longest row. Only padding is cut: the first step of both, from the same
-            state, must give the same loss (checked, to float32 rounding).
+  bucketed  the same batches through `seqio_batches.LengthBucketed`, as the job's
+            `build_batches` wraps them: the reader rows cut to the smallest multiple of the
+            bucket that holds the batch's longest row. Only padding is cut: the first step of
+            both, from the same state, must give the same loss (checked, to float32 rounding).
 
 Timing: `--batches` distinct batches per job; every distinct shape is compiled first, ahead of
 time and timed (each width a bucket gives is one more compilation: the price of the cut, paid
@@ -216,12 +216,12 @@ class RandomIndex:
 def job_batches(settings: dict, num_batches: int) -> tuple[Any, Any, list, Optional[Any]]:
   """(model, optimizer options, the padded host batches, the job's `LengthBucketed` or None)
   of a job with batch code (pretrain, finetune)."""
-  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
   job, ctx = settings["job"], run_context(settings)
   job.configure(ctx)
   model = job.build_model(ctx)
   batches = job.build_batches(ctx, model)
-  bucketed = batches if isinstance(batches, inputs.LengthBucketed) else None
+  bucketed = batches if isinstance(batches, seqio_batches.LengthBucketed) else None
   padded = bucketed.batches if bucketed is not None else batches
   padded.set_retriever(RandomIndex(job.store, settings["model_config"].proj_size))
   host = [next(padded) for _ in range(num_batches)]
@@ -364,7 +364,7 @@ class Variant:
 
 def build_variants(name: str, args) -> tuple[dict, list[Variant]]:
   """The job's settings and its variants: mlm's one; padded and (with a bucket) bucketed."""
-  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+  from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
   from realm_jax.training import partitioning  # pylint: disable=g-import-not-at-top
   from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
   settings = read_job(name, args.length_bucket)
@@ -379,9 +379,9 @@ def build_variants(name: str, args) -> tuple[dict, list[Variant]]:
   variants = [Variant(settings, "padded", step, padded)]
   if bucketed is not None:
     # The job's own wrapper settings over the same batches: what training would feed the step.
-    cut = inputs.LengthBucketed(trainer.ListBatches(padded), keys=bucketed.keys,
-                                mask_key=bucketed.mask_key,
-                                length_bucket=bucketed.length_bucket, name=bucketed.name)
+    cut = seqio_batches.LengthBucketed(trainer.ListBatches(padded), keys=bucketed.keys,
+                                       mask_key=bucketed.mask_key,
+                                       length_bucket=bucketed.length_bucket, name=bucketed.name)
     variants.append(Variant(settings, "bucketed", step, [next(cut) for _ in padded]))
   settings["length_bucket"] = None if bucketed is None else bucketed.length_bucket
   return settings, variants

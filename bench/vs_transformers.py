@@ -12,7 +12,8 @@ ours, ...) so that a shared machine's load falls on both alike.
 
 Shapes: BERT-base (12 layers, hidden 768, 12 heads, intermediate 3072, vocab 30522), proj 128,
 K = 8 candidates, query 96, block 288, reader rows `[CLS] query [SEP] block [SEP]` of
-96 + 288 = 384 (`realm_jax.batches.candidates.pretraining_batch_spec`), 10 mask slots per query.
+96 + 288 = 384 (`realm_jax.batches.pretraining_batches.pretraining_batch_spec`), 10 mask slots
+per query.
 
 1. Pretraining train step, examples/s (`--batch` examples of K candidates each; default 1:
    in float32 without rematerialisation each example keeps 7-9 GB of activations for the
@@ -168,8 +169,8 @@ def train_step_flops(**shapes) -> int:
 
 def make_batch(batch: int, candidates: int, query_len: int, block_len: int, masks: int,
                vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-  """A pretraining batch with the model's keys (`candidates.pretraining_batch_spec`), full-length
-  rows.
+  """A pretraining batch with the model's keys (`pretraining_batches.pretraining_batch_spec`),
+  full-length rows.
 
   Reader rows are query + block (`[CLS] q [SEP]` + `[CLS] b [SEP]`-shaped ids, types 0 then
   1); the mask slots are distinct positions inside the query, the last slot of each example

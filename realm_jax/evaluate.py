@@ -19,7 +19,7 @@ Three things it does with a run directory (`<run>/checkpoints/<step>`, `<run>/in
   metrics JSON next to it, and prints one summary line (exact match or CuratedTrec's regex
   match, recall@k, questions, skipped) to stdout. Progress (rate, ETA) goes to stderr.
 * mode "retrieval": no reader. The query tower of the checkpoint the index was built from
-  searches the index (`batches.inputs.make_index_loader`), as the trainer would retrieve.
+  searches the index (`index.retrieval.make_index_loader`), as the trainer would retrieve.
   For a QA task recall@k = an answer occurs in one of the first k blocks (`metrics.has_answer`,
   regex mode for CuratedTrec); for an `ict_<corpus>` task recall@k = the query's source block
   is among the first k, reported with chance@k = k / blocks. This is how "ICT recall@5 above
@@ -188,11 +188,11 @@ def _refuse_unused_for_bm25(settings: dict) -> None:
 def _resolve_task(task: str, mode: str, split: str) -> str:
   """The task's kind ("qa" or "ict") after checking it is registered, fits the mode and has the
   split."""
-  from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top  (Orbax)
+  from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top  (Orbax)
   from realm_jax.evaluation import tasks as tasks_lib  # pylint: disable=g-import-not-at-top  (TF)
   try:
-    seqio_task = inputs.get_task(task)
-  except inputs.UnknownTaskError as e:
+    seqio_task = seqio_batches.get_task(task)
+  except seqio_batches.UnknownTaskError as e:
     raise ConfigError(f"evaluate_main.task: unknown task {task!r}; registered QA tasks: "
                       f"{', '.join(tasks_lib.registered_tasks('qa'))} (modes 'retrieval' and "
                       f"'bm25' also take ICT tasks: "

@@ -10,7 +10,7 @@
     mlm_toy_reading                    the toy BERT's reading examples (experiments/toy_bert.gin)
     toy_qa                                                                 open-QA
     atlas_pretext_toy        Atlas's MLM pretext for the FiD reader (tasks/atlas.py)
-  benchmarks (files under $REALM_JAX_QA_DATA/<name>/, see realm_jax.data.open_qa):
+  benchmarks (files under $REALM_JAX_QA_DATA/<name>/, see realm_jax.data.qa_datasets):
     nq_open, web_questions, curated_trec
 
 Other corpora are registered with `register_pretraining_tasks` (e.g. Wikipedia blocks built with
@@ -26,9 +26,8 @@ from realm_jax.data.tensorflow_setup import hide_accelerators_from_tensorflow
 # Before any dataset exists: TensorFlow feeds data and keeps off the accelerators.
 hide_accelerators_from_tensorflow()
 
-from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV,  # noqa: E402
-                                     answers_are_regex, is_qa_path, read_qa_files,
-                                     register_benchmark_tasks, register_qa_files,
+from realm_jax_tasks.open_qa import (BENCHMARK_TASKS, QA_DATA_ENV, is_qa_path,  # noqa: E402
+                                     read_qa_files, register_benchmark_tasks, register_qa_files,
                                      register_qa_task)
 from realm_jax_tasks.pretraining import (MASKING_STRATEGIES,  # noqa: E402
                                          register_corpus_for_task, register_pretraining_tasks)

@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import seqio
 import tensorflow as tf
 
 from realm_jax.data import answer_match
-from realm_jax.data import open_qa
+from realm_jax.data import qa_datasets
 from realm_jax.data import vocab as vocab_lib
 
 QA_DATA_ENV = "REALM_JAX_QA_DATA"
 CHECK_SIZES_ENV = "REALM_JAX_QA_CHECK_SIZES"
 BENCHMARK_TASKS = ("nq_open", "web_questions", "curated_trec")
 
-ExamplesFn = Callable[[str], Sequence[open_qa.QAExample]]
+ExamplesFn = Callable[[str], Sequence[qa_datasets.QAExample]]
 
 
 def _answers_postprocess(output, example=None, is_target=False):
@@ -49,13 +49,8 @@ def _tokenize_question(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def answers_are_regex(task: Any) -> bool:
-  """Whether a QA task's references are regular expressions (CuratedTrec), from its metric."""
-  return answer_match.curated_trec_regex_match in tuple(getattr(task, "metric_fns", ()))
-
-
 def register_qa_task(name: str, examples_fn: ExamplesFn, *, answers_are_regex: bool = False,
-                     splits: Sequence[str] = open_qa.SPLITS) -> str:
+                     splits: Sequence[str] = qa_datasets.SPLITS) -> str:
   """Registers a QA task whose examples come from `examples_fn(split)` (called lazily)."""
 
   def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
@@ -84,15 +79,15 @@ def register_qa_task(name: str, examples_fn: ExamplesFn, *, answers_are_regex: b
 
 @functools.lru_cache(maxsize=None)
 def _benchmark_splits(name: str, data_dir: str, check_sizes: bool):
-  return open_qa.load_benchmark(name, data_dir, check_sizes=check_sizes)
+  return qa_datasets.load_benchmark(name, data_dir, check_sizes=check_sizes)
 
 
-def _benchmark_examples(name: str, split: str) -> Sequence[open_qa.QAExample]:
+def _benchmark_examples(name: str, split: str) -> Sequence[qa_datasets.QAExample]:
   root = os.environ.get(QA_DATA_ENV)
   if not root:
     raise FileNotFoundError(
         f"task {name!r}: set ${QA_DATA_ENV} to the directory holding {name}/ with the ORQA "
-        f"files (see realm_jax.data.open_qa.BENCHMARKS for the file names)")
+        f"files (see realm_jax.data.qa_datasets.BENCHMARKS for the file names)")
   check_sizes = os.environ.get(CHECK_SIZES_ENV, "1") != "0"
   return _benchmark_splits(name, os.path.join(root, name), check_sizes)[split]
 
@@ -102,7 +97,7 @@ def register_benchmark_tasks() -> tuple[str, ...]:
   split sizes checked against the released ones unless $REALM_JAX_QA_CHECK_SIZES=0)."""
   for name in BENCHMARK_TASKS:
     register_qa_task(name, functools.partial(_benchmark_examples, name),
-                     answers_are_regex=open_qa.BENCHMARKS[name].answers_are_regex)
+                     answers_are_regex=qa_datasets.BENCHMARKS[name].answers_are_regex)
   return BENCHMARK_TASKS
 
 
@@ -123,7 +118,7 @@ def _split_files(path: str) -> dict[str, str]:
   if not os.path.isdir(path):
     raise ValueError(f"{path}: no such QA file or directory")
   files = {}
-  for split in open_qa.SPLITS:
+  for split in qa_datasets.SPLITS:
     found = [os.path.join(path, split + suffix) for suffix in QA_FILE_SUFFIXES
              if os.path.isfile(os.path.join(path, split + suffix))]
     if len(found) > 1:
@@ -132,19 +127,19 @@ def _split_files(path: str) -> dict[str, str]:
       files[split] = found[0]
   if not files:
     raise ValueError(f"{path}: no QA files (expected some of "
-                     f"{', '.join(s + '.jsonl' for s in open_qa.SPLITS)}, or .csv/.tsv)")
+                     f"{', '.join(s + '.jsonl' for s in qa_datasets.SPLITS)}, or .csv/.tsv)")
   return files
 
 
-def _read_qa_file(path: str, answers_are_regex: bool) -> list[open_qa.QAExample]:
+def _read_qa_file(path: str, answers_are_regex: bool) -> list[qa_datasets.QAExample]:
   if path.endswith(".jsonl"):
-    return open_qa.read_orqa_jsonl(path, answers_are_regex=answers_are_regex)
+    return qa_datasets.read_orqa_jsonl(path, answers_are_regex=answers_are_regex)
   delimiter = "\t"
   if path.endswith(".csv"):
     # DPR's own .csv files are tab-separated; a spreadsheet's are comma-separated.
     with open(path, encoding="utf-8", errors="replace") as f:
       delimiter = "\t" if "\t" in f.readline() else ","
-  return open_qa.read_dpr_csv(path, answers_are_regex=answers_are_regex, delimiter=delimiter)
+  return qa_datasets.read_dpr_csv(path, answers_are_regex=answers_are_regex, delimiter=delimiter)
 
 
 def qa_path(task: str) -> tuple[bool, str]:
@@ -155,13 +150,13 @@ def qa_path(task: str) -> tuple[bool, str]:
                                             else task)
 
 
-def read_qa_files(task: str) -> dict[str, tuple[str, list[open_qa.QAExample]]]:
+def read_qa_files(task: str) -> dict[str, tuple[str, list[qa_datasets.QAExample]]]:
   """Every split of your own QA files (`task` as `register_qa_files` takes it), read now:
   {split: (its file, its examples in file order)}, each example's `source` its "file:line".
 
   Raises:
     ValueError: no such file or directory, no QA file in it, or two files of one split.
-    open_qa.QADataError: a bad record, naming file, line and field.
+    qa_datasets.QADataError: a bad record, naming file, line and field.
   """
   answers_are_regex, path = qa_path(task)
   return {split: (file, _read_qa_file(file, answers_are_regex))
@@ -191,7 +186,7 @@ def register_qa_files(task: str) -> str:
       c if c.isalnum() else "_" for c in path).strip("_")
 
   @functools.lru_cache(maxsize=None)
-  def examples(split: str) -> Sequence[open_qa.QAExample]:
+  def examples(split: str) -> Sequence[qa_datasets.QAExample]:
     return _read_qa_file(files[split], answers_are_regex)
 
   return register_qa_task(name, examples, answers_are_regex=answers_are_regex,

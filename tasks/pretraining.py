@@ -15,10 +15,9 @@ Features of a pretraining example (REALM_SPEC 9-11):
 Features of a toy-BERT example (`mlm_<corpus>`, the toy recipe's stand-in for BERT, whose
 ability to read a word from its context REALM's encoder starts from): one sentence of a block
 with a salient span masked (`mlm_strategy`: REALM's masking by default), read next to that
-block's body, which still holds the sentence. It is the encoder input
-of REALM pretraining (`candidates.reader_inputs`) with the block the sentence came from, so
-every masked word can be found in the context, as a repeated name can in the long documents
-BERT learns from:
+block's body, which still holds the sentence. It is the encoder input of REALM pretraining
+(`pretraining_batches.reader_inputs`) with the block the sentence came from, so every masked word
+can be found in the context, as a repeated name can in the long documents BERT learns from:
   input_ids, type_ids, input_mask        int32 [ict_query_len + block_len]
                                          `[CLS] sentence [SEP] body [SEP]`, segment 1 on the body
   mlm_positions, mlm_targets             int32 [mlm_max_masks]  positions in the sentence
@@ -54,7 +53,7 @@ from realm_jax.data import masking
 from realm_jax.batches import reading
 from realm_jax.data import salient_spans
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.batches import candidates as candidates_lib
+from realm_jax.batches import pretraining_batches
 
 PathOrFn = Union[str, Callable[[], str]]
 MASKING_STRATEGIES = ("salient_span", "random_span", "random_token")
@@ -212,7 +211,7 @@ def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, bloc
       if query is None:
         continue
       # [1, 1, reader_len] each: `[CLS] masked sentence [SEP] body [SEP]`
-      ids, type_ids, mask = candidates_lib.reader_inputs(
+      ids, type_ids, mask = pretraining_batches.reader_inputs(
           store, query.query_ids[None], query.query_mask[None], [[block_id]],
           reader_len=reader_len)
       yield {"input_ids": ids[0, 0], "type_ids": type_ids[0, 0], "input_mask": mask[0, 0],

@@ -12,7 +12,7 @@ import os
 
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.batches import reading
-from realm_jax.data import open_qa
+from realm_jax.data import qa_datasets
 from realm_jax.data import toy_world
 from realm_jax_tasks.open_qa import register_qa_task
 from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretraining_tasks,
@@ -116,7 +116,7 @@ def _toy_pretrain_records() -> str:
 @functools.lru_cache(maxsize=None)
 def _toy_qa_split(split: str) -> tuple:
   path = os.path.join(toy_world.toy_world_dir(), toy_world.qa_file(split))
-  return tuple(open_qa.read_orqa_jsonl(path))
+  return tuple(qa_datasets.read_orqa_jsonl(path))
 
 
 def register_toy_tasks() -> tuple[str, ...]:

@@ -24,8 +24,8 @@ from realm_jax import checkpoints
 from realm_jax import evaluate as evaluate_entry
 from realm_jax import train
 from realm_jax.batches import fid as fid_batches
-from realm_jax.batches import qa_inputs
-from realm_jax.data.open_qa import QAExample
+from realm_jax.batches import qa_batches
+from realm_jax.data.qa_datasets import QAExample
 from realm_jax.evaluation import metrics
 from realm_jax.models import config as config_lib
 from realm_jax.models import fid as fid_lib
@@ -171,7 +171,7 @@ def test_a_closed_book_searcher_goes_with_a_closed_book_model():
     fid_qa.FidReaderModel(TINY, fid, reader_beam=5, closed_book=True)
   from realm_jax.evaluation import qa as qa_lib  # pylint: disable=import-outside-toplevel
   model = fid_qa.FidReaderModel(TINY, fid, reader_beam=1, closed_book=True)
-  with pytest.raises(ValueError, match="its searcher is qa_inputs.ClosedBook"):
+  with pytest.raises(ValueError, match="its searcher is qa_batches.ClosedBook"):
     qa_lib.Predictor(model, {}, searcher=object(), store=None, block_emb=np.zeros((1, 1)))
-  predictor = qa_lib.Predictor(model, {}, searcher=qa_inputs.ClosedBook(), store=None)
+  predictor = qa_lib.Predictor(model, {}, searcher=qa_batches.ClosedBook(), store=None)
   assert predictor.closed_book and predictor.block_emb is None

@@ -119,12 +119,12 @@ def _written_paths() -> dict[str, list[str]]:
 
 
 def test_the_path_pattern_on_hand_made_text():
-  text = ("see `realm_jax.batches.open_qa.build_open_qa_batch`, realm_jax_tasks.toy and "
+  text = ("see `realm_jax.batches.qa_batches.build_open_qa_batch`, realm_jax_tasks.toy and "
           "realm_jax.toy_world/v2/seed (a seed string), realm_jax_launch.local.")
   assert [m.group() for m in DOTTED.finditer(text)] == [
-      "realm_jax.batches.open_qa.build_open_qa_batch", "realm_jax_tasks.toy",
+      "realm_jax.batches.qa_batches.build_open_qa_batch", "realm_jax_tasks.toy",
       "realm_jax_launch.local"]
-  assert _resolves("realm_jax.batches.open_qa.build_open_qa_batch")
+  assert _resolves("realm_jax.batches.qa_batches.build_open_qa_batch")
   assert not _resolves("realm_jax.models.qa_batches.build_open_qa_batch")
   assert not _resolves("realm_jax.data.corpus.no_such_function")
 

@@ -375,9 +375,9 @@ def test_retriever_protection_builds_for_both_towered_jobs(name, tmp_path, capsy
 
 def _tiny_params(model_cls, seed):
   import jax  # pylint: disable=import-outside-toplevel
-  from realm_jax.models import open_qa, realm  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import open_qa_model, realm  # pylint: disable=import-outside-toplevel
   config = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=50), proj_size=8)
-  module = open_qa if model_cls == "OpenQAModel" else realm
+  module = open_qa_model if model_cls == "OpenQAModel" else realm
   return jax.device_get(getattr(module, model_cls)(config).init(jax.random.PRNGKey(seed)))
 
 
@@ -455,13 +455,14 @@ def test_orqa_fine_tuning_takes_the_reader_bert_from_a_bert_and_the_retriever_fr
 
 
 @pytest.mark.parametrize("job_class, task, rows", [
-    ("PretrainJob", "realm_toy_salient_span", "candidates"), ("FinetuneJob", "toy_qa", "open_qa")])
+    ("PretrainJob", "realm_toy_salient_span", "pretraining_batches"),
+    ("FinetuneJob", "toy_qa", "qa_batches")])
 def test_a_length_bucket_cuts_the_training_batches_reader_rows(job_class, task, rows, tmp_path):
-  """`length_bucket` wraps the job's training batches in `inputs.LengthBucketed` over its
+  """`length_bucket` wraps the job's training batches in `seqio_batches.LengthBucketed` over its
   reader rows; the schema (what a dry run lowers) stays the full width; 0 wraps nothing."""
   # pylint: disable=import-outside-toplevel
   import importlib
-  from realm_jax.batches import inputs
+  from realm_jax.batches import seqio_batches
   from realm_jax.jobs.base import RunContext
   from realm_jax.training import partitioning
   config = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=8)
@@ -475,8 +476,8 @@ def test_a_length_bucket_cuts_the_training_batches_reader_rows(job_class, task, 
     model = job.build_model(ctx)
     built[length_bucket] = (job.build_batches(ctx, model), job.abstract_batch(ctx, model))
   (plain, plain_spec), (cut, cut_spec) = built[0], built[32]
-  assert not isinstance(plain, inputs.LengthBucketed)
-  assert isinstance(cut, inputs.LengthBucketed) and cut.length_bucket == 32
+  assert not isinstance(plain, seqio_batches.LengthBucketed)
+  assert isinstance(cut, seqio_batches.LengthBucketed) and cut.length_bucket == 32
   assert cut.keys == importlib.import_module(f"realm_jax.batches.{rows}").READER_ROW_KEYS
   assert type(cut.batches) is type(plain) and cut.mask_key == "reader_mask"
   assert cut_spec == plain_spec

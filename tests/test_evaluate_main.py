@@ -22,7 +22,7 @@ import pytest
 from realm_jax import evaluate as entry
 from realm_jax import gin_utils
 from realm_jax.data import corpus
-from realm_jax.data import open_qa as open_qa_data
+from realm_jax.data import qa_datasets
 from realm_jax.data import toy_world
 from realm_jax.evaluation import metrics as metrics_lib
 from realm_jax.evaluation import qa as qa_lib
@@ -33,7 +33,7 @@ from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.index.search import ExactSearcher
 from realm_jax.models import config as config_lib
-from realm_jax.models.open_qa import OpenQAModel
+from realm_jax.models.open_qa_model import OpenQAModel
 from realm_jax.models.retriever import RealmRetriever
 from realm_jax import checkpoints
 
@@ -117,7 +117,7 @@ def _output(capsys):
 
 def _toy_questions(count):
   path = os.path.join(toy_world.toy_world_dir(), toy_world.qa_file("test"))
-  return list(open_qa_data.read_orqa_jsonl(path))[:count]
+  return list(qa_datasets.read_orqa_jsonl(path))[:count]
 
 
 # ------------------------------------------------------------------------------ qa mode
@@ -225,9 +225,11 @@ def test_question_prints_the_answer_and_its_evidence(world, capsys):
 
 
 def _ict_queries(count):
-  from realm_jax.batches import inputs  # TensorFlow: imported where it is used
-  dataset = inputs.get_task("ict_toy").get_dataset(split="train", shuffle=False,
-                                                   sequence_length=None).take(count)
+  # TensorFlow: imported where it is used; realm_jax_tasks registers the tasks.
+  import realm_jax_tasks  # noqa: F401,PLC0415
+  from realm_jax.batches import seqio_batches  # noqa: PLC0415
+  dataset = seqio_batches.get_task("ict_toy").get_dataset(split="train", shuffle=False,
+                                                          sequence_length=None).take(count)
   rows = list(dataset.as_numpy_iterator())
   return (np.stack([r["query_ids"] for r in rows]), np.stack([r["query_mask"] for r in rows]),
           np.array([r["block_uid"] for r in rows], np.int64))

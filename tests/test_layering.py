@@ -1,9 +1,10 @@
 """The package layering has no import cycle: data < models < checkpoints < index < batches <
-evaluation / training < jobs < the command modules (docs/architecture.md, "Layers").
+the seqio tasks (realm_jax_tasks) < evaluation / training < jobs < the command modules < the
+launcher (realm_jax_launch) (docs/architecture.md, "Layers").
 
 Every `import` and `from ... import` of the source counts, including the ones inside functions
-(a lazy import is still a dependency); `realm_jax_tasks`, the plugin that registers the seqio
-tasks, is a separate distribution and not part of the graph.
+(a lazy import is still a dependency). The two plugin distributions, `realm_jax_tasks` (tasks/)
+and `realm_jax_launch` (launch/), are one unit each in the graph.
 """
 
 import ast
@@ -13,26 +14,42 @@ import pathlib
 import realm_jax
 
 PACKAGE_DIR = pathlib.Path(realm_jax.__file__).parent
+# The plugin distributions beside the package (setup.py's package_dir), each one unit.
+PACKAGES = {"realm_jax": PACKAGE_DIR, "realm_jax_tasks": PACKAGE_DIR.parent / "tasks",
+            "realm_jax_launch": PACKAGE_DIR.parent / "launch"}
+UNITS = {name: (root, name != "realm_jax") for name, root in PACKAGES.items()}
 
 
-def _unit(module: str, root: pathlib.Path, package: str):
-  """The layering unit of a module name: `<package>.<subpackage or top-level module>`."""
+def _unit(module: str, roots: dict[str, tuple[pathlib.Path, bool]]):
+  """The layering unit of a module name: `<package>.<subpackage or top-level module>`, or the
+  whole package for one counted as a single unit (a plugin); None outside the packages."""
   parts = module.split(".")
-  if parts[0] != package or len(parts) < 2:
+  if parts[0] not in roots:
+    return None
+  root, whole = roots[parts[0]]
+  if whole:
+    return parts[0]
+  if len(parts) < 2:
     return None
   head = root / parts[1]
   if head.is_dir() or head.with_suffix(".py").exists():
-    return f"{package}.{parts[1]}"
+    return f"{parts[0]}.{parts[1]}"
   return None
 
 
-def import_graph(root: pathlib.Path) -> dict[str, dict[str, list[str]]]:
-  """{unit: {imported unit: [files that import it]}} of the package at `root`."""
-  package = root.name
+def import_graph(root: pathlib.Path, package: str | None = None, *,
+                 others: dict[str, tuple[pathlib.Path, bool]] | None = None
+                 ) -> dict[str, dict[str, list[str]]]:
+  """{unit: {imported unit: [files that import it]}} of the package at `root` (imported as
+  `package`, default its directory's name); `others`: {package: (root, whole)} of the other
+  packages whose imports count, `whole` when one counts as a single unit."""
+  package = package or root.name
+  roots = dict(others or {})
+  roots.setdefault(package, (root, False))
   graph: dict[str, dict[str, list[str]]] = {}
   for path in sorted(root.rglob("*.py")):
-    relative = path.relative_to(root.parent).with_suffix("")
-    source = _unit(".".join(relative.parts), root, package)
+    relative = path.relative_to(root).with_suffix("")
+    source = _unit(".".join((package, *relative.parts)), roots)
     if source is None:  # the package's own __init__
       continue
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -43,7 +60,7 @@ def import_graph(root: pathlib.Path) -> dict[str, dict[str, list[str]]]:
       else:
         continue
       for name in names:
-        target = _unit(name, root, package)
+        target = _unit(name, roots)
         if target is not None and target != source:
           graph.setdefault(source, {}).setdefault(target, []).append(
               os.path.relpath(path, root.parent))
@@ -82,12 +99,21 @@ def _describe(graph, cycle) -> str:
                    for a, b in zip(cycle, cycle[1:]))
 
 
-def test_realm_jax_has_no_package_import_cycle():
-  graph = import_graph(PACKAGE_DIR)
+def test_realm_jax_and_its_plugins_have_no_import_cycle():
+  # Each plugin distribution counts as one unit: the seqio tasks sit above the batches they
+  # build examples with, the launcher above everything it starts.
+  graph: dict[str, dict[str, list[str]]] = {}
+  for package, root in PACKAGES.items():
+    for source, targets in import_graph(root, package, others=UNITS).items():
+      for target, files in targets.items():
+        graph.setdefault(source, {}).setdefault(target, []).extend(files)
   # The walk sees the layering it should (a broken walk would find no cycle either).
   assert "realm_jax.models" in graph["realm_jax.batches"]
   assert "realm_jax.checkpoints" in graph["realm_jax.index"]
   assert "realm_jax.batches" in graph["realm_jax.jobs"]
+  assert "realm_jax.batches" in graph["realm_jax_tasks"]
+  assert "realm_jax_tasks" in graph["realm_jax.jobs"]
+  assert "realm_jax.progress" in graph["realm_jax_launch"]
   cycle = find_cycle(graph)
   assert cycle is None, f"import cycle: {_describe(graph, cycle)}"
 

@@ -77,9 +77,9 @@ JOB_MODULE = textwrap.dedent('''\
         return realm.BertMlmModel(ctx.model_config)
 
       def _batches(self, ctx):
-        from realm_jax.batches import inputs
-        ict = inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                                  feature_keys=inputs.ICT_BATCH_KEYS)
+        from realm_jax.batches import seqio_batches
+        ict = seqio_batches.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                                         feature_keys=seqio_batches.ICT_BATCH_KEYS)
         return MaskedBlocks(ict, self.num_masks, ctx.seed)
 
       def abstract_batch(self, ctx, model):

@@ -331,9 +331,10 @@ def test_the_warm_start_can_continue_a_checkpoint_instead_of_the_bert(tmp_path, 
 def _tiny_params(model, seed, proj_size=8):
   import jax  # pylint: disable=import-outside-toplevel
   from realm_jax.models import config as config_lib  # pylint: disable=import-outside-toplevel
-  from realm_jax.models import open_qa, realm, retromae  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import open_qa_model  # pylint: disable=import-outside-toplevel
+  from realm_jax.models import realm, retromae  # pylint: disable=import-outside-toplevel
   config = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=50), proj_size=proj_size)
-  cls = {"OpenQAModel": open_qa.OpenQAModel, "RetroMaeModel": retromae.RetroMaeModel}.get(
+  cls = {"OpenQAModel": open_qa_model.OpenQAModel, "RetroMaeModel": retromae.RetroMaeModel}.get(
       model) or getattr(realm, model)
   return jax.device_get(cls(config).init(jax.random.PRNGKey(seed)))
 

@@ -10,7 +10,7 @@ import seqio
 
 import realm_jax_tasks
 from realm_jax.data import corpus as corpus_lib
-from realm_jax.data import open_qa
+from realm_jax.data import qa_datasets
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax_tasks import open_qa as qa_tasks
@@ -206,7 +206,7 @@ def test_benchmark_tasks_yield_batches(qa_data, monkeypatch, name):
 
 def test_benchmark_split_sizes_are_checked(qa_data, monkeypatch):
   monkeypatch.setenv(qa_tasks.CHECK_SIZES_ENV, "1")
-  with pytest.raises(open_qa.SplitSizeError, match="79168"):
+  with pytest.raises(qa_datasets.SplitSizeError, match="79168"):
     _first_batch("nq_open", split="dev")
 
 

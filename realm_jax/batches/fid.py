@@ -1,11 +1,11 @@
 """Generative open-QA batches for the FiD reader (`models.fid_qa.FidReaderModel`): the
 extractive job's retrieval and reader rows plus one answer's target tokens.
 
-`build_fid_batch` is `open_qa.build_open_qa_batch` (the same `[CLS] question [SEP] body [SEP]`
+`build_fid_batch` is `qa_batches.build_open_qa_batch` (the same `[CLS] question [SEP] body [SEP]`
 reader rows of the first `reader_beam` retrieved blocks, type ids 0 / 1, and the same retriever
 labels) with `answer_targets`: per question, the wordpieces of its FIRST answer (in the task's
 order) that fits `max_answer_length` with its EOS, then EOS, then padding, and their mask.
-`FidBatches` is `qa_inputs.OpenQABatches` (the live question tower searching the run's index,
+`FidBatches` is `qa_batches.OpenQABatches` (the live question tower searching the run's index,
 resumable) building those batches. Regex answers (CuratedTrec) are patterns, not texts to
 generate: refused. When the model trains its question tower (a retriever objective,
 `FidReaderModel.train_question_tower`) the batches also carry the question rows and the frozen
@@ -28,12 +28,11 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from realm_jax.batches import inputs
-from realm_jax.batches import open_qa as qa_batches
-from realm_jax.batches import qa_inputs
+from realm_jax.batches import qa_batches
+from realm_jax.batches import seqio_batches
 from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.open_qa import QAExample
+from realm_jax.data.qa_datasets import QAExample
 
 Batch = dict[str, Any]
 
@@ -163,7 +162,7 @@ def question_vocabulary(task_name: str) -> vocab_lib.WordPieceVocabulary:
   Raises:
     UnknownTaskError: the task is not registered.
   """
-  feature = inputs.get_task(task_name).output_features.get("question_ids")
+  feature = seqio_batches.get_task(task_name).output_features.get("question_ids")
   wordpiece = getattr(getattr(feature, "vocabulary", None), "wordpiece", None)
   return (wordpiece if isinstance(wordpiece, vocab_lib.WordPieceVocabulary)
           else vocab_lib.default_vocabulary())
@@ -171,9 +170,9 @@ def question_vocabulary(task_name: str) -> vocab_lib.WordPieceVocabulary:
 
 def task_answer_ids(task_name: str, split: str) -> Optional[list[tuple[str, tuple[int, ...]]]]:
   """A task split's precomputed targets, [(question, answer ids)] in the split's order (the
-  order `qa_inputs.qa_task_examples` reads it in), or None when the task has no
+  order `qa_batches.qa_task_examples` reads it in), or None when the task has no
   `answer_ids` feature."""
-  task = inputs.get_task(task_name)
+  task = seqio_batches.get_task(task_name)
   if ANSWER_IDS_FEATURE not in task.output_features:
     return None
   dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False)
@@ -205,7 +204,7 @@ def with_answer_ids(examples: Sequence[QAExample],
   return out
 
 
-class FidBatches(qa_inputs.OpenQABatches):
+class FidBatches(qa_batches.OpenQABatches):
   """`OpenQABatches` (questions, the live question tower's beam, resumable) yielding FiD
   batches: `fid_model_inputs(build_fid_batch(...))`. `model` is a `FidReaderModel`. The
   questions are encoded with the task's question vocabulary (`question_vocabulary`) unless

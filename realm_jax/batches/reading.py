@@ -6,9 +6,10 @@ teach it to *read* rather than to *know*, its examples come from reading worlds
 (`toy_world.reading_world_dir`): freshly generated worlds that share no name with the toy world,
 so it never learns a toy-world fact and the toy world's null-document baseline stays clean.
 
-An example is REALM pretraining's encoder input for one candidate (`candidates.reader_inputs`):
-`[CLS] masked sentence [SEP] body [SEP]`, the sentence from a world's pretraining text X, the
-body one block of its corpus Z. What is masked and what is read beside it is drawn per example:
+An example is REALM pretraining's encoder input for one candidate
+(`pretraining_batches.reader_inputs`): `[CLS] masked sentence [SEP] body [SEP]`, the sentence
+from a world's pretraining text X, the body one block of its corpus Z. What is masked and what
+is read beside it is drawn per example:
 
   masking   salient span (a name or a date; REALM's masking) or, with `random_token_fraction`,
             BERT's random tokens (ordinary MLM: words as well as names)
@@ -37,7 +38,7 @@ import numpy as np
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import masking
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.batches import candidates as candidates_lib
+from realm_jax.batches import pretraining_batches
 
 CONTEXTS = ("own", "copy", "distractor", "null")
 
@@ -193,9 +194,9 @@ def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore
     while block_id in own:  # a world has thousands of documents: this ends at once
       block_id = int(rng.integers(store.num_blocks))
   else:
-    block_id = candidates_lib.NULL_BLOCK
+    block_id = pretraining_batches.NULL_BLOCK
   # [1, 1, reader_len] each: `[CLS] masked sentence [SEP] body [SEP]`
-  ids, type_ids, mask = candidates_lib.reader_inputs(
+  ids, type_ids, mask = pretraining_batches.reader_inputs(
       store, query.query_ids[None], query.query_mask[None], [[block_id]], reader_len=reader_len)
   row = {"input_ids": ids[0, 0], "type_ids": type_ids[0, 0], "input_mask": mask[0, 0],
          "mlm_positions": query.mlm_positions, "mlm_targets": query.mlm_targets,

@@ -8,10 +8,12 @@ match (REALM_SPEC items 31-32), and the seqio metric functions the QA tasks name
   prediction but does not require a full match; an invalid pattern is a miss.
 * ``orqa_exact_match`` / ``curated_trec_regex_match``: seqio metric functions
   ``metric_fn(targets, predictions) -> {name: percent}``.
+* ``answers_are_regex``: whether a QA task's references are patterns, read from its metric
+  (``curated_trec_regex_match`` among its ``metric_fns``).
 
-It sits under the tasks (`realm_jax_tasks`) and the evaluation (`realm_jax.evaluation.metrics`,
-which adds DPR's retrieval recall), which both read it. Where the authors' code and this module
-differ, the function's docstring says so.
+It sits under the tasks (`realm_jax_tasks`), the batches (`realm_jax.batches.qa_batches`) and the
+evaluation (`realm_jax.evaluation.metrics`, which adds DPR's retrieval recall), which all read it.
+Where the authors' code and this module differ, the function's docstring says so.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["REGEX_FLAGS", "compile_pattern", "curated_trec_regex_match", "exact_match",
-           "invalid_patterns", "normalize_answer", "orqa_exact_match", "reference_list",
-           "regex_match"]
+__all__ = ["REGEX_FLAGS", "answers_are_regex", "compile_pattern", "curated_trec_regex_match",
+           "exact_match", "invalid_patterns", "normalize_answer", "orqa_exact_match",
+           "reference_list", "regex_match"]
 
 # ORQA and DPR both compile answer patterns with these flags.
 REGEX_FLAGS = re.IGNORECASE | re.UNICODE | re.MULTILINE
@@ -191,16 +193,13 @@ def orqa_exact_match(targets: Sequence[Any], predictions: Sequence[Any]) -> dict
 
 def curated_trec_regex_match(targets: Sequence[Any],
                              predictions: Sequence[Any]) -> dict[str, float]:
-  """seqio metric function: ORQA's CuratedTrec regex match (``regex_match``), in percent.
-
-  Args:
-    targets: per example, the reference patterns, in any form ``orqa_exact_match`` accepts.
-    predictions: per example, the predicted answer string.
-
-  Returns:
-    ``{"regex_match": percent in [0, 100]}``.
-
-  Raises:
-    ValueError: the lengths differ, there are no examples, or a target has no patterns.
-  """
+  """seqio metric function: ORQA's CuratedTrec regex match, ``{"regex_match": percent}``; its
+  targets are reference patterns, in any form ``orqa_exact_match`` accepts, and it raises as
+  that does."""
   return _percent_correct(targets, predictions, regex_match, "regex_match")
+
+
+def answers_are_regex(task: Any) -> bool:
+  """Whether a QA task's references are regular expressions (CuratedTrec), from its metric: the
+  task (anything with `metric_fns`, a seqio task) scores with `curated_trec_regex_match`."""
+  return curated_trec_regex_match in tuple(getattr(task, "metric_fns", ()))

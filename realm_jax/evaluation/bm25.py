@@ -38,7 +38,7 @@ _TERM = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the un
 QUERY_CHUNK = 16
 # Where the open-QA reader's blocks come from (`FinetuneJob.candidates`,
 # `evaluate_main.candidates`): the dense index, `BM25Searcher`, or none at all (the closed book
-# of the FiD reader, `batches.qa_inputs.ClosedBook`).
+# of the FiD reader, `batches.qa_batches.ClosedBook`).
 READER_CANDIDATES = ("index", "bm25", "none")
 
 
@@ -182,7 +182,7 @@ class BM25Searcher:
   BM25 ranks for each question's text, and no retrieval score joins its span scores.
 
   It serves both users of a retriever by `retrieve_texts`, which ranks question texts where a
-  dense retriever embeds them: the fine-tuning batches (`batches.qa_inputs.OpenQABatches`, which
+  dense retriever embeds them: the fine-tuning batches (`batches.qa_batches.OpenQABatches`, which
   also read `block_emb` and `block_store_id`) and the evaluation's `Predictor`
   (`evaluation.qa`, which reads `embeddings` and `num_docs`).
 

@@ -16,7 +16,7 @@ retrieval recall that later papers compare against is DPR's. Both are reproduced
   prints.
 
 Where the authors' code and this module differ, the function's docstring says so; every
-difference concerns inputs the data loaders in ``realm_jax.data.open_qa`` already reject (empty
+difference concerns inputs the data loaders in ``realm_jax.data.qa_datasets`` already reject (empty
 reference lists, answers without a single token).
 """
 
@@ -165,7 +165,7 @@ def has_answer(text: str,
   text (unanchored, unlike ORQA's ``regex_match``) with IGNORECASE | UNICODE | MULTILINE; a pattern
   that does not compile is a miss.
 
-  Differences from DPR, both for inputs ``realm_jax.data.open_qa`` rejects anyway: an empty
+  Differences from DPR, both for inputs ``realm_jax.data.qa_datasets`` rejects anyway: an empty
   answer list raises instead of returning False, and an answer that yields no tokens (empty, or
   only whitespace/control characters) matches nothing, whereas DPR's loop matches it everywhere.
 

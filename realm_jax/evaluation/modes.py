@@ -25,9 +25,7 @@ import numpy as np
 import realm_jax_tasks
 from realm_jax import checkpoints as ckpt_lib
 from realm_jax import progress as progress_lib
-from realm_jax.batches import inputs
-from realm_jax.batches import open_qa as qa_batches
-from realm_jax.batches import qa_inputs
+from realm_jax.batches import qa_batches
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.evaluation import bm25 as bm25_lib
@@ -37,10 +35,11 @@ from realm_jax.evaluation import retrieval
 from realm_jax.evaluation import runs
 from realm_jax.evaluation import tasks as tasks_lib
 from realm_jax.gin_utils import ConfigError
+from realm_jax.index import retrieval as retrieval_lib
 from realm_jax.index import search
 from realm_jax.index import store as index_lib
 from realm_jax.models import fid_qa
-from realm_jax.models.open_qa import OpenQAModel
+from realm_jax.models.open_qa_model import OpenQAModel
 
 __all__ = ["Index", "load_index", "open_block_store", "open_qa_model", "run_bm25", "run_qa",
            "run_questions", "run_retrieval"]
@@ -135,7 +134,7 @@ def _reader_candidates(kind: str, index: Index, store: corpus_lib.BlockStore,
   """The reader's candidates of `evaluate_main.candidates`: the published index's ("index"),
   BM25's over `store` ("bm25") or the closed book's ("none": no block, no index)."""
   if kind == "none":
-    return _Candidates(qa_inputs.ClosedBook(), None, None, "closed book (nothing retrieved)",
+    return _Candidates(qa_batches.ClosedBook(), None, None, "closed book (nothing retrieved)",
                        "no retrieval", "none")
   if kind == "bm25":
     searcher = bm25_lib.BM25Searcher(store, config.proj_size)
@@ -180,7 +179,7 @@ def _task_queries(task: str, kind: str, split: str,
   (None, its QAExamples) for a QA task."""
   if kind == "ict":
     return tasks_lib.ict_task_queries(task, split, max_examples), None
-  return None, qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
+  return None, qa_batches.qa_task_examples(task, split, max_examples=max_examples)
 
 
 def _counted(kind: str) -> str:
@@ -211,7 +210,7 @@ def run_qa(run_dir: str, config: Any, step: Optional[int], why: str, *, task: st
   store = open_block_store(block_store)
   reader = _reader_candidates(candidates, index, store, config)
   model, params = open_qa_model(run_dir, config, step, reader_beam)
-  examples = qa_inputs.qa_task_examples(task, split, max_examples=max_examples)
+  examples = qa_batches.qa_task_examples(task, split, max_examples=max_examples)
   _say(f"{len(examples)} questions of {task}/{split}, checkpoint step {step} ({why}), "
        f"{reader.where} ({store.num_blocks:,} blocks, {reader.how})")
   throttle = progress_lib.Throttle()
@@ -262,20 +261,20 @@ def run_retrieval(run_dir: str, config: Any, *, task: str, kind: str, split: str
   store = open_block_store(block_store)
   loaded = load_index(index, store, config)
   try:
-    tower = inputs.index_query_tower(loaded, config)
+    tower = retrieval_lib.index_query_tower(loaded, config)
   except ckpt_lib.CheckpointError as e:  # another model size: a config error
     raise ConfigError(str(e)) from e
   if tower is not None:  # published with the index: its checkpoint may be pruned by now
     step_dir = loaded.manifest.get("checkpoint") or "its checkpoint (not recorded)"
-    retriever = inputs.IndexRetriever(loaded, tower, config, backend=index.backend)
+    retriever = retrieval_lib.IndexRetriever(loaded, tower, config, backend=index.backend)
   else:
-    step_dir = inputs.index_checkpoint_dir(index.run_dir, loaded,
-                                           first_checkpoint_dir=first_index_checkpoint_dir)
+    step_dir = retrieval_lib.index_checkpoint_dir(
+        index.run_dir, loaded, first_checkpoint_dir=first_index_checkpoint_dir)
     # Size mismatch as a config error before restoring anything (the loader refuses it too).
     runs.checkpoint_metadata(step_dir, config, f"the checkpoint of index {loaded.step}")
-    retriever = inputs.make_index_loader(index.run_dir, config,
-                                         first_checkpoint_dir=first_index_checkpoint_dir,
-                                         backend=index.backend)(loaded)
+    retriever = retrieval_lib.make_index_loader(index.run_dir, config,
+                                                first_checkpoint_dir=first_index_checkpoint_dir,
+                                                backend=index.backend)(loaded)
   ks = retrieval.clip_k_values(k_values, store.num_blocks)
   queries, examples = _task_queries(task, kind, split, max_examples)
   vocab = vocab_lib.default_vocabulary()

@@ -6,11 +6,11 @@ For each batch of questions:
 2. retrieve the top `max(k_values)` blocks with a searcher (`realm_jax.index.search`; exact
    search over the index embeddings matrix, or ScaNN);
 3. build the reader features of the top `model.reader_beam` blocks
-   (`realm_jax.batches.open_qa.build_open_qa_batch`) and take the global argmax (block, span)
+   (`realm_jax.batches.qa_batches.build_open_qa_batch`) and take the global argmax (block, span)
    (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
    generative FiD reader (`realm_jax.models.fid_qa.FidReaderModel`, the same reader rows), its
    greedy answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together).
-   With `qa_inputs.ClosedBook` as the searcher (Atlas's closed-book baseline, a FiD reader
+   With `qa_batches.ClosedBook` as the searcher (Atlas's closed-book baseline, a FiD reader
    trained with `FinetuneJob.candidates='none'`) nothing is retrieved: the reader reads
    `[CLS] question [SEP]` alone, the predictions' evidence is empty and no recall is reported;
 4. score: ORQA's exact match (`metrics.exact_match`), or for CuratedTrec the regex match
@@ -45,13 +45,12 @@ import numpy as np
 
 from realm_jax import progress as progress_lib
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.open_qa import QAExample
-from realm_jax.batches import open_qa as qa_batches
-from realm_jax.batches import inputs
-from realm_jax.batches import qa_inputs
+from realm_jax.data.qa_datasets import QAExample
+from realm_jax.batches import qa_batches
+from realm_jax.batches import seqio_batches
 from realm_jax.evaluation import metrics
 from realm_jax.evaluation import retrieval
-from realm_jax.models import open_qa
+from realm_jax.models import open_qa_model
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,7 @@ EmbedFn = Callable[[Sequence[str]], Any]
 
 
 @functools.lru_cache(maxsize=32)
-def _jitted(model: open_qa.OpenQAModel, method: str) -> Callable:
+def _jitted(model: open_qa_model.OpenQAModel, method: str) -> Callable:
   """One jitted function per (model, method): models are frozen dataclasses, so hashable, and
   repeated calls reuse the compiled executables."""
   return jax.jit(getattr(model, method))
@@ -86,7 +85,7 @@ class Predictor:
     searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`, or
       with `retrieve_texts(questions, k)` that ranks the question texts instead (BM25,
       `evaluation.bm25.BM25Searcher`: its zero embeddings add no retrieval score), or
-      `qa_inputs.ClosedBook` (nothing retrieved: the question alone, no embeddings needed;
+      `qa_batches.ClosedBook` (nothing retrieved: the question alone, no embeddings needed;
       the only searcher of a closed-book model, `FidReaderModel(closed_book=True)`).
     store: the BlockStore the index was built from.
     vocab: the WordPiece vocabulary.
@@ -102,7 +101,7 @@ class Predictor:
       and the span heads leave it out.
   """
 
-  def __init__(self, model: open_qa.OpenQAModel, params: Any, *, searcher: Any, store,
+  def __init__(self, model: open_qa_model.OpenQAModel, params: Any, *, searcher: Any, store,
                vocab: vocab_lib.WordPieceVocabulary | None = None, block_emb: Any = None,
                embed_fn: EmbedFn | None = None, reader_len: int = 320,
                question_len: int | None = None, length_bucket: int = 32):
@@ -110,10 +109,10 @@ class Predictor:
       # Prediction reads the published index; a live document tower is a training device.
       model = type(model)(model.config, reader_beam=model.reader_beam)
     _check_searcher(searcher, store)
-    self.closed_book = qa_inputs.is_closed_book(searcher)
+    self.closed_book = qa_batches.is_closed_book(searcher)
     if getattr(model, "closed_book", False) and not self.closed_book:
       raise ValueError(f"a closed-book reader reads no blocks: its searcher is "
-                       f"qa_inputs.ClosedBook(), not a {type(searcher).__name__}")
+                       f"qa_batches.ClosedBook(), not a {type(searcher).__name__}")
     if block_emb is None and not self.closed_book:
       block_emb = getattr(searcher, "embeddings", None)
       if block_emb is None:
@@ -128,7 +127,7 @@ class Predictor:
     self.embed_fn = embed_fn
     self.reader_len = reader_len
     self.question_len = question_len
-    self.length_bucket = inputs.check_row_bucket(length_bucket, process_count=1)
+    self.length_bucket = seqio_batches.check_row_bucket(length_bucket, process_count=1)
 
   def skip_reason(self, question: str) -> str | None:
     """Why a question cannot be read (too long, and never truncated), or None."""
@@ -169,7 +168,7 @@ class Predictor:
     example_mask = np.arange(len(examples)) < num_real  # [batch]
     # [batch, proj]; the closed book embeds nothing (it may have no question tower).
     question_emb = None if self.closed_book else self.embed([e.question for e in examples])
-    if qa_inputs.ranks_texts(self.searcher):  # BM25 ranks the question texts themselves
+    if qa_batches.ranks_texts(self.searcher):  # BM25 ranks the question texts themselves
       scores, ids = self.searcher.retrieve_texts([e.question for e in examples], depth)
     else:
       scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
@@ -185,8 +184,8 @@ class Predictor:
     if self.length_bucket and "reader_mask" in device_batch:
       # Rows padded to reader_len cost the reader as much as tokens: cut to the batch's longest,
       # rounded up to the bucket (one compilation per width), as fine-tuning cuts its batches.
-      device_batch, _ = inputs.cut_to_bucket(device_batch, qa_batches.READER_ROW_KEYS,
-                                             "reader_mask", self.length_bucket)
+      device_batch, _ = seqio_batches.cut_to_bucket(device_batch, qa_batches.READER_ROW_KEYS,
+                                                    "reader_mask", self.length_bucket)
     keys = getattr(self.model, "prediction_keys", None)
     if keys is not None:  # only what it reads: fixed shapes, one compilation
       device_batch = {key: device_batch[key] for key in keys if key in device_batch}
@@ -249,9 +248,9 @@ def _snippet(text: str, answer: str, chars: int) -> str:
   return ("... " if begin > 0 else "") + snippet + (" ..." if begin + chars < len(text) else "")
 
 
-def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *, searcher: Any,
-             store, vocab: vocab_lib.WordPieceVocabulary | None = None, batch_size: int = 16,
-             k_values: Sequence[int] = metrics.DEFAULT_RECALL_KS,
+def evaluate(model: open_qa_model.OpenQAModel, params: Any, examples: Sequence[Any], *,
+             searcher: Any, store, vocab: vocab_lib.WordPieceVocabulary | None = None,
+             batch_size: int = 16, k_values: Sequence[int] = metrics.DEFAULT_RECALL_KS,
              answers_are_regex: bool | None = None, embed_fn: EmbedFn | None = None,
              block_emb: Any = None, reader_len: int = 320, question_len: int | None = None,
              recall_match: str = "has_answer", num_evidence: int | None = None,
@@ -288,7 +287,7 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
     predictions, one per example, in order: {"question", "prediction", "answers", "block_ids",
     "block_scores", "predicted_block_id", "correct"} (plus "skipped" for a skipped question);
     block ids and scores are the first `num_evidence` retrieved blocks. With the closed book
-    (`qa_inputs.ClosedBook`) the evidence is empty and the metrics have no recall@k.
+    (`qa_batches.ClosedBook`) the evidence is empty and the metrics have no recall@k.
 
   Raises:
     ValueError: no examples, an unknown recall_match, examples mixing regex and plain answers,
@@ -377,8 +376,8 @@ def evaluate(model: open_qa.OpenQAModel, params: Any, examples: Sequence[Any], *
   return results, predictions
 
 
-def answer_question(model: open_qa.OpenQAModel, params: Any, question: str, *, searcher: Any,
-                    store, vocab: vocab_lib.WordPieceVocabulary | None = None,
+def answer_question(model: open_qa_model.OpenQAModel, params: Any, question: str, *,
+                    searcher: Any, store, vocab: vocab_lib.WordPieceVocabulary | None = None,
                     embed_fn: EmbedFn | None = None, block_emb: Any = None,
                     reader_len: int = 320, num_evidence: int | None = None,
                     snippet_chars: int = 240) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 # The tasks' plugin before seqio: it keeps TensorFlow, which seqio imports, off the accelerators.
 import realm_jax_tasks  # pylint: disable=unused-import  (it registers the tasks)
 import seqio
-from realm_jax.batches import inputs
+from realm_jax.batches import seqio_batches
 from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.evaluation import metrics
@@ -52,7 +52,7 @@ def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = N
     {"query_ids", "query_mask": int32 [n, query_len], "block_uid": int64 [n] (the source
     block's uint64 uid as the int64 with the same bits, as the task carries it)}.
   """
-  task = inputs.get_task(task_name)
+  task = seqio_batches.get_task(task_name)
   rows = {"query_ids": [], "query_mask": [], "block_uid": []}
   for example in tensorflow_setup.numpy_iterator(_split_dataset(task, split, max_examples)):
     for name, values in rows.items():

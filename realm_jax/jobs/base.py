@@ -122,10 +122,13 @@ class Job:
 
   def check_task_prefix(self, prefix: str) -> Any:
     """The registered seqio task, or ConfigError unless it exists and starts with `prefix`."""
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    # The jobs name the tasks, so they register them; imported here, not at the top: the
+    # tasks import TensorFlow, which `python -m realm_jax.train --help` need not load.
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
     try:
-      task = inputs.get_task(self.task)
-    except inputs.UnknownTaskError as e:
+      task = seqio_batches.get_task(self.task)
+    except seqio_batches.UnknownTaskError as e:
       raise ConfigError(f"{type(self).__name__}.task: {gin_utils.one_line(e)}") from e
     if not self.task.startswith(prefix):
       raise ConfigError(f"{type(self).__name__}.task={self.task!r} does not fit job "
@@ -195,15 +198,16 @@ class Job:
 @dataclasses.dataclass
 class SeqioJob(Job):
   """A job whose batches are a seqio task's examples as they are (`SeqioBatches`): the task's
-  features named by `feature_keys` (a key tuple of `realm_jax.batches.inputs`) are its batch
-  schema."""
+  features named by `feature_keys` (a key tuple of `realm_jax.batches.seqio_batches`) are its
+  batch schema."""
 
   feature_keys = ""
 
   def _seqio(self, ctx: RunContext) -> Any:
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-    return inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                               feature_keys=getattr(inputs, self.feature_keys))
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    return seqio_batches.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                                      feature_keys=getattr(seqio_batches, self.feature_keys))
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
     return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)

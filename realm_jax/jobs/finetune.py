@@ -9,7 +9,7 @@ With `candidates='bm25'` the reader reads BM25's blocks instead (DrQA's pipeline
 needs no index; with `candidates='none'` (the FiD reader only) it reads none: Atlas's closed-book
 baseline, no retriever, no index.
 
-Two readers (`reader`): 'extractive' (ORQA's span reader, `models.open_qa`) or 'fid' (Atlas's
+Two readers (`reader`): 'extractive' (ORQA's span reader, `models.open_qa_model`) or 'fid' (Atlas's
 generative Fusion-in-Decoder reader, `models.fid_qa`, shaped by `@FidConfig()` in gin): the same
 retrieval and reader rows; the FiD reader is trained on one answer's wordpieces, its encoder
 warm-started from the BERT of `init_checkpoint`'s encoder (or reader) or `encoder_checkpoint`,
@@ -99,7 +99,7 @@ class FinetuneJob(IndexJob):
     adapter_size: the adapters' bottleneck width (peft='adapters').
     length_bucket: cut each training batch's reader rows from `reader_len` to the smallest
       multiple of this many wordpieces that holds its longest `[CLS] question [SEP] body [SEP]`
-      (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
+      (`seqio_batches.LengthBucketed`): only padding goes, so the losses are the same, and each
       distinct width is one compilation of the train step. 0 (the default): every batch at
       `reader_len`. Single-host runs only. The evaluation cuts its own rows the same way
       whatever this says (`evaluation.qa.Predictor`, buckets of 32).
@@ -133,7 +133,7 @@ class FinetuneJob(IndexJob):
       (a decoder shaped like the encoder, answers of up to 32 wordpieces with EOS).
     few_shot: train on only this many questions of the task's train split (Atlas's few-shot
       protocol: 64, 256, ...; None: all of them), a sample drawn with `few_shot_seed`
-      (`qa_inputs.few_shot_sample`), the same whatever `train_main.seed`, so that runs of one
+      (`qa_batches.few_shot_sample`), the same whatever `train_main.seed`, so that runs of one
       sample differ only in their training seed. Evaluation reads the whole dev split.
     few_shot_seed: the seed of that sample.
   """
@@ -164,22 +164,23 @@ class FinetuneJob(IndexJob):
   def __post_init__(self):
     super().__post_init__()
     # The retriever of question texts when there is no index to watch: the BM25Searcher of
-    # candidates='bm25', qa_inputs.ClosedBook of 'none'; set by `start`.
+    # candidates='bm25', qa_batches.ClosedBook of 'none'; set by `start`.
     self.text_retriever = None
 
   def configure(self, ctx: RunContext) -> None:
-    import realm_jax_tasks  # pylint: disable=g-import-not-at-top
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top  (registers the tasks)
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import answer_match  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
     self.check_candidates()
     self.check_reader(ctx)
-    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
     try:
-      qa_inputs.check_few_shot(self.few_shot)
+      qa_batches.check_few_shot(self.few_shot)
     except ValueError as e:
       raise ConfigError(f"FinetuneJob.{e}") from e
     try:
-      inputs.check_row_bucket(self.length_bucket)
+      seqio_batches.check_row_bucket(self.length_bucket)
     except ValueError as e:
       raise ConfigError(f"FinetuneJob.length_bucket: {e}") from e
     if realm_jax_tasks.is_qa_path(self.task):
@@ -188,15 +189,14 @@ class FinetuneJob(IndexJob):
       except ValueError as e:
         raise ConfigError(f"TASK={self.task!r}: {e}") from e
     try:
-      task = inputs.get_task(self.task)
-    except inputs.UnknownTaskError as e:
+      task = seqio_batches.get_task(self.task)
+    except seqio_batches.UnknownTaskError as e:
       raise ConfigError(f"FinetuneJob.task: {gin_utils.one_line(e)}") from e
     if "question_ids" not in task.output_features:
       raise ConfigError(f"FinetuneJob.task={self.task!r} is not a QA task (job 'finetune' needs "
                         f"one of toy_qa, nq_open, web_questions, curated_trec)")
     if self.reader == "fid":
-      import realm_jax_tasks  # pylint: disable=g-import-not-at-top,reimported
-      if realm_jax_tasks.answers_are_regex(task):
+      if answer_match.answers_are_regex(task):
         raise ConfigError(f"FinetuneJob.reader='fid' generates answer texts: task "
                           f"{self.task!r} has regex answers (CuratedTrec), none to train on")
     elif "answer_ids" in task.output_features:  # precomputed decoder targets (batches.fid)
@@ -308,7 +308,7 @@ class FinetuneJob(IndexJob):
     return (self.fid or FidSettings()).build(ctx.model_config.bert)
 
   def build_model(self, ctx: RunContext) -> Any:
-    from realm_jax.models import open_qa  # pylint: disable=g-import-not-at-top
+    from realm_jax.models import open_qa_model  # pylint: disable=g-import-not-at-top
     if self.reader == "fid":
       from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
       try:
@@ -320,17 +320,17 @@ class FinetuneJob(IndexJob):
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:
-      return open_qa.OpenQAModel(self.peft_model_config(ctx), reader_beam=self.reader_beam,
-                                 train_document_tower=self.train_document_tower,
-                                 document_beam=self.document_beam,
-                                 retriever_objective=self.retriever_objective,
-                                 objective_temperature=self.objective_temperature,
-                                 peft=self.peft_config())
+      return open_qa_model.OpenQAModel(self.peft_model_config(ctx), reader_beam=self.reader_beam,
+                                       train_document_tower=self.train_document_tower,
+                                       document_beam=self.document_beam,
+                                       retriever_objective=self.retriever_objective,
+                                       objective_temperature=self.objective_temperature,
+                                       peft=self.peft_config())
     except ValueError as e:
       raise ConfigError(f"FinetuneJob: {e}") from e
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
-    from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
     if self.reader == "fid":
       from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
       question_tower = ({"question_len": self.question_len,
@@ -349,10 +349,10 @@ class FinetuneJob(IndexJob):
 
   def build_batches(self, ctx: RunContext, model: Any) -> Any:
     """Reads the split's questions (the retriever is the index watcher, set by `start`)."""
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
-    from realm_jax.batches import open_qa as qa_batches  # pylint: disable=g-import-not-at-top
-    batches_class = qa_inputs.OpenQABatches
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
+    from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    batches_class = qa_batches.OpenQABatches
     if self.reader == "fid":
       from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
       batches_class = fid_batches.FidBatches
@@ -362,7 +362,7 @@ class FinetuneJob(IndexJob):
           retriever_beam=self.retriever_beam, reader_len=self.reader_len,
           question_len=self.question_len, max_occurrences=self.max_occurrences,
           few_shot=self.few_shot, few_shot_seed=self.few_shot_seed)
-    except inputs.UnknownTaskError as e:
+    except seqio_batches.UnknownTaskError as e:
       raise ConfigError(f"FinetuneJob.task: {gin_utils.one_line(e)}") from e
     except ValueError as e:
       if self.few_shot is None:
@@ -370,8 +370,9 @@ class FinetuneJob(IndexJob):
       raise ConfigError(f"FinetuneJob.few_shot: {gin_utils.one_line(e)}") from e
     if not self.length_bucket:
       return batches
-    return inputs.LengthBucketed(batches, keys=qa_batches.READER_ROW_KEYS, mask_key="reader_mask",
-                                 length_bucket=self.length_bucket, name="reader")
+    return seqio_batches.LengthBucketed(batches, keys=qa_batches.READER_ROW_KEYS,
+                                        mask_key="reader_mask", length_bucket=self.length_bucket,
+                                        name="reader")
 
   def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
                  ) -> tuple[dict, str]:
@@ -465,12 +466,12 @@ class FinetuneJob(IndexJob):
         fid_qa.write_fid_config(ctx.run_dir, model.fid, reader_beam=self.reader_beam,
                                 reader_len=self.reader_len)
     if self.candidates in ("bm25", "none"):
-      from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+      from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
       from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
       # No index to watch: BM25's ranking never changes and the closed book reads no block, so
       # no hook either.
       self.text_retriever = (bm25.BM25Searcher(self.store, ctx.model_config.proj_size)
-                             if self.candidates == "bm25" else qa_inputs.ClosedBook())
+                             if self.candidates == "bm25" else qa_batches.ClosedBook())
       batches.set_retriever(self.text_retriever)
       hooks = []
     else:
@@ -485,10 +486,10 @@ class FinetuneJob(IndexJob):
     and the index in use, through `evaluation.qa` (what `python -m realm_jax.evaluate`
     reports)."""
     import jax  # pylint: disable=g-import-not-at-top
-    from realm_jax.batches import qa_inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
     from realm_jax.evaluation import qa as qa_lib  # pylint: disable=g-import-not-at-top
-    examples = qa_inputs.qa_task_examples(self.task, self.eval_split,
-                                          max_examples=self.eval_examples)
+    examples = qa_batches.qa_task_examples(self.task, self.eval_split,
+                                           max_examples=self.eval_examples)
     answer_metric = ("regex_match" if examples and examples[0].answers_are_regex
                      else "exact_match")
     watcher, store, text_retriever = self.watcher, self.store, self.text_retriever
@@ -499,7 +500,7 @@ class FinetuneJob(IndexJob):
 
     def eval_fn(step, state):
       del step
-      params = jax.device_get(qa_inputs.host_local_params(state.params))
+      params = jax.device_get(qa_batches.host_local_params(state.params))
       # BM25 (or the closed book) is its own searcher; a dense retriever's is the index in use.
       retriever = watcher.current if text_retriever is None else text_retriever
       results, _ = qa_lib.evaluate(

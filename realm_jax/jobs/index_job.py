@@ -124,9 +124,9 @@ class IndexJob(Job):
     return {**params, "retriever": require(checkpoint, "retriever", "init_checkpoint", source)}
 
   def start(self, ctx: RunContext, model: Any, batches: Any):
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.index import retrieval  # pylint: disable=g-import-not-at-top
     from realm_jax.index.swap import IndexWatcher  # pylint: disable=g-import-not-at-top
-    loader = inputs.make_index_loader(
+    loader = retrieval.make_index_loader(
         ctx.run_dir, ctx.model_config,
         first_checkpoint_dir=self.first_index_checkpoint_dir or ctx.init_checkpoint)
     self.watcher = IndexWatcher(ctx.run_dir, load_fn=loader,

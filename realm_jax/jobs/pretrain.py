@@ -35,9 +35,9 @@ class PretrainJob(IndexJob):
       every checkpoint to pick the best one; 0 disables.
     length_bucket: cut each training batch's reader rows from query_len + block_len to the
       smallest multiple of this many wordpieces that holds its longest `[CLS] query [SEP] body
-      [SEP]` (`inputs.LengthBucketed`): only padding goes, so the losses are the same, and each
-      distinct width is one compilation of the train step. 0 (the default): every batch at the
-      full width. Single-host runs only.
+      [SEP]` (`seqio_batches.LengthBucketed`): only padding goes, so the losses are the same, and
+      each distinct width is one compilation of the train step. 0 (the default): every batch at
+      the full width. Single-host runs only.
     retriever_objective: how the retriever learns: "marginal" (REALM: the marginal MLM loss
       trains reader and retriever) or Atlas's "emdr2", "pdist", "loop", "adist" (the reader
       keeps the marginal MLM loss with the scores held fixed; the objective trains the
@@ -52,10 +52,10 @@ class PretrainJob(IndexJob):
   name = "pretrain"
 
   def configure(self, ctx: RunContext) -> None:
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
     self.check_retriever_objective()
     try:
-      inputs.check_row_bucket(self.length_bucket)
+      seqio_batches.check_row_bucket(self.length_bucket)
     except ValueError as e:
       raise ConfigError(f"PretrainJob.length_bucket: {e}") from e
     self.register_corpus(pretrain_records=self.pretrain_records)
@@ -70,12 +70,15 @@ class PretrainJob(IndexJob):
                                     objective_temperature=self.objective_temperature)
 
   def _batches(self, ctx: RunContext, retriever: Any = None, **masked_options: Any) -> Any:
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-    masked = inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                                 feature_keys=inputs.MASKED_QUERY_KEYS, **masked_options)
-    return inputs.PretrainingBatches(masked, self.store, retriever=retriever,
-                                     num_candidates=self.num_candidates,
-                                     null_document=self.null_document)
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
+    from realm_jax.batches import pretraining_batches  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    masked = seqio_batches.SeqioBatches(
+        self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+        feature_keys=pretraining_batches.MASKED_QUERY_KEYS, **masked_options)
+    return pretraining_batches.PretrainingBatches(masked, self.store, retriever=retriever,
+                                                  num_candidates=self.num_candidates,
+                                                  null_document=self.null_document)
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
     return global_spec(self._batches(ctx).element_spec(), ctx.global_batch)
@@ -84,11 +87,11 @@ class PretrainJob(IndexJob):
     batches = self._batches(ctx)  # the retriever is the index watcher, set by `start`
     if not self.length_bucket:
       return batches
-    from realm_jax.batches import candidates  # pylint: disable=g-import-not-at-top
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
-    return inputs.LengthBucketed(batches, keys=candidates.READER_ROW_KEYS,
-                                 mask_key="reader_mask", length_bucket=self.length_bucket,
-                                 name="reader")
+    from realm_jax.batches import pretraining_batches  # pylint: disable=g-import-not-at-top
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    return seqio_batches.LengthBucketed(batches, keys=pretraining_batches.READER_ROW_KEYS,
+                                        mask_key="reader_mask", length_bucket=self.length_bucket,
+                                        name="reader")
 
   def warm_start(self, checkpoint: Mapping[str, Any], params: dict, source: str
                  ) -> tuple[dict, str]:

@@ -75,10 +75,11 @@ class RetroMaeJob(Job):
                                   encoder_loss_weight=float(self.encoder_loss_weight))
 
   def _batches(self, ctx: RunContext) -> Any:
-    from realm_jax.batches import inputs  # pylint: disable=g-import-not-at-top
+    import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
     from realm_jax.batches import retromae  # pylint: disable=g-import-not-at-top
-    blocks = inputs.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                                 feature_keys=retromae.BLOCK_KEYS)
+    from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    blocks = seqio_batches.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
+                                        feature_keys=retromae.BLOCK_KEYS)
     return retromae.RetroMaeBatches(
         blocks, seed=ctx.seed, vocab_size=ctx.model_config.bert.vocab_size,
         encoder_mask_rate=self.encoder_mask_rate, decoder_mask_rate=self.decoder_mask_rate,

@@ -6,11 +6,11 @@ retrieval.
 loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict_batch` /
 `answer_texts`) over the batches of `realm_jax.batches.fid` (`build_fid_batch`):
 
-* **Retrieval**: as the extractive job (`models.open_qa`): the question tower searches the run's
-  frozen index for the top `retriever_beam` blocks, the reader reads the first `reader_beam`
-  (K). With `retriever_objective="none"` (the default) the retriever is NOT trained: the FiD
-  loss has no path to the retrieval scores, and the optimizer leaves `params["retriever"]`
-  exactly as it was warm-started (`trainable_mask`).
+* **Retrieval**: as the extractive job (`models.open_qa_model`): the question tower searches the
+  run's frozen index for the top `retriever_beam` blocks, the reader reads the first
+  `reader_beam` (K). With `retriever_objective="none"` (the default) the retriever is NOT
+  trained: the FiD loss has no path to the retrieval scores, and the optimizer leaves
+  `params["retriever"]` exactly as it was warm-started (`trainable_mask`).
 * **Query-side fine-tuning** (Atlas sec. 2.2 and 2.4; `retriever_objective` "adist", "emdr2",
   "pdist" or "loop"): the question tower trains, the document side stays the frozen index's
   embeddings (the batch's `retrieved_block_emb` of the K read blocks; an untied document tower
@@ -38,7 +38,7 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
   training), and ADist reads the training pass's attention (Atlas's "std" modes); the rest as
   `retriever_objectives` says (no `temperature_gold`, no 1/sqrt(d), the KL summed over blocks).
 * **Reader rows**: one per read block, `[CLS] question [SEP] body [SEP]` with type ids 0 / 1,
-  exactly the extractive reader's rows (`batches.open_qa.build_open_qa_batch`): the FiD encoder
+  exactly the extractive reader's rows (`batches.qa_batches.build_open_qa_batch`): the FiD encoder
   reads each on its own, the decoder reads all K at once (`models.fid`).
 * **Targets**: ONE answer per question: the first of the question's answers (in the task's
   order) whose wordpieces plus EOS fit `FidConfig.max_answer_length` (`batches.fid.
@@ -56,7 +56,7 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
 
 * **Closed book** (`closed_book=True`, `FinetuneJob.candidates='none'`: Atlas's closed-book
   baseline, the same encoder-decoder with no retrieval): one reader row per question,
-  `[CLS] question [SEP]` alone (`batches.open_qa.build_open_qa_batch` over a beam of
+  `[CLS] question [SEP]` alone (`batches.qa_batches.build_open_qa_batch` over a beam of
   `NULL_BLOCK`), so the decoder's memory holds the question's tokens only; no retriever at all
   (no parameters, no objective), the same loss, decoding and EM.
 

@@ -200,7 +200,7 @@ class IctModel(ParamsFromBoxedInit):
 class RealmPretrainModel(ParamsFromBoxedInit):
   """REALM pretraining (REALM_SPEC 15-17): retrieve-then-predict masked salient spans.
 
-  Batch (realm_jax.batches.candidates.build_pretraining_batch): query_ids, query_type_ids,
+  Batch (realm_jax.batches.pretraining_batches.build_pretraining_batch): query_ids, query_type_ids,
   query_mask [B, 96]; candidate_input_ids, candidate_type_ids, candidate_mask [B, K, 288]
   (null document at slot 0); reader_ids, reader_type_ids, reader_mask [B, K, 384];
   mlm_positions, mlm_targets, mlm_weights [B, M]; example_mask [B].

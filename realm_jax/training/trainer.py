@@ -436,7 +436,7 @@ def make_train_step(model: Any, optimizer: optax.GradientTransformation, *, mesh
     learning_rate_fn: the optimizer's schedule, for `train/learning_rate` (e.g.
       `optim.bert_learning_rate_schedule(...)` with the optimizer's arguments).
     summarize_fn: aux sums -> means; default `model.summarize` if the model has one, else
-      `realm.summarize` (open-QA passes `open_qa.summarize`).
+      `realm.summarize` (open-QA passes `open_qa_model.summarize`).
     compiler_options: XLA options for this step's compile (tests use a cheaper CPU build).
     constrain_activations: see `partitioning.mesh_context`.
 

@@ -8,8 +8,8 @@ import pytest
 
 from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.batches import candidates as cand_lib
-from realm_jax.batches.candidates import NULL_BLOCK as NULL
+from realm_jax.batches import pretraining_batches
+from realm_jax.batches.pretraining_batches import NULL_BLOCK as NULL
 
 CLS, SEP, MASK = vocab_lib.CLS_ID, vocab_lib.SEP_ID, vocab_lib.MASK_ID
 
@@ -28,8 +28,9 @@ def r(*ranks):
 
 
 def select_one(ids, uids, source_uid, **kwargs):
-  sel = cand_lib.select_candidates(np.asarray(ids)[None], np.asarray(uids, np.uint64)[None],
-                                   np.asarray([source_uid], np.uint64), **kwargs)
+  sel = pretraining_batches.select_candidates(np.asarray(ids)[None],
+                                              np.asarray(uids, np.uint64)[None],
+                                              np.asarray([source_uid], np.uint64), **kwargs)
   return sel
 
 
@@ -146,7 +147,7 @@ def test_mixed_batch_and_skip_counts():
   batch_ids = np.stack([ids] * 5)  # [5, 8]
   batch_uids = np.stack([uids, uids, dup_uids, uids, dup_uids])  # [5, 8]
   sources = np.array([1003, 4242, 1001, 1001, 0], np.uint64)
-  sel = cand_lib.select_candidates(batch_ids, batch_uids, sources)
+  sel = pretraining_batches.select_candidates(batch_ids, batch_uids, sources)
   assert sel.candidate_ids.tolist() == [
       [NULL] + r(1, 2, 4, 5, 6, 7, 8),
       [NULL] + r(1, 2, 3, 4, 5, 6, 7),
@@ -180,7 +181,8 @@ def test_selection_refuses_bad_input():
   with pytest.raises(ValueError, match="duplicates must be"):
     select_one(*ranked(), 0, duplicates="drop")
   with pytest.raises(ValueError, match="source_uids"):
-    cand_lib.select_candidates(ranked()[0][None], ranked()[1][None], np.zeros([2], np.uint64))
+    pretraining_batches.select_candidates(ranked()[0][None], ranked()[1][None],
+                                          np.zeros([2], np.uint64))
 
 
 # ------------------------------------------------------------------------------ model inputs
@@ -225,16 +227,16 @@ def test_hand_worked_tokens_match_the_vocabulary(store):
 
 
 def test_null_embedder_input():
-  ids, type_ids, mask = cand_lib.null_embedder_input(8)
+  ids, type_ids, mask = pretraining_batches.null_embedder_input(8)
   assert ids.tolist() == [CLS, SEP, SEP, 0, 0, 0, 0, 0]
   assert type_ids.tolist() == [0, 0, 1, 0, 0, 0, 0, 0]  # empty title: segment 0; body [SEP]: 1
   assert mask.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
-  assert cand_lib.null_embedder_input()[0].shape == (288,)
-  assert {a.dtype for a in cand_lib.null_embedder_input(3)} == {np.dtype(np.int32)}
+  assert pretraining_batches.null_embedder_input()[0].shape == (288,)
+  assert {a.dtype for a in pretraining_batches.null_embedder_input(3)} == {np.dtype(np.int32)}
 
 
 def test_embedder_inputs_by_hand(store):
-  ids, type_ids, mask = cand_lib.embedder_inputs(store, [[NULL, 0], [2, NULL]])
+  ids, type_ids, mask = pretraining_batches.embedder_inputs(store, [[NULL, 0], [2, NULL]])
   assert ids.shape == type_ids.shape == mask.shape == (2, 2, BLOCK_LEN)
   assert ids.dtype == type_ids.dtype == mask.dtype == np.int32
   # Block 0: [CLS] eiffel tower [SEP] it stands in paris . [SEP]
@@ -249,21 +251,22 @@ def test_embedder_inputs_by_hand(store):
     assert type_ids[b, k].tolist() == pad([0, 0, 1], BLOCK_LEN)
     assert mask[b, k].tolist() == pad([1, 1, 1], BLOCK_LEN)
   # Longer rows are padded; shorter ones are refused; unknown ids are refused.
-  long_ids, _, long_mask = cand_lib.embedder_inputs(store, [[0, NULL]], block_len=40)
+  long_ids, _, long_mask = pretraining_batches.embedder_inputs(store, [[0, NULL]], block_len=40)
   assert long_ids[0, 0].tolist() == pad(ids[0, 1].tolist(), 40)
   assert long_mask[0, 1].tolist() == pad([1, 1, 1], 40)
   with pytest.raises(ValueError, match="shorter"):
-    cand_lib.embedder_inputs(store, [[0]], block_len=16)
+    pretraining_batches.embedder_inputs(store, [[0]], block_len=16)
   with pytest.raises(ValueError, match="neither"):
-    cand_lib.embedder_inputs(store, [[3]])
+    pretraining_batches.embedder_inputs(store, [[3]])
   with pytest.raises(ValueError, match="neither"):
-    cand_lib.embedder_inputs(store, [[-2]])
+    pretraining_batches.embedder_inputs(store, [[-2]])
 
 
 def test_reader_inputs_by_hand(store):
   query_ids = np.array([QUERY], np.int32)  # [1, 12]
   query_mask = np.array([QUERY_MASK], np.int32)
-  ids, type_ids, mask = cand_lib.reader_inputs(store, query_ids, query_mask, [[NULL, 0, 1]])
+  ids, type_ids, mask = pretraining_batches.reader_inputs(store, query_ids, query_mask,
+                                                          [[NULL, 0, 1]])
   reader_len = QUERY_LEN + BLOCK_LEN  # the default: 12 + 32
   assert ids.shape == type_ids.shape == mask.shape == (1, 3, reader_len)
   assert ids.dtype == type_ids.dtype == mask.dtype == np.int32
@@ -289,12 +292,13 @@ def test_reader_body_is_truncated_to_the_room_left(store):
   query_ids = np.array([QUERY], np.int32)
   query_mask = np.array([QUERY_MASK], np.int32)
   # reader_len 13: [CLS] q [SEP] (9) + 3 body wordpieces + [SEP].
-  ids, type_ids, mask = cand_lib.reader_inputs(store, query_ids, query_mask, [[0]], reader_len=13)
+  ids, type_ids, mask = pretraining_batches.reader_inputs(store, query_ids, query_mask, [[0]],
+                                                          reader_len=13)
   assert ids[0, 0].tolist() == QUERY[:9] + BODY0[:3] + [SEP]
   assert type_ids[0, 0].tolist() == [0] * 9 + [1] * 4
   assert mask[0, 0].tolist() == [1] * 13
   with pytest.raises(ValueError, match="must exceed"):
-    cand_lib.reader_inputs(store, query_ids, query_mask, [[0]], reader_len=QUERY_LEN)
+    pretraining_batches.reader_inputs(store, query_ids, query_mask, [[0]], reader_len=QUERY_LEN)
 
 
 def test_reader_refuses_malformed_queries(store):
@@ -307,7 +311,7 @@ def test_reader_refuses_malformed_queries(store):
   for query_ids, query_mask in ((no_sep, good_mask), (good, holes),
                                 (np.zeros_like(good), np.zeros_like(good_mask))):
     with pytest.raises(ValueError, match=r"\[CLS\] q \[SEP\]"):
-      cand_lib.reader_inputs(store, query_ids, query_mask, [[NULL]])
+      pretraining_batches.reader_inputs(store, query_ids, query_mask, [[NULL]])
 
 
 # ------------------------------------------------------------------------------ the batch
@@ -335,8 +339,8 @@ def test_build_pretraining_batch(store):
   # Example 2: block 2 retrieved twice -> duplicate documents -> skipped, zero weights.
   retrieved = np.array([[0, 1, 2], [1, 2, 0], [2, 2, 1]], np.int32)
   masked = masked_batch(store, [0, -1, 1])
-  batch, skips = cand_lib.build_pretraining_batch(store, masked, retrieved, index_step=1500,
-                                                  num_candidates=3)
+  batch, skips = pretraining_batches.build_pretraining_batch(store, masked, retrieved,
+                                                             index_step=1500, num_candidates=3)
   assert dict(skips) == {"duplicate_candidates": 1, "too_few_candidates": 0}
   expected = {
       "query_ids": ((3, 12), np.int32), "query_type_ids": ((3, 12), np.int32),
@@ -361,9 +365,9 @@ def test_build_pretraining_batch(store):
   assert batch["example_index_step"].tolist() == [1500] * 3
   assert not batch["query_type_ids"].any()
   # Embedder and reader rows agree with the standalone functions.
-  emb = cand_lib.embedder_inputs(store, batch["candidate_block_ids"])
-  rdr = cand_lib.reader_inputs(store, masked["query_ids"], masked["query_mask"],
-                               batch["candidate_block_ids"])
+  emb = pretraining_batches.embedder_inputs(store, batch["candidate_block_ids"])
+  rdr = pretraining_batches.reader_inputs(store, masked["query_ids"], masked["query_mask"],
+                                          batch["candidate_block_ids"])
   for got, want in zip(("candidate_input_ids", "candidate_type_ids", "candidate_mask",
                         "reader_ids", "reader_type_ids", "reader_mask"), emb + rdr):
     np.testing.assert_array_equal(batch[got], want)
@@ -378,16 +382,17 @@ def test_build_pretraining_batch_refuses_bad_input(store):
   masked = masked_batch(store, [-1])
   retrieved = np.array([[0, 1, 2]], np.int32)
   with pytest.raises(KeyError, match="source_uid"):
-    cand_lib.build_pretraining_batch(
+    pretraining_batches.build_pretraining_batch(
         store, {k: v for k, v in masked.items() if k != "source_uid"}, retrieved,
         index_step=0, num_candidates=3)
   on_sep = dict(masked, mlm_positions=masked["mlm_positions"].copy())
   on_sep["mlm_positions"][0, 0] = 8  # the query's [SEP]
   with pytest.raises(ValueError, match="outside"):
-    cand_lib.build_pretraining_batch(store, on_sep, retrieved, index_step=0, num_candidates=3)
+    pretraining_batches.build_pretraining_batch(store, on_sep, retrieved, index_step=0,
+                                                num_candidates=3)
   with pytest.raises(ValueError, match="out of range"):
-    cand_lib.build_pretraining_batch(store, masked, np.array([[0, 1, 3]]), index_step=0,
-                                     num_candidates=3)
+    pretraining_batches.build_pretraining_batch(store, masked, np.array([[0, 1, 3]]), index_step=0,
+                                                num_candidates=3)
 
 
 def test_paper_sized_batch(tmp_path):
@@ -411,7 +416,7 @@ def test_paper_sized_batch(tmp_path):
               "mlm_targets": np.tile(pad([2000], 10), (batch_size, 1)),
               "mlm_weights": np.tile(pad([1.0], 10), (batch_size, 1)).astype(np.float32),
               "source_uid": big.uids[retrieved[:, 2]]}
-    batch, skips = cand_lib.build_pretraining_batch(big, masked, retrieved, index_step=7)
+    batch, skips = pretraining_batches.build_pretraining_batch(big, masked, retrieved, index_step=7)
   assert batch["reader_ids"].shape == (512, 8, 384)
   assert batch["candidate_input_ids"].shape == (512, 8, 288)
   assert batch["source_removed"].all() and skips["duplicate_candidates"] == 0

@@ -1,5 +1,5 @@
 """Closed-book batches (Atlas's baseline without retrieval, `FinetuneJob.candidates='none'`): a
-beam of NULL_BLOCK ids (`qa_inputs.ClosedBook`) gives reader rows `[CLS] question [SEP]` alone,
+beam of NULL_BLOCK ids (`qa_batches.ClosedBook`) gives reader rows `[CLS] question [SEP]` alone,
 checked on hand-worked questions with the BERT uncased vocabulary's ids written out; the job
 builds its schema and resumable batches from them, with no index and no retriever."""
 
@@ -11,12 +11,11 @@ import pytest
 
 from realm_jax import jobs
 from realm_jax.batches import fid as fid_batches
-from realm_jax.batches import open_qa as qa_batches
-from realm_jax.batches import qa_inputs
-from realm_jax.batches.candidates import NULL_BLOCK
+from realm_jax.batches import qa_batches
+from realm_jax.batches.pretraining_batches import NULL_BLOCK
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.open_qa import QAExample
+from realm_jax.data.qa_datasets import QAExample
 from realm_jax.jobs.base import RunContext
 from realm_jax.models import config as config_lib
 from realm_jax.models import fid_qa
@@ -47,12 +46,12 @@ def store(tmp_path_factory):
 
 
 def test_the_closed_book_retrieves_null_blocks_only():
-  scores, ids = qa_inputs.ClosedBook().retrieve_texts(["a?", "b?", "c?"], 2)
+  scores, ids = qa_batches.ClosedBook().retrieve_texts(["a?", "b?", "c?"], 2)
   np.testing.assert_array_equal(ids, np.full((3, 2), -1))
   np.testing.assert_array_equal(scores, np.zeros((3, 2)))
   assert ids.dtype == np.int32 and scores.dtype == np.float32 and NULL_BLOCK == -1
-  assert qa_inputs.ranks_texts(qa_inputs.ClosedBook())
-  assert qa_inputs.is_closed_book(qa_inputs.ClosedBook())
+  assert qa_batches.ranks_texts(qa_batches.ClosedBook())
+  assert qa_batches.is_closed_book(qa_batches.ClosedBook())
 
 
 def test_closed_book_rows_hold_the_question_alone(store):
@@ -123,7 +122,7 @@ def test_the_closed_book_job_builds_its_model_schema_and_resumable_batches(tmp_p
   assert sorted(spec) == sorted(fid_batches.FID_MODEL_KEYS)
   assert spec["reader_ids"].shape == (2, 1, 32) and spec["retriever_correct"].shape == (2, 1)
   batches = job.build_batches(ctx, model)
-  batches.set_retriever(qa_inputs.ClosedBook())
+  batches.set_retriever(qa_batches.ClosedBook())
   first = [next(batches) for _ in range(3)]
   assert {k: (v.shape, v.dtype) for k, v in first[0].items()} == {
       k: (s.shape, s.dtype) for k, s in spec.items()}
@@ -134,10 +133,10 @@ def test_the_closed_book_job_builds_its_model_schema_and_resumable_batches(tmp_p
       assert row[0] == CLS and row[length - 1] == SEP and not row[length:].any()
       assert vocab.decode(row[1:length - 1].tolist()).endswith("?")
   again = job.build_batches(ctx, model)
-  again.set_retriever(qa_inputs.ClosedBook())
+  again.set_retriever(qa_batches.ClosedBook())
   next(again)
   resumed = job.build_batches(ctx, model)
-  resumed.set_retriever(qa_inputs.ClosedBook())
+  resumed.set_retriever(qa_batches.ClosedBook())
   resumed.restore(again.state())
   for expected in first[1:]:
     batch = next(resumed)

@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 
+import realm_jax_tasks  # registers the tasks
 from realm_jax import jobs
 from realm_jax.batches import fid as fid_batches
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.open_qa import QAExample
+from realm_jax.data.qa_datasets import QAExample
 from realm_jax.gin_utils import ConfigError
 from realm_jax.jobs.base import RunContext
 from realm_jax.models import config as config_lib

@@ -12,11 +12,13 @@ import pytest
 import seqio
 import tensorflow as tf
 
+import realm_jax_tasks  # registers the tasks
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import builder
-from realm_jax.batches import candidates
+from realm_jax.batches import pretraining_batches
+from realm_jax.index import retrieval
 from realm_jax.index import store as store_lib
 from realm_jax.index import swap
 from realm_jax.models import config as config_lib
@@ -24,7 +26,7 @@ from realm_jax.models.realm import IctModel, RealmPretrainModel
 from realm_jax.models.reader import RealmKnowledgeAugEncoder
 from realm_jax.models.retriever import RealmRetriever
 from realm_jax import checkpoints as ckpt
-from realm_jax.batches import inputs
+from realm_jax.batches import seqio_batches
 from realm_jax.training import trainer as trainer_lib
 from realm_jax_tasks import TOY_BLOCK_LEN
 
@@ -75,8 +77,8 @@ def assert_batches_equal(a, b):
 
 
 def test_same_seed_same_batches_and_each_epoch_is_a_permutation():
-  make = lambda seed: inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=seed, num_shards=1,
-                                          shard_index=0)
+  make = lambda seed: seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=4, seed=seed,
+                                                 num_shards=1, shard_index=0)
   a, b, c = take(make(1), 20), take(make(1), 20), take(make(2), 20)
   assert ids_of(a) == ids_of(b) and ids_of(a) != ids_of(c)
   # 37 examples, batches of 4: 9 per epoch (one example dropped), each epoch a new order.
@@ -99,14 +101,14 @@ def test_every_epoch_is_read_without_tf_data_autotuning(monkeypatch):
 
   real = tensorflow_setup.without_autotune
   monkeypatch.setattr(tensorflow_setup, "without_autotune", recording)
-  take(inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=1, num_shards=1, shard_index=0),
+  take(seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=4, seed=1, num_shards=1, shard_index=0),
        10)  # two epochs of 9 batches
   assert seen == [False, False]
 
 
 def test_restore_continues_exactly_where_the_straight_run_was():
-  make = lambda: inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=1,
-                                     shard_index=0)
+  make = lambda: seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=1,
+                                            shard_index=0)
   straight = take(make(), 25)  # crosses two epoch boundaries (9 batches each)
   for k in (0, 3, 9, 13):
     first = make()
@@ -125,8 +127,8 @@ def test_restore_continues_exactly_where_the_straight_run_was():
 def test_every_host_can_restore_host_0s_state():
   """Hosts step in lockstep, so a trainer may save one host's state and restore it everywhere;
   each host then finds its own position (shards of 19 and 18 examples: 4 batches per epoch)."""
-  make = lambda index: inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=2,
-                                           shard_index=index)
+  make = lambda index: seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=2,
+                                                  shard_index=index)
   host0 = make(0)
   take(host0, 6)
   straight = take(make(1), 10)
@@ -137,9 +139,10 @@ def test_every_host_can_restore_host_0s_state():
 
 
 def test_restore_refuses_another_stream():
-  it = inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=1, shard_index=0)
+  it = seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=4, seed=5, num_shards=1, shard_index=0)
   state = it.state()
-  other = inputs.SeqioBatches(COUNTING_TASK, batch_size=4, seed=6, num_shards=1, shard_index=0)
+  other = seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=4, seed=6, num_shards=1,
+                                     shard_index=0)
   with pytest.raises(ValueError, match=r"another input stream: seed 5 \(this run: 6\)"):
     other.restore(state)
 
@@ -147,8 +150,9 @@ def test_restore_refuses_another_stream():
 def toy_masked_queries(batch_size, seed):
   """Masked queries of the toy world on one host; a small shuffle buffer, so the first batch
   does not wait for a whole epoch of the Python example generator."""
-  return inputs.masked_query_batches("toy", batch_size=batch_size, seed=seed, num_shards=1,
-                                     shard_index=0, shuffle_buffer_size=64)
+  return pretraining_batches.masked_query_batches("toy", batch_size=batch_size, seed=seed,
+                                                  num_shards=1, shard_index=0,
+                                                  shuffle_buffer_size=64)
 
 
 def test_restore_on_the_toy_pretraining_task():
@@ -159,29 +163,29 @@ def test_restore_on_the_toy_pretraining_task():
   resumed = make()
   resumed.restore(first.state())
   assert_batches_equal(take(resumed, 3), straight[2:])
-  assert sorted(straight[0]) == sorted(inputs.MASKED_QUERY_KEYS)
+  assert sorted(straight[0]) == sorted(pretraining_batches.MASKED_QUERY_KEYS)
   assert straight[0]["query_ids"].shape == (8, 96)
 
 
 def test_shards_split_the_data_without_overlap():
   seen = []
   for index in range(3):
-    it = inputs.SeqioBatches(COUNTING_TASK, batch_size=2, seed=0, num_epochs=1,
-                             shard_index=index, num_shards=3, drop_remainder=False)
+    it = seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=2, seed=0, num_epochs=1,
+                                    shard_index=index, num_shards=3, drop_remainder=False)
     seen.append(sum(ids_of(list(it)), []))
   assert [len(s) for s in seen] == [13, 12, 12]
   assert sorted(sum(seen, [])) == list(range(NUM_COUNTING))  # a partition: no overlap, no loss
 
 
 def test_defaults_shard_by_process_and_finite_epochs_end():
-  it = inputs.SeqioBatches(COUNTING_TASK, batch_size=10, seed=0, num_epochs=2)
+  it = seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=10, seed=0, num_epochs=2)
   assert (it.shard_index, it.num_shards) == (jax.process_index(), jax.process_count())
   assert len(list(it)) == 6 and it.epoch == 2  # 3 full batches per epoch
 
 
 def test_unknown_task_is_a_clear_one_line_error():
-  with pytest.raises(inputs.UnknownTaskError) as info:
-    inputs.SeqioBatches("realm_toy_salient_spam", batch_size=2)
+  with pytest.raises(seqio_batches.UnknownTaskError) as info:
+    seqio_batches.SeqioBatches("realm_toy_salient_spam", batch_size=2)
   message = str(info.value)
   assert "\n" not in message
   assert "unknown seqio task or mixture 'realm_toy_salient_spam'" in message
@@ -189,7 +193,7 @@ def test_unknown_task_is_a_clear_one_line_error():
 
 
 def test_too_small_shard_is_an_error_not_an_endless_loop():
-  it = inputs.SeqioBatches(COUNTING_TASK, batch_size=64, seed=0, num_shards=1, shard_index=0)
+  it = seqio_batches.SeqioBatches(COUNTING_TASK, batch_size=64, seed=0, num_shards=1, shard_index=0)
   with pytest.raises(ValueError, match="fewer examples than the per-host batch size"):
     next(it)
 
@@ -205,9 +209,9 @@ def random_params(init_fn, seed, std=0.05):
 
 
 def test_ict_batches_have_exactly_the_ict_model_keys():
-  batch = next(inputs.ict_batches("toy", batch_size=4, seed=0, shuffle_buffer_size=64))
-  assert sorted(batch) == sorted(inputs.ICT_BATCH_KEYS)
-  spec = inputs.ict_batches("toy", batch_size=4).element_spec()  # the task's features
+  batch = next(seqio_batches.ict_batches("toy", batch_size=4, seed=0, shuffle_buffer_size=64))
+  assert sorted(batch) == sorted(seqio_batches.ICT_BATCH_KEYS)
+  spec = seqio_batches.ict_batches("toy", batch_size=4).element_spec()  # the task's features
   assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
       k: ((4,) + v.shape, v.dtype) for k, v in spec.items()}
   assert batch["query_ids"].shape == batch["query_mask"].shape == (4, 64)
@@ -292,14 +296,14 @@ def check_candidates_are_the_brute_force_top_k(batch, query_emb, index_emb, num_
 
 def test_pretraining_batches_retrieve_with_the_index_snapshot(world, toy_store):
   run_dir, model = world["run_dir"], world["model"]
-  loader = inputs.make_index_loader(run_dir, TINY)
+  loader = retrieval.make_index_loader(run_dir, TINY)
   with swap.IndexWatcher(run_dir, load_fn=loader, check_every_steps=1,
                          block_store_id=toy_store.store_id, dim=TINY.proj_size) as watcher:
     retriever = watcher.start(initial_step=0)
-    assert isinstance(retriever, inputs.IndexRetriever) and retriever.step == 0
+    assert isinstance(retriever, retrieval.IndexRetriever) and retriever.step == 0
     masked = toy_masked_queries(batch_size=4, seed=0)
-    batches = inputs.PretrainingBatches(masked, toy_store, watcher,
-                                        num_candidates=8, retrieval_margin=2)
+    batches = pretraining_batches.PretrainingBatches(masked, toy_store, watcher,
+                                                     num_candidates=8, retrieval_margin=2)
     batch = next(batches)
     skipped = int((batch["example_mask"] == 0).sum())
 
@@ -315,7 +319,7 @@ def test_pretraining_batches_retrieve_with_the_index_snapshot(world, toy_store):
     assert {key: value.shape for key, value in batch.items()} == expected_shapes
     assert int(batch["index_step"]) == 0 and np.all(batch["example_index_step"] == 0)
     # Slot 0 is the null document: [CLS] [SEP] [SEP] for the embedder.
-    assert np.all(batch["candidate_block_ids"][:, 0] == candidates.NULL_BLOCK)
+    assert np.all(batch["candidate_block_ids"][:, 0] == pretraining_batches.NULL_BLOCK)
     assert np.all(batch["candidate_input_ids"][:, 0, :3] == [vocab_lib.CLS_ID, vocab_lib.SEP_ID,
                                                              vocab_lib.SEP_ID])
     # Index 0 is searched with the ICT checkpoint's query tower (the index's own snapshot),
@@ -346,7 +350,7 @@ def test_pretraining_batches_retrieve_with_the_index_snapshot(world, toy_store):
                                                k)
 
     counts = batches.skip_counts()
-    assert set(counts) == set(candidates.SKIP_REASONS) and sum(counts.values()) == skipped
+    assert set(counts) == set(pretraining_batches.SKIP_REASONS) and sum(counts.values()) == skipped
     assert batches.metrics()["retrieval/skipped_fraction"] == skipped / 8
     assert batches.state()["last_index_step"] == 20
 
@@ -362,8 +366,8 @@ def test_pretraining_rows_get_their_own_retrievals(toy_store):
     return np.zeros(ids.shape, np.float32), ids.astype(np.int32)
 
   masked = toy_masked_queries(batch_size=4, seed=0)
-  batches = inputs.PretrainingBatches(
-      masked, toy_store, inputs.FunctionRetriever(7, fn, block_store_id=toy_store.store_id),
+  batches = pretraining_batches.PretrainingBatches(
+      masked, toy_store, retrieval.FunctionRetriever(7, fn, block_store_id=toy_store.store_id),
       num_candidates=5, retrieval_margin=3)
   batch = next(batches)
   assert calls == [8] and int(batch["index_step"]) == 7
@@ -377,7 +381,7 @@ def test_pretraining_rows_get_their_own_retrievals(toy_store):
   assert spec["candidate_mask"].shape == (5, block_len) and spec["mlm_weights"].dtype == np.float32
   expected = (np.arange(4)[:, None] * 11 + np.arange(4)[None, :]) % toy_store.num_blocks
   np.testing.assert_array_equal(batch["candidate_block_ids"][:, 1:], expected)
-  wrong_store = inputs.FunctionRetriever(7, fn, block_store_id="another-store")
+  wrong_store = retrieval.FunctionRetriever(7, fn, block_store_id="another-store")
   batches.set_retriever(wrong_store)
   with pytest.raises(ValueError, match="embeds BlockStore another-store"):
     next(batches)
@@ -386,8 +390,8 @@ def test_pretraining_rows_get_their_own_retrievals(toy_store):
 def test_pretraining_state_delegates_and_restores(world, toy_store):
   run_dir = world["run_dir"]
   loaded = store_lib.load_index(store_lib.index_dir(run_dir, 20))
-  retriever = inputs.make_index_loader(run_dir, TINY)(loaded)
-  make = lambda: inputs.PretrainingBatches(
+  retriever = retrieval.make_index_loader(run_dir, TINY)(loaded)
+  make = lambda: pretraining_batches.PretrainingBatches(
       toy_masked_queries(batch_size=4, seed=3),
       toy_store, retriever)
   straight = take(make(), 3)
@@ -405,22 +409,22 @@ def test_index_loader_finds_the_checkpoint_and_refuses_a_mismatch(world, tmp_pat
   run_dir = world["run_dir"]
   loaded = store_lib.load_index(store_lib.index_dir(run_dir, 0))
   # The manifest names the ICT checkpoint step directory, outside this run.
-  assert inputs.index_checkpoint_dir(run_dir, loaded).endswith(os.path.join("ict", "checkpoints",
-                                                                            "5"))
+  assert retrieval.index_checkpoint_dir(run_dir, loaded).endswith(os.path.join("ict", "checkpoints",
+                                                                               "5"))
   other = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64), proj_size=16)
   with pytest.raises(ckpt.CheckpointError, match="another model size"):
-    inputs.make_index_loader(run_dir, other)(loaded)
+    retrieval.make_index_loader(run_dir, other)(loaded)
   # An index whose checkpoint is gone cannot be searched: its query tower is missing.
   moved = store_lib.LoadedIndex(path=loaded.path, step=7, embeddings=loaded.embeddings,
                                 manifest={**loaded.manifest, "checkpoint": str(tmp_path / "x")},
                                 published_unix=loaded.published_unix)
   with pytest.raises(ckpt.CheckpointError, match="cannot find the checkpoint"):
-    inputs.index_checkpoint_dir(run_dir, moved)
+    retrieval.index_checkpoint_dir(run_dir, moved)
   # The first index (step 0) can be pointed at the ICT checkpoint when its recorded path moved.
-  ict_step_dir = inputs.index_checkpoint_dir(run_dir, loaded)
+  ict_step_dir = retrieval.index_checkpoint_dir(run_dir, loaded)
   moved_first = dataclasses.replace(moved, step=0)
-  assert inputs.index_checkpoint_dir(run_dir, moved_first,
-                                     first_checkpoint_dir=ict_step_dir) == ict_step_dir
+  assert retrieval.index_checkpoint_dir(run_dir, moved_first,
+                                        first_checkpoint_dir=ict_step_dir) == ict_step_dir
 
 
 def test_an_index_carries_its_query_tower_past_its_checkpoints_pruning(world, toy_store,
@@ -436,8 +440,8 @@ def test_an_index_carries_its_query_tower_past_its_checkpoints_pruning(world, to
   assert ckpt.list_checkpoint_steps(run_dir) == [40]
   loaded = store_lib.load_index(path)  # verifies the tower's sha256 with the rest
   with pytest.raises(ckpt.CheckpointError, match="cannot find the checkpoint"):
-    inputs.index_checkpoint_dir(run_dir, loaded)
-  retriever = inputs.make_index_loader(run_dir, TINY)(loaded)
+    retrieval.index_checkpoint_dir(run_dir, loaded)
+  retriever = retrieval.make_index_loader(run_dir, TINY)(loaded)
   batch = next(toy_masked_queries(batch_size=4, seed=0))
   np.testing.assert_allclose(retriever.embed_queries(batch["query_ids"], batch["query_mask"]),
                              reference_query_embeddings(params["retriever"], batch),
@@ -446,7 +450,7 @@ def test_an_index_carries_its_query_tower_past_its_checkpoints_pruning(world, to
   other = config_lib.RealmConfig(bert=config_lib.tiny_bert(hidden_size=64), proj_size=16)
   with pytest.raises(ckpt.CheckpointError,
                      match=r"query_tower\.msgpack: a query tower of another model"):
-    inputs.index_query_tower(loaded, other)
+    retrieval.index_query_tower(loaded, other)
   # A flipped byte in it is refused when the index is loaded.
   tower_path = os.path.join(path, store_lib.QUERY_TOWER)
   data = bytearray(open(tower_path, "rb").read())
@@ -470,25 +474,27 @@ def spread_retriever(store):
     ids = (first + np.arange(k)[None, :] * 13) % store.num_blocks  # [B, k], distinct rows
     return np.zeros(ids.shape, np.float32), ids.astype(np.int32)
 
-  return inputs.FunctionRetriever(3, fn, block_store_id=store.store_id)
+  return retrieval.FunctionRetriever(3, fn, block_store_id=store.store_id)
 
 
-def pretraining_batches(store, batch_size=4, seed=0):
-  return inputs.PretrainingBatches(toy_masked_queries(batch_size=batch_size, seed=seed), store,
-                                   spread_retriever(store), num_candidates=5)
+def spread_pretraining_batches(store, batch_size=4, seed=0):
+  return pretraining_batches.PretrainingBatches(
+      toy_masked_queries(batch_size=batch_size, seed=seed), store, spread_retriever(store),
+      num_candidates=5)
 
 
 def bucketed(batches, length_bucket=32):
-  return inputs.LengthBucketed(batches, keys=candidates.READER_ROW_KEYS, mask_key="reader_mask",
-                               length_bucket=length_bucket, name="reader")
+  return seqio_batches.LengthBucketed(batches, keys=pretraining_batches.READER_ROW_KEYS,
+                                      mask_key="reader_mask", length_bucket=length_bucket,
+                                      name="reader")
 
 
 def test_length_buckets_cut_only_the_reader_rows_padding(toy_store):
-  full = take(pretraining_batches(toy_store), 4)
-  cut_batches = bucketed(pretraining_batches(toy_store))
+  full = take(spread_pretraining_batches(toy_store), 4)
+  cut_batches = bucketed(spread_pretraining_batches(toy_store))
   cut = take(cut_batches, 4)
   spec = cut_batches.element_spec()
-  assert spec == pretraining_batches(toy_store).element_spec()  # the widest: 96 + 288
+  assert spec == spread_pretraining_batches(toy_store).element_spec()  # the widest: 96 + 288
   assert spec["reader_ids"].shape == (5, 96 + toy_store.max_block_len)
   widths = []
   for padded, batch in zip(full, cut):
@@ -499,7 +505,7 @@ def test_length_buckets_cut_only_the_reader_rows_padding(toy_store):
     assert width < 384 and batch["reader_ids"].shape == (4, 5, width)
     assert sorted(batch) == sorted(padded)
     for key, value in padded.items():
-      if key in candidates.READER_ROW_KEYS:
+      if key in pretraining_batches.READER_ROW_KEYS:
         np.testing.assert_array_equal(batch[key], value[..., :width], err_msg=key)
         assert not value[..., width:].any(), key  # only padding was cut
       else:
@@ -507,14 +513,15 @@ def test_length_buckets_cut_only_the_reader_rows_padding(toy_store):
     # The schema of a cut batch: the declared one with the reader rows at the batch's width.
     assert {k: (v.shape, np.dtype(v.dtype)) for k, v in batch.items() if k != "index_step"} == {
         k: ((4,) + v.shape, np.dtype(v.dtype))
-        for k, v in inputs.spec_at_width(spec, candidates.READER_ROW_KEYS, width).items()}
+        for k, v in seqio_batches.spec_at_width(spec, pretraining_batches.READER_ROW_KEYS,
+                                                width).items()}
   assert cut_batches.widths == set(widths) and len(set(widths)) > 1
   metrics = cut_batches.metrics()
   assert metrics["input/reader_widths"] == len(set(widths))
   assert metrics["input/reader_width"] == np.mean(widths)
   assert "retrieval/skipped_fraction" in metrics  # the wrapped iterator's metrics too
   # length_bucket=0 cuts nothing.
-  uncut = next(bucketed(pretraining_batches(toy_store), length_bucket=0))
+  uncut = next(bucketed(spread_pretraining_batches(toy_store), length_bucket=0))
   assert uncut["reader_ids"].shape == (4, 5, 384)
 
 
@@ -524,10 +531,10 @@ def test_a_cut_batch_gives_the_padded_batchs_logits_losses_and_gradients(toy_sto
   model = RealmPretrainModel(TINY)
   # Weights of std 0.5: a token more or less moves the outputs far beyond the tolerance.
   params = random_params(model.init, 5, std=0.5)
-  padded = next(pretraining_batches(toy_store, seed=1))
+  padded = next(spread_pretraining_batches(toy_store, seed=1))
   longest = int(padded["reader_mask"].sum(axis=-1).max())
-  cut = inputs.cut_rows(padded, candidates.READER_ROW_KEYS,
-                        builder.bucket_width(padded["reader_mask"], 32))
+  cut = seqio_batches.cut_rows(padded, pretraining_batches.READER_ROW_KEYS,
+                               builder.bucket_width(padded["reader_mask"], 32))
   assert cut["reader_ids"].shape[-1] < padded["reader_ids"].shape[-1]
 
   def logits(batch):  # [B, K, M, V] at the mask positions
@@ -550,7 +557,7 @@ def test_a_cut_batch_gives_the_padded_batchs_logits_losses_and_gradients(toy_sto
                                err_msg=jax.tree_util.keystr(path))
   # The comparison can fail: cut one position into the longest row (its final [SEP]) and
   # that row's logits move by over 100 times the tolerance.
-  too_short = inputs.cut_rows(padded, candidates.READER_ROW_KEYS, longest - 1)
+  too_short = seqio_batches.cut_rows(padded, pretraining_batches.READER_ROW_KEYS, longest - 1)
   assert np.abs(np.asarray(logits(too_short)) - reference_logits).max() > 1e-3
 
 
@@ -558,7 +565,7 @@ def test_each_reader_width_is_one_compilation(toy_store):
   model = RealmPretrainModel(TINY)
   params = random_params(model.init, 6)
   step = jax.jit(model.eval_fn)
-  cut_batches = bucketed(pretraining_batches(toy_store, batch_size=2), length_bucket=16)
+  cut_batches = bucketed(spread_pretraining_batches(toy_store, batch_size=2), length_bucket=16)
   for batch in take(cut_batches, 6):
     step(params, trainer_lib.device_batch(batch))
   assert 1 < len(cut_batches.widths) < 6
@@ -566,17 +573,17 @@ def test_each_reader_width_is_one_compilation(toy_store):
 
 
 def test_length_bucketed_batches_resume_and_delegate(toy_store):
-  straight = take(bucketed(pretraining_batches(toy_store)), 3)
-  first = bucketed(pretraining_batches(toy_store))
+  straight = take(bucketed(spread_pretraining_batches(toy_store)), 3)
+  first = bucketed(spread_pretraining_batches(toy_store))
   take(first, 1)
   state = json.loads(json.dumps(first.state()))
   assert state == first.batches.state()  # the wrapped iterator's resume protocol
-  resumed = bucketed(pretraining_batches(toy_store))
+  resumed = bucketed(spread_pretraining_batches(toy_store))
   resumed.restore(state)
   assert_batches_equal(take(resumed, 2), straight[1:])
   # Everything else is the wrapped iterator's: the job hands it the index watcher this way.
   assert resumed.skip_counts() == resumed.batches.skip_counts()
-  resumed.set_retriever(inputs.FunctionRetriever(3, None, block_store_id="another-store"))
+  resumed.set_retriever(retrieval.FunctionRetriever(3, None, block_store_id="another-store"))
   with pytest.raises(ValueError, match="embeds BlockStore another-store"):
     next(resumed)
   with pytest.raises(AttributeError):
@@ -590,6 +597,6 @@ def test_length_bucketed_batches_resume_and_delegate(toy_store):
 def test_check_row_bucket(length_bucket, hosts, expected):
   if isinstance(expected, str):
     with pytest.raises(ValueError, match=expected):
-      inputs.check_row_bucket(length_bucket, hosts)
+      seqio_batches.check_row_bucket(length_bucket, hosts)
   else:
-    assert inputs.check_row_bucket(length_bucket, hosts) == expected
+    assert seqio_batches.check_row_bucket(length_bucket, hosts) == expected

@@ -7,17 +7,17 @@ import jax
 import numpy as np
 import pytest
 
+import realm_jax_tasks  # registers the tasks
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.models import config as config_lib
-from realm_jax.models import open_qa
-from realm_jax.batches import open_qa as qa_batches
+from realm_jax.models import open_qa_model
+from realm_jax.batches import qa_batches
 from realm_jax.models.retriever import RealmRetriever
-from realm_jax.batches import inputs
-from realm_jax.batches import qa_inputs
+from realm_jax.index import retrieval
 
 TINY = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=16)
 BEAM = 12
@@ -43,14 +43,14 @@ def setup(tmp_path_factory):
   source = corpus_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
   corpus_lib.build_block_store(source, str(root / "blocks"), limit=60)
   store = corpus_lib.BlockStore.open(str(root / "blocks"))
-  model = open_qa.OpenQAModel(TINY)
+  model = open_qa_model.OpenQAModel(TINY)
   index_params = random_params(model.init, 1, 0.5)
   embeddings = np.asarray(builder.embed_blocks(index_params["retriever"], TINY, store,
                                                batch_size=64, progress=None))
   path = store_lib.publish_index(str(root / "run"), 0, embeddings,
                                  block_store_id=store.store_id, keep=None)
   loaded = store_lib.load_index(path)
-  retriever = inputs.IndexRetriever(loaded, index_params["retriever"], TINY)
+  retriever = retrieval.IndexRetriever(loaded, index_params["retriever"], TINY)
   return {"store": store, "model": model, "retriever": retriever, "embeddings": embeddings,
           "index_params": index_params}
 
@@ -59,11 +59,11 @@ def make_batches(setup, **kwargs):
   args = dict(batch_size=4, store=setup["store"], model=setup["model"],
               retriever=setup["retriever"], retriever_beam=BEAM, max_examples=40)
   args.update(kwargs)
-  return qa_inputs.OpenQABatches("toy_qa", **args)
+  return qa_batches.OpenQABatches("toy_qa", **args)
 
 
 def test_qa_task_examples_are_the_task_files():
-  examples = qa_inputs.qa_task_examples("toy_qa", "dev", max_examples=5)
+  examples = qa_batches.qa_task_examples("toy_qa", "dev", max_examples=5)
   with open(os.path.join(toy_world.toy_world_dir(), toy_world.qa_file("dev")),
             encoding="utf-8") as f:
     import json  # pylint: disable=import-outside-toplevel
@@ -163,7 +163,7 @@ def test_too_long_questions_are_left_out_and_counted(setup):
 
 
 def test_few_shot_trains_on_one_seeded_sample_whatever_the_training_seed(setup):
-  every = qa_inputs.qa_task_examples("toy_qa", "train", max_examples=40)
+  every = qa_batches.qa_task_examples("toy_qa", "train", max_examples=40)
   # The sample: 8 distinct questions of the split, in its order, drawn by the sample's seed.
   runs = [make_batches(setup, seed=seed, few_shot=8, few_shot_seed=5) for seed in (0, 1)]
   questions = [[e.question for e in run.examples] for run in runs]
@@ -200,7 +200,7 @@ def test_the_fine_tuning_job_trains_on_its_few_shot_sample(setup, tmp_path):
                          few_shot_seed=2, retriever_beam=BEAM)
   job.configure(ctx)
   batches = job.build_batches(ctx, setup["model"])
-  every = qa_inputs.qa_task_examples("toy_qa", "train")
+  every = qa_batches.qa_task_examples("toy_qa", "train")
   assert [e.question for e in batches.examples] == [
-      e.question for e in qa_inputs.few_shot_sample(every, 16, 2)]
+      e.question for e in qa_batches.few_shot_sample(every, 16, 2)]
   assert "few-shot: 16 training questions (sample seed 2)" in job.describe()

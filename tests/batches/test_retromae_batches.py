@@ -5,7 +5,9 @@ against a built batch, reproducibility and resumption."""
 import numpy as np
 import pytest
 
+import realm_jax_tasks  # registers the tasks
 from realm_jax.batches import retromae as rb
+from realm_jax.batches import seqio_batches
 from realm_jax.data.vocab import CLS_ID, MASK_ID, SEP_ID
 
 PAD = 0
@@ -224,8 +226,8 @@ def test_schema_matches_a_built_batch(decoder_predictions):
 
 
 def test_schema_matches_a_batch_of_the_toy_ict_task():
-  from realm_jax.batches import inputs  # pylint: disable=import-outside-toplevel
-  blocks = inputs.SeqioBatches("ict_toy", batch_size=4, seed=0, feature_keys=rb.BLOCK_KEYS)
+  blocks = seqio_batches.SeqioBatches("ict_toy", batch_size=4, seed=0,
+                                      feature_keys=rb.BLOCK_KEYS)
   batches = rb.RetroMaeBatches(blocks, seed=0, vocab_size=30522)
   spec, batch = batches.element_spec(), next(batches)
   assert {k: (s.shape, s.dtype) for k, s in spec.items()} == {

@@ -71,11 +71,14 @@ def test_the_tasks_plugin_does_not_import_the_evaluation():
 
 
 def test_the_tasks_name_the_same_metric_functions_the_evaluation_recognises():
-  import realm_jax_tasks  # pylint: disable=import-outside-toplevel  (TensorFlow)
-  from realm_jax.batches import inputs  # pylint: disable=import-outside-toplevel
+  # Registers the tasks (imported here: TensorFlow, which the other tests of this file skip).
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel,unused-import
+  from realm_jax.batches import seqio_batches  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import answer_match  # pylint: disable=import-outside-toplevel
   from realm_jax.evaluation import metrics  # pylint: disable=import-outside-toplevel
   from realm_jax.evaluation import tasks  # pylint: disable=import-outside-toplevel
-  assert tasks.task_kind(inputs.get_task("toy_qa")) == "qa"
-  assert list(inputs.get_task("curated_trec").metric_fns) == [metrics.curated_trec_regex_match]
-  assert realm_jax_tasks.answers_are_regex(inputs.get_task("curated_trec"))
-  assert not realm_jax_tasks.answers_are_regex(inputs.get_task("nq_open"))
+  assert tasks.task_kind(seqio_batches.get_task("toy_qa")) == "qa"
+  assert list(seqio_batches.get_task("curated_trec").metric_fns) == [
+      metrics.curated_trec_regex_match]
+  assert answer_match.answers_are_regex(seqio_batches.get_task("curated_trec"))
+  assert not answer_match.answers_are_regex(seqio_batches.get_task("nq_open"))

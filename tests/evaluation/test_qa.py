@@ -12,13 +12,13 @@ from jax.sharding import Mesh
 
 from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.open_qa import QAExample
-from realm_jax.batches import open_qa as qa_batches
+from realm_jax.data.qa_datasets import QAExample
+from realm_jax.batches import qa_batches
 from realm_jax.evaluation import qa as qa_lib
 from realm_jax.evaluation import results as results_lib
 from realm_jax.index.search import ExactSearcher
 from realm_jax.models import config as model_config
-from realm_jax.models import open_qa
+from realm_jax.models import open_qa_model
 
 CONFIG = model_config.RealmConfig(bert=model_config.tiny_bert(num_layers=1), proj_size=16,
                                   span_hidden_size=16)
@@ -49,7 +49,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model():
-  return open_qa.OpenQAModel(CONFIG, reader_beam=2)
+  return open_qa_model.OpenQAModel(CONFIG, reader_beam=2)
 
 
 @pytest.fixture(scope="module")
@@ -218,8 +218,8 @@ def test_reader_rows_cut_to_a_length_bucket_predict_as_full_rows(store, model, i
   _, searcher = index
   params = jax.jit(model.init)(jax.random.PRNGKey(3))
   widths = []
-  cut_rows = qa_lib.inputs.cut_rows
-  monkeypatch.setattr(qa_lib.inputs, "cut_rows",
+  cut_rows = qa_lib.seqio_batches.cut_rows
+  monkeypatch.setattr(qa_lib.seqio_batches, "cut_rows",
                       lambda batch, keys, width: widths.append(width) or cut_rows(batch, keys,
                                                                                   width))
   runs = [qa_lib.evaluate(model, params, _examples(), searcher=searcher, store=store,

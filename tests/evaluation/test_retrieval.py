@@ -4,7 +4,7 @@ block, in one pass) and `answer_hits` (each retrieved block, each block tokenise
 
 import numpy as np
 
-from realm_jax.data.open_qa import QAExample
+from realm_jax.data.qa_datasets import QAExample
 from realm_jax.evaluation import metrics
 from realm_jax.evaluation import retrieval
 

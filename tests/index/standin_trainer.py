@@ -27,12 +27,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from realm_jax.data.corpus import BlockStore  # noqa: E402
+from realm_jax.index import retrieval  # noqa: E402
 from realm_jax.index import store as store_lib  # noqa: E402
 from realm_jax.index import swap  # noqa: E402
 from realm_jax.models import config as config_lib  # noqa: E402
 from realm_jax.models.retriever import RealmRetriever  # noqa: E402
 from realm_jax import checkpoints as ckpt  # noqa: E402
-from realm_jax.batches import inputs  # noqa: E402
 
 CONFIG = config_lib.RealmConfig(bert=config_lib.tiny_bert(vocab_size=30522))
 
@@ -58,7 +58,7 @@ def main() -> int:
   parser.add_argument("--timeout", type=float, default=120.0)
   parser.add_argument("--keep", type=int, default=3, help="checkpoints kept, as the trainer's")
   parser.add_argument("--query_tower", action="store_true",
-                      help="load each index with the trainer's loader (inputs.make_index_loader:"
+                      help="load each index with the trainer's loader (retrieval.make_index_loader:"
                            " the index plus the query tower it was built with)")
   args = parser.parse_args()
 
@@ -74,7 +74,7 @@ def main() -> int:
       return 1
     time.sleep(0.05)
 
-  load_fn = inputs.make_index_loader(args.run_dir, CONFIG) if args.query_tower else None
+  load_fn = retrieval.make_index_loader(args.run_dir, CONFIG) if args.query_tower else None
   watcher = swap.IndexWatcher(args.run_dir, check_every_steps=1, load_fn=load_fn,
                               block_store_id=blocks.store_id, num_blocks=blocks.num_blocks,
                               dim=CONFIG.proj_size)

@@ -13,10 +13,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from realm_jax.convert import hf
 from realm_jax.data import corpus
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.open_qa import QAExample
-from realm_jax.batches import open_qa as qa_batches
+from realm_jax.data.qa_datasets import QAExample
+from realm_jax.batches import qa_batches
 from realm_jax.models import config as model_config
-from realm_jax.models import open_qa
+from realm_jax.models import open_qa_model
 from realm_jax.models.reader import enumerate_spans, span_correctness
 from realm_jax.models.retriever import RealmRetriever
 
@@ -201,7 +201,7 @@ def test_title_match_only_with_title_and_body_labels(store, vocab):
 
 @pytest.fixture(scope="module")
 def model():
-  return open_qa.OpenQAModel(CONFIG, reader_beam=2)
+  return open_qa_model.OpenQAModel(CONFIG, reader_beam=2)
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +271,7 @@ def test_losses_equal_numpy_marginal_log_loss(store, vocab, block_emb, model, pa
   assert float(aux["weight_sum"]) == 4
   assert float(aux["retriever_any_correct_sum"]) == 3  # question 1 has no correct block
   assert float(aux["reader_any_correct_sum"]) == 3
-  means = open_qa.summarize(aux)
+  means = open_qa_model.summarize(aux)
   np.testing.assert_allclose(means["loss"], (sum(retriever) + sum(reader)) / 4, rtol=1e-5)
   np.testing.assert_allclose(means["reader_any_correct"], 0.75)
   # The train step writes these means: the trainer takes the model's own summarize.
@@ -313,7 +313,7 @@ def test_parity_with_transformers_realm_reader_losses(store, vocab, block_emb, m
   config, reader_params, _ = hf.load_checkpoint(str(tmp_path))
   # The same shapes as our tiny config, so the fixture's model (and its compiled functions)
   # serve; only the reader weights come from the port.
-  assert open_qa.OpenQAModel(config, reader_beam=reader_beam) == model
+  assert open_qa_model.OpenQAModel(config, reader_beam=reader_beam) == model
   params = {"retriever": params["retriever"], "reader": reader_params}
 
   # Question 0 is the one compared; the other rows are padding (example_mask False).
@@ -402,7 +402,7 @@ def test_gradients_reach_the_question_tower_and_not_a_frozen_document_tower(stor
   # No dropout: the same gradient paths, a much cheaper compilation.
   untied = CONFIG.replace(share_embedders=False, **{"bert.hidden_dropout": 0.0,
                                                     "bert.attention_dropout": 0.0})
-  frozen = open_qa.OpenQAModel(untied, reader_beam=2)
+  frozen = open_qa_model.OpenQAModel(untied, reader_beam=2)
   # Untied towers that start equal, as when fine-tuning starts from a tied checkpoint.
   tower = params["retriever"]["embedder"]
   params = {"retriever": {"query_embedder": tower, "document_embedder": tower},
@@ -429,7 +429,7 @@ def test_gradients_reach_the_question_tower_and_not_a_frozen_document_tower(stor
   assert retriever["query_embedder"] > 0 and retriever["document_embedder"] == 0
   assert _grad_norms(g)["reader"] > 0
 
-  live = open_qa.OpenQAModel(untied, reader_beam=2, train_document_tower=True)
+  live = open_qa_model.OpenQAModel(untied, reader_beam=2, train_document_tower=True)
   assert live.num_reembedded == 2
   g, (question_emb, scores, document_emb) = grads(live)
   retriever = _grad_norms(g["retriever"])
@@ -446,8 +446,8 @@ def test_gradients_reach_the_question_tower_and_not_a_frozen_document_tower(stor
 
 
 def test_hf_open_qa_params_fit_the_model(model, params):
-  tree = open_qa.params_from_hf_open_qa({"query_embedder": params["retriever"]["embedder"],
-                                         "reader": params["reader"]})
+  tree = open_qa_model.params_from_hf_open_qa({"query_embedder": params["retriever"]["embedder"],
+                                               "reader": params["reader"]})
   assert jax.tree.structure(tree) == jax.tree.structure(params)
   axes = model.logical_axes()
   assert jax.tree.structure(axes, is_leaf=lambda x: isinstance(x, P)) == \
@@ -460,7 +460,7 @@ def test_reader_rows_cut_to_a_length_bucket_change_no_loss_logit_or_prediction(s
   """Fine-tuning's reader rows cut as `FinetuneJob.length_bucket` cuts them, against the padded
   rows as the reference: the same losses, metrics and gradients, the same joint logit for every
   span of the cut rows, the same prediction; a cut into a real token changes the losses."""
-  from realm_jax.batches import inputs  # pylint: disable=import-outside-toplevel
+  from realm_jax.batches import seqio_batches  # pylint: disable=import-outside-toplevel
   from realm_jax.index import builder  # pylint: disable=import-outside-toplevel
   examples = [QAExample("who founded tessavar?", ("Zoë Müller",)),
               QAExample("when did the eiffel tower open?", ("1889",)),
@@ -471,7 +471,7 @@ def test_reader_rows_cut_to_a_length_bucket_change_no_loss_logit_or_prediction(s
   longest = int(padded["reader_mask"].sum(axis=-1).max())
   width = builder.bucket_width(padded["reader_mask"], 8)
   assert longest <= width < 64
-  cut = inputs.cut_rows(padded, qa_batches.READER_ROW_KEYS, width)
+  cut = seqio_batches.cut_rows(padded, qa_batches.READER_ROW_KEYS, width)
   assert cut["reader_block_mask"].shape == (3, 2, width)
 
   @jax.jit
@@ -504,7 +504,7 @@ def test_reader_rows_cut_to_a_length_bucket_change_no_loss_logit_or_prediction(s
   np.testing.assert_allclose(prediction["logit"], reference_prediction["logit"], rtol=1e-5)
   # The comparison can fail: one position less drops the longest row's final [SEP], and its
   # spans' logits move by over 100 times the tolerance.
-  too_short = inputs.cut_rows(padded, qa_batches.READER_ROW_KEYS, longest - 1)
+  too_short = seqio_batches.cut_rows(padded, qa_batches.READER_ROW_KEYS, longest - 1)
   kept = [full_index[span]
           for span in zip(*enumerate_spans(longest - 1, CONFIG.max_span_width))]
   valid = reference_logits[..., kept] > -5000

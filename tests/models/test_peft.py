@@ -16,11 +16,11 @@ from flax import traverse_util
 
 from realm_jax import checkpoints
 from realm_jax import export_peft
-from realm_jax.batches import open_qa as qa_batches
+from realm_jax.batches import qa_batches
 from realm_jax.evaluation import modes as evaluation_modes
 from realm_jax.models import bert
 from realm_jax.models import config as model_config
-from realm_jax.models import open_qa
+from realm_jax.models import open_qa_model
 from realm_jax.models import peft
 from realm_jax.training import optim
 from realm_jax.training import partitioning
@@ -61,7 +61,7 @@ def qa_batch(store, vocab, block_emb):  # noqa: F811
 
 def test_merge_equals_numpy_for_every_kernel_shape():
   config = peft.PeftConfig("lora", lora_rank=3, lora_alpha=5.0, lora_targets=ALL_TARGETS)
-  model = open_qa.OpenQAModel(CONFIG, reader_beam=2, peft=config)
+  model = open_qa_model.OpenQAModel(CONFIG, reader_beam=2, peft=config)
   params = _with_random_b(model.init(jax.random.PRNGKey(0)))
   merged = _flat(peft.merge({k: v for k, v in params.items() if k != peft.PEFT_KEY},
                             params[peft.PEFT_KEY], config))
@@ -111,8 +111,8 @@ def _unmerged_lora(factors, scale):
 
 def test_merged_lora_model_predicts_as_the_unmerged_one(qa_batch):
   config = peft.PeftConfig("lora", lora_rank=4, lora_alpha=8.0, lora_targets=ALL_TARGETS)
-  lora_model = open_qa.OpenQAModel(CONFIG, reader_beam=2, peft=config)
-  plain = open_qa.OpenQAModel(CONFIG, reader_beam=2)
+  lora_model = open_qa_model.OpenQAModel(CONFIG, reader_beam=2, peft=config)
+  plain = open_qa_model.OpenQAModel(CONFIG, reader_beam=2)
   params = _with_random_b(lora_model.init(jax.random.PRNGKey(0)))
   base = {k: v for k, v in params.items() if k != peft.PEFT_KEY}
   forward = lambda model, p: model.forward(p, qa_batch)[:2]  # noqa: E731 (scores, logits)
@@ -193,7 +193,7 @@ def _peft_setup(method):
   config = CONFIG.replace(**{"bert.adapter_size": 4}) if method == "adapters" else CONFIG
   peft_config = peft.PeftConfig(method, lora_rank=2, lora_alpha=4.0,
                                 lora_targets=("query", "value", "output"))
-  model = open_qa.OpenQAModel(config, reader_beam=2, peft=peft_config)
+  model = open_qa_model.OpenQAModel(config, reader_beam=2, peft=peft_config)
   options = {"trainable": peft_config.trainable_mask}
   if method == "lora":
     options["retriever_keys"] = ("retriever", "peft/retriever")

@@ -15,7 +15,7 @@ import pytest
 from realm_jax.models import bert as bert_lib
 from realm_jax.models import config as model_config
 from realm_jax.models import losses
-from realm_jax.models import open_qa
+from realm_jax.models import open_qa_model
 from realm_jax.models import realm
 from realm_jax.models import retriever_objectives as objectives
 from realm_jax.models.reader import RealmKnowledgeAugEncoder, RealmReader, enumerate_spans
@@ -612,15 +612,15 @@ def _qa_probe(model):
 
 @pytest.fixture(scope="module")
 def qa_params():
-  return jax.jit(open_qa.OpenQAModel(QA_CONFIG, reader_beam=READER_BEAM).init)(
+  return jax.jit(open_qa_model.OpenQAModel(QA_CONFIG, reader_beam=READER_BEAM).init)(
       jax.random.PRNGKey(0))
 
 
 @pytest.mark.parametrize("name", ["emdr2", "pdist", "loop", "adist"])
 def test_fine_tuning_model_adds_the_objective_over_the_reader_beam(name, qa_params):
-  marginal = open_qa.OpenQAModel(QA_CONFIG, reader_beam=READER_BEAM)
-  model = open_qa.OpenQAModel(QA_CONFIG, reader_beam=READER_BEAM, retriever_objective=name,
-                              objective_temperature=0.5)
+  marginal = open_qa_model.OpenQAModel(QA_CONFIG, reader_beam=READER_BEAM)
+  model = open_qa_model.OpenQAModel(QA_CONFIG, reader_beam=READER_BEAM, retriever_objective=name,
+                                    objective_temperature=0.5)
   batch = _qa_batch()
   base, (base_params_grad, base_emb_grad), scores, logits = _qa_probe(marginal)(qa_params, batch)
   aux, (params_grad, emb_grad), _, _ = _qa_probe(model)(qa_params, batch)
@@ -640,7 +640,7 @@ def test_fine_tuning_model_adds_the_objective_over_the_reader_beam(name, qa_para
   assert expected > 0
   np.testing.assert_allclose(aux["objective_loss_sum"], expected, rtol=1e-4, atol=1e-6)
   np.testing.assert_allclose(aux["loss_sum"], base["loss_sum"] + expected, rtol=1e-5)
-  assert "retriever_objective" in open_qa.summarize(aux)
+  assert "retriever_objective" in open_qa_model.summarize(aux)
 
   # Gradients in the retrieved blocks' index embeddings (through the scores): beyond the
   # reader beam only ORQA's retriever loss (kept), inside it the objective replaces what the

@@ -1,4 +1,5 @@
-"""Candidates for REALM pretraining: selection rule, null document, embedder and reader inputs.
+"""REALM pretraining batches: the candidates' selection rule, null document, embedder and
+reader inputs, the batch and its schema, and the iterator that retrieves them from an index.
 
 The stale index only *chooses* the candidates; the train step re-embeds them with the live
 parameters (REALM_SPEC 15). This module turns the search's top-k block ids into everything the
@@ -28,6 +29,14 @@ train step needs, on the host with NumPy (REALM_SPEC 11-13, 21):
    batch shape (skipped examples stay in the batch with zero weights) and the index step that
    chose the candidates.
 
+5. `PretrainingBatches(masked, store, retriever)`: for every batch of masked queries
+   (`masked_query_batches`, a `seqio_batches.SeqioBatches`) it embeds the queries with the
+   **current index's** query tower (`realm_jax.index.retrieval`), searches the index for the top
+   `num_candidates` (+ a margin) blocks, and turns them into the `RealmPretrainModel` batch with
+   `build_pretraining_batch` (null document at slot 0, the index step that chose the candidates
+   recorded, skipped examples kept with zero weights). Its schema is `pretraining_batch_spec`
+   over the masked queries' spec.
+
 Duplicates. Two blocks are "the same document" when their content uids are equal:
 `corpus.content_uid(title, body_text)`, a hash of the block's title and body text, i.e. two
 blocks with the same title and the same body. (The release hashed "title <sep> body" with SHA-1;
@@ -50,13 +59,16 @@ drops.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
+import jax
 import numpy as np
 
 from realm_jax.data import corpus as corpus_lib
 from realm_jax.data.masking import SkipCounter
 from realm_jax.data.vocab import CLS_ID, PAD_ID, SEP_ID
+from realm_jax.batches.seqio_batches import SeqioBatches
+from realm_jax.index.retrieval import Retriever
 
 # Block id of the null document in candidate id arrays. Not a row of any BlockStore: its inputs
 # are synthesised (`null_embedder_input`, `reader_inputs`).
@@ -73,7 +85,7 @@ MASKED_BATCH_KEYS = ("query_ids", "query_mask", "mlm_positions", "mlm_targets", 
                      "source_uid")
 # The reader rows of a pretraining batch, [B, K, reader_len] each and padded at the end
 # ("reader_mask" is 1 on their real tokens): what a length bucket cuts together
-# (`inputs.LengthBucketed`). The rows hold `[CLS] query [SEP] body [SEP]` at their start, so
+# (`seqio_batches.LengthBucketed`). The rows hold `[CLS] query [SEP] body [SEP]` at their start, so
 # cutting trailing padding moves no token and `mlm_positions` still index them.
 READER_ROW_KEYS = ("reader_ids", "reader_type_ids", "reader_mask")
 
@@ -426,13 +438,12 @@ def pretraining_batch_spec(masked_spec: Mapping[str, Any], *, num_candidates: in
     num_candidates: K, candidates per example including the null document.
     block_len: the BlockStore's block row length.
     reader_len: reader row length; default query_len + block_len (as `reader_inputs`). Batches
-      cut to a length bucket (`inputs.LengthBucketed` over `READER_ROW_KEYS`) have narrower
-      reader rows: `inputs.spec_at_width` gives their schema.
+      cut to a length bucket (`seqio_batches.LengthBucketed` over `READER_ROW_KEYS`) have narrower
+      reader rows: `seqio_batches.spec_at_width` gives their schema.
 
   Returns:
     {key: jax.ShapeDtypeStruct of one example}.
   """
-  import jax  # pylint: disable=g-import-not-at-top
   query_len = int(masked_spec["query_ids"].shape[0])
   max_masks = int(masked_spec["mlm_positions"].shape[0])
   reader_len = query_len + int(block_len) if reader_len is None else int(reader_len)
@@ -565,3 +576,170 @@ def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[
       "example_index_step": np.full([batch_size], index_step, np.int32),
   }
   return batch, selection.skip_counts
+
+# ------------------------------------------------------------------------------ the iterator
+
+
+# The keys of a masked-query batch that `build_pretraining_batch` reads.
+MASKED_QUERY_KEYS = MASKED_BATCH_KEYS
+
+
+def masked_query_batches(corpus: str = "toy", strategy: str = "salient_span",
+                         **kwargs) -> SeqioBatches:
+  """Masked-query batches of `realm_<corpus>_<strategy>`, the input of `PretrainingBatches`.
+
+  Args:
+    corpus: corpus name of the task.
+    strategy: masking strategy ("salient_span", "random_span", "random_token").
+    **kwargs: `SeqioBatches` arguments (batch_size is required).
+
+  Returns:
+    A SeqioBatches yielding query_ids, query_mask [B, 96], mlm_positions, mlm_targets,
+    mlm_weights [B, 10], source_uid int64 [B] (the uint64 uid's bits).
+  """
+  kwargs.setdefault("feature_keys", MASKED_QUERY_KEYS)
+  return SeqioBatches(f"realm_{corpus}_{strategy}", **kwargs)
+
+
+# A Retriever, an IndexWatcher of Retrievers (anything with `.current`), or a provider function.
+RetrieverOrProvider = Union[Retriever, Any, Callable[[], Retriever]]
+
+
+class PretrainingBatches:
+  """REALM pretraining batches: masked queries + candidates from the current index.
+
+  For each batch of `masked`: retrieve the top `num_candidates + retrieval_margin` blocks with
+  the current `Retriever`, then `build_pretraining_batch` (REALM_SPEC 11-13, 21).
+  Yields the `RealmPretrainModel` batch, with B = batch size and K = num_candidates:
+    query_ids, query_type_ids, query_mask [B, query_len]; candidate_input_ids,
+    candidate_type_ids, candidate_mask [B, K, block_len] (slot 0: null document); reader_ids,
+    reader_type_ids, reader_mask [B, K, query_len + block_len]; mlm_positions, mlm_targets,
+    mlm_weights [B, max_masks]; example_mask [B]; candidate_block_ids [B, K] (-1 = null);
+    source_removed [B]; example_index_step [B]; index_step 0-d (host metadata).
+  Examples skipped by the candidate rule stay in the batch with zero weights; their counts
+  accumulate in `skip_counts()`.
+  """
+
+  def __init__(self, masked: SeqioBatches, store: corpus_lib.BlockStore,
+               retriever: RetrieverOrProvider, *,
+               num_candidates: int = DEFAULT_NUM_CANDIDATES,
+               retrieval_margin: int = 0, duplicates: str = "skip",
+               reader_len: Optional[int] = None, null_document: bool = True):
+    """Wraps a masked-query iterator.
+
+    Args:
+      masked: masked-query batches (`masked_query_batches`), or any iterator of such dicts with
+        `state()`/`restore()`.
+      store: the BlockStore the index was built over.
+      retriever: a `Retriever` (e.g. an `IndexRetriever`, fixed for every batch); or an
+        `IndexWatcher` whose load_fn is `make_index_loader` (its `current` is read once per
+        batch, so a swap at a step boundary takes effect at the next batch); or a function
+        returning the current Retriever, called once per batch. Or set one later with
+        `set_retriever`.
+      num_candidates: candidates per example including the null document (REALM: 8).
+      retrieval_margin: extra neighbours retrieved beyond num_candidates (used only by
+        duplicates="dedupe"; see the module docstring).
+      duplicates: "skip" (authors) or "dedupe" (ours), see `select_candidates`.
+      reader_len: reader row length; default query_len + store.max_block_len.
+      null_document: False for the ablation without the null document (K retrieved blocks;
+        one more block is retrieved, since the source block may take a slot).
+    """
+    if num_candidates < 1 or retrieval_margin < 0:
+      raise ValueError(f"need num_candidates >= 1 and retrieval_margin >= 0, got "
+                       f"{num_candidates} and {retrieval_margin}")
+    self.k = int(num_candidates) + int(retrieval_margin) + (0 if null_document else 1)
+    self.null_document = bool(null_document)
+    if self.k > store.num_blocks:
+      raise ValueError(f"retrieving {self.k} blocks per query from {store.path}, which has only "
+                       f"{store.num_blocks}")
+    self.masked = masked
+    self.store = store
+    self.num_candidates = int(num_candidates)
+    self.retrieval_margin = int(retrieval_margin)
+    self.duplicates = duplicates
+    self.reader_len = reader_len
+    self._retriever = retriever
+    self._skips = SkipCounter({reason: 0 for reason in SKIP_REASONS})
+    self._examples = 0
+    self._last_index_step: Optional[int] = None
+
+  def set_retriever(self, retriever: RetrieverOrProvider) -> None:
+    """Retrieve with `retriever` (or the provider's current one) from the next batch on."""
+    self._retriever = retriever
+
+  def current_retriever(self) -> Retriever:
+    """The Retriever the next batch will use."""
+    retriever = self._retriever
+    if not hasattr(retriever, "retrieve"):
+      # An IndexWatcher (its `current` is the swapped-in load_fn result), or a provider.
+      retriever = retriever.current if hasattr(retriever, "current") else retriever()
+    if getattr(retriever, "block_store_id", None) not in (None, self.store.store_id):
+      raise ValueError(f"the index of step {retriever.step} embeds BlockStore "
+                       f"{retriever.block_store_id}, not {self.store.path} "
+                       f"({self.store.store_id})")
+    return retriever
+
+  def __iter__(self) -> "PretrainingBatches":
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    masked = dict(next(self.masked))
+    retriever = self.current_retriever()
+    # tf.data has no uint64: the tasks carry the uid's bits as int64 (`uid_to_int64`).
+    masked["source_uid"] = np.asarray(masked["source_uid"]).astype(np.int64).view(np.uint64)
+    _, retrieved_ids = retriever.retrieve(masked["query_ids"], masked["query_mask"], k=self.k)
+    retrieved_ids = np.asarray(retrieved_ids)  # [B, k]
+    if retrieved_ids.shape != (masked["query_ids"].shape[0], self.k):
+      raise ValueError(f"the retriever of index {retriever.step} returned ids of shape "
+                       f"{retrieved_ids.shape}, expected [{masked['query_ids'].shape[0]}, "
+                       f"{self.k}]")
+    batch, skips = build_pretraining_batch(
+        self.store, masked, retrieved_ids, index_step=retriever.step,
+        num_candidates=self.num_candidates, duplicates=self.duplicates,
+        reader_len=self.reader_len, null_document=self.null_document)
+    for reason, count in skips.items():
+      self._skips[reason] += count
+    self._examples += retrieved_ids.shape[0]
+    self._last_index_step = int(retriever.step)
+    return batch
+
+  def element_spec(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """{key: shape and dtype of one example} of the batches this yields (without the 0-d
+    `index_step`): `pretraining_batch_spec` over the masked queries' spec."""
+    return pretraining_batch_spec(
+        self.masked.element_spec(), num_candidates=self.num_candidates,
+        block_len=self.store.max_block_len, reader_len=self.reader_len)
+
+  def skip_counts(self) -> dict[str, int]:
+    """Examples skipped by the candidate rule so far, by reason (every reason present)."""
+    return dict(self._skips)
+
+  def metrics(self) -> dict[str, float]:
+    """`retrieval/skipped_<reason>` counts and `retrieval/skipped_fraction` so far."""
+    out = {f"retrieval/skipped_{reason}": count for reason, count in self._skips.items()}
+    out["retrieval/skipped_fraction"] = (sum(self._skips.values()) / self._examples
+                                         if self._examples else 0.0)
+    return out
+
+  def state(self) -> dict[str, Any]:
+    """The masked-query iterator's state, plus the skip counts so far and the index step of
+    the last batch (a trainer that wants the resumed run to retrieve from the same index
+    passes it to `IndexWatcher.start(initial_step=...)`)."""
+    state = dict(self.masked.state())
+    state["skip_counts"] = self.skip_counts()
+    state["examples"] = self._examples
+    state["last_index_step"] = self._last_index_step
+    return state
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    """Restores the masked-query position (and the skip counts) from `state()`."""
+    state = dict(state)
+    skips = state.pop("skip_counts", None)
+    examples = state.pop("examples", None)
+    last = state.pop("last_index_step", None)
+    self.masked.restore(state)
+    self._skips = SkipCounter({reason: 0 for reason in SKIP_REASONS})
+    for reason, count in (skips or {}).items():
+      self._skips[reason] = int(count)
+    self._examples = int(examples or 0)
+    self._last_index_step = None if last is None else int(last)

@@ -3,7 +3,7 @@
 
 `OpenQAModel` is the model interface of `realm_jax.models.realm` (init / logical_axes /
 loss_fn / eval_fn, plus predict_batch) over batches built on the host by
-`realm_jax.batches.open_qa.build_open_qa_batch` (where the labels and reader inputs are
+`realm_jax.batches.qa_batches.build_open_qa_batch` (where the labels and reader inputs are
 described); `summarize` turns summed aux values into means.
 
 What the authors' code does, and what is followed here (`language/orqa/models/orqa_model.py`,
