@@ -49,14 +49,15 @@ def write_synthetic_jsonl(path: str, num_docs: int, seed: int = 0) -> int:
 def child(jsonl: str, dest: str, max_block_len: int) -> None:
   """Runs in the subprocess: builds the store and prints one JSON line of figures."""
   sys.path.insert(0, REPO_ROOT)
-  from realm_jax.data import corpus  # noqa: E402
+  from realm_jax.data import corpus_build  # noqa: E402
+  from realm_jax.data import sources as sources_lib  # noqa: E402
   from realm_jax.data import vocab as vocab_lib  # noqa: E402
 
   vocab_lib.default_vocabulary()
   baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   start = time.perf_counter()
-  report = corpus.build_block_store(corpus.JsonlSource(jsonl), dest,
-                                    max_block_len=max_block_len, on_error="raise")
+  report = corpus_build.build_block_store(sources_lib.JsonlSource(jsonl), dest,
+                                          max_block_len=max_block_len, on_error="raise")
   seconds = time.perf_counter() - start
   peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   store_bytes = sum(os.path.getsize(os.path.join(dest, f)) for f in os.listdir(dest))

@@ -51,9 +51,9 @@ WIKIPEDIA_BLOCKS = 13.35e6
 # Stages of a build by the functions that do them (cumulative cProfile time).
 STAGES = (("sentence splitting", "sentences.py", "split_sentences"),
           ("tokenisation (cached backend)", "vocab.py", "tokenize_batch"),
-          ("packing into blocks", "corpus.py", "_pack"),
-          ("reading and parsing JSON", "corpus.py", "__iter__"),
-          ("writing blocks", "corpus.py", "add"))
+          ("packing into blocks", "corpus_build.py", "_pack"),
+          ("reading and parsing JSON", "sources.py", "__iter__"),
+          ("writing blocks", "corpus_build.py", "add"))
 
 
 def configs(workers: list[int], rust: bool = True, first_tree: Optional[str] = None
@@ -90,14 +90,21 @@ def child(jsonl: str, dest: str, backend: str, workers: int, max_block_len: int)
   old_build = backend.startswith("tree:")
   if old_build:  # its package first, and its own keyword arguments (no backend, no workers)
     sys.path.insert(0, backend[len("tree:"):])
-  from realm_jax.data import corpus  # pylint: disable=import-outside-toplevel
-  from realm_jax.data import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  if old_build:  # a tree from before the split of data/corpus.py: the build and sources in one
+    from realm_jax.data import corpus as corpus_build
+    sources_lib = corpus_build
+  else:
+    from realm_jax.data import corpus_build
+    from realm_jax.data import sources as sources_lib
+  from realm_jax.data import vocab as vocab_lib
+  # pylint: enable=import-outside-toplevel
 
   kwargs = {} if old_build else {
       "vocab": vocab_lib.WordPieceVocabulary(backend=backend), "workers": workers}
   start = time.perf_counter()
-  report = corpus.build_block_store(corpus.JsonlSource(jsonl), dest,
-                                    max_block_len=max_block_len, **kwargs)
+  report = corpus_build.build_block_store(sources_lib.JsonlSource(jsonl), dest,
+                                          max_block_len=max_block_len, **kwargs)
   seconds = time.perf_counter() - start
   own = resource.getrusage(resource.RUSAGE_SELF)
   workers_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -143,13 +150,14 @@ def measure(name: str, jsonl: str, workdir: str, repeats: int, max_block_len: in
 
 def profile(jsonl: str, workdir: str, max_block_len: int) -> list[tuple[str, float]]:
   """Seconds of each stage of a one-process build with the default backend, and the total."""
-  from realm_jax.data import corpus  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import corpus_build  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import sources as sources_lib  # pylint: disable=import-outside-toplevel
 
   dest = os.path.join(workdir, "profiled")
   shutil.rmtree(dest, ignore_errors=True)
   profiler = cProfile.Profile()
   profiler.enable()
-  corpus.build_block_store(corpus.JsonlSource(jsonl), dest, max_block_len=max_block_len)
+  corpus_build.build_block_store(sources_lib.JsonlSource(jsonl), dest, max_block_len=max_block_len)
   profiler.disable()
   shutil.rmtree(dest, ignore_errors=True)
   stats = pstats.Stats(profiler).stats  # {(file, line, function): (cc, nc, tt, ct, callers)}

@@ -50,7 +50,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from realm_jax.data import corpus  # noqa: E402
+from realm_jax.data import block_store as block_store_lib  # noqa: E402
+from realm_jax.data import corpus_build  # noqa: E402
+from realm_jax.data import sources as sources_lib  # noqa: E402
 from realm_jax.data import vocab as vocab_lib  # noqa: E402
 from realm_jax.index import builder  # noqa: E402
 from realm_jax.models import config as config_lib  # noqa: E402
@@ -96,7 +98,7 @@ def random_retriever_params(config: config_lib.RealmConfig, seed: int = 0):
       lambda s: (0.02 * rng.standard_normal(s.shape, dtype=np.float32)).astype(s.dtype), shapes)
 
 
-def synthetic_store(directory: str, num_docs: int, block_len: int) -> corpus.BlockStore:
+def synthetic_store(directory: str, num_docs: int, block_len: int) -> block_store_lib.BlockStore:
   """A BlockStore of about `num_docs` blocks filled to `block_len` wordpieces."""
   vocab = vocab_lib.default_vocabulary()
   words = [t for t in vocab.tokens[1996:] if t.isalpha() and not t.startswith("##")]
@@ -109,8 +111,8 @@ def synthetic_store(directory: str, num_docs: int, block_len: int) -> corpus.Blo
                    for _ in range(block_len // 22)]
       f.write(json.dumps({"title": f"Doc {i}", "text": " ".join(sentences)}) + "\n")
   dest = os.path.join(directory, "blocks")
-  corpus.build_block_store(corpus.JsonlSource(path), dest, max_block_len=block_len)
-  return corpus.BlockStore.open(dest)
+  corpus_build.build_block_store(sources_lib.JsonlSource(path), dest, max_block_len=block_len)
+  return block_store_lib.BlockStore.open(dest)
 
 
 class _NullWriter:

@@ -28,7 +28,8 @@ from realm_jax import checkpoints  # noqa: E402  pylint: disable=wrong-import-po
 from realm_jax import toy_bert  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.batches import reading  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.convert import hf  # noqa: E402  pylint: disable=wrong-import-position
-from realm_jax.data import corpus as corpus_lib  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from realm_jax.data import block_store as block_store_lib  # noqa: E402
 from realm_jax.data import salient_spans  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import toy_world  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -38,7 +39,7 @@ CONTEXTS = (("own", "own"), ("null", "null"), ("other", "distractor"))
 def toy_world_examples(num_examples: int, context: str) -> dict[str, np.ndarray]:
   """`toy_bert.heldout_examples`' rows over the toy world's X and its BlockStore."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
-  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
   title_blocks = reading.blocks_by_title(store)
   path = os.path.join(toy_world.toy_world_dir(), toy_world.PRETRAIN_FILE)
   rows = []

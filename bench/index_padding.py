@@ -11,7 +11,7 @@ batches of `--batch_size` blocks on one device of the local backend) with `lengt
 its longest block), at the toy BERT's shape (2 layers, hidden 128, 2 heads, intermediate 512,
 BERT uncased vocabulary, mean pooling: gin_configs/experiments/toy_model.gin) with random
 weights (speed does not depend on them), over two BlockStores of max_block_len 288 that it
-builds into a temporary directory with `realm_jax.data.corpus.build_block_store`:
+builds into a temporary directory with `realm_jax.data.corpus_build.build_block_store`:
 
 * short: `--blocks` documents of one or two English-like sentences, 15-30 wordpieces with the
   title (a seeded RNG over a small word list), one block each;
@@ -46,7 +46,9 @@ import numpy as np  # noqa: E402
 
 from bench import toy_step  # noqa: E402
 from bench.embedding_throughput import flops_per_block, random_retriever_params  # noqa: E402
-from realm_jax.data import corpus  # noqa: E402
+from realm_jax.data import block_store as block_store_lib  # noqa: E402
+from realm_jax.data import corpus_build  # noqa: E402
+from realm_jax.data import sources as sources_lib  # noqa: E402
 from realm_jax.data import vocab as vocab_lib  # noqa: E402
 from realm_jax.index import builder  # noqa: E402
 
@@ -105,15 +107,16 @@ def full_document(rng: random.Random, vocab: vocab_lib.WordPieceVocabulary, i: i
     used += length
 
 
-def build_store(directory: str, name: str, documents: list[dict]) -> corpus.BlockStore:
+def build_store(directory: str, name: str, documents: list[dict]) -> block_store_lib.BlockStore:
   """A BlockStore of max_block_len BLOCK_LEN from `documents`, through the corpus builder."""
   dest = os.path.join(directory, name)
-  corpus.build_block_store([corpus.Document(d["title"], d["text"], f"{name}:{i}")
-                            for i, d in enumerate(documents)], dest, max_block_len=BLOCK_LEN)
-  return corpus.BlockStore.open(dest)
+  corpus_build.build_block_store([sources_lib.Document(d["title"], d["text"], f"{name}:{i}")
+                                  for i, d in enumerate(documents)], dest, max_block_len=BLOCK_LEN)
+  return block_store_lib.BlockStore.open(dest)
 
 
-def batch_widths(store: corpus.BlockStore, batch_size: int, length_bucket: int) -> list[int]:
+def batch_widths(store: block_store_lib.BlockStore, batch_size: int, length_bucket: int
+                 ) -> list[int]:
   """The width `embed_blocks` feeds each batch of the whole store, in order."""
   widths = []
   for start in range(0, store.num_blocks, batch_size):
@@ -242,7 +245,7 @@ def _markdown(args, config, device, results, total_s) -> str:
       f"({b.num_layers} layers, hidden {b.hidden_size}, {b.num_heads} heads, intermediate "
       f"{b.intermediate_size}, vocabulary {b.vocab_size:,}, {config.retriever_pooling} pooling, "
       f"{b.dtype}), random weights, batches of {args.batch_size} blocks, over two BlockStores of "
-      f"max_block_len {BLOCK_LEN} built by `corpus.build_block_store`: short English-like "
+      f"max_block_len {BLOCK_LEN} built by `corpus_build.build_block_store`: short English-like "
       f"documents of {SHORT_WORDPIECES[0]}-{SHORT_WORDPIECES[1]} wordpieces (title and body, one "
       f"block each), and documents that fill one block each. Before: `length_bucket=0`, every "
       f"batch at width {BLOCK_LEN}, the old behaviour and the peer measured in the same run. "

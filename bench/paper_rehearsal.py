@@ -20,7 +20,7 @@ The driver stops both once the trainer has swapped in the first refreshed index 
 --after_swap_steps more steps (or after --seconds).
 
 What is synthetic, because timing does not depend on it: the corpus (--blocks blocks of
-random wordpieces, each filling its 288 positions; `corpus.write_tokenized_block_store`); the
+random wordpieces, each filling its 288 positions; `corpus_build.write_tokenized_block_store`); the
 masked queries (`SyntheticPretrainJob`: random wordpieces, 9 masks each, instead of a seqio
 task); the warm start (random BERT-base weights, LayerNorms at 1 and 0); and the step-0 index
 (random unit vectors published as step 0 with the warm start as its checkpoint, so that the
@@ -173,7 +173,7 @@ def model_gin_lines(size: str, dtype: str) -> list[str]:
 def write_synthetic_store(dest: str, num_blocks: int, block_len: int, seed: int = 0) -> str:
   """A BlockStore of `num_blocks` random blocks `[CLS] title(8) [SEP] body [SEP]` filling
   `block_len`; returns its store_id."""
-  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import corpus_build  # pylint: disable=g-import-not-at-top
   vocab = vocab_lib.default_vocabulary()
   rng = np.random.default_rng(seed)
   title_len = 8
@@ -182,7 +182,7 @@ def write_synthetic_store(dest: str, num_blocks: int, block_len: int, seed: int 
   tokens[:, 0] = vocab_lib.CLS_ID
   tokens[:, 1 + title_len] = vocab_lib.SEP_ID
   tokens[:, -1] = vocab_lib.SEP_ID
-  return corpus.write_tokenized_block_store(
+  return corpus_build.write_tokenized_block_store(
       dest, tokens, np.full(num_blocks, title_len, np.int32), np.full(num_blocks, body_len,
                                                                        np.int32),
       vocab=vocab, source={"kind": "synthetic", "seed": seed, "blocks": num_blocks})

@@ -24,7 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from realm_jax import checkpoints  # noqa: E402  pylint: disable=wrong-import-position
-from realm_jax.data import corpus as corpus_lib  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from realm_jax.data import block_store as block_store_lib  # noqa: E402
 from realm_jax.data import masking  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import salient_spans  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import toy_world  # noqa: E402  pylint: disable=wrong-import-position
@@ -59,7 +60,7 @@ def own_document_ranks(index_dir: str, num_queries: int, k: int) -> dict[str, fl
   params, config, _ = checkpoints.restore_params(os.path.dirname(os.path.dirname(step_dir)),
                                                  int(os.path.basename(step_dir)))
   retriever = retrieval.IndexRetriever(loaded, params, config)
-  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
   query_ids, query_mask, titles = masked_queries(num_queries)
   _, block_ids = retriever.retrieve(query_ids, query_mask, k=k)  # [N, k]
   retrieved = [[store.title(int(b)) for b in row] for row in block_ids]

@@ -72,14 +72,15 @@ def chunk_database(corpus: str, out: str) -> tuple[str, Optional[str]]:
   from realm_jax.jobs import retro  # pylint: disable=g-import-not-at-top
   if corpus == "toy":
     return retro.toy_chunk_database(chunks.TOY_CHUNK_LEN), None
-  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import corpus_build  # pylint: disable=g-import-not-at-top
   from realm_jax.data import python_docs  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import sources as sources_lib  # pylint: disable=g-import-not-at-top
   docs, blocks = os.path.join(out, "pydocs"), os.path.join(out, "pydocs_blocks")
   if not os.path.exists(docs):
     python_docs.generate(docs, seed=0)
   if not os.path.exists(blocks):
-    corpus_lib.build_block_store(corpus_lib.JsonlSource(os.path.join(docs, "docs.jsonl")),
-                                 blocks)
+    corpus_build.build_block_store(sources_lib.JsonlSource(os.path.join(docs, "docs.jsonl")),
+                                   blocks)
   return retro.cached_chunk_database(blocks, chunks.TOY_CHUNK_LEN), blocks
 
 

@@ -26,7 +26,9 @@ import sys
 from typing import Optional, Sequence
 
 from realm_jax import gin_utils
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -39,7 +41,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       "glob) or an ORQA blocks directory (each record one block).")
   parser.add_argument("--input", required=True, help="JSONL path, TFDS name or TFRecord glob.")
   parser.add_argument("--out", required=True, help="Output BlockStore directory.")
-  parser.add_argument("--max_block_len", type=int, default=corpus.DEFAULT_MAX_BLOCK_LEN,
+  parser.add_argument("--max_block_len", type=int, default=block_store_lib.DEFAULT_MAX_BLOCK_LEN,
                       help="Wordpieces per block including [CLS]/[SEP]/[SEP] (REALM: 288).")
   parser.add_argument("--max_title_len", type=int, default=None,
                       help="Longer titles skip the document (default min(64, max_block_len-4)).")
@@ -56,7 +58,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       help="Replace an existing --out BlockStore (never anything else).")
   parser.add_argument("--progress_every", type=float, default=5.0,
                       help="Seconds between progress lines on stderr.")
-  parser.add_argument("--workers", type=int, default=corpus.default_workers(),
+  parser.add_argument("--workers", type=int, default=corpus_build.default_workers(),
                       help="Processes that tokenise documents (default: the cores this process "
                       "may use); the store is byte for byte that of --workers 1.")
   return parser.parse_args(argv)
@@ -64,7 +66,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def _describe_error(args: argparse.Namespace, error: BaseException) -> str:
   """The one line `build_corpus: error: ...` says about `error` (after `gin_utils.run_command`)."""
-  if isinstance(error, (corpus.CorpusInputError, corpus.BlockStoreError, ValueError)):
+  if isinstance(error, (sources_lib.CorpusInputError, block_store_lib.BlockStoreError, ValueError)):
     hint = ("; rerun with --on_error skip to count and skip such records"
             if getattr(error, "record", None) is not None else "")
     return f"{error}{hint}"
@@ -82,13 +84,13 @@ def _describe_error(args: argparse.Namespace, error: BaseException) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
 
-  def progress(p: corpus.BuildProgress) -> None:
+  def progress(p: corpus_build.BuildProgress) -> None:
     print(f"build_corpus: {p.line()}", file=sys.stderr, flush=True)
 
   def build() -> int:
-    source = corpus.make_source(args.source, args.input, split=args.split,
-                                data_dir=args.tfds_data_dir)
-    report = corpus.build_block_store(
+    source = sources_lib.make_source(args.source, args.input, split=args.split,
+                                     data_dir=args.tfds_data_dir)
+    report = corpus_build.build_block_store(
         source, args.out, max_block_len=args.max_block_len, max_title_len=args.max_title_len,
         on_error=args.on_error, limit=args.limit, record_token_ids=args.record_token_ids,
         overwrite=args.overwrite, progress=progress, progress_interval_s=args.progress_every,
@@ -98,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   return gin_utils.run_command(
       "build_corpus", build, interrupted="nothing was written to --out",
-      expected=(corpus.CorpusInputError, corpus.BlockStoreError, ValueError, OSError),
+      expected=(sources_lib.CorpusInputError, block_store_lib.BlockStoreError, ValueError, OSError),
       describe=functools.partial(_describe_error, args))
 
 

@@ -26,7 +26,7 @@ import gin
 
 from realm_jax import fileio
 from realm_jax import gin_utils
-from realm_jax.data.corpus import BlockStore, BlockStoreError
+from realm_jax.data.block_store import BlockStore, BlockStoreError
 from realm_jax.gin_utils import ConfigError
 
 PROG = "build_index"

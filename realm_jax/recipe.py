@@ -790,17 +790,17 @@ def check_questions(questions: str) -> dict[str, tuple[str, list]]:
 
 def document_lengths(source, limit: int = SAMPLED_DOCUMENTS) -> list[int]:
   """Wordpieces of `[CLS] title [SEP] text [SEP]` of the first `limit` documents of a
-  `corpus.make_source` source (REALM's records: of each block).
+  `sources.make_source` source (REALM's records: of each block).
 
   Raises:
     InputError: a bad record among them, named as build_corpus names it.
   """
-  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import sources as sources_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab = vocab_lib.default_vocabulary()
   lengths = []
   for item in source:
-    if isinstance(item, corpus.BadRecord):
+    if isinstance(item, sources_lib.BadRecord):
       raise InputError(f"--documents: {item.message}")
     lengths.append(3 + len(vocab.encode(item.title)) + len(vocab.encode(item.text)))
     if len(lengths) >= limit:
@@ -812,21 +812,21 @@ def choose_block_len(lengths: Sequence[int]) -> tuple[int, str]:
   """(max_block_len, why) from documents' wordpiece lengths (`document_lengths`): the smallest
   multiple of BLOCK_LEN_MULTIPLE that holds BLOCK_LEN_QUANTILE of them whole, within
   [MIN_BLOCK_LEN, REALM's 288]."""
-  from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
   if not lengths:
     raise InputError("--documents: no documents")
   lengths = np.asarray(lengths)  # [documents]
   # The least length that this share of the documents does not exceed.
   quantile = float(np.quantile(lengths, BLOCK_LEN_QUANTILE, method="inverted_cdf"))
   block_len = int(np.clip(-(-quantile // BLOCK_LEN_MULTIPLE) * BLOCK_LEN_MULTIPLE,
-                          MIN_BLOCK_LEN, corpus.DEFAULT_MAX_BLOCK_LEN))
+                          MIN_BLOCK_LEN, block_store_lib.DEFAULT_MAX_BLOCK_LEN))
   whole = float(np.mean(lengths <= block_len))
   return block_len, (
       f"chosen from the documents: {BLOCK_LEN_QUANTILE:.0%} of the first {len(lengths):,} have "
       f"at most {quantile:.0f} wordpieces as [CLS] title [SEP] text [SEP] (median "
       f"{np.median(lengths):.0f}), and blocks of {block_len} hold {whole:.0%} of them whole: "
       f"the smallest multiple of {BLOCK_LEN_MULTIPLE} to hold {BLOCK_LEN_QUANTILE:.0%}, within "
-      f"{MIN_BLOCK_LEN}..{corpus.DEFAULT_MAX_BLOCK_LEN} (REALM's, for Wikipedia's long "
+      f"{MIN_BLOCK_LEN}..{block_store_lib.DEFAULT_MAX_BLOCK_LEN} (REALM's, for Wikipedia's long "
       f"articles); a longer document becomes several blocks; --max_block_len sets it")
 
 
@@ -990,7 +990,8 @@ class OwnDataRecipe(Recipe):
     choice printed with its reason (and kept in `settings`, for the summary), the arguments
     recorded in `<out>/own_data.json` once the BlockStore is built."""
     from realm_jax import fileio  # pylint: disable=g-import-not-at-top
-    from realm_jax.data import corpus  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import sources as sources_lib  # pylint: disable=g-import-not-at-top
     self._check_same_arguments()
     splits = check_questions(self.questions)
     print(f"{PROG}: your questions: " + ", ".join(
@@ -999,7 +1000,7 @@ class OwnDataRecipe(Recipe):
     why = "as given"
     if self.max_block_len is None:
       try:
-        source = corpus.make_source(self.documents_format, self.documents)
+        source = sources_lib.make_source(self.documents_format, self.documents)
       except (ValueError, OSError) as e:  # CorpusInputError is a ValueError
         raise InputError(f"--documents: {gin_utils.one_line(e)}") from e
       self.max_block_len, why = choose_block_len(document_lengths(source))
@@ -1011,7 +1012,7 @@ class OwnDataRecipe(Recipe):
                    "realm_jax.build_corpus", "--source", self.documents_format, "--input",
                    self.documents, "--out", self.store, "--max_block_len",
                    str(self.max_block_len)), os.path.join(self.logs, "build_corpus.log")))
-    store = corpus.BlockStore.open(self.store, verify="fast")
+    store = block_store_lib.BlockStore.open(self.store, verify="fast")
     fileio.write_json_atomically(self._settings_path(), {"arguments": self.arguments})
     print(f"{PROG}: {store.num_blocks:,} blocks of at most {store.max_block_len} wordpieces",
           flush=True)

@@ -65,12 +65,12 @@ def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
     input_ids, type_ids, input_mask [N, READER_LEN]; mlm_positions, mlm_targets, mlm_weights
     [N, MAX_MASKS].
   """
-  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.batches import reading  # pylint: disable=g-import-not-at-top
   from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
   from realm_jax_tasks import toy  # pylint: disable=g-import-not-at-top
   store_dir, records_path = toy.reading_world(toy.TOY_BERT_HELDOUT_SEED if seed is None else seed)
-  store = corpus_lib.BlockStore.open(store_dir, verify="fast")
+  store = block_store_lib.BlockStore.open(store_dir, verify="fast")
   title_blocks = reading.blocks_by_title(store)
   examples = []
   for index, record in enumerate(salient_spans.read_precomputed(records_path)):

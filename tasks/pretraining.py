@@ -46,8 +46,8 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import contriever as contriever_lib
-from realm_jax.data import corpus as corpus_lib
 from realm_jax.data import ict as ict_lib
 from realm_jax.data import masking
 from realm_jax.batches import reading
@@ -95,7 +95,7 @@ def _records(block_store: PathOrFn, pretrain_records: PathOrFn | None,
     for record in salient_spans.read_precomputed(_resolve(pretrain_records)):
       yield record, 0
     return
-  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
   spans = salient_spans.get_annotator(annotator)
   for block_id in range(store.num_blocks):
     record = salient_spans.annotate_record(store.title(block_id), store.body(block_id), spans)
@@ -136,7 +136,7 @@ def _ict_record(example: dict) -> dict:
 def _ict_examples(*, block_store: PathOrFn, seed: int, query_len: int, block_len: int,
                   remove_probability: float) -> Iterator[dict]:
   vocab = vocab_lib.default_vocabulary()
-  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
   skips = masking.SkipCounter()
   made = 0
   for block_id in range(store.num_blocks):
@@ -175,7 +175,7 @@ def _contriever_examples(*, block_store: PathOrFn, seed: int, data_seed: int | N
   every epoch of a training run draws new crops, as Contriever crops on the fly, and a resumed
   run redraws the same ones."""
   vocab = vocab_lib.default_vocabulary()
-  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
   skips = masking.SkipCounter()
   made = 0
   for block_id in range(store.num_blocks):
@@ -197,7 +197,7 @@ def _toy_bert_examples(*, block_store: PathOrFn, seed: int, query_len: int, bloc
   """`passes` examples of every block (BERT's dupe_factor), each with its own rng: a sentence
   of the block (annotated by `annotator`) masked by `strategy`, read with the block's body."""
   vocab = vocab_lib.default_vocabulary()
-  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
   spans = salient_spans.get_annotator(annotator)
   masker = masking.get_masker(strategy)
   skips = masking.SkipCounter()
@@ -228,7 +228,7 @@ def _reading_examples(*, worlds: Callable[[], Sequence[tuple[str, str]]], seed: 
   vocab = vocab_lib.default_vocabulary()
   opened = []
   for store_dir, records_path in worlds():
-    store = corpus_lib.BlockStore.open(store_dir, verify="fast")
+    store = block_store_lib.BlockStore.open(store_dir, verify="fast")
     records = list(salient_spans.read_precomputed(records_path))
     opened.append((store, reading.blocks_by_title(store), records))
   skips = masking.SkipCounter()
@@ -370,7 +370,7 @@ def register_corpus_for_task(task_name: str, block_store: str,
     log.warning("task %r is not registered: registering Contriever's crop pairs of corpus %r "
                 "over the BlockStore %s; if %r is a typo, fix the task name", task_name, corpus,
                 block_store, task_name)
-    store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+    store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
     register_contriever_task(corpus, block_store=block_store, block_len=store.max_block_len,
                              min_crop_ratio=min_crop_ratio, max_crop_ratio=max_crop_ratio)
     return corpus
@@ -389,7 +389,7 @@ def register_corpus_for_task(task_name: str, block_store: str,
               "(mlm_%s, ict_%s, realm_%s_<strategy>); if %r is a typo, fix the task name "
               "(corpora registered so far: %s)", task_name, corpus, block_store, corpus, corpus,
               corpus, task_name, ", ".join(known) or "none")
-  store = corpus_lib.BlockStore.open(_resolve(block_store), verify="fast")
+  store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
   register_pretraining_tasks(corpus, block_store=block_store, pretrain_records=pretrain_records,
                              block_len=store.max_block_len,
                              ict_remove_probability=ict_remove_probability)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import os
 
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.batches import reading
 from realm_jax.data import qa_datasets
 from realm_jax.data import toy_world
@@ -84,17 +86,17 @@ def block_store_dir(world: str, block_len: int = TOY_BLOCK_LEN) -> str:
   """A generated world's corpus as a BlockStore of `block_len`, built once next to it."""
   store = f"{world}-blocks{block_len}"
   try:
-    corpus_lib.BlockStore.open(store, verify="fast")
+    block_store_lib.BlockStore.open(store, verify="fast")
     return store
-  except corpus_lib.BlockStoreError:
+  except block_store_lib.BlockStoreError:
     pass
-  source = corpus_lib.JsonlSource(os.path.join(world, toy_world.CORPUS_FILE))
+  source = sources_lib.JsonlSource(os.path.join(world, toy_world.CORPUS_FILE))
   try:
-    corpus_lib.build_block_store(source, store, overwrite=os.path.exists(store),
-                                 max_block_len=block_len)
-  except corpus_lib.BlockStoreError:
+    corpus_build.build_block_store(source, store, overwrite=os.path.exists(store),
+                                   max_block_len=block_len)
+  except block_store_lib.BlockStoreError:
     # Another process published the same store first (same input, same bytes): use it.
-    corpus_lib.BlockStore.open(store, verify="fast")
+    block_store_lib.BlockStore.open(store, verify="fast")
   return store
 
 

@@ -23,7 +23,7 @@ import seqio
 import realm_jax_tasks
 from realm_jax import checkpoints
 from realm_jax import train
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import salient_spans
 from realm_jax.data import sentinels
 from realm_jax.data import tensorflow_setup
@@ -152,7 +152,7 @@ def world(records, tmp_path_factory):
   del records
   root = tmp_path_factory.mktemp("pretext_run")
   store_dir, init, params = toy_runs.pretraining_start(root)
-  store = corpus.BlockStore.open(store_dir)
+  store = block_store_lib.BlockStore.open(store_dir)
   embeddings = builder.embed_blocks(params["retriever"], TINY, store, batch_size=64,
                                     progress=None)
   return root, store, store_dir, init, embeddings

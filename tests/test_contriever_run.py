@@ -13,7 +13,9 @@ import seqio
 import realm_jax_tasks
 from realm_jax import checkpoints
 from realm_jax import train
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.models import realm
 from realm_jax.models.config import RealmConfig
@@ -27,10 +29,10 @@ ICT_KEYS = ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mas
 @pytest.fixture
 def small_store(tmp_path):
   """A BlockStore of 12 documents of 3 sentences (one block each, blocks of 48)."""
-  docs = [corpus_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}. It lives in "
-                              f"town {i} by the river. Many people visit it every year.",
-                              f"m:{i}") for i in range(12)]
-  corpus_lib.build_block_store(docs, str(tmp_path / "store"), max_block_len=48)
+  docs = [sources_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}. It lives in "
+                               f"town {i} by the river. Many people visit it every year.",
+                               f"m:{i}") for i in range(12)]
+  corpus_build.build_block_store(docs, str(tmp_path / "store"), max_block_len=48)
   yield str(tmp_path / "store")
   for name in list(seqio.TaskRegistry.names()):
     if name.endswith("_ctrsmall"):
@@ -64,7 +66,7 @@ def test_task_has_icts_signature_and_crops_of_its_block(small_store):
     assert examples[0][key].dtype == ict_examples[0][key].dtype, key
   assert examples[0]["query_ids"].shape == (64,) and examples[0]["block_ids"].shape == (48,)
 
-  store = corpus_lib.BlockStore.open(small_store)
+  store = block_store_lib.BlockStore.open(small_store)
   vocab = vocab_lib.default_vocabulary()
   for block_id, example in enumerate(examples):
     assert example["block_uid"] == np.array(store.uids[block_id], np.uint64).view(np.int64)

@@ -14,7 +14,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 MAPPED_PACKAGES = ("realm_jax", "tasks", "launch")
 DOTTED = re.compile(r"\brealm_jax(?:_tasks|_launch)?(?:\.[A-Za-z_]\w*)+(?![\w/])")
 # On-disk format names (manifests' "format"), which read like dotted paths but name formats.
-FORMAT_MODULES = ("realm_jax.data.corpus", "realm_jax.index.chunks", "realm_jax.index.store",
+FORMAT_MODULES = ("realm_jax.data.block_store", "realm_jax.index.chunks", "realm_jax.index.store",
                   "realm_jax.checkpoints")
 
 
@@ -126,7 +126,7 @@ def test_the_path_pattern_on_hand_made_text():
       "realm_jax_launch.local"]
   assert _resolves("realm_jax.batches.qa_batches.build_open_qa_batch")
   assert not _resolves("realm_jax.models.qa_batches.build_open_qa_batch")
-  assert not _resolves("realm_jax.data.corpus.no_such_function")
+  assert not _resolves("realm_jax.data.block_store.no_such_function")
 
 
 @pytest.mark.filterwarnings("ignore")

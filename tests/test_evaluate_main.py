@@ -21,8 +21,10 @@ import pytest
 
 from realm_jax import evaluate as entry
 from realm_jax import gin_utils
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
 from realm_jax.data import qa_datasets
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import toy_world
 from realm_jax.evaluation import metrics as metrics_lib
 from realm_jax.evaluation import qa as qa_lib
@@ -83,9 +85,9 @@ def world(private_cache, tmp_path_factory):
   del private_cache  # the toy world is generated into it
   root = tmp_path_factory.mktemp("evaluate_main")
   store_dir = str(root / "blocks")
-  source = corpus.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus.build_block_store(source, store_dir, limit=NUM_DOCS, max_block_len=128)
-  store = corpus.BlockStore.open(store_dir)
+  source = sources_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
+  corpus_build.build_block_store(source, store_dir, limit=NUM_DOCS, max_block_len=128)
+  store = block_store_lib.BlockStore.open(store_dir)
   params = rigged_params()
   run_dir = str(root / "finetune")
   step_dir = checkpoints.save_checkpoint(run_dir, STEP, params, config=TINY)
@@ -325,8 +327,8 @@ def bm25_world(tmp_path_factory):
     for title, text in BM25_DOCS:
       f.write(json.dumps({"title": title, "text": text}) + "\n")
   store_dir = str(root / "blocks")
-  corpus.build_block_store(corpus.JsonlSource(str(source)), store_dir, max_block_len=64)
-  store = corpus.BlockStore.open(store_dir)
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(source)), store_dir, max_block_len=64)
+  store = block_store_lib.BlockStore.open(store_dir)
   assert [store.title(i) for i in range(store.num_blocks)] == [t for t, _ in BM25_DOCS]
   for name, column in (("plain", 1), ("regex", 2)):
     (root / name).mkdir()
@@ -410,7 +412,7 @@ def test_bm25_mode_ict_recall_equals_the_library(private_cache, capsys, tmp_path
   query_ids, query_mask, block_uid = _ict_queries(32)
   vocab = vocab_lib.default_vocabulary()
   texts = [vocab.decode(ids[mask.astype(bool)][1:-1]) for ids, mask in zip(query_ids, query_mask)]
-  store = corpus.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   index = bm25.BM25Index(store.title(b) + " " + store.body(b) for b in range(store.num_blocks))
   ids, _ = index.top_k(texts, 100)  # [32, 100]
   hits = store.uids.view(np.int64)[ids] == block_uid[:, None]  # [32, 100]

@@ -22,7 +22,7 @@ import pytest
 from realm_jax import checkpoints
 from realm_jax import evaluate as evaluate_entry
 from realm_jax import train
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.evaluation import metrics
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
@@ -39,7 +39,7 @@ def world(private_cache, tmp_path_factory):
   del private_cache
   root = tmp_path_factory.mktemp("fid_run")
   store_dir, init, params = toy_runs.pretraining_start(root)
-  store = corpus.BlockStore.open(store_dir)
+  store = block_store_lib.BlockStore.open(store_dir)
   embeddings = builder.embed_blocks(params["retriever"], TINY, store, batch_size=64,
                                     progress=None)
   return root, store, store_dir, init, embeddings

@@ -139,7 +139,7 @@ def _raiser(error):
 
 def _build_corpus(tmp_path, monkeypatch, error):
   from realm_jax import build_corpus  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(build_corpus.corpus, "make_source", _raiser(error))
+  monkeypatch.setattr(build_corpus.sources_lib, "make_source", _raiser(error))
   return build_corpus.main, ["--source", "jsonl", "--input", "x", "--out", str(tmp_path / "z")]
 
 

@@ -173,11 +173,11 @@ def test_answers_that_occur_nowhere_in_the_corpus_are_named_or_stop_the_recipe(t
 
 
 def test_a_bad_document_is_named_before_the_corpus_is_built(tmp_path):
-  from realm_jax.data import corpus  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import sources as sources_lib  # pylint: disable=import-outside-toplevel
   path = tmp_path / "docs.jsonl"
   path.write_text('{"title": "a", "text": "One. Two."}\n{"title": "b"}\n')
   with pytest.raises(recipe.InputError, match=r"docs\.jsonl:2: .*'text'"):
-    recipe.document_lengths(corpus.JsonlSource(str(path)))
+    recipe.document_lengths(sources_lib.JsonlSource(str(path)))
   with pytest.raises(recipe.InputError, match="no documents"):
     recipe.choose_block_len([])
 

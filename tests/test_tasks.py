@@ -9,8 +9,10 @@ import pytest
 import seqio
 
 import realm_jax_tasks
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
 from realm_jax.data import qa_datasets
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax_tasks import open_qa as qa_tasks
@@ -50,7 +52,7 @@ def test_toy_ict_task_yields_query_block_pairs():
   assert batch["query_ids"].shape == (4, 64)
   assert batch["block_ids"].shape == (4, realm_jax_tasks.TOY_BLOCK_LEN)
   assert np.all(batch["block_ids"][:, 0] == vocab_lib.CLS_ID)
-  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   uids = set(np.asarray(store.uids).view(np.int64).tolist())
   assert set(batch["block_uid"].tolist()) <= uids
 
@@ -59,7 +61,7 @@ def test_toy_bert_task_masks_a_sentence_read_with_its_own_block():
   batch = _first_batch("mlm_toy")
   length = 64 + realm_jax_tasks.TOY_BLOCK_LEN
   assert batch["input_ids"].shape == (4, length) and batch["mlm_positions"].shape == (4, 10)
-  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   vocab = vocab_lib.default_vocabulary()
   for row in range(4):  # the first pass is in block order
     ids, types = batch["input_ids"][row], batch["type_ids"][row]
@@ -107,7 +109,7 @@ def test_pretraining_on_the_corpus_itself_excludes_each_examples_own_block(tmp_p
   assert names == ["realm_toy_blocks_salient_span", "realm_toy_blocks_random_span",
                    "realm_toy_blocks_random_token", "ict_toy_blocks", "mlm_toy_blocks"]
   batch = _first_batch("realm_toy_blocks_salient_span")
-  store = corpus_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   uids = np.asarray(store.uids).view(np.int64)
   assert np.all(np.isin(batch["source_uid"], uids))
 
@@ -132,9 +134,9 @@ def test_a_corpus_is_registered_from_a_task_name_and_said(caplog):
 def test_ict_on_short_documents_warns_with_what_to_change(tmp_path, caplog):
   """One-sentence documents: with ORQA's removal probability 0.9 most blocks lose their only
   sentence and are skipped; that is a warning saying what to change, not an INFO line."""
-  docs = [corpus_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
+  docs = [sources_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
           for i in range(40)]
-  corpus_lib.build_block_store(docs, str(tmp_path / "short"), max_block_len=32)
+  corpus_build.build_block_store(docs, str(tmp_path / "short"), max_block_len=32)
   for name, probability in (("short", 0.9), ("short_kept", 0.0)):
     realm_jax_tasks.register_pretraining_tasks(name, block_store=str(tmp_path / "short"),
                                                block_len=32,
@@ -161,10 +163,10 @@ def test_a_corpus_registered_by_train_takes_its_removal_probability_and_block_le
     tmp_path, caplog, capsys, clean_gin):
   """`IctJob.ict_remove_probability` reaches the ICT task train registers over the store,
   whose blocks are the store's own length (not padded to 288)."""
-  docs = [corpus_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
+  docs = [sources_lib.Document(f"Topic {i}", f"Topic {i} is a thing number {i}.", f"m:{i}")
           for i in range(40)]
   store = str(tmp_path / "short")
-  corpus_lib.build_block_store(docs, store, max_block_len=32)
+  corpus_build.build_block_store(docs, store, max_block_len=32)
   from realm_jax import train  # pylint: disable=g-import-not-at-top
   code = train.main(["train", "--gin_file=gin_configs/experiments/toy_ict.gin",
                      f"--gin.RUN_DIR='{tmp_path / 'run'}'", "--gin.TASK='ict_shortdocs'",

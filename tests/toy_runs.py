@@ -7,7 +7,8 @@ import os
 import jax
 
 from realm_jax import checkpoints
-from realm_jax.data import corpus
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import toy_world
 from realm_jax.models import config as config_lib
 from realm_jax.models import realm
@@ -22,8 +23,8 @@ def pretraining_start(root) -> tuple[str, str, dict]:
   """(the BlockStore directory of the toy world's first 40 documents, an untrained TINY
   pretraining checkpoint's step directory, its parameters), under `root`."""
   store_dir = str(root / "blocks")
-  source = corpus.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus.build_block_store(source, store_dir, limit=40, max_block_len=128)
+  source = sources_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
+  corpus_build.build_block_store(source, store_dir, limit=40, max_block_len=128)
   params = realm.RealmPretrainModel(TINY).init(jax.random.PRNGKey(0))
   init = checkpoints.save_checkpoint(str(root / "pretrain"), 1, params, config=TINY)
   return store_dir, init, params

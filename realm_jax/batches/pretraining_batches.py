@@ -38,7 +38,7 @@ train step needs, on the host with NumPy (REALM_SPEC 11-13, 21):
    over the masked queries' spec.
 
 Duplicates. Two blocks are "the same document" when their content uids are equal:
-`corpus.content_uid(title, body_text)`, a hash of the block's title and body text, i.e. two
+`block_store.content_uid(title, body_text)`, a hash of the block's title and body text, i.e. two
 blocks with the same title and the same body. (The release hashed "title <sep> body" with SHA-1;
 only equality matters.) The BlockStore build drops duplicate *input documents*, but identical
 blocks can still occur (e.g. a repeated paragraph within an article, or two articles that share
@@ -64,7 +64,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 import jax
 import numpy as np
 
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data.masking import SkipCounter
 from realm_jax.data.vocab import CLS_ID, PAD_ID, SEP_ID
 from realm_jax.batches.seqio_batches import SeqioBatches
@@ -246,7 +246,7 @@ def _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_real):
 # ------------------------------------------------------------------------------ model inputs
 
 
-def null_embedder_input(block_len: int = corpus_lib.DEFAULT_MAX_BLOCK_LEN
+def null_embedder_input(block_len: int = block_store_lib.DEFAULT_MAX_BLOCK_LEN
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Document-embedder input of the null document (REALM_SPEC 13).
 
@@ -273,7 +273,7 @@ def null_embedder_input(block_len: int = corpus_lib.DEFAULT_MAX_BLOCK_LEN
   return ids, type_ids, mask
 
 
-def _check_candidate_ids(store: corpus_lib.BlockStore, candidate_ids) -> np.ndarray:
+def _check_candidate_ids(store: block_store_lib.BlockStore, candidate_ids) -> np.ndarray:
   """int64 [batch, num_candidates] ids, each NULL_BLOCK or a row of the store."""
   candidate_ids = np.asarray(candidate_ids)
   if candidate_ids.ndim != 2:
@@ -288,7 +288,8 @@ def _check_candidate_ids(store: corpus_lib.BlockStore, candidate_ids) -> np.ndar
   return candidate_ids
 
 
-def embedder_inputs(store: corpus_lib.BlockStore, candidate_ids, block_len: Optional[int] = None
+def embedder_inputs(store: block_store_lib.BlockStore, candidate_ids,
+                    block_len: Optional[int] = None
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Document-embedder inputs of every candidate (REALM_SPEC 11, 13).
 
@@ -351,7 +352,7 @@ def query_lengths(query_ids, query_mask) -> np.ndarray:
   return lengths
 
 
-def reader_inputs(store: corpus_lib.BlockStore, query_ids, query_mask, candidate_ids, *,
+def reader_inputs(store: block_store_lib.BlockStore, query_ids, query_mask, candidate_ids, *,
                   reader_len: Optional[int] = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Knowledge-augmented-encoder inputs `[CLS] q [SEP] body [SEP]` (REALM_SPEC 11, 13).
@@ -460,8 +461,9 @@ def pretraining_batch_spec(masked_spec: Mapping[str, Any], *, num_candidates: in
           for key, shape in shapes.items()}
 
 
-def build_pretraining_batch(store: corpus_lib.BlockStore, masked_batch: Mapping[str, np.ndarray],
-                            retrieved_ids, *, index_step: int,
+def build_pretraining_batch(store: block_store_lib.BlockStore,
+                            masked_batch: Mapping[str, np.ndarray], retrieved_ids, *,
+                            index_step: int,
                             num_candidates: int = DEFAULT_NUM_CANDIDATES,
                             duplicates: str = "skip", reader_len: Optional[int] = None,
                             null_document: bool = True
@@ -620,7 +622,7 @@ class PretrainingBatches:
   accumulate in `skip_counts()`.
   """
 
-  def __init__(self, masked: SeqioBatches, store: corpus_lib.BlockStore,
+  def __init__(self, masked: SeqioBatches, store: block_store_lib.BlockStore,
                retriever: RetrieverOrProvider, *,
                num_candidates: int = DEFAULT_NUM_CANDIDATES,
                retrieval_margin: int = 0, duplicates: str = "skip",

@@ -86,7 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from realm_jax.data import answer_match
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.qa_datasets import QAExample
@@ -676,7 +676,7 @@ class OpenQABatches:
   document_ids/type_ids/mask [B, document_beam, block_len] when the document tower trains).
   """
 
-  def __init__(self, task_name: str, *, batch_size: int, store: corpus_lib.BlockStore,
+  def __init__(self, task_name: str, *, batch_size: int, store: block_store_lib.BlockStore,
                model: open_qa_model.OpenQAModel, retriever: RetrieverOrProvider = None,
                split: str = "train", seed: int = 0,
                retriever_beam: int = DEFAULT_RETRIEVER_BEAM, reader_len: int = 320,

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import masking
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.batches import pretraining_batches
@@ -67,7 +67,7 @@ class ReadingMix:
                        "exceeds 1.")
 
 
-def blocks_by_title(store: corpus_lib.BlockStore) -> dict[str, list[int]]:
+def blocks_by_title(store: block_store_lib.BlockStore) -> dict[str, list[int]]:
   """Document title -> its block ids, in order."""
   blocks: dict[str, list[int]] = {}
   for block_id in range(store.num_blocks):
@@ -84,7 +84,7 @@ def _contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
   return bool((windows == needle).all(axis=1).any())
 
 
-def own_block(store: corpus_lib.BlockStore, block_ids: Sequence[int],
+def own_block(store: block_store_lib.BlockStore, block_ids: Sequence[int],
               targets: np.ndarray) -> int:
   """The first of a document's blocks whose body holds `targets` contiguously (a masked name or
   date), else the one holding most of them (random tokens)."""
@@ -96,7 +96,7 @@ def own_block(store: corpus_lib.BlockStore, block_ids: Sequence[int],
   return block_ids[int(np.argmax(counts))]
 
 
-def _copy_row(query: masking.MaskedQuery, store: corpus_lib.BlockStore, block_id: int,
+def _copy_row(query: masking.MaskedQuery, store: block_store_lib.BlockStore, block_id: int,
               reader_len: int) -> dict:
   """`[CLS] masked sentence [SEP] sentence body [SEP]`: the "copy" context (the body cut at its
   end to fit, as `reader_inputs` cuts it)."""
@@ -138,7 +138,7 @@ def _mask_body(row: dict, rng: np.random.Generator, probability: float) -> dict:
           "mlm_weights": weights}
 
 
-def make_reading_example(record: Mapping[str, Any], store: corpus_lib.BlockStore,
+def make_reading_example(record: Mapping[str, Any], store: block_store_lib.BlockStore,
                          title_blocks: Mapping[str, Sequence[int]], *, rng: np.random.Generator,
                          mix: ReadingMix = ReadingMix(), query_len: int, reader_len: int,
                          max_masks: int, strategy: str | None = None, context: str | None = None,

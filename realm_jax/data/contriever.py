@@ -86,11 +86,11 @@ def make_contriever_example(title: str, body_text: str, *, rng: np.random.Genera
       query_ids, query_mask: int32 [query_len].
       block_ids, block_type_ids, block_mask: int32 [block_len] (types as ICT's: 0 on
         [CLS] title [SEP], 1 on crop 2 and its [SEP], 0 on padding).
-      block_uid: uint64 `corpus.content_uid(title, body_text)`, the whole block's uid.
+      block_uid: uint64 `block_store.content_uid(title, body_text)`, the whole block's uid.
       query_span, block_span: int32 [2], each crop's [start, end) in the body's wordpieces as
         drawn (before any cut to its row).
   """
-  from realm_jax.data.corpus import content_uid  # pylint: disable=g-import-not-at-top
+  from realm_jax.data.block_store import content_uid  # pylint: disable=g-import-not-at-top
 
   vocab = vocab or default_vocabulary()
   skips = skips if skips is not None else SkipCounter()

@@ -73,13 +73,13 @@ def make_ict_example(title: str, body_text: str, *, rng: np.random.Generator,
       query_ids: int32 [query_len]; query_mask: int32 [query_len].
       block_ids: int32 [block_len]; block_type_ids: int32 [block_len] (0 on [CLS] title [SEP],
         1 on body [SEP], 0 on padding); block_mask: int32 [block_len].
-      block_uid: uint64 `corpus.content_uid(title, body_text)` of the original block (with the
+      block_uid: uint64 `block_store.content_uid(title, body_text)` of the original block (with the
         sentence), the uid the index knows it by.
       sentence_removed: bool, whether the query sentence was removed from the block.
       query_sentence_index: int32, which sentence is the query.
   """
-  # Imported here: corpus pulls in the BlockStore machinery, which ICT does not otherwise need.
-  from realm_jax.data.corpus import content_uid
+  # Imported here: ICT needs nothing else of the BlockStore module.
+  from realm_jax.data.block_store import content_uid
 
   vocab = vocab or default_vocabulary()
   skips = skips if skips is not None else SkipCounter()

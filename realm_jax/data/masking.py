@@ -380,7 +380,7 @@ def make_masked_query(record: Mapping[str, Any], *, strategy: str | Callable = "
     vocab: WordPiece vocabulary (the bundled BERT uncased one by default).
     query_len: length of `query_ids` ([CLS] + at most query_len - 2 wordpieces + [SEP]).
     max_masks: number of target slots.
-    source_uid: uid of the record's block in Z (`corpus.content_uid(title, body)`), 0 if none.
+    source_uid: uid of the record's block in Z (`block_store.content_uid(title, body)`), 0 if none.
     skips: counts the reason whenever None is returned.
 
   Returns:

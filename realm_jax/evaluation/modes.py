@@ -26,7 +26,7 @@ import realm_jax_tasks
 from realm_jax import checkpoints as ckpt_lib
 from realm_jax import progress as progress_lib
 from realm_jax.batches import qa_batches
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.evaluation import bm25 as bm25_lib
 from realm_jax.evaluation import qa as qa_lib
@@ -98,13 +98,13 @@ def _in_batches(fn: Callable[[int, int], Any], total: int, batch_size: int,
   return np.concatenate(parts)
 
 
-def open_block_store(block_store: Optional[str]) -> corpus_lib.BlockStore:
+def open_block_store(block_store: Optional[str]) -> block_store_lib.BlockStore:
   """The BlockStore at `block_store` (file sizes checked); None: the toy world's."""
-  return corpus_lib.BlockStore.open(block_store or realm_jax_tasks.toy_block_store_dir(),
-                                    verify="fast")
+  return block_store_lib.BlockStore.open(block_store or realm_jax_tasks.toy_block_store_dir(),
+                                         verify="fast")
 
 
-def load_index(index: Index, store: corpus_lib.BlockStore, config: Any) -> Any:
+def load_index(index: Index, store: block_store_lib.BlockStore, config: Any) -> Any:
   """The published index of `index.run_dir` (newest, or `index.step`), checked against the
   store and the model (`index.verify`: every file re-hashed, else sizes only)."""
   steps = index_lib.list_indexes(index.run_dir)
@@ -129,7 +129,7 @@ def _searcher(loaded: Any, backend: str) -> Any:
                               artifacts_dir=loaded.scann_dir if backend == "scann" else None)
 
 
-def _reader_candidates(kind: str, index: Index, store: corpus_lib.BlockStore,
+def _reader_candidates(kind: str, index: Index, store: block_store_lib.BlockStore,
                        config: Any) -> _Candidates:
   """The reader's candidates of `evaluate_main.candidates`: the published index's ("index"),
   BM25's over `store` ("bm25") or the closed book's ("none": no block, no index)."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from realm_jax import checkpoints
 from realm_jax.batches import retro as retro_batches
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import salient_spans
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import chunks as chunks_lib
@@ -99,12 +99,12 @@ def _restore(run_dir: str, step: Optional[int], config: Any) -> tuple[int, Any]:
   return int(step), params
 
 
-def _open_block_store(block_store: Union[None, str, corpus_lib.BlockStore], run: dict,
-                      database: Any, run_dir: str) -> tuple[corpus_lib.BlockStore, bool]:
+def _open_block_store(block_store: Union[None, str, block_store_lib.BlockStore], run: dict,
+                      database: Any, run_dir: str) -> tuple[block_store_lib.BlockStore, bool]:
   """(the BlockStore the database was built over, whether we opened it): `block_store`, else
   the run's recorded one, else the toy convention (`jobs.retro.toy_chunk_database` builds the
   database as `<store>-retro<m>`, next to its store)."""
-  if isinstance(block_store, corpus_lib.BlockStore):
+  if isinstance(block_store, block_store_lib.BlockStore):
     store, opened = block_store, False
   else:
     path = block_store or run.get("block_store")
@@ -117,8 +117,8 @@ def _open_block_store(block_store: Union[None, str, corpus_lib.BlockStore], run:
                            f"built over (store_id {database.block_store_id[:12]}...) is not "
                            f"recorded: pass block_store")
     try:
-      store, opened = corpus_lib.BlockStore.open(path, verify="fast"), True
-    except corpus_lib.BlockStoreError as e:
+      store, opened = block_store_lib.BlockStore.open(path, verify="fast"), True
+    except block_store_lib.BlockStoreError as e:
       raise RetroEvalError(f"{run_dir}: {e}") from e
   if store.store_id != database.block_store_id:
     if opened:
@@ -163,7 +163,7 @@ def longest_common_substrings(chunk_ids: np.ndarray, chunk_mask: np.ndarray,
 # ------------------------------------------------------------------------------ token kinds
 
 
-def block_salient_marks(store: corpus_lib.BlockStore, block_id: int,
+def block_salient_marks(store: block_store_lib.BlockStore, block_id: int,
                         annotator: salient_spans.Annotator,
                         vocab: vocab_lib.WordPieceVocabulary) -> np.ndarray:
   """[body_len] bool: the block's body wordpieces whose original text overlaps a salient span
@@ -185,7 +185,7 @@ def block_salient_marks(store: corpus_lib.BlockStore, block_id: int,
   return ((starts < spans[None, :, 1]) & (spans[None, :, 0] < limits)).any(axis=1)
 
 
-def chunk_salient_marks(database: Any, store: corpus_lib.BlockStore, chunk_ids: np.ndarray,
+def chunk_salient_marks(database: Any, store: block_store_lib.BlockStore, chunk_ids: np.ndarray,
                         annotator: salient_spans.Annotator,
                         vocab: vocab_lib.WordPieceVocabulary) -> np.ndarray:
   """[..., m] bool salient marks of the chunks `chunk_ids` [...] of a chunk database built over
@@ -259,7 +259,7 @@ def evaluate_retro(run_dir: str, *, step: Optional[int] = None,
                    num_neighbours: Optional[int] = None, max_sequences: int = 256,
                    overlap_thresholds: Sequence[float] = OVERLAP_THRESHOLDS,
                    annotator: Union[str, salient_spans.Annotator] = "union",
-                   block_store: Union[None, str, corpus_lib.BlockStore] = None,
+                   block_store: Union[None, str, block_store_lib.BlockStore] = None,
                    batch_size: int = 16) -> dict:
   """RETRO's evaluation of a run's checkpoint on its held-out sequences (module docstring).
 

@@ -56,7 +56,7 @@ import ml_dtypes
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from realm_jax.data.corpus import BlockStore
+from realm_jax.data.block_store import BlockStore
 from realm_jax.index import store as store_lib
 from realm_jax.models.config import RealmConfig
 from realm_jax.models.retriever import RealmEmbedder

@@ -8,7 +8,7 @@ retrieves its k nearest neighbours (k = 2 in training, more at evaluation) by L2
 the keys, never from the sequence's own document (otherwise a neighbour would be the very text
 being predicted).
 
-Here the retrieval text is a BlockStore (`realm_jax.data.corpus`): a document's token stream is
+Here the retrieval text is a BlockStore (`realm_jax.data.block_store`): a document's token stream is
 its blocks' body wordpieces concatenated in block order, without [CLS], title or [SEP].
 
 Choices, and why:
@@ -83,7 +83,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from realm_jax import fileio
 from realm_jax.data import vocab as vocab_lib
-from realm_jax.data.corpus import BlockStore
+from realm_jax.data.block_store import BlockStore
 from realm_jax.index import builder as builder_lib
 from realm_jax.index import search as search_lib
 from realm_jax.index import store as store_lib

@@ -112,12 +112,13 @@ class Job:
     if self.block_store is None:
       return False
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top
-    from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
     try:
-      corpus_lib.BlockStore.open(self.block_store, verify="fast").close()  # also for a known task
+      # Also for a known task.
+      block_store_lib.BlockStore.open(self.block_store, verify="fast").close()
       return realm_jax_tasks.register_corpus_for_task(self.task, self.block_store,
                                                       **options) is not None
-    except corpus_lib.BlockStoreError as e:
+    except block_store_lib.BlockStoreError as e:
       raise ConfigError(f"{type(self).__name__}.block_store: {e}") from e
 
   def check_task_prefix(self, prefix: str) -> Any:

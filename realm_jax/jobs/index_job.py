@@ -60,7 +60,7 @@ class IndexJob(Job):
 
   def open_store(self) -> Any:
     """Opens `block_store` (the toy store for the toy tasks when None)."""
-    from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
     path = self.block_store
     if path is None:
       toy_task = self.task.startswith("realm_toy_") or self.task in ("toy_qa",
@@ -70,7 +70,7 @@ class IndexJob(Job):
                           f"{self.task!r} (the BlockStore its index embeds)")
       import realm_jax_tasks  # pylint: disable=g-import-not-at-top
       path = realm_jax_tasks.toy_block_store_dir()
-    self.store = corpus_lib.BlockStore.open(path, verify="fast")
+    self.store = block_store_lib.BlockStore.open(path, verify="fast")
     return self.store
 
   def lockstep_every(self, ctx: RunContext) -> Optional[int]:

@@ -61,7 +61,7 @@ def cached_chunk_database(store_path: str, chunk_len: int) -> str:
   BERT: opened if it is there, else built once and published."""
   from realm_jax import data  # pylint: disable=g-import-not-at-top
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
-  from realm_jax.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
+  from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.index import chunks  # pylint: disable=g-import-not-at-top
   dest = f"{store_path}-retro{chunk_len}"
   try:
@@ -70,7 +70,7 @@ def cached_chunk_database(store_path: str, chunk_len: int) -> str:
   except chunks.ChunkDatabaseError:
     pass
   config, params, _ = hf.load_checkpoint(data.TOY_BERT_DIR)
-  store = corpus_lib.BlockStore.open(store_path, verify="fast")
+  store = block_store_lib.BlockStore.open(store_path, verify="fast")
   try:
     chunks.build_chunk_database(store, dest, params, config.bert, chunk_len=chunk_len,
                                 model=data.TOY_BERT_DIR, overwrite=os.path.exists(dest))

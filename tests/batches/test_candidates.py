@@ -6,7 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.batches import pretraining_batches
 from realm_jax.batches.pretraining_batches import NULL_BLOCK as NULL
@@ -212,9 +214,9 @@ def store(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("candidates")
   path = tmp / "docs.jsonl"
   path.write_text("".join(json.dumps(d) + "\n" for d in DOCS), encoding="utf-8")
-  corpus.build_block_store(corpus.JsonlSource(str(path)), str(tmp / "store"),
-                           max_block_len=BLOCK_LEN)
-  with corpus.BlockStore.open(str(tmp / "store")) as opened:
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(tmp / "store"),
+                                 max_block_len=BLOCK_LEN)
+  with block_store_lib.BlockStore.open(str(tmp / "store")) as opened:
     yield opened
 
 
@@ -402,8 +404,8 @@ def test_paper_sized_batch(tmp_path):
   docs = [{"title": f"Title {i}", "text": f"{words} number {i}."} for i in range(40)]
   path = tmp_path / "docs.jsonl"
   path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
-  corpus.build_block_store(corpus.JsonlSource(str(path)), str(tmp_path / "store"))
-  with corpus.BlockStore.open(str(tmp_path / "store")) as big:
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(tmp_path / "store"))
+  with block_store_lib.BlockStore.open(str(tmp_path / "store")) as big:
     assert big.max_block_len == 288 and int(big.body_lengths.max()) > 200
     rng = np.random.default_rng(0)
     batch_size = 512

@@ -13,7 +13,9 @@ from realm_jax import jobs
 from realm_jax.batches import fid as fid_batches
 from realm_jax.batches import qa_batches
 from realm_jax.batches.pretraining_batches import NULL_BLOCK
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.qa_datasets import QAExample
 from realm_jax.jobs.base import RunContext
@@ -41,8 +43,8 @@ def store(tmp_path_factory):
   root = tmp_path_factory.mktemp("closed_book")
   path = root / "docs.jsonl"
   path.write_text("".join(json.dumps({"title": t, "text": x}) + "\n" for t, x in DOCS))
-  corpus_lib.build_block_store(corpus_lib.JsonlSource(str(path)), str(root / "blocks"))
-  return corpus_lib.BlockStore.open(str(root / "blocks"))
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(root / "blocks"))
+  return block_store_lib.BlockStore.open(str(root / "blocks"))
 
 
 def test_the_closed_book_retrieves_null_blocks_only():

@@ -13,7 +13,9 @@ import seqio
 import tensorflow as tf
 
 import realm_jax_tasks  # registers the tasks
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import builder
@@ -231,9 +233,9 @@ def toy_store(tmp_path_factory):
   """The toy world's first 100 documents as a BlockStore (288-wordpiece rows, like the full
   toy store): embedding all 2,511 toy blocks takes ~20 s per index on this CPU."""
   dest = str(tmp_path_factory.mktemp("z") / "blocks")
-  source = corpus_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus_lib.build_block_store(source, dest, limit=100)
-  store = corpus_lib.BlockStore.open(dest)
+  source = sources_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
+  corpus_build.build_block_store(source, dest, limit=100)
+  store = block_store_lib.BlockStore.open(dest)
   assert store.max_block_len == 288 and store.num_blocks >= 50
   return store
 

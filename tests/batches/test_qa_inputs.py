@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import realm_jax_tasks  # registers the tasks
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import toy_world
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import builder
@@ -40,9 +42,9 @@ def random_params(init_fn, seed, std):
 def setup(tmp_path_factory):
   """The toy world's first 60 documents as a BlockStore, and an index of it."""
   root = tmp_path_factory.mktemp("qa")
-  source = corpus_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
-  corpus_lib.build_block_store(source, str(root / "blocks"), limit=60)
-  store = corpus_lib.BlockStore.open(str(root / "blocks"))
+  source = sources_lib.JsonlSource(os.path.join(toy_world.toy_world_dir(), toy_world.CORPUS_FILE))
+  corpus_build.build_block_store(source, str(root / "blocks"), limit=60)
+  store = block_store_lib.BlockStore.open(str(root / "blocks"))
   model = open_qa_model.OpenQAModel(TINY)
   index_params = random_params(model.init, 1, 0.5)
   embeddings = np.asarray(builder.embed_blocks(index_params["retriever"], TINY, store,

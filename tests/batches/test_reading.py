@@ -8,7 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from realm_jax.data import corpus as corpus_lib
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.batches import reading
 from realm_jax.data import salient_spans
 from realm_jax.data import toy_world as tw
@@ -22,9 +24,9 @@ def world(tmp_path_factory):
   root = tmp_path_factory.mktemp("reading")
   tw.generate(5, scale=tw.SMALL_SCALE).write(root / "world")
   store_dir = str(root / "blocks")
-  corpus_lib.build_block_store(corpus_lib.JsonlSource(str(root / "world" / tw.CORPUS_FILE)),
-                               store_dir, max_block_len=128)
-  store = corpus_lib.BlockStore.open(store_dir)
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(root / "world" / tw.CORPUS_FILE)),
+                                 store_dir, max_block_len=128)
+  store = block_store_lib.BlockStore.open(store_dir)
   records = list(salient_spans.read_precomputed(str(root / "world" / tw.PRETRAIN_FILE)))
   return store, reading.blocks_by_title(store), records
 

@@ -16,8 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
 from realm_jax.data import sentences as sentences_lib
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,8 +40,9 @@ def write_jsonl(path, docs):
 
 def build_jsonl(tmp_path, docs, name="store", **kwargs):
   src = write_jsonl(tmp_path / f"{name}.jsonl", docs)
-  report = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / name), **kwargs)
-  return report, corpus.BlockStore.open(str(tmp_path / name))
+  report = corpus_build.build_block_store(sources_lib.JsonlSource(src), str(tmp_path / name),
+                                          **kwargs)
+  return report, block_store_lib.BlockStore.open(str(tmp_path / name))
 
 
 def leftovers(tmp_path):
@@ -51,25 +54,26 @@ def leftovers(tmp_path):
 
 def test_content_uid_is_big_endian_sha256_prefix():
   digest = hashlib.sha256("Title\x00Body text é".encode("utf-8")).digest()
-  assert corpus.content_uid("Title", "Body text é") == int.from_bytes(digest[:8], "big")
-  assert corpus.content_uid("a", "bc") != corpus.content_uid("ab", "c")  # separator matters
+  assert block_store_lib.content_uid("Title", "Body text é") == int.from_bytes(digest[:8], "big")
+  # The separator matters.
+  assert block_store_lib.content_uid("a", "bc") != block_store_lib.content_uid("ab", "c")
 
 
 def test_pack_sentences_by_hand():
   # budget 7: [3 + 4] fits exactly, 2 opens a new block and 5 joins it.
-  assert corpus.pack_sentences([3, 4, 2, 5], 7) == [(0, 7), (7, 14)]
+  assert corpus_build.pack_sentences([3, 4, 2, 5], 7) == [(0, 7), (7, 14)]
   # A 10-token sentence with budget 4: the open block closes, the sentence is cut into
   # budget-sized pieces, and the remainder starts a block that the next sentence joins.
-  assert corpus.pack_sentences([2, 10, 1], 4) == [(0, 2), (2, 6), (6, 10), (10, 13)]
+  assert corpus_build.pack_sentences([2, 10, 1], 4) == [(0, 2), (2, 6), (6, 10), (10, 13)]
   # With word starts, a cut falls before a whole word when one is inside the budget:
   # tokens 5 and 6 are "##" continuations, so the first cut is before token 4.
   word_starts = [True] * 13
   word_starts[5] = word_starts[6] = False
-  assert corpus.pack_sentences([2, 10, 1], 4, word_starts) == [(0, 2), (2, 4), (4, 8),
+  assert corpus_build.pack_sentences([2, 10, 1], 4, word_starts) == [(0, 2), (2, 4), (4, 8),
                                                                 (8, 12), (12, 13)]
   # No word start inside the window: cut mid-word at the budget.
-  assert corpus.pack_sentences([6], 4, [True] + [False] * 5) == [(0, 4), (4, 6)]
-  assert corpus.pack_sentences([0, 3, 0], 4) == [(0, 3)]
+  assert corpus_build.pack_sentences([6], 4, [True] + [False] * 5) == [(0, 4), (4, 6)]
+  assert corpus_build.pack_sentences([0, 3, 0], 4) == [(0, 3)]
 
 
 def test_greedy_packing_end_to_end_by_hand(tmp_path, vocab):
@@ -96,7 +100,7 @@ def test_greedy_packing_end_to_end_by_hand(tmp_path, vocab):
     np.testing.assert_array_equal(store.body_tokens(i), body_ids)
     t, b = int(store.title_lengths[i]), int(store.body_lengths[i])
     np.testing.assert_array_equal(store.tokens[i, t + 2:t + 2 + b], body_ids)
-    assert store.uids[i] == corpus.content_uid(store.title(i), store.body(i))
+    assert store.uids[i] == block_store_lib.content_uid(store.title(i), store.body(i))
   assert store.tokens.dtype == np.uint16
   block = store.block(1)
   assert (block.block_id, block.doc_id, block.title, block.body) == (
@@ -142,8 +146,8 @@ GOOD = b'{"title": "Good", "text": "A fine document."}\n'
 def test_bad_line_raises_naming_file_line_and_field(tmp_path, line, reason, expected):
   path = tmp_path / "bad.jsonl"
   path.write_bytes(GOOD + line + b"\n" + GOOD)
-  with pytest.raises(corpus.CorpusInputError) as info:
-    corpus.build_block_store(corpus.JsonlSource(str(path)), str(tmp_path / "out"))
+  with pytest.raises(sources_lib.CorpusInputError) as info:
+    corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(tmp_path / "out"))
   message = str(info.value)
   assert f"{path}:2:" in message and expected in message, message
   assert info.value.record.reason == reason
@@ -161,15 +165,15 @@ def test_skip_mode_counts_and_reports_every_problem(tmp_path):
             b'{"title": "Second", "text": "Another document.", "extra": 1}\n']
   path = tmp_path / "mixed.jsonl"
   path.write_bytes(b"".join(lines))
-  report = corpus.build_block_store(corpus.JsonlSource(str(path)), str(tmp_path / "out"),
-                                    max_block_len=16, on_error="skip")
+  report = corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(tmp_path / "out"),
+                                          max_block_len=16, on_error="skip")
   skipped = report.counts["skipped"]
   assert skipped == {"malformed_json": 2, "missing_field": 2, "wrong_type": 1,
                      "invalid_utf8": 2, "malformed_record": 0, "token_mismatch": 0,
                      "empty": 2, "title_too_long": 1, "duplicate": 1}
   assert report.counts["documents_read"] == 13  # the blank line is not a document
   assert report.counts["documents_used"] == 2 and report.num_blocks == 2
-  manifest = corpus.BlockStore.open(str(tmp_path / "out")).manifest
+  manifest = block_store_lib.BlockStore.open(str(tmp_path / "out")).manifest
   assert manifest["counts"]["skipped"] == skipped
   assert f"{path}:11:" in manifest["skip_examples"]["title_too_long"][0]
   assert f"{path}:12:" in manifest["skip_examples"]["duplicate"][0]
@@ -189,7 +193,7 @@ def test_data_skips_are_counted_even_in_raise_mode(tmp_path):
 
 
 def test_all_documents_skipped_is_an_error(tmp_path):
-  with pytest.raises(corpus.CorpusInputError, match="no blocks"):
+  with pytest.raises(sources_lib.CorpusInputError, match="no blocks"):
     build_jsonl(tmp_path, [{"title": "A", "text": " "}])
   assert not leftovers(tmp_path)
 
@@ -208,10 +212,10 @@ SAME_DOCS = [
 
 
 def store_arrays(path):
-  store = corpus.BlockStore.open(path)
-  out = {name: np.load(os.path.join(path, name)) for name in corpus.DATA_FILES
+  store = block_store_lib.BlockStore.open(path)
+  out = {name: np.load(os.path.join(path, name)) for name in block_store_lib.DATA_FILES
          if name.endswith(".npy")}
-  with open(os.path.join(path, corpus.TEXT), "rb") as f:
+  with open(os.path.join(path, block_store_lib.TEXT), "rb") as f:
     out["text"] = f.read()
   return store, out
 
@@ -226,7 +230,7 @@ def test_jsonl_tfds_realm_and_orqa_sources_build_the_same_store(tmp_path, tf):
   import tensorflow_datasets as tfds  # noqa: PLC0415
   # JSONL.
   jsonl = write_jsonl(tmp_path / "docs.jsonl", SAME_DOCS)
-  corpus.build_block_store(corpus.JsonlSource(jsonl), str(tmp_path / "jsonl"))
+  corpus_build.build_block_store(sources_lib.JsonlSource(jsonl), str(tmp_path / "jsonl"))
 
   # TFDS wikipedia, mocked with our documents (no network, no prepared data).
   def as_dataset(self, split, **kwargs):
@@ -237,21 +241,21 @@ def test_jsonl_tfds_realm_and_orqa_sources_build_the_same_store(tmp_path, tf):
          "text": [d["text"].encode("utf-8") for d in SAME_DOCS]})
 
   with tfds.testing.mock_data(num_examples=len(SAME_DOCS), as_dataset_fn=as_dataset):
-    corpus.build_block_store(corpus.TfdsSource("wikipedia/20230601.en", split="train"),
-                             str(tmp_path / "tfds"))
+    corpus_build.build_block_store(sources_lib.TfdsSource("wikipedia/20230601.en", split="train"),
+                                   str(tmp_path / "tfds"))
 
   # REALM retrieval-corpus records (each document is short enough to be one block), in two
   # GZIP shards read in sorted order.
   pairs = [(d["title"], d["text"]) for d in SAME_DOCS]
-  corpus.write_realm_records(str(tmp_path / "docs.tfr.gz-00000-of-00002"), pairs[:2])
-  corpus.write_realm_records(str(tmp_path / "docs.tfr.gz-00001-of-00002"), pairs[2:])
-  corpus.build_block_store(corpus.RealmSource(str(tmp_path / "docs.tfr.gz-*-of-*")),
-                           str(tmp_path / "realm"))
+  sources_lib.write_realm_records(str(tmp_path / "docs.tfr.gz-00000-of-00002"), pairs[:2])
+  sources_lib.write_realm_records(str(tmp_path / "docs.tfr.gz-00001-of-00002"), pairs[2:])
+  corpus_build.build_block_store(sources_lib.RealmSource(str(tmp_path / "docs.tfr.gz-*-of-*")),
+                                 str(tmp_path / "realm"))
 
   # ORQA's released layout (blocks.tfr / titles.tfr / examples.tfr).
-  corpus.write_orqa_blocks(str(tmp_path / "orqa_in"), pairs)
-  corpus.build_block_store(corpus.RealmSource(str(tmp_path / "orqa_in")),
-                           str(tmp_path / "orqa"))
+  sources_lib.write_orqa_blocks(str(tmp_path / "orqa_in"), pairs)
+  corpus_build.build_block_store(sources_lib.RealmSource(str(tmp_path / "orqa_in")),
+                                 str(tmp_path / "orqa"))
 
   reference, ref_arrays = store_arrays(str(tmp_path / "jsonl"))
   assert len(reference) == len(SAME_DOCS)
@@ -267,10 +271,10 @@ def test_jsonl_tfds_realm_and_orqa_sources_build_the_same_store(tmp_path, tf):
 def test_realm_records_map_one_to_one_and_check_token_ids(tmp_path, tf, vocab):
   long_body = " ".join(["word"] * 40) + "."
   path = str(tmp_path / "blocks.tfr")
-  corpus.write_realm_records(path, [("Title", "Body one."), ("Title", long_body)])
-  report = corpus.build_block_store(corpus.RealmSource(path), str(tmp_path / "a"),
-                                    max_block_len=16)
-  store = corpus.BlockStore.open(str(tmp_path / "a"))
+  sources_lib.write_realm_records(path, [("Title", "Body one."), ("Title", long_body)])
+  report = corpus_build.build_block_store(sources_lib.RealmSource(path), str(tmp_path / "a"),
+                                          max_block_len=16)
+  store = block_store_lib.BlockStore.open(str(tmp_path / "a"))
   # One record, one block: the long record is truncated like the authors' featurizer.
   assert len(store) == 2 and report.counts["truncated_records"] == 1
   np.testing.assert_array_equal(store.doc_ids, [0, 1])
@@ -289,27 +293,28 @@ def test_realm_records_map_one_to_one_and_check_token_ids(tmp_path, tf, vocab):
     writer.write(example.SerializeToString())
     writer.write(missing.SerializeToString())
     writer.write(b"not a proto \xff\xff")
-  with pytest.raises(corpus.CorpusInputError,
+  with pytest.raises(sources_lib.CorpusInputError,
                      match=rf"tfrecord:{bad_path}:0: field 'body_token_ids' differs"):
-    corpus.build_block_store(corpus.RealmSource(bad_path), str(tmp_path / "b"))
-  report = corpus.build_block_store(corpus.RealmSource(bad_path), str(tmp_path / "c"),
-                                    on_error="skip", record_token_ids="ours")
+    corpus_build.build_block_store(sources_lib.RealmSource(bad_path), str(tmp_path / "b"))
+  report = corpus_build.build_block_store(sources_lib.RealmSource(bad_path), str(tmp_path / "c"),
+                                          on_error="skip", record_token_ids="ours")
   assert report.counts["token_mismatches"] == 1 and report.num_blocks == 1
   assert report.counts["skipped"]["missing_field"] == 1
   assert report.counts["skipped"]["malformed_record"] == 1
   assert f"tfrecord:{bad_path}:1: missing feature 'body'" in (
       report.skip_examples["missing_field"][0])
-  store = corpus.BlockStore.open(str(tmp_path / "c"))
+  store = block_store_lib.BlockStore.open(str(tmp_path / "c"))
   np.testing.assert_array_equal(store.body_tokens(0), vocab.encode("Hello world."))
 
 
 def test_corrupt_tfrecord_stops_the_build_naming_the_record(tmp_path, tf):
   path = str(tmp_path / "cut.tfr")
-  corpus.write_realm_records(path, [(f"T{i}", f"Body number {i}. " * 20) for i in range(50)])
+  sources_lib.write_realm_records(path, [(f"T{i}", f"Body number {i}. " * 20) for i in range(50)])
   data = open(path, "rb").read()
   open(path, "wb").write(data[:len(data) // 2])  # a GZIP stream cut in the middle
-  with pytest.raises(corpus.CorpusInputError, match=rf"tfrecord:{path}:\d+: corrupt TFRecord"):
-    corpus.build_block_store(corpus.RealmSource(path), str(tmp_path / "out"), on_error="skip")
+  with pytest.raises(sources_lib.CorpusInputError, match=rf"tfrecord:{path}:\d+: corrupt TFRecord"):
+    corpus_build.build_block_store(sources_lib.RealmSource(path), str(tmp_path / "out"),
+                                   on_error="skip")
   assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
 
 
@@ -320,15 +325,18 @@ def test_two_builds_give_the_same_store_id_and_files(tmp_path):
   docs = SAME_DOCS + [{"title": f"Doc {i}", "text": f"Sentence {i}. Another {i}."}
                       for i in range(30)]
   src = write_jsonl(tmp_path / "d.jsonl", docs)
-  a = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "a"), max_block_len=24)
-  b = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "b"), max_block_len=24)
-  c = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "c"), max_block_len=32)
+  a = corpus_build.build_block_store(sources_lib.JsonlSource(src), str(tmp_path / "a"),
+                                     max_block_len=24)
+  b = corpus_build.build_block_store(sources_lib.JsonlSource(src), str(tmp_path / "b"),
+                                     max_block_len=24)
+  c = corpus_build.build_block_store(sources_lib.JsonlSource(src), str(tmp_path / "c"),
+                                     max_block_len=32)
   assert a.store_id == b.store_id != c.store_id
-  manifest_a = corpus.BlockStore.open(a.path).manifest
-  manifest_b = corpus.BlockStore.open(b.path).manifest
+  manifest_a = block_store_lib.BlockStore.open(a.path).manifest
+  manifest_b = block_store_lib.BlockStore.open(b.path).manifest
   assert manifest_a["files"] == manifest_b["files"]  # byte-identical data files
   # store_id is sha256(options JSON + "\n" + uids), as documented.
-  uids = np.load(os.path.join(a.path, corpus.UIDS))
+  uids = np.load(os.path.join(a.path, block_store_lib.UIDS))
   options = json.dumps(manifest_a["store_id_options"], sort_keys=True, separators=(",", ":"))
   expected = hashlib.sha256(options.encode() + b"\n" + uids.astype("<u8").tobytes())
   assert a.store_id == expected.hexdigest()
@@ -336,7 +344,7 @@ def test_two_builds_give_the_same_store_id_and_files(tmp_path):
 
 def test_npy_appender_streams_chunks(tmp_path):
   path = str(tmp_path / "x.npy")
-  appender = corpus._NpyAppender(path, np.uint16, (4,), chunk_rows=3)
+  appender = corpus_build._NpyAppender(path, np.uint16, (4,), chunk_rows=3)
   for i in range(10):
     appender.append_prefix(list(range(1, i % 4 + 1)))
   appender.close()
@@ -352,7 +360,7 @@ def test_uint64_set_matches_python_set():
   rng = np.random.default_rng(0)
   keys = rng.integers(0, 2**63, size=3000, dtype=np.uint64).tolist()
   keys += keys[:500]
-  table = corpus._UInt64Set(capacity=8)
+  table = corpus_build._UInt64Set(capacity=8)
   added = [table.add(k) for k in keys]
   assert added == [True] * 3000 + [False] * 500 and len(table) == 3000
 
@@ -364,7 +372,7 @@ def failing_source(docs, fail_after):
   for i, doc in enumerate(docs):
     if i == fail_after:
       raise RuntimeError("source died")
-    yield corpus.Document(doc["title"], doc["text"], f"mem:{i}")
+    yield sources_lib.Document(doc["title"], doc["text"], f"mem:{i}")
 
 
 MANY = [{"title": f"Doc {i}", "text": f"Text number {i}. More text {i}."} for i in range(20)]
@@ -373,17 +381,17 @@ MANY = [{"title": f"Doc {i}", "text": f"Text number {i}. More text {i}."} for i 
 @pytest.mark.parametrize("fault", ["source", "manifest", "verify", "rename"])
 def test_a_failed_build_leaves_nothing_at_dest(tmp_path, monkeypatch, fault):
   dest = str(tmp_path / "store")
-  source = [corpus.Document(d["title"], d["text"], f"mem:{i}") for i, d in enumerate(MANY)]
+  source = [sources_lib.Document(d["title"], d["text"], f"mem:{i}") for i, d in enumerate(MANY)]
   if fault == "source":
     source = failing_source(MANY, fail_after=7)
   elif fault == "manifest":
-    monkeypatch.setattr(corpus, "_write_manifest", _raise)
+    monkeypatch.setattr(corpus_build, "_write_manifest", _raise)
   elif fault == "verify":
-    monkeypatch.setattr(corpus.BlockStore, "open", _raise)
+    monkeypatch.setattr(block_store_lib.BlockStore, "open", _raise)
   else:  # everything written and verified, the rename fails
-    monkeypatch.setattr(corpus, "_publish", _raise)
+    monkeypatch.setattr(corpus_build, "_publish", _raise)
   with pytest.raises(RuntimeError):
-    corpus.build_block_store(source, dest, max_block_len=16)
+    corpus_build.build_block_store(source, dest, max_block_len=16)
   assert not os.path.exists(dest) and not leftovers(tmp_path)
 
 
@@ -396,14 +404,15 @@ def test_killed_build_leaves_no_store_and_next_build_cleans_up(tmp_path):
   marker = str(tmp_path / "started")
   script = textwrap.dedent(f"""
       import time
-      from realm_jax.data import corpus
+      from realm_jax.data import corpus_build
+      from realm_jax.data import sources as sources_lib
       def docs():
         for i in range(100000):
           if i == 3000:
             open({marker!r}, "w").close()
             time.sleep(600)
-          yield corpus.Document("Doc %d" % i, "Some text %d. More." % i, "mem:%d" % i)
-      corpus.build_block_store(docs(), {dest!r}, max_block_len=16)
+          yield sources_lib.Document("Doc %d" % i, "Some text %d. More." % i, "mem:%d" % i)
+      corpus_build.build_block_store(docs(), {dest!r}, max_block_len=16)
   """)
   process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT)
   try:
@@ -418,12 +427,12 @@ def test_killed_build_leaves_no_store_and_next_build_cleans_up(tmp_path):
   staged = leftovers(tmp_path)
   assert len(staged) == 1 and staged[0].startswith("store.staging-")
   assert not os.path.exists(dest)
-  with pytest.raises(corpus.BlockStoreError, match="no manifest.json"):
-    corpus.BlockStore.open(str(tmp_path / staged[0]))  # partial data, never opens
-  report = corpus.build_block_store(
-      [corpus.Document("A", "Text.", "mem:0")], dest, max_block_len=16)
+  with pytest.raises(block_store_lib.BlockStoreError, match="no manifest.json"):
+    block_store_lib.BlockStore.open(str(tmp_path / staged[0]))  # partial data, never opens
+  report = corpus_build.build_block_store(
+      [sources_lib.Document("A", "Text.", "mem:0")], dest, max_block_len=16)
   assert report.counts["removed_leftovers"] == 1 and not leftovers(tmp_path)
-  assert len(corpus.BlockStore.open(dest)) == 1
+  assert len(block_store_lib.BlockStore.open(dest)) == 1
 
 
 def test_only_dead_local_builds_leftovers_are_removed(tmp_path):
@@ -436,8 +445,8 @@ def test_only_dead_local_builds_leftovers_are_removed(tmp_path):
   unrelated = tmp_path / f"other.staging-{host}-{dead.pid}-0a1b2c3d"
   for path in (stale, other_host, live, unrelated):
     path.mkdir()
-  report = corpus.build_block_store([corpus.Document("A", "Text.", "m:0")],
-                                    str(tmp_path / "store"))
+  report = corpus_build.build_block_store([sources_lib.Document("A", "Text.", "m:0")],
+                                          str(tmp_path / "store"))
   assert report.counts["removed_leftovers"] == 1
   assert not stale.exists() and other_host.exists() and live.exists() and unrelated.exists()
 
@@ -445,8 +454,8 @@ def test_only_dead_local_builds_leftovers_are_removed(tmp_path):
 def test_limit_and_progress(tmp_path):
   src = write_jsonl(tmp_path / "d.jsonl", MANY)
   seen = []
-  report = corpus.build_block_store(corpus.JsonlSource(src), str(tmp_path / "out"),
-                                    limit=5, progress=seen.append, progress_interval_s=0)
+  report = corpus_build.build_block_store(sources_lib.JsonlSource(src), str(tmp_path / "out"),
+                                          limit=5, progress=seen.append, progress_interval_s=0)
   assert report.counts["documents_read"] == 5 and report.num_blocks == 5
   final = seen[-1]
   assert final.documents_read == 5 and final.blocks_written == 5
@@ -456,12 +465,13 @@ def test_limit_and_progress(tmp_path):
 
 def test_existing_dest_needs_overwrite(tmp_path):
   dest = str(tmp_path / "store")
-  first = corpus.build_block_store([corpus.Document("A", "One.", "m:0")], dest)
-  with pytest.raises(corpus.BlockStoreError, match="already exists"):
-    corpus.build_block_store([corpus.Document("B", "Two.", "m:0")], dest)
-  assert corpus.BlockStore.open(dest).store_id == first.store_id
-  second = corpus.build_block_store([corpus.Document("B", "Two.", "m:0")], dest, overwrite=True)
-  assert corpus.BlockStore.open(dest).store_id == second.store_id != first.store_id
+  first = corpus_build.build_block_store([sources_lib.Document("A", "One.", "m:0")], dest)
+  with pytest.raises(block_store_lib.BlockStoreError, match="already exists"):
+    corpus_build.build_block_store([sources_lib.Document("B", "Two.", "m:0")], dest)
+  assert block_store_lib.BlockStore.open(dest).store_id == first.store_id
+  second = corpus_build.build_block_store([sources_lib.Document("B", "Two.", "m:0")], dest,
+                                          overwrite=True)
+  assert block_store_lib.BlockStore.open(dest).store_id == second.store_id != first.store_id
   assert not leftovers(tmp_path)
 
 
@@ -473,22 +483,23 @@ def test_overwrite_replaces_only_a_block_store(tmp_path):
   a_file.write_text("data")
   for dest, problem in ((notes, "not a BlockStore (no manifest.json)"),
                         (a_file, "exists and is not a directory")):
-    with pytest.raises(corpus.BlockStoreError, match=re.escape(f"{dest}: {problem}")):
-      corpus.build_block_store([corpus.Document("A", "One.", "m:0")], str(dest), overwrite=True)
+    with pytest.raises(block_store_lib.BlockStoreError, match=re.escape(f"{dest}: {problem}")):
+      corpus_build.build_block_store([sources_lib.Document("A", "One.", "m:0")], str(dest),
+                                     overwrite=True)
   assert (notes / "thesis.tex").read_text() == "years of work" and a_file.read_text() == "data"
 
 
 def test_an_input_without_blocks_is_named(tmp_path):
   empty = tmp_path / "empty.jsonl"
   empty.write_text("")
-  with pytest.raises(corpus.CorpusInputError,
+  with pytest.raises(sources_lib.CorpusInputError,
                      match=re.escape(f"{empty}: no blocks: the input has no records")):
-    corpus.build_block_store(corpus.JsonlSource(str(empty)), str(tmp_path / "out"))
+    corpus_build.build_block_store(sources_lib.JsonlSource(str(empty)), str(tmp_path / "out"))
   titles_only = write_jsonl(tmp_path / "t.jsonl", [{"title": "A", "text": ""}])
-  with pytest.raises(corpus.CorpusInputError,
+  with pytest.raises(sources_lib.CorpusInputError,
                      match=re.escape(f"{titles_only}: no blocks: all 1 input records were "
                                      f"skipped")):
-    corpus.build_block_store(corpus.JsonlSource(titles_only), str(tmp_path / "out"))
+    corpus_build.build_block_store(sources_lib.JsonlSource(titles_only), str(tmp_path / "out"))
 
 
 # ------------------------------------------------------------------------------ open()
@@ -501,46 +512,46 @@ def built(tmp_path):
 
 
 def test_open_refuses_missing_manifest_and_missing_file(built):
-  os.remove(os.path.join(built, corpus.UIDS))
-  with pytest.raises(corpus.BlockStoreError, match=rf"{built}: missing file uids.npy"):
-    corpus.BlockStore.open(built, verify=False)
-  os.remove(os.path.join(built, corpus.MANIFEST))
-  with pytest.raises(corpus.BlockStoreError, match=rf"{built}: no manifest.json"):
-    corpus.BlockStore.open(built)
+  os.remove(os.path.join(built, block_store_lib.UIDS))
+  with pytest.raises(block_store_lib.BlockStoreError, match=rf"{built}: missing file uids.npy"):
+    block_store_lib.BlockStore.open(built, verify=False)
+  os.remove(os.path.join(built, block_store_lib.MANIFEST))
+  with pytest.raises(block_store_lib.BlockStoreError, match=rf"{built}: no manifest.json"):
+    block_store_lib.BlockStore.open(built)
 
 
 def test_open_refuses_checksum_mismatch(built):
-  path = os.path.join(built, corpus.TEXT)
+  path = os.path.join(built, block_store_lib.TEXT)
   data = bytearray(open(path, "rb").read())
   data[5] ^= 0x01  # same size, different content
   open(path, "wb").write(bytes(data))
-  with pytest.raises(corpus.BlockStoreError, match=r"text.bin does not match its sha256"):
-    corpus.BlockStore.open(built)
-  corpus.BlockStore.open(built, verify="fast")  # sizes only: documented blind spot
+  with pytest.raises(block_store_lib.BlockStoreError, match=r"text.bin does not match its sha256"):
+    block_store_lib.BlockStore.open(built)
+  block_store_lib.BlockStore.open(built, verify="fast")  # sizes only: documented blind spot
 
 
 @pytest.mark.parametrize("verify", [True, "fast", False])
 def test_open_refuses_truncated_tokens(built, verify):
-  path = os.path.join(built, corpus.TOKENS)
+  path = os.path.join(built, block_store_lib.TOKENS)
   with open(path, "r+b") as f:
     f.truncate(os.path.getsize(path) - 32)
-  with pytest.raises(corpus.BlockStoreError, match=rf"{built}: .*tokens.npy"):
-    corpus.BlockStore.open(built, verify=verify)
+  with pytest.raises(block_store_lib.BlockStoreError, match=rf"{built}: .*tokens.npy"):
+    block_store_lib.BlockStore.open(built, verify=verify)
 
 
 def test_open_refuses_bad_manifest_and_wrong_vocab(built, vocab):
-  corpus.BlockStore.open(built, vocab_fingerprint=vocab.fingerprint)
-  with pytest.raises(corpus.BlockStoreError, match="built with vocabulary"):
-    corpus.BlockStore.open(built, vocab_fingerprint="0" * 64)
-  manifest_path = os.path.join(built, corpus.MANIFEST)
+  block_store_lib.BlockStore.open(built, vocab_fingerprint=vocab.fingerprint)
+  with pytest.raises(block_store_lib.BlockStoreError, match="built with vocabulary"):
+    block_store_lib.BlockStore.open(built, vocab_fingerprint="0" * 64)
+  manifest_path = os.path.join(built, block_store_lib.MANIFEST)
   manifest = json.load(open(manifest_path))
   manifest["format_version"] = 99
   json.dump(manifest, open(manifest_path, "w"))
-  with pytest.raises(corpus.BlockStoreError, match="format_version 99 is not supported"):
-    corpus.BlockStore.open(built)
+  with pytest.raises(block_store_lib.BlockStoreError, match="format_version 99 is not supported"):
+    block_store_lib.BlockStore.open(built)
   open(manifest_path, "w").write("{not json")
-  with pytest.raises(corpus.BlockStoreError, match="unreadable manifest.json"):
-    corpus.BlockStore.open(built)
+  with pytest.raises(block_store_lib.BlockStoreError, match="unreadable manifest.json"):
+    block_store_lib.BlockStore.open(built)
 
 
 # ------------------------------------------------------------------------------ inputs
@@ -589,7 +600,7 @@ def test_cli_end_to_end(tmp_path):
   done = subprocess.run(command + ["--on_error", "skip", "--progress_every", "0"],
                         capture_output=True, text=True, cwd=REPO_ROOT, env=env)
   assert done.returncode == 0, done.stderr
-  store = corpus.BlockStore.open(str(out))
+  store = block_store_lib.BlockStore.open(str(out))
   assert len(store) == 2
   assert store.store_id in done.stdout and str(out) in done.stdout
   assert "malformed_json 1" in done.stdout and f"{src}:2:" in done.stdout
@@ -626,16 +637,16 @@ def test_the_inputs_own_document_ids_are_kept(tmp_path):
   assert keys == {"Douglas": "Q42", "Nobody": None, "Seven": "7"}
   assert len({store.block(i).doc_id for i in range(len(store))
               if store.block(i).title == "Seven"}) == 1
-  manifest = json.load(open(os.path.join(store.path, corpus.MANIFEST)))
-  assert corpus.DOC_KEYS in manifest["files"]
+  manifest = json.load(open(os.path.join(store.path, block_store_lib.MANIFEST)))
+  assert block_store_lib.DOC_KEYS in manifest["files"]
   # Without ids in the input, no file, and no key.
   _, plain = build_jsonl(tmp_path, MANY, name="plain")
   assert plain.doc_key(0) is None and not os.path.exists(os.path.join(plain.path,
-                                                                      corpus.DOC_KEYS))
+                                                                      block_store_lib.DOC_KEYS))
   # An id of another type is a bad record naming the field.
   bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": [1], "title": "A", "text": "B."}])
-  with pytest.raises(corpus.CorpusInputError, match=r"bad\.jsonl:1: field 'id' must be"):
-    corpus.build_block_store(corpus.JsonlSource(bad), str(tmp_path / "bad_out"))
+  with pytest.raises(sources_lib.CorpusInputError, match=r"bad\.jsonl:1: field 'id' must be"):
+    corpus_build.build_block_store(sources_lib.JsonlSource(bad), str(tmp_path / "bad_out"))
 
 
 def test_a_gzip_stream_is_complete_only_with_every_members_end_marker(tmp_path):
@@ -645,10 +656,11 @@ def test_a_gzip_stream_is_complete_only_with_every_members_end_marker(tmp_path):
   path = tmp_path / "x.gz"
   data = gzip.compress(bytes(range(256)) * 400) + gzip.compress(b"hello" * 1000)
   path.write_bytes(data)
-  assert corpus._gzip_complete(str(path), chunk_bytes=4096)  # pylint: disable=protected-access
+  assert sources_lib._gzip_complete(str(path), chunk_bytes=4096)  # pylint: disable=protected-access
   for cut in (len(data) - 10, len(data) // 3):
     path.write_bytes(data[:cut])
-    assert not corpus._gzip_complete(str(path), chunk_bytes=4096)  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    assert not sources_lib._gzip_complete(str(path), chunk_bytes=4096)
 
 
 # ------------------------------------------------------------------------------ token rows
@@ -666,10 +678,10 @@ def _token_rows(rng, num_blocks, block_len, title_len):
 def test_a_store_of_token_rows_reads_back_with_the_documented_store_id(tmp_path, vocab):
   rng = np.random.default_rng(0)
   rows, titles, bodies = _token_rows(rng, 50, 24, 3)
-  store_id = corpus.write_tokenized_block_store(str(tmp_path / "s"), rows, titles, bodies,
-                                                vocab=vocab, source={"kind": "test"})
-  store = corpus.BlockStore.open(str(tmp_path / "s"), verify=True,
-                                 vocab_fingerprint=vocab.fingerprint)
+  store_id = corpus_build.write_tokenized_block_store(str(tmp_path / "s"), rows, titles, bodies,
+                                                      vocab=vocab, source={"kind": "test"})
+  store = block_store_lib.BlockStore.open(str(tmp_path / "s"), verify=True,
+                                          vocab_fingerprint=vocab.fingerprint)
   assert store.num_blocks == 50 and store.max_block_len == 24 and store.store_id == store_id
   np.testing.assert_array_equal(store.tokens, rows)
   assert store.tokens.dtype == np.uint16  # the BERT vocabulary fits
@@ -679,8 +691,8 @@ def test_a_store_of_token_rows_reads_back_with_the_documented_store_id(tmp_path,
   row = rows[7].astype(np.uint16).tobytes()
   assert int(store.uids[7]) == int.from_bytes(hashlib.sha256(row).digest()[:8], "big")
   # store_id = sha256(options JSON (sorted keys, compact) + "\n" + uids as little-endian u64).
-  options = {"format_version": corpus.FORMAT_VERSION, "max_block_len": 24, "max_title_len": 3,
-             "vocab_fingerprint": vocab.fingerprint, "text": False}
+  options = {"format_version": block_store_lib.FORMAT_VERSION, "max_block_len": 24,
+             "max_title_len": 3, "vocab_fingerprint": vocab.fingerprint, "text": False}
   expected = hashlib.sha256(json.dumps(options, sort_keys=True, separators=(",", ":")).encode()
                             + b"\n" + store.uids.astype("<u8").tobytes()).hexdigest()
   assert store_id == expected
@@ -696,17 +708,17 @@ def test_a_store_of_token_rows_refuses_bad_rows_and_an_existing_store(tmp_path, 
   rows, titles, bodies = _token_rows(rng, 4, 16, 2)
   dest = str(tmp_path / "s")
   with pytest.raises(ValueError, match="fit max_block_len"):
-    corpus.write_tokenized_block_store(dest, rows, titles, bodies + 20, vocab=vocab)
+    corpus_build.write_tokenized_block_store(dest, rows, titles, bodies + 20, vocab=vocab)
   with pytest.raises(ValueError, match="token ids"):
-    corpus.write_tokenized_block_store(dest, rows + vocab.vocab_size, titles, bodies,
-                                       vocab=vocab)
+    corpus_build.write_tokenized_block_store(dest, rows + vocab.vocab_size, titles, bodies,
+                                             vocab=vocab)
   with pytest.raises(ValueError, match="same token row"):
-    corpus.write_tokenized_block_store(dest, np.repeat(rows[:1], 4, 0), titles,
-                                       np.repeat(bodies[:1], 4), vocab=vocab)
+    corpus_build.write_tokenized_block_store(dest, np.repeat(rows[:1], 4, 0), titles,
+                                             np.repeat(bodies[:1], 4), vocab=vocab)
   assert not os.path.exists(dest)  # nothing half-written
-  corpus.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
-  with pytest.raises(corpus.BlockStoreError, match="already exists"):
-    corpus.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
+  corpus_build.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
+  with pytest.raises(block_store_lib.BlockStoreError, match="already exists"):
+    corpus_build.write_tokenized_block_store(dest, rows, titles, bodies, vocab=vocab)
 
 
 # ------------------------------------------------------------------------------ workers
@@ -761,7 +773,7 @@ def _everything_written(path):
   for name in sorted(os.listdir(path)):
     with open(os.path.join(path, name), "rb") as f:
       files[name] = f.read()
-  manifest = json.loads(files.pop(corpus.MANIFEST))
+  manifest = json.loads(files.pop(block_store_lib.MANIFEST))
   del manifest["created"]
   return files, manifest
 
@@ -769,32 +781,32 @@ def _everything_written(path):
 def _count_pools(monkeypatch):
   """A list that gets one entry per worker pool a build starts."""
   pools = []
-  start = corpus._analyzed_in_workers  # pylint: disable=protected-access
+  start = corpus_build._analyzed_in_workers  # pylint: disable=protected-access
 
   def counted(chunks, analyzer, workers):
     pools.append(workers)
     yield from start(chunks, analyzer, workers)
 
-  monkeypatch.setattr(corpus, "_analyzed_in_workers", counted)
+  monkeypatch.setattr(corpus_build, "_analyzed_in_workers", counted)
   return pools
 
 
 def test_workers_build_the_same_store_byte_for_byte(tmp_path, monkeypatch):
-  monkeypatch.setattr(corpus, "CHUNK_DOCS", 32)  # many chunks, several in flight
+  monkeypatch.setattr(corpus_build, "CHUNK_DOCS", 32)  # many chunks, several in flight
   pools = _count_pools(monkeypatch)
   src = _mixed_jsonl(tmp_path / "mixed.jsonl")
   built = {}
   for workers in (1, 2):
     dest = str(tmp_path / f"store{workers}")
     lines = []
-    report = corpus.build_block_store(corpus.JsonlSource(src), dest, max_block_len=48,
-                                      on_error="skip", workers=workers,
-                                      progress=lambda p: lines.append(p.line()),
-                                      progress_interval_s=0)
+    report = corpus_build.build_block_store(sources_lib.JsonlSource(src), dest, max_block_len=48,
+                                            on_error="skip", workers=workers,
+                                            progress=lambda p: lines.append(p.line()),
+                                            progress_interval_s=0)
     built[workers] = report, _everything_written(dest), lines
   assert pools == [2]
   (one, (files, manifest), lines), (two, (files2, manifest2), lines2) = built[1], built[2]
-  assert files.keys() == files2.keys() and corpus.DOC_KEYS in files
+  assert files.keys() == files2.keys() and block_store_lib.DOC_KEYS in files
   for name in files:
     assert files[name] == files2[name], name
   assert manifest == manifest2
@@ -821,7 +833,7 @@ def test_workers_build_the_same_store_byte_for_byte(tmp_path, monkeypatch):
 
 
 def test_workers_stop_at_the_same_bad_record(tmp_path, monkeypatch):
-  monkeypatch.setattr(corpus, "CHUNK_DOCS", 16)
+  monkeypatch.setattr(corpus_build, "CHUNK_DOCS", 16)
   docs = _varied_docs(200)
   lines = [json.dumps(d).encode() + b"\n" for d in docs]
   lines.insert(150, b'{"title": "Broken", "text": \n')
@@ -829,9 +841,9 @@ def test_workers_stop_at_the_same_bad_record(tmp_path, monkeypatch):
   src.write_bytes(b"".join(lines))
   errors = []
   for workers in (1, 2):
-    with pytest.raises(corpus.CorpusInputError) as info:
-      corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp_path / "out"),
-                               workers=workers)
+    with pytest.raises(sources_lib.CorpusInputError) as info:
+      corpus_build.build_block_store(sources_lib.JsonlSource(str(src)), str(tmp_path / "out"),
+                                     workers=workers)
     errors.append((str(info.value), info.value.record))
     assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
   assert errors[0] == errors[1] and f"{src}:151: malformed JSON" in errors[0][0]
@@ -847,8 +859,8 @@ def _realm_blocks(vocab, count):
       body_ids = body_ids[:-1]
     if i % 11 == 6:
       title_ids = title_ids + [vocab_lib.UNK_ID]
-    docs.append(corpus.Document(title, text, f"rec:{i}", is_block=True,
-                                title_token_ids=title_ids, body_token_ids=body_ids))
+    docs.append(sources_lib.Document(title, text, f"rec:{i}", is_block=True,
+                                     title_token_ids=title_ids, body_token_ids=body_ids))
   return docs
 
 
@@ -856,15 +868,15 @@ def _realm_blocks(vocab, count):
                                                        ("verify", "raise")])
 def test_workers_check_record_token_ids_as_one_process(tmp_path, monkeypatch, vocab,
                                                        record_token_ids, on_error):
-  monkeypatch.setattr(corpus, "CHUNK_DOCS", 16)
+  monkeypatch.setattr(corpus_build, "CHUNK_DOCS", 16)
   docs = _realm_blocks(vocab, 120)
   outcomes = []
   for workers in (1, 2):
     dest = str(tmp_path / f"store{workers}")
     try:
-      report = corpus.build_block_store(docs, dest, max_block_len=64, on_error=on_error,
-                                        record_token_ids=record_token_ids, workers=workers)
-    except corpus.CorpusInputError as e:
+      report = corpus_build.build_block_store(docs, dest, max_block_len=64, on_error=on_error,
+                                              record_token_ids=record_token_ids, workers=workers)
+    except sources_lib.CorpusInputError as e:
       outcomes.append(("error", str(e), e.record))
       continue
     outcomes.append((report.counts, report.skip_examples, _everything_written(dest)))
@@ -885,7 +897,7 @@ def exploding_splitter(text):
 
 
 def test_an_error_in_a_worker_is_raised_where_one_process_raises_it(tmp_path, monkeypatch):
-  monkeypatch.setattr(corpus, "CHUNK_DOCS", 16)
+  monkeypatch.setattr(corpus_build, "CHUNK_DOCS", 16)
   docs = _varied_docs(200)
   docs[170]["text"] += " BOOM."
   lines = [json.dumps(d).encode() + b"\n" for d in docs]
@@ -895,22 +907,23 @@ def test_an_error_in_a_worker_is_raised_where_one_process_raises_it(tmp_path, mo
   bad.write_bytes(b"".join(lines[:120] + [b"[1]\n"] + lines[120:]))
   for workers in (1, 2):
     with pytest.raises(ValueError, match="the splitter failed on BOOM"):
-      corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp_path / "out"),
-                               workers=workers, sentence_splitter=exploding_splitter)
+      corpus_build.build_block_store(sources_lib.JsonlSource(str(src)), str(tmp_path / "out"),
+                                     workers=workers, sentence_splitter=exploding_splitter)
     # A bad record before it is what a build that reads one record at a time meets first.
-    with pytest.raises(corpus.CorpusInputError, match=r"boom_and_bad\.jsonl:121: expected"):
-      corpus.build_block_store(corpus.JsonlSource(str(bad)), str(tmp_path / "out"),
-                               workers=workers, sentence_splitter=exploding_splitter)
+    with pytest.raises(sources_lib.CorpusInputError, match=r"boom_and_bad\.jsonl:121: expected"):
+      corpus_build.build_block_store(sources_lib.JsonlSource(str(bad)), str(tmp_path / "out"),
+                                     workers=workers, sentence_splitter=exploding_splitter)
     assert not os.path.exists(tmp_path / "out") and not leftovers(tmp_path)
 
 
 def test_workers_need_a_picklable_splitter(tmp_path):
   with pytest.raises(ValueError, match="cannot be pickled"):
-    corpus.build_block_store([corpus.Document("A", "Text.", "m:0")], str(tmp_path / "out"),
-                             workers=2, sentence_splitter=lambda text: [(0, len(text))])
+    corpus_build.build_block_store([sources_lib.Document("A", "Text.", "m:0")],
+                                   str(tmp_path / "out"), workers=2,
+                                   sentence_splitter=lambda text: [(0, len(text))])
   with pytest.raises(ValueError, match="workers must be >= 1"):
-    corpus.build_block_store([corpus.Document("A", "Text.", "m:0")], str(tmp_path / "out"),
-                             workers=0)
+    corpus_build.build_block_store([sources_lib.Document("A", "Text.", "m:0")],
+                                   str(tmp_path / "out"), workers=0)
   assert not os.path.exists(tmp_path / "out")
 
 
@@ -941,14 +954,14 @@ def test_sentences_read_off_the_whole_text_are_tokenised_sentence_by_sentence(vo
   fast = 0
   for splitter in (sentences_lib.split_sentences, cut_words):
     # pylint: disable-next=protected-access
-    analyzer = corpus._Analyzer(vocab, 288, 64, "verify", splitter)
+    analyzer = corpus_build._Analyzer(vocab, 288, 64, "verify", splitter)
     for text in texts:
       raw = text.encode("utf-8")
       spans = splitter(text)
       body = vocab.tokenize_batch([text]).item(0)
       got = analyzer._sentences(raw, spans, body)  # pylint: disable=protected-access
       assert tuple(x.tolist() for x in got) == tuple(expected(text, spans)), text
-      fast += corpus._sentence_lengths(  # pylint: disable=protected-access
+      fast += corpus_build._sentence_lengths(  # pylint: disable=protected-access
           np.asarray(spans, np.int64).reshape(-1, 2), raw, body,
           vocab.word_start_table) is not None
   # The default splitter always cuts between words; cutting every 7 bytes almost never does.

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.qa_datasets import QAExample
 from realm_jax.batches import qa_batches
@@ -41,9 +43,9 @@ def store(tmp_path_factory):
   directory = tmp_path_factory.mktemp("evaluate_store")
   path = directory / "docs.jsonl"
   path.write_text("".join(json.dumps({"title": t, "text": x}) + "\n" for t, x in DOCS))
-  corpus.build_block_store(corpus.JsonlSource(str(path)), str(directory / "store"),
-                           max_block_len=32)
-  with corpus.BlockStore.open(str(directory / "store")) as opened:
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(directory / "store"),
+                                 max_block_len=32)
+  with block_store_lib.BlockStore.open(str(directory / "store")) as opened:
     yield opened
 
 

@@ -18,8 +18,10 @@ from realm_jax import checkpoints
 from realm_jax import gin_utils
 from realm_jax import train
 from realm_jax.batches import retro as retro_batches
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
 from realm_jax.data import salient_spans
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.evaluation import retro as retro_eval
 from realm_jax.index import chunks
@@ -154,9 +156,9 @@ def hand_store(tmp_path_factory):
   root = tmp_path_factory.mktemp("hand_store")
   source = root / "docs.jsonl"
   source.write_text("".join(json.dumps(d) + "\n" for d in DOCS), encoding="utf-8")
-  corpus.build_block_store(corpus.JsonlSource(str(source)), str(root / "store"),
-                           max_block_len=20)
-  store = corpus.BlockStore.open(str(root / "store"))
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(source)), str(root / "store"),
+                                 max_block_len=20)
+  store = block_store_lib.BlockStore.open(str(root / "store"))
   assert store.num_blocks == 4 and store.doc_ids.tolist() == [0, 0, 1, 1]
   yield store
   store.close()

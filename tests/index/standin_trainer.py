@@ -26,7 +26,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from realm_jax.data.corpus import BlockStore  # noqa: E402
+from realm_jax.data.block_store import BlockStore  # noqa: E402
 from realm_jax.index import retrieval  # noqa: E402
 from realm_jax.index import store as store_lib  # noqa: E402
 from realm_jax.index import swap  # noqa: E402

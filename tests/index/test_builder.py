@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from realm_jax import build_index as entry
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
 from realm_jax.models import config as config_lib
@@ -47,8 +49,9 @@ def block_store(tmp_path_factory):
       text = " ".join(f"The {topic} number {j} of this article is long and well known in the "
                       f"region of {topic}." for j in range(3 + i % 3))
       f.write(json.dumps({"title": f"{topic.title()} {i}", "text": text}) + "\n")
-  corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp / "blocks"), max_block_len=32)
-  store = corpus.BlockStore.open(str(tmp / "blocks"))
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(src)), str(tmp / "blocks"),
+                                 max_block_len=32)
+  store = block_store_lib.BlockStore.open(str(tmp / "blocks"))
   assert store.num_blocks >= 12 and store.num_blocks % 8, store.num_blocks
   return store
 
@@ -133,8 +136,9 @@ def mixed_store(tmp_path_factory):
     for i, n in enumerate(MIXED_SENTENCES):
       text = " ".join(f"Item {i} part {j} is known." for j in range(n))
       f.write(json.dumps({"title": f"Doc {i}", "text": text}) + "\n")
-  corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp / "blocks"), max_block_len=96)
-  store = corpus.BlockStore.open(str(tmp / "blocks"))
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(src)), str(tmp / "blocks"),
+                                 max_block_len=96)
+  store = block_store_lib.BlockStore.open(str(tmp / "blocks"))
   lengths = store.title_lengths[:] + store.body_lengths[:] + 3  # [num_blocks] with the specials
   assert lengths.tolist() == MIXED_LENGTHS
   return store

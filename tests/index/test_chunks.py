@@ -12,7 +12,9 @@ import pytest
 import realm_jax_tasks
 from realm_jax import fileio
 from realm_jax.convert import hf
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.index import chunks
 from realm_jax.models.bert import BertModel
@@ -38,9 +40,9 @@ def write_store(directory, docs, max_block_len):
   with open(src, "w", encoding="utf-8") as f:
     for title, text in docs:
       f.write(json.dumps({"title": title, "text": text}) + "\n")
-  corpus.build_block_store(corpus.JsonlSource(str(src)), str(directory / "blocks"),
-                           max_block_len=max_block_len)
-  return corpus.BlockStore.open(str(directory / "blocks"))
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(src)), str(directory / "blocks"),
+                                 max_block_len=max_block_len)
+  return block_store_lib.BlockStore.open(str(directory / "blocks"))
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +255,7 @@ def test_publication_is_atomic(small, bert, tmp_path, monkeypatch):
 
 
 def test_toy_world_with_the_shipped_toy_bert(bert, tmp_path):
-  store = corpus.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   dest = chunks.build_chunk_database(store, str(tmp_path / "db"), bert[1], bert[0],
                                      chunk_len=chunks.TOY_CHUNK_LEN, doc_range=(0, 100))
   db = chunks.ChunkDatabase.open(dest, block_store_id=store.store_id)

@@ -8,7 +8,8 @@ import subprocess
 import sys
 import time
 
-from realm_jax.data import corpus
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.index import store as store_lib
 from realm_jax import checkpoints as ckpt
 
@@ -25,8 +26,8 @@ def _run_builder_and_trainer(tmp_path, *trainer_args):
     for i in range(6):
       f.write(json.dumps({"title": f"Topic {i}", "text": " ".join(
           f"Sentence {j} about topic {i} is here." for j in range(4))}) + "\n")
-  corpus.build_block_store(corpus.JsonlSource(str(src)), str(tmp_path / "blocks"),
-                           max_block_len=32)
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(src)), str(tmp_path / "blocks"),
+                                 max_block_len=32)
   run_dir, metrics = str(tmp_path / "run"), str(tmp_path / "metrics.jsonl")
   env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 

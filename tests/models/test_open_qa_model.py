@@ -11,7 +11,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from realm_jax.convert import hf
-from realm_jax.data import corpus
+from realm_jax.data import block_store as block_store_lib
+from realm_jax.data import corpus_build
+from realm_jax.data import sources as sources_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.qa_datasets import QAExample
 from realm_jax.batches import qa_batches
@@ -49,9 +51,9 @@ def store(tmp_path_factory):
   path = directory / "docs.jsonl"
   path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in DOCS),
                   encoding="utf-8")
-  corpus.build_block_store(corpus.JsonlSource(str(path)), str(directory / "store"),
-                           max_block_len=64)
-  with corpus.BlockStore.open(str(directory / "store")) as opened:
+  corpus_build.build_block_store(sources_lib.JsonlSource(str(path)), str(directory / "store"),
+                                 max_block_len=64)
+  with block_store_lib.BlockStore.open(str(directory / "store")) as opened:
     assert [opened.body(i) for i in range(len(DOCS))] == [d["text"] for d in DOCS]
     yield opened
 
