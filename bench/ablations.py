@@ -444,7 +444,7 @@ def pretraining_id(run_dir: str) -> Optional[str]:
   different days, agree to every digit), so the cells of a pretraining made in one sitting stay
   paired with those of its remake in the next. Computed once per finished run and kept beside
   its TRAINING_DONE."""
-  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints, fileio  # pylint: disable=import-outside-toplevel
   try:
     with open(os.path.join(run_dir, checkpoints.TRAINING_DONE), encoding="utf-8") as f:
       done = json.load(f)
@@ -466,7 +466,6 @@ def pretraining_id(run_dir: str) -> Optional[str]:
     raise RuntimeError(f"{run_dir}: TRAINING_DONE but no checkpoint to identify the run by")
   digest = checkpoints.params_values_sha256(checkpoints.checkpoint_path(run_dir, step))
   identity = f"params {digest[:16]} (step {step})"
-  from realm_jax import fileio  # pylint: disable=import-outside-toplevel
   fileio.write_json_atomically(kept_path, {"done_unix": done_unix, "pretraining_id": identity})
   return identity
 
