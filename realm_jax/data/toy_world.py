@@ -25,23 +25,10 @@ headquarters, participants...), and writes the REALM inputs over it:
   sentence carries a descriptive clause, and each passage has six sentences that state no fact
   (pronouns, function words, common verbs and adjectives, never a name, date, number or
   occupation). Most wordpieces are then predictable from the sentence around them, and the
-  knowledge a masked name or date needs stands only in Z. Measured by `bench/text_statistics.py`
-  (BERT uncased wordpieces; docs/benchmarks.md):
-
-  ======================================================  =====================  ==============
-  text                                                    wordpieces in salient  sentences with
-                                                          spans                  a salient span
-  ======================================================  =====================  ==============
-  toy world v2, X (this module)                           15.9%                  28.1%
-  toy world v1, X (every sentence a bare fact)            62.5%                  100%
-  Python documentation (`realm_jax.data.python_docs`),    3.6%                   28.1%
-  dates and spaCy entities, as a user's corpus
-  ======================================================  =====================  ==============
-
-  The real-text figure is of technical prose; the toy text's sentences with a salient span are
-  denser in names because each must name enough of its entities for the retriever to find the
-  document that states the masked one. Invented name words are at most 3 wordpieces (2.7 on
-  average; unbounded they were 3.4).
+  knowledge a masked name or date needs stands only in Z. 15.9% of X's wordpieces lie in
+  salient spans, against 3.6% in the Python documentation and 62.5% in toy world v1, whose
+  sentences were bare facts (`bench/text_statistics.py`; docs/benchmarks.md, "Names and dates
+  in the pretraining text"). Invented name words are at most 3 wordpieces.
 * ``qa/{train,dev,test}.jsonl`` -- open-QA questions in ORQA's form ``{"question", "answer"}``
   (spec item 30), 2,000/1,000/1,000 of them (dev picks checkpoints, test is reported). Every
   answer string occurs verbatim (case-sensitive, spec item 27) in the text of the subject's

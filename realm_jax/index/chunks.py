@@ -14,14 +14,9 @@ its blocks' body wordpieces concatenated in block order, without [CLS], title or
 Choices, and why:
 
 * **Chunk length.** `chunk_len` is a parameter; RETRO's is `RETRO_CHUNK_LEN` (64). The toy
-  world's documents are far shorter than RETRO's: measured on the toy BlockStore (2,500
-  documents, 126,629 body wordpieces), a document has min 24, 10th percentile 30, median 44,
-  mean 50.7, 90th percentile 76, 99th percentile 130 and max 591 wordpieces. At m = 64 only
-  16% of the documents hold one full chunk, 1.2% two, and 23.5% of the tokens are in full
-  chunks; at m = 32, 13% of the documents hold no full chunk and only 16% two (so a chunk
-  rarely has a continuation). `TOY_CHUNK_LEN` = 16: every document holds a full chunk (min
-  24), 86.5% hold two (a continuation, and a training sequence of l = 2 chunks), and 84.7% of
-  the tokens are in full chunks.
+  world's documents are far shorter than RETRO's, and at m = 64 or 32 few hold a chunk and its
+  continuation; at `TOY_CHUNK_LEN` = 16 every one holds a full chunk and most two
+  (docs/toy_settings.md, "RETRO chunk length").
 * **The last, partial chunk of a document is kept, padded with 0** ([PAD], which no text
   wordpiece is), its real length in `chunk_lengths`. Dropping it would lose 15% of the toy
   world's tokens at m = 16 (a document's last sentence, often its last fact) and every document
@@ -96,7 +91,7 @@ FORMAT_NAME = "realm_jax.ChunkDatabase"
 FORMAT_VERSION = 1
 
 RETRO_CHUNK_LEN = 64  # m in RETRO
-TOY_CHUNK_LEN = 16  # the toy world's m (see the module docstring for the measurement)
+TOY_CHUNK_LEN = 16  # the toy world's m (docs/toy_settings.md, "RETRO chunk length")
 RETRO_TRAIN_NEIGHBOURS = 2  # k in RETRO's training
 DEFAULT_BATCH_SIZE = 128  # chunks per jitted BERT call
 
