@@ -85,15 +85,15 @@ Cells. A pretraining row's cell takes 5 to 10 minutes on 2 cores and a fine-tuni
 so the default 5 seeds are hours, longer than one sitting. Every finished cell (one row, one
 seed) is kept as `<cells>/seed<s>_<row>.json` (default `bench/results/ablations/`, kept with the
 repository): its summary, minutes, date, commit and a fingerprint of what decides its result
-(the gins, the toy BERT's sha256, the toy world's generator version, the report split and the
-step options). A later run reuses every cell whose fingerprint matches and runs the rest, so the
+(what the gins configure, Python defaults included, the toy BERT's sha256, the toy world's
+generator version, the report split and the step options). A later run reuses every cell whose fingerprint matches and runs the rest, so the
 table can be finished in another sitting or on another machine; a cell whose fingerprint
 differs is run again. A fine-tuning row's cell is reused only beside the REALM cell whose
 pretraining it fine-tuned (each records its pretraining's `pretraining_id`, a digest of the
 trained values): when one must be made and `--out` no longer holds that pretraining, it is made
 again, and the kept cells stay if the remake trained the same values (a toy pretraining is
-deterministic), else REALM's cell is made again with the fine-tunings. The fingerprint does not cover the code: after a change that alters results, start
-over with `--fresh_cells`. `--finetune_steps N` (with its own `--cells` directory) fine-tunes the
+deterministic), else REALM's cell is made again with the fine-tunings. The fingerprint does not
+cover the code: after a change that alters results, start over with `--fresh_cells`. `--finetune_steps N` (with its own `--cells` directory) fine-tunes the
 pretrainings `--out` holds again, N steps each, into directories of their own
 (`<row>_<N>steps`): it makes no ICT or pretraining run again.
 """
@@ -330,18 +330,30 @@ def cell_options(*, toy_bert_sha256: Optional[str], ict_from_bert: bool,
 
 def fingerprint(options: dict, *, gins: Sequence[str] = FINGERPRINT_GINS,
                 excluded: Sequence[str] = FINGERPRINT_EXCLUDED) -> str:
-  """sha256 over the gins every stage reads (comments aside) and `options` (the toy BERT's
-  sha256, `world_options()`, steps...). `gins`: glob patterns under the repository (another
-  bench's own), less `excluded`."""
-  digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+  """sha256 over `options` (the toy BERT's sha256, `world_options()`, steps...) and what the
+  bench's gins configure: `gin_utils.effective_bindings` of each gin among `gins` (glob patterns
+  under the repository, less `excluded`) that configures an entry point (binds a `*_main`),
+  its includes and the Python defaults it leaves in place resolved. Comments, moving a binding
+  or an included gin, and a binding that restates its default keep the fingerprint; a value that
+  changes, in a gin or as a default, makes new cells. The gins' paths do not enter it."""
+  # pylint: disable=import-outside-toplevel,unused-import
+  import realm_jax.build_index  # noqa: F401  registers build_index_main
+  import realm_jax.evaluate  # noqa: F401  registers evaluate_main
+  import realm_jax.train  # noqa: F401  registers train_main and the jobs
+  from realm_jax import gin_utils
+  # pylint: enable=import-outside-toplevel,unused-import
+  configured = []
   for pattern in gins:
-    for path in sorted(glob.glob(os.path.join(REPO, pattern))):
-      if os.path.relpath(path, REPO) in excluded:
+    for path in glob.glob(os.path.join(REPO, pattern)):
+      relative = os.path.relpath(path, REPO)
+      if relative in excluded:
         continue
-      with open(path, encoding="utf-8") as f:
-        # Comments and blank lines do not decide results.
-        lines = [line.rstrip() for line in f if line.strip() and not line.lstrip().startswith("#")]
-      digest.update(("\n".join([os.path.relpath(path, REPO), *lines]) + "\n\0").encode())
+      bindings = gin_utils.effective_bindings(relative, root=REPO)
+      if any(name.endswith("_main") for name in bindings):
+        configured.append(json.dumps(bindings, sort_keys=True))
+  digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+  for bindings in sorted(configured):
+    digest.update(bindings.encode() + b"\0")
   return digest.hexdigest()
 
 

@@ -160,25 +160,92 @@ def _unparsable_binding(bindings: Sequence[str]) -> Optional[ConfigError]:
   return None
 
 
+def _references(value) -> list[gin.config.ConfigurableReference]:
+  """The `@configurable` and `%MACRO` references in a bound value, nested ones too."""
+  if isinstance(value, gin.config.ConfigurableReference):
+    return [value]
+  if isinstance(value, dict):
+    value = list(value.values())
+  if isinstance(value, (list, tuple, set)):
+    return [reference for item in value for reference in _references(item)]
+  return []
+
+
 def _referenced_macros() -> set[str]:
   """Names of the macros some binding of the parsed config refers to (`%NAME`)."""
-  names: set[str] = set()
+  macro = "/gin.macro"  # the scoped selector of %NAME is "NAME/gin.macro"
+  return {reference.scoped_selector[:-len(macro)]
+          for bound in gin.config._CONFIG.values()  # pylint: disable=protected-access
+          for reference in _references(bound) if reference.scoped_selector.endswith(macro)}
 
-  def walk(value) -> None:
-    if isinstance(value, gin.config.ConfigurableReference):
-      selector = value.scoped_selector  # "NAME/gin.macro" for %NAME
-      if selector.endswith("/gin.macro"):
-        names.add(selector[:-len("/gin.macro")])
-    elif isinstance(value, (list, tuple, set)):
-      for item in value:
-        walk(item)
-    elif isinstance(value, dict):
-      for item in value.values():
-        walk(item)
 
-  for bound in gin.config._CONFIG.values():  # pylint: disable=protected-access
-    walk(bound)
-  return names
+def effective_bindings(gin_file: str, *, root: str = REPO_ROOT) -> dict[str, dict[str, str]]:
+  """What `gin_file` configures, whatever way it is written: {configurable: {parameter: repr of
+  its value}}, for every configurable the file (with its includes, looked up from `root`) binds
+  or refers to, each with all its parameters that have a value, the file's or the Python default
+  it leaves in place; macros as "%NAME": {"value": ...}. Comments, line order, the file of the
+  include tree a binding stands in and a binding that restates its default leave it unchanged; a
+  value that changes, in the file or as a Python default, changes it. The configurables must be
+  registered (their modules imported). Clears gin's config before and after."""
+  config = gin.config
+  prefixes = list(config._LOCATION_PREFIXES)  # pylint: disable=protected-access
+  config._LOCATION_PREFIXES[:] = [root]  # pylint: disable=protected-access
+  gin.clear_config()
+  try:
+    with gin.unlock_config():
+      gin.parse_config_files_and_bindings([os.path.join(root, gin_file)], [],
+                                          finalize_config=False)
+    bound = {key: dict(values) for key, values in config._CONFIG.items()}  # pylint: disable=protected-access
+  finally:
+    gin.clear_config()
+    config._LOCATION_PREFIXES[:] = prefixes  # pylint: disable=protected-access
+  referenced = {(scope_of(reference), reference.configurable.selector)
+                for values in bound.values() for reference in _references(values)}
+  effective: dict[str, dict[str, str]] = {}
+  for scope, selector in sorted(set(bound) | referenced):
+    values = bound.get((scope, selector), {})
+    if selector == "gin.macro":
+      effective[f"%{scope}"] = {name: _canonical(value) for name, value in values.items()}
+      continue
+    if selector == "gin.constant":
+      continue  # %gin.REQUIRED and the like: named by the macro that holds them
+    wrapped = config._REGISTRY.get_match(selector).wrapped  # pylint: disable=protected-access
+    defaults = {name: parameter.default
+                for name, parameter in inspect.signature(wrapped).parameters.items()
+                if parameter.default is not inspect.Parameter.empty}
+    effective["/".join(filter(None, (scope, selector)))] = {
+        name: _canonical(value) for name, value in sorted({**defaults, **values}.items())}
+  return effective
+
+
+def scope_of(reference: gin.config.ConfigurableReference) -> str:
+  """The scope a reference calls its configurable in ("" for none): `@eval/Job()` -> "eval"."""
+  return "/".join(reference.scopes)
+
+
+def _canonical(value) -> str:
+  """A bound value as text that does not depend on how the file names a configurable: a
+  reference by its full selector (`@realm_jax.jobs.pretrain.PretrainJob()`, not
+  `@PretrainJob()`), a macro as `%NAME`, anything else as its repr."""
+  if isinstance(value, gin.config.ConfigurableReference):
+    selector = value.configurable.selector
+    if selector in ("gin.macro", "gin.constant"):
+      return f"%{scope_of(value)}"
+    call = "()" if value.evaluate else ""
+    return f"@{'/'.join(filter(None, (scope_of(value), selector)))}{call}"
+  if isinstance(value, (list, tuple)):
+    items = ", ".join(_canonical(item) for item in value)
+    return f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"
+  if isinstance(value, dict):
+    return "{" + ", ".join(f"{key!r}: {_canonical(item)}" for key, item in value.items()) + "}"
+  if value is gin.REQUIRED:
+    return "%gin.REQUIRED"
+  if callable(value) and hasattr(value, "__qualname__"):
+    return f"{value.__module__}.{value.__qualname__}"
+  text = repr(value)
+  if " at 0x" in text:  # an address differs from process to process
+    raise ValueError(f"no stable text for the value {text}")
+  return text
 
 
 def _check_macros_used(bindings: Sequence[str]) -> None:

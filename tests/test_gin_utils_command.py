@@ -299,3 +299,68 @@ def test_exit_process_does_not_wait_for_ever_on_a_thread_that_never_ends():
   assert lines[-2] == "standin: error: RuntimeError: the save was lost", lines
   assert lines[-1] == ("standin: 1 background thread(s) still running after 1s (never-ends); "
                        "exiting with status 1 without them"), lines
+
+
+@gin.configurable
+def effective_probe_main(run_dir: str = gin.REQUIRED, steps: int = 10, rate: float = 0.5,
+                         job=None, shape=(-1, 1)):
+  del run_dir, steps, rate, job, shape
+
+
+@gin.configurable
+class EffectiveProbeJob:
+
+  def __init__(self, width: int = 4, activation=abs):
+    del width, activation
+
+
+def _write(root, files: dict) -> None:
+  for relative, text in files.items():
+    path = root / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_effective_bindings_are_what_a_gin_configures_however_it_is_written(tmp_path):
+  main = gin.config._REGISTRY.get_match("effective_probe_main").selector  # pylint: disable=protected-access
+  job = gin.config._REGISTRY.get_match("EffectiveProbeJob").selector  # pylint: disable=protected-access
+  _write(tmp_path, {
+      "gin_configs/models/m.gin": "EffectiveProbeJob.width = 8\n",
+      "gin_configs/experiments/a.gin": (
+          "include 'gin_configs/models/m.gin'\n"
+          "RUN = %gin.REQUIRED\n"
+          "effective_probe_main.run_dir = %RUN\n"
+          "effective_probe_main.job = @EffectiveProbeJob()\n")})
+  effective = gin_utils.effective_bindings("gin_configs/experiments/a.gin", root=str(tmp_path))
+  # Worked by hand: every parameter with a value, the file's or the default it leaves.
+  assert effective == {
+      "%RUN": {"value": "%gin.REQUIRED"},
+      main: {"job": f"@{job}()", "rate": "0.5", "run_dir": "%RUN", "shape": "(-1, 1)",
+             "steps": "10"},
+      job: {"activation": "builtins.abs", "width": "8"}}
+  assert not gin.config._CONFIG  # pylint: disable=protected-access  (cleared after)
+
+  # Written otherwise: comments, the included gin moved, its binding moved into the file, a
+  # default restated, the configurable named by its full selector.
+  _write(tmp_path, {
+      "gin_configs/other/model.gin": "# The model.\n\n",
+      "gin_configs/experiments/b.gin": (
+          "include 'gin_configs/other/model.gin'\n"
+          "# Why each setting is so.\n"
+          f"effective_probe_main.job = @{job}()\n"
+          "effective_probe_main.steps = 10\n"
+          "effective_probe_main.run_dir = %RUN\n"
+          "RUN = %gin.REQUIRED\n"
+          "EffectiveProbeJob.width = 8\n")})
+  assert gin_utils.effective_bindings("gin_configs/experiments/b.gin",
+                                      root=str(tmp_path)) == effective
+
+  # A value that differs, and a scope, do change it.
+  _write(tmp_path, {"gin_configs/models/m.gin": "EffectiveProbeJob.width = 9\n"})
+  changed = gin_utils.effective_bindings("gin_configs/experiments/a.gin", root=str(tmp_path))
+  assert changed[job]["width"] == "9"
+  _write(tmp_path, {"gin_configs/experiments/c.gin": (
+      "effective_probe_main.job = @eval/EffectiveProbeJob()\n"
+      "eval/EffectiveProbeJob.width = 2\n")})
+  scoped = gin_utils.effective_bindings("gin_configs/experiments/c.gin", root=str(tmp_path))
+  assert scoped[main]["job"] == f"@eval/{job}()" and scoped[f"eval/{job}"]["width"] == "2"

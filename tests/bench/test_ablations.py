@@ -369,19 +369,35 @@ def test_finished_cells_are_reused_unless_made_with_other_gins_or_options(tmp_pa
   ablations.save_cell(path, _cell(0.25), fingerprint)
   assert ablations.load_cell(path, fingerprint) == _cell(0.25)
   assert os.listdir(tmp_path / "cells") == ["seed0_realm.json"]  # no temporary left behind
-  # Another gin's contents change the fingerprint, and the kept cell is not reused.
-  gin_dir = tmp_path / "repo" / "gin_configs" / "experiments"
-  gin_dir.mkdir(parents=True)
-  (gin_dir / "toy_pretrain.gin").write_text("NUM_STEPS = 200\n")
+  # What the gins configure decides the fingerprint, not how they are written.
+  experiments = tmp_path / "repo" / "gin_configs" / "experiments"
+  experiments.mkdir(parents=True)
+  (experiments / "toy_model.gin").write_text("train_main.batch_size = 8\n")
+  pretrain = ("include 'gin_configs/experiments/toy_model.gin'\n"
+              "NUM_STEPS = 200\ntrain_main.num_steps = %NUM_STEPS\n")
+  (experiments / "toy_pretrain.gin").write_text(pretrain)
   monkeypatch.setattr(ablations, "REPO", str(tmp_path / "repo"))
   before = ablations.fingerprint({})
-  (gin_dir / "toy_pretrain.gin").write_text("# How many steps.\n\nNUM_STEPS = 200\n")
+  (experiments / "toy_pretrain.gin").write_text("# How many steps.\n\n" + pretrain)
   assert ablations.fingerprint({}) == before  # comments do not decide results
-  (gin_dir / "toy_pretrain.gin").write_text("NUM_STEPS = 201\n")
-  assert ablations.fingerprint({}) != before
+  (experiments / "toy_pretrain.gin").write_text(pretrain + "train_main.seed = 0\n")
+  assert ablations.fingerprint({}) == before  # nor a binding that restates its default
+  # nor where the model gin lies (a gin that runs nothing counts only where it is included)
+  (tmp_path / "repo" / "gin_configs" / "models").mkdir()
+  (experiments / "toy_model.gin").rename(tmp_path / "repo" / "gin_configs" / "models" / "toy.gin")
+  (experiments / "toy_pretrain.gin").write_text(pretrain.replace("experiments/toy_model",
+                                                                 "models/toy"))
+  assert ablations.fingerprint({}) == before
+  (tmp_path / "repo" / "gin_configs" / "models" / "toy.gin").write_text(
+      "train_main.batch_size = 16\n")
+  assert ablations.fingerprint({}) != before  # a value the runs read
+  changed = ablations.fingerprint({})
+  (experiments / "toy_pretrain.gin").write_text(
+      pretrain.replace("experiments/toy_model", "models/toy").replace("200", "201"))
+  assert ablations.fingerprint({}) != changed
   # RETRO's gins decide no cell of these benches: adding one leaves the fingerprint.
   changed = ablations.fingerprint({})
-  (gin_dir / "toy_retro.gin").write_text("NUM_STEPS = 300\n")
+  (experiments / "toy_retro.gin").write_text("train_main.num_steps = 300\n")
   assert ablations.fingerprint({}) == changed
   ablations.save_cell(path, _cell(0.25), before)
   capsys.readouterr()
