@@ -9,7 +9,7 @@ batches of `--batch_size` blocks on one device of the local backend) with `lengt
 ("before": every batch at the store's max_block_len, 288 wordpieces) and with the default
 `length_bucket=32` ("after": each batch cut to the smallest multiple of 32 wordpieces that holds
 its longest block), at the toy BERT's shape (2 layers, hidden 128, 2 heads, intermediate 512,
-BERT uncased vocabulary, mean pooling: gin_configs/experiments/toy_model.gin) with random
+BERT uncased vocabulary, mean pooling: gin_configs/models/toy.gin) with random
 weights (speed does not depend on them), over two BlockStores of max_block_len 288 that it
 builds into a temporary directory with `realm_jax.data.corpus_build.build_block_store`:
 
@@ -178,7 +178,7 @@ def main() -> None:
   args = parser.parse_args()
 
   total_start = time.perf_counter()
-  config = toy_step.read_job("pretrain")["model_config"]  # toy_model.gin's shape
+  config = toy_step.read_job("pretrain")["model_config"]  # models/toy.gin's shape
   device = jax.devices()[0]
   mesh = builder.local_mesh([device])
   params = random_retriever_params(config, args.seed)

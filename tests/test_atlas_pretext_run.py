@@ -38,7 +38,7 @@ from realm_jax_tasks import atlas
 
 import toy_runs  # tests/toy_runs.py
 
-# = gin_configs/experiments/toy_model.gin's sizes.
+# = gin_configs/models/toy.gin's sizes.
 TINY = toy_runs.TINY
 TASK = "atlas_pretext_pretexttest"
 DEV_PERCENT = 20

@@ -33,7 +33,7 @@ from realm_jax.models import fid_qa
 
 import toy_runs  # tests/toy_runs.py
 
-# = gin_configs/experiments/toy_model.gin's sizes (what atlas_toy_closed_book.gin includes).
+# = gin_configs/models/toy.gin's sizes (what atlas_toy_closed_book.gin includes).
 TINY = toy_runs.TINY
 GIN = "--gin_file=gin_configs/experiments/atlas_toy_closed_book.gin"
 # BERT uncased: [CLS] where was alpha born ? [SEP].

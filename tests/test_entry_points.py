@@ -72,7 +72,7 @@ DRY_RUNS = {
     "atlas_toy_closed_book": ["--gin_file=gin_configs/experiments/atlas_toy_closed_book.gin",
                               "--gin.INIT_CHECKPOINT=None"],
     "contriever_toy": ["--gin_file=gin_configs/experiments/contriever_toy.gin"],
-    "toy_model": ["--gin_file=gin_configs/experiments/toy_model.gin",
+    "toy_model": ["--gin_file=gin_configs/models/toy.gin",
                   "--gin_file=gin_configs/runs/ict.gin", "--gin.TASK='ict_toy'",
                   "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10"],
     "runs_finetune": ["--gin_file=gin_configs/models/tiny.gin",
@@ -140,8 +140,9 @@ def test_every_run_and_experiment_gin_is_covered():
 def test_build_index_gin_parses_and_binds(tmp_path):
   gin_utils.parse_gin(["gin_configs/runs/build_index.gin"],
                       [f"RUN_DIR = '{tmp_path}'", "BLOCK_STORE = '/data/blocks'"])
-  assert gin.query_parameter("build_index_main.once") is False
-  assert gin.query_parameter("build_index_main.batch_size") == 128
+  assert gin.query_parameter("%RUN_DIR") == str(tmp_path)
+  assert gin.query_parameter("%BLOCK_STORE") == "/data/blocks"
+  assert str(gin.query_parameter("build_index_main.block_store")) == "%BLOCK_STORE"
 
 
 def _one_config_error(capsys, code):
@@ -245,7 +246,7 @@ def test_warm_start_checkpoint_of_another_model_size(name, item, macro, tmp_path
 def test_bert_warm_start_needs_only_the_bert_shape(name, macro, tmp_path, capsys):
   """A converted BERT records transformers' defaults for REALM's heads ([CLS] pooling, span
   width 256); only its BERT shape has to match the run's, since the heads start fresh."""
-  # The toy model's BERT shape (experiments/toy_model.gin).
+  # The toy model's BERT shape (models/toy.gin).
   bert = config_lib.RealmConfig(
       bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512))
   assert bert.retriever_pooling == "cls" and bert.span_hidden_size == 256

@@ -40,7 +40,7 @@ from realm_jax.models.retriever import RealmRetriever
 from realm_jax import checkpoints
 
 REPO = gin_utils.REPO_ROOT
-# = gin_configs/experiments/toy_model.gin (its dropout does not change parameter shapes).
+# = gin_configs/models/toy.gin (its dropout does not change parameter shapes).
 TINY = config_lib.RealmConfig(
     bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512),
     span_hidden_size=64, retriever_pooling="mean")
@@ -203,7 +203,7 @@ def test_qa_mode_on_bm25s_blocks_equals_the_library_with_the_bm25_searcher(world
 
 
 def test_question_prints_the_answer_and_its_evidence(world, capsys):
-  code = entry.main(["evaluate", "--gin_file=gin_configs/experiments/toy_model.gin",
+  code = entry.main(["evaluate", "--gin_file=gin_configs/models/toy.gin",
                      "--gin_file=gin_configs/runs/eval.gin",  # TASK left unset: not needed
                      *_world_args(world, f"--question={QUESTION}")])
   out, err = _output(capsys)

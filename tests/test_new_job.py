@@ -94,7 +94,7 @@ JOB_MODULE = textwrap.dedent('''\
 
 JOB_GIN = textwrap.dedent("""\
     import block_mlm_job
-    include 'gin_configs/experiments/toy_model.gin'
+    include 'gin_configs/models/toy.gin'
 
     train_main.run_dir = %RUN_DIR
     train_main.model_config = %MODEL_CONFIG

@@ -13,7 +13,7 @@ from realm_jax.data import toy_world
 from realm_jax.models import config as config_lib
 from realm_jax.models import realm
 
-# = gin_configs/experiments/toy_model.gin's sizes (what toy_finetune_fid.gin includes).
+# = gin_configs/models/toy.gin's sizes (what toy_finetune_fid.gin includes).
 TINY = config_lib.RealmConfig(
     bert=config_lib.tiny_bert(hidden_size=128, num_heads=2, intermediate_size=512),
     span_hidden_size=64, retriever_pooling="mean")
