@@ -42,8 +42,8 @@ And one without a run:
   b 0.4, Lucene's idf, lower-cased alphanumeric terms of each block's title and body) ranks the
   blocks of the BlockStore (`block_store`, or the toy store for toy tasks) for every question of
   the same task split, and reports the same metrics the same way (recall@k by
-  `evaluation.retrieval.answer_hits`, regex answers for regex tasks; for an ICT task the source
-  block's recall by `evaluation.retrieval.ict_hits`, its wordpiece query decoded back to text,
+  `evaluation.recall.answer_hits`, regex answers for regex tasks; for an ICT task the source
+  block's recall by `evaluation.recall.ict_hits`, its wordpiece query decoded back to text,
   with chance@k), "bm25" in place of "retrieval". No
   checkpoint, index or model: the settings for those (checkpoint_step, index_step,
   index_run_dir, first_index_checkpoint_dir, backend, reader_beam, reader_len, verify_index)

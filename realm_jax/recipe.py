@@ -867,9 +867,9 @@ def check_answers(splits: dict[str, tuple[str, list]], texts, min_answerable: fl
     InputError: in some split, less than `min_answerable` of the questions has an answer in
       the corpus: the questions are not this corpus's (naming the file and the first ones).
   """
-  from realm_jax.evaluation import retrieval  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import recall  # pylint: disable=g-import-not-at-top
   examples = [e for _, split_examples in splits.values() for e in split_examples]
-  found = retrieval.answers_in_corpus(examples, texts)  # [all questions]
+  found = recall.answers_in_corpus(examples, texts)  # [all questions]
   lines, begin = [], 0
   for split, (file, split_examples) in splits.items():
     absent = [e for e, ok in zip(split_examples, found[begin:begin + len(split_examples)])

@@ -28,8 +28,8 @@ from realm_jax.data import sources as sources_lib
 from realm_jax.data import toy_world
 from realm_jax.evaluation import metrics as metrics_lib
 from realm_jax.evaluation import qa as qa_lib
+from realm_jax.evaluation import recall
 from realm_jax.evaluation import results
-from realm_jax.evaluation import retrieval
 from realm_jax.evaluation import runs
 from realm_jax.index import builder
 from realm_jax.index import store as store_lib
@@ -560,8 +560,8 @@ def test_choose_checkpoint_prefers_best_json(tmp_path):
 
 
 def test_k_values_are_clipped_to_the_corpus():
-  assert retrieval.clip_k_values((1, 5, 20, 100), 12) == (1, 5, 12)
-  assert retrieval.clip_k_values((100, 5, 5), 1000) == (5, 100)
+  assert recall.clip_k_values((1, 5, 20, 100), 12) == (1, 5, 12)
+  assert recall.clip_k_values((100, 5, 5), 1000) == (5, 100)
 
 
 # ------------------------------------------------------------------------------ errors

@@ -30,8 +30,8 @@ from realm_jax.data import block_store as block_store_lib
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.evaluation import bm25 as bm25_lib
 from realm_jax.evaluation import qa as qa_lib
+from realm_jax.evaluation import recall
 from realm_jax.evaluation import results
-from realm_jax.evaluation import retrieval
 from realm_jax.evaluation import runs
 from realm_jax.evaluation import tasks as tasks_lib
 from realm_jax.gin_utils import ConfigError
@@ -216,7 +216,7 @@ def run_qa(run_dir: str, config: Any, step: Optional[int], why: str, *, task: st
   throttle = progress_lib.Throttle()
   metrics, predictions = qa_lib.evaluate(
       model, params, examples, searcher=reader.searcher, store=store, batch_size=batch_size,
-      k_values=retrieval.clip_k_values(k_values, store.num_blocks),
+      k_values=recall.clip_k_values(k_values, store.num_blocks),
       block_emb=reader.block_emb, reader_len=reader_len, progress=_progress_to(throttle))
   throttle.finish()
   fields = {"run_dir": os.path.abspath(run_dir), "task": task, "split": split,
@@ -275,7 +275,7 @@ def run_retrieval(run_dir: str, config: Any, *, task: str, kind: str, split: str
     retriever = retrieval_lib.make_index_loader(index.run_dir, config,
                                                 first_checkpoint_dir=first_index_checkpoint_dir,
                                                 backend=index.backend)(loaded)
-  ks = retrieval.clip_k_values(k_values, store.num_blocks)
+  ks = recall.clip_k_values(k_values, store.num_blocks)
   queries, examples = _task_queries(task, kind, split, max_examples)
   vocab = vocab_lib.default_vocabulary()
 
@@ -288,9 +288,9 @@ def run_retrieval(run_dir: str, config: Any, *, task: str, kind: str, split: str
 
   total = len(queries["block_uid"]) if kind == "ict" else len(examples)
   ids = _in_batches(top_ids, total, batch_size, _counted(kind))  # [n, k]
-  hits = (retrieval.ict_hits(ids, queries["block_uid"], store.uids) if kind == "ict"
-          else retrieval.answer_hits(ids, examples, store))  # [n, k]
-  metrics = retrieval.recall_metrics(hits, ks, kind, store.num_blocks)
+  hits = (recall.ict_hits(ids, queries["block_uid"], store.uids) if kind == "ict"
+          else recall.answer_hits(ids, examples, store))  # [n, k]
+  metrics = recall.recall_metrics(hits, ks, kind, store.num_blocks)
   fields = {"run_dir": os.path.abspath(run_dir), "task": task, "split": split,
             "index_step": loaded.step, "query_tower_checkpoint": step_dir,
             "backend": index.backend}
@@ -306,7 +306,7 @@ def run_bm25(run_dir: Optional[str], *, task: str, kind: str, split: str,
   toy store) for every query of the task split, with mode "retrieval"'s metrics (an ICT task's
   wordpiece queries decoded back to text). `run_dir` (or None) is only recorded."""
   store = open_block_store(block_store)
-  ks = retrieval.clip_k_values(k_values, store.num_blocks)
+  ks = recall.clip_k_values(k_values, store.num_blocks)
   start = time.monotonic()
   index = bm25_lib.BM25Index(bm25_lib.block_texts(store))
   _say(f"BM25 index of {store.num_blocks:,} blocks ({index.num_terms:,} terms) in "
@@ -318,11 +318,11 @@ def run_bm25(run_dir: Optional[str], *, task: str, kind: str, split: str,
   def top_hits(begin: int, end: int) -> Any:
     ids, _ = index.top_k(texts[begin:end], ks[-1])  # [batch, k]
     if kind == "ict":
-      return retrieval.ict_hits(ids, queries["block_uid"][begin:end], store.uids)  # [batch, k]
-    return retrieval.answer_hits(ids, examples[begin:end], store)  # [batch, k]
+      return recall.ict_hits(ids, queries["block_uid"][begin:end], store.uids)  # [batch, k]
+    return recall.answer_hits(ids, examples[begin:end], store)  # [batch, k]
 
   hits = _in_batches(top_hits, len(texts), batch_size, _counted(kind))  # [n, k]
-  metrics = retrieval.recall_metrics(hits, ks, kind, store.num_blocks)
+  metrics = recall.recall_metrics(hits, ks, kind, store.num_blocks)
   fields = {"run_dir": os.path.abspath(run_dir) if run_dir else None, "task": task,
             "split": split, "block_store": os.path.abspath(store.path),
             "bm25": {"k1": index.k1, "b": index.b}}

@@ -49,7 +49,7 @@ from realm_jax.data.qa_datasets import QAExample
 from realm_jax.batches import qa_batches
 from realm_jax.batches import seqio_batches
 from realm_jax.evaluation import metrics
-from realm_jax.evaluation import retrieval
+from realm_jax.evaluation import recall
 from realm_jax.models import open_qa_model
 
 log = logging.getLogger(__name__)
@@ -359,7 +359,7 @@ def evaluate(model: open_qa_model.OpenQAModel, params: Any, examples: Sequence[A
                                  extras=(f"{answer_metric} so far {correct / done:.4f}",)))
 
   if not closed_book and recall_match != "substring":
-    hits = retrieval.answer_hits(retrieved_ids, examples, store, answers_are_regex)
+    hits = recall.answer_hits(retrieved_ids, examples, store, answers_are_regex)
   results = {answer_metric: float(np.mean([p["correct"] for p in predictions]))}
   if not closed_book:
     results.update(metrics.top_k_recall(hits, k_values))

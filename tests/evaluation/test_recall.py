@@ -1,4 +1,4 @@
-"""realm_jax.evaluation.retrieval: `answers_in_corpus` (whether a question's answer occurs in any
+"""realm_jax.evaluation.recall: `answers_in_corpus` (whether a question's answer occurs in any
 block, in one pass) and `answer_hits` (each retrieved block, each block tokenised once), against
 `metrics.has_answer` on every (question, block) pair."""
 
@@ -6,7 +6,7 @@ import numpy as np
 
 from realm_jax.data.qa_datasets import QAExample
 from realm_jax.evaluation import metrics
-from realm_jax.evaluation import retrieval
+from realm_jax.evaluation import recall
 
 TEXTS = ["The party was in Paris, France.", "Caf\u00e9 de Flore opened in 1887.",
          "heapq.heappush(heap, item): Push item onto heap."]
@@ -21,7 +21,7 @@ def test_answers_in_corpus_is_has_answer_over_every_block():
               QAExample("q", (r"\d{4}",), answers_are_regex=True),
               QAExample("q", (r"^Push",), answers_are_regex=True),  # not at a line start
               QAExample("q", ("[unclosed",), answers_are_regex=True)]  # does not compile: a miss
-  found = retrieval.answers_in_corpus(examples, iter(TEXTS))
+  found = recall.answers_in_corpus(examples, iter(TEXTS))
   expected = [any(metrics.has_answer(text, e.answers,
                                      match="regex" if e.answers_are_regex else "string")
                   for text in TEXTS) for e in examples]
@@ -47,7 +47,7 @@ def test_answer_hits_is_has_answer_on_each_retrieved_block():
               QAExample("q", (r"\d{4}",), answers_are_regex=True)]
   ids = np.array([[0, 1, 2], [0, -1, 0], [2, 2, 1], [1, 0, -1]])  # -1: no result
   store = _Store(TEXTS)
-  hits = retrieval.answer_hits(ids, examples, store)
+  hits = recall.answer_hits(ids, examples, store)
   expected = [[block_id >= 0 and metrics.has_answer(
       TEXTS[block_id], e.answers, match="regex" if e.answers_are_regex else "string")
                for block_id in row] for e, row in zip(examples, ids)]
@@ -59,5 +59,5 @@ def test_answer_hits_is_has_answer_on_each_retrieved_block():
   # Plain answers read each block once; the regex row reads its two blocks again.
   assert store.bodies_read == 3 + 2
   # answers_are_regex=True treats every answer as a pattern: "art" is found inside "party".
-  assert retrieval.answer_hits(ids[:1], examples[:1], _Store(TEXTS), True).tolist() == [
+  assert recall.answer_hits(ids[:1], examples[:1], _Store(TEXTS), True).tolist() == [
       [True, False, False]]
