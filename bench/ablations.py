@@ -81,21 +81,22 @@ their interaction, seed by seed, beside the change in zero-shot recall the retri
 pretraining made. `--write` puts the table, the comparisons, the noise line and that split into
 docs/benchmarks.md.
 
-Cells. A pretraining row's cell takes 5 to 10 minutes on 2 cores and a fine-tuning row's a few,
-so the default 5 seeds are hours, longer than one sitting. Every finished cell (one row, one
-seed) is kept as `<cells>/seed<s>_<row>.json` (default `bench/results/ablations/`, kept with the
-repository): its summary, minutes, date, commit and a fingerprint of what decides its result
-(what the gins configure, Python defaults included, the toy BERT's sha256, the toy world's
-generator version, the report split and the step options). A later run reuses every cell whose fingerprint matches and runs the rest, so the
-table can be finished in another sitting or on another machine; a cell whose fingerprint
-differs is run again. A fine-tuning row's cell is reused only beside the REALM cell whose
-pretraining it fine-tuned (each records its pretraining's `pretraining_id`, a digest of the
-trained values): when one must be made and `--out` no longer holds that pretraining, it is made
-again, and the kept cells stay if the remake trained the same values (a toy pretraining is
-deterministic), else REALM's cell is made again with the fine-tunings. The fingerprint does not
-cover the code: after a change that alters results, start over with `--fresh_cells`. `--finetune_steps N` (with its own `--cells` directory) fine-tunes the
-pretrainings `--out` holds again, N steps each, into directories of their own
-(`<row>_<N>steps`): it makes no ICT or pretraining run again.
+Cells. A pretraining row's cell takes 5 to 10 minutes on 2 cores and a fine-tuning row's a few, so
+the default 5 seeds are hours, longer than one sitting. Every finished cell (one row, one seed) is
+kept as `<cells>/seed<s>_<row>.json` (default `bench/results/ablations/`, kept with the
+repository): its summary, minutes, date, commit and a fingerprint of what decides its result (what
+the gins configure, Python defaults included, the toy BERT's sha256, the toy world's generator
+version, the report split and the step options). A later run reuses every cell whose fingerprint
+matches and runs the rest, so the table can be finished in another sitting or on another machine; a
+cell whose fingerprint differs is run again. A fine-tuning row's cell is reused only beside the
+REALM cell whose pretraining it fine-tuned (each records its pretraining's `pretraining_id`, a
+digest of the trained values): when one must be made and `--out` no longer holds that pretraining,
+it is made again, and the kept cells stay if the remake trained the same values (a toy pretraining
+is deterministic), else REALM's cell is made again with the fine-tunings. The fingerprint does not
+cover the code: after a change that alters results, start over with `--fresh_cells`.
+`--finetune_steps N` (with its own `--cells` directory) fine-tunes the pretrainings `--out` holds
+again, N steps each, into directories of their own (`<row>_<N>steps`): it makes no ICT or
+pretraining run again.
 """
 
 from __future__ import annotations

@@ -195,11 +195,12 @@ def effective_bindings(gin_file: str, *, root: str = REPO_ROOT) -> dict[str, dic
     with gin.unlock_config():
       gin.parse_config_files_and_bindings([os.path.join(root, gin_file)], [],
                                           finalize_config=False)
-    bound = {key: dict(values) for key, values in config._CONFIG.items()}  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    bound = {key: dict(values) for key, values in config._CONFIG.items()}
   finally:
     gin.clear_config()
     config._LOCATION_PREFIXES[:] = prefixes  # pylint: disable=protected-access
-  referenced = {(scope_of(reference), reference.configurable.selector)
+  referenced = {(_scope_of(reference), reference.configurable.selector)
                 for values in bound.values() for reference in _references(values)}
   effective: dict[str, dict[str, str]] = {}
   for scope, selector in sorted(set(bound) | referenced):
@@ -218,7 +219,7 @@ def effective_bindings(gin_file: str, *, root: str = REPO_ROOT) -> dict[str, dic
   return effective
 
 
-def scope_of(reference: gin.config.ConfigurableReference) -> str:
+def _scope_of(reference: gin.config.ConfigurableReference) -> str:
   """The scope a reference calls its configurable in ("" for none): `@eval/Job()` -> "eval"."""
   return "/".join(reference.scopes)
 
@@ -230,9 +231,9 @@ def _canonical(value) -> str:
   if isinstance(value, gin.config.ConfigurableReference):
     selector = value.configurable.selector
     if selector in ("gin.macro", "gin.constant"):
-      return f"%{scope_of(value)}"
+      return f"%{_scope_of(value)}"
     call = "()" if value.evaluate else ""
-    return f"@{'/'.join(filter(None, (scope_of(value), selector)))}{call}"
+    return f"@{'/'.join(filter(None, (_scope_of(value), selector)))}{call}"
   if isinstance(value, (list, tuple)):
     items = ", ".join(_canonical(item) for item in value)
     return f"[{items}]" if isinstance(value, list) else f"({items}{',' if len(value) == 1 else ''})"

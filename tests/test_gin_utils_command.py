@@ -322,8 +322,9 @@ def _write(root, files: dict) -> None:
 
 
 def test_effective_bindings_are_what_a_gin_configures_however_it_is_written(tmp_path):
-  main = gin.config._REGISTRY.get_match("effective_probe_main").selector  # pylint: disable=protected-access
-  job = gin.config._REGISTRY.get_match("EffectiveProbeJob").selector  # pylint: disable=protected-access
+  registry = gin.config._REGISTRY  # pylint: disable=protected-access
+  main = registry.get_match("effective_probe_main").selector
+  job = registry.get_match("EffectiveProbeJob").selector
   _write(tmp_path, {
       "gin_configs/models/m.gin": "EffectiveProbeJob.width = 8\n",
       "gin_configs/experiments/a.gin": (
