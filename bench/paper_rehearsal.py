@@ -368,7 +368,9 @@ def run(args: argparse.Namespace) -> dict:
 
 _LOG_TIME = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
 _BUILDING = re.compile(_LOG_TIME + r".*building index (\d+) from")
-_EMBEDDING = re.compile(_LOG_TIME + r".*embedding: ([\d,]+)/([\d,]+) blocks .*?([\d,.]+) blocks/s")
+# `builder.log_progress`'s line: "embedding: blocks 12,800/1,000,000 (1.3%) | 772 blocks/s | ...".
+_EMBEDDING = re.compile(_LOG_TIME + r".*embedding: blocks ([\d,]+)/([\d,]+) "
+                        r".*?\| ([\d,.]+) blocks/s")
 
 
 def builder_events(log_text: str) -> dict:

@@ -116,12 +116,14 @@ def _train(run_dir: str, database: str, seed: int, bindings: Sequence[str],
     raise SystemExit(f"retro: {' '.join(cmd)} exited with {code}; see {run_dir}.log")
 
 
-_TRAINED = re.compile(r"trained to step \d+ in (\d+):(\d\d):(\d\d)")
+# `progress.format_duration`: "0:03:05", or "4.2s" under 10 seconds.
+_TRAINED = re.compile(r"trained to step \d+ in (?:(\d+):(\d\d):(\d\d)|([\d.]+)s)\b")
 _train_seconds: list[tuple[float, float]] = []  # (when a training started, its seconds)
 
 
 def training_minutes(run_dir: str) -> float:
-  """Minutes the trainer took for `run_dir` (its log's last "trained to step N in H:MM:SS")."""
+  """Minutes the trainer took for `run_dir` (its log's last "trained to step N in H:MM:SS", or
+  "in S.Ss" under 10 seconds)."""
   try:
     with open(run_dir + ".log", encoding="utf-8") as f:
       found = _TRAINED.findall(f.read())
@@ -129,8 +131,10 @@ def training_minutes(run_dir: str) -> float:
     return 0.0
   if not found:
     return 0.0
-  hours, minutes, seconds = map(int, found[-1])
-  return hours * 60 + minutes + seconds / 60
+  hours, minutes, seconds, short = found[-1]
+  if short:
+    return float(short) / 60
+  return int(hours) * 60 + int(minutes) + int(seconds) / 60
 
 
 def _trained_now(since: float) -> float:

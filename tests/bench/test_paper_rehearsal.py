@@ -15,6 +15,7 @@ if REPO_ROOT not in sys.path:
 
 from bench import paper_rehearsal as rehearsal  # noqa: E402
 from realm_jax.data import vocab as vocab_lib  # noqa: E402
+from realm_jax.index import builder  # noqa: E402
 
 
 def test_synthetic_queries_mask_nine_wordpieces_and_resume():
@@ -122,8 +123,9 @@ def test_builder_events_are_read_from_its_log():
       "checkpoint ...",
       f"{stamp(1_700_000_010)},500 INFO realm_jax.index.builder: building index 50 from "
       "/r/checkpoints/50: 1000000 blocks of /b, float32, batch 256",
-      f"{stamp(1_700_000_020)},000 INFO realm_jax.index.builder: embedding: 12,800/1,000,000 "
-      "blocks (1.3%), 772.2 blocks/s, ETA 21m18s"])
+      # The builder's own progress line: 12,800 blocks in 16 s.
+      f"{stamp(1_700_000_020)},000 INFO realm_jax.index.builder: embedding: "
+      + builder.EmbedProgress(12_800, 1_000_000, 16.0).line()])
   events = rehearsal.builder_events(log)
   assert events["started"] == {50: pytest.approx(1_700_000_010.5)}
-  assert events["progress"] == [(pytest.approx(1_700_000_020.0), 12800.0, 1e6, 772.2)]
+  assert events["progress"] == [(pytest.approx(1_700_000_020.0), 12800.0, 1e6, 800.0)]

@@ -101,3 +101,16 @@ def test_the_reading_says_when_a_lead_over_the_baseline_is_not_the_neighbours():
              ("toy", "retro"): {0: _cell(2.0, 2.01, 5.1, 3.1)}}
   assert ("its neighbours give it 0.010 of its 0.200 lead, so the rest comes from how it "
           "trained") in retro_bench.reading(results, ["toy"])
+
+
+@pytest.mark.parametrize("seconds, minutes", [(185.0, 185 / 60), (4.25, 4.2 / 60)])
+def test_training_minutes_read_the_trainers_last_line_in_either_duration_form(tmp_path, seconds,
+                                                                            minutes):
+  from realm_jax import progress  # pylint: disable=import-outside-toplevel
+  run_dir = str(tmp_path / "run")
+  # The trainer's own words and duration format; a resumed run appends its line.
+  with open(run_dir + ".log", "w", encoding="utf-8") as f:
+    f.write(f"INFO {run_dir}: trained to step 100 in 1:00:00\n"
+            f"INFO {run_dir}: trained to step 300 in {progress.format_duration(seconds)}\n")
+  assert retro_bench.training_minutes(run_dir) == pytest.approx(minutes)
+  assert retro_bench.training_minutes(str(tmp_path / "missing")) == 0.0
