@@ -295,6 +295,13 @@ def run_dir_lock(run_dir: str, role: str) -> Iterator[str]:
     os.close(fd)  # closing the only descriptor releases the flock
 
 
+def check_verify_mode(verify: Any) -> None:
+  """`verify` of a published directory's loader: True (sizes and sha256s), "fast" (sizes) or
+  False (neither); anything else is a ValueError."""
+  if verify not in (True, False, "fast"):
+    raise ValueError(f"verify must be True, False or 'fast', got {verify!r}")
+
+
 def read_format_manifest(path: str, manifest_name: str, format_name: str, format_version: int,
                          what: str, fail: Any) -> dict:
   """The manifest of a published directory of `format_name` (a BlockStore, a chunk database),

@@ -216,3 +216,19 @@ def test_a_run_directory_that_is_a_file_is_refused(tmp_path):
   with pytest.raises(NotADirectoryError, match="is a file, not a run directory"):
     with fileio.run_dir_lock(str(tmp_path / "run"), "trainer"):
       pass
+
+
+@pytest.mark.parametrize("verify", [True, False, "fast"])
+def test_the_three_verify_modes_are_accepted(verify):
+  fileio.check_verify_mode(verify)
+
+
+def test_another_verify_mode_is_refused_by_every_loader(tmp_path):
+  from realm_jax.data import block_store  # pylint: disable=import-outside-toplevel
+  from realm_jax.index import store  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="verify must be True, False or 'fast', got 'full'"):
+    fileio.check_verify_mode("full")
+  with pytest.raises(ValueError, match="got 'full'"):
+    block_store.BlockStore.open(str(tmp_path), verify="full")
+  with pytest.raises(ValueError, match="got 'full'"):
+    store.load_index(str(tmp_path), verify="full")

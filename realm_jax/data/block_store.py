@@ -140,8 +140,7 @@ class BlockStore:
       BlockStoreError: naming the path and the problem.
     """
     path = os.fspath(path)
-    if verify not in (True, False, "fast"):
-      raise ValueError(f"verify must be True, False or 'fast', got {verify!r}")
+    fileio.check_verify_mode(verify)
 
     def fail(problem: str):
       raise BlockStoreError(f"{path}: {problem}")

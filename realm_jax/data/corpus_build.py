@@ -374,6 +374,8 @@ CHUNKS_AHEAD_PER_WORKER = 2
 
 # What the analysis of one document says (the first element of its result tuple).
 _EMPTY, _TITLE_TOO_LONG, _TITLE_MISMATCH, _BODY_MISMATCH, _BLOCKS = range(5)
+# The record's own token ids that differ from ours, by result kind: which part of the document.
+_MISMATCHED = {_TITLE_MISMATCH: "title", _BODY_MISMATCH: "body"}
 
 
 def default_workers() -> int:
@@ -975,17 +977,12 @@ class _DocumentSink:
       log.skip("title_too_long", f"{item.source}: title has {result[1]} wordpieces "
                f"(max_title_len={self.max_title_len}): {title[:60]!r}")
       return
-    if kind == _TITLE_MISMATCH:
-      log.bad_input(BadRecord(item.source, "token_mismatch", "title_token_ids",
-                              f"{item.source}: field 'title_token_ids' differs from our "
-                              f"tokenisation of the title (use record_token_ids='ours' to keep "
-                              f"ours)"))
-      return
-    if kind == _BODY_MISMATCH:
-      log.bad_input(BadRecord(item.source, "token_mismatch", "body_token_ids",
-                              f"{item.source}: field 'body_token_ids' differs from our "
-                              f"tokenisation of the body (use record_token_ids='ours' to "
-                              f"keep ours)"))
+    if kind in _MISMATCHED:
+      part = _MISMATCHED[kind]
+      field = f"{part}_token_ids"
+      log.bad_input(BadRecord(item.source, "token_mismatch", field,
+                              f"{item.source}: field '{field}' differs from our tokenisation "
+                              f"of the {part} (use record_token_ids='ours' to keep ours)"))
       return
     _, title_ids, (mismatches, truncated, oversize), first, num_blocks, doc_uid = result
     counts["token_mismatches"] += mismatches

@@ -684,8 +684,7 @@ class ChunkDatabase:
 
 def _open(path: str, *, verify: Union[bool, str], block_store_id: Optional[str],
           mmap: bool) -> ChunkDatabase:
-  if verify not in (True, False, "fast"):
-    raise ValueError(f"verify must be True, False or 'fast', got {verify!r}")
+  fileio.check_verify_mode(verify)
 
   def fail(problem: str):
     raise ChunkDatabaseError(f"{path}: {problem}")

@@ -336,8 +336,7 @@ def load_index(path: str, *, block_store_id: Optional[str] = None,
 
 def _load(path: str, *, block_store_id, num_blocks, dim, dtype, verify, mmap,
           allow_staging: bool) -> LoadedIndex:
-  if verify not in (True, False, "fast"):
-    raise ValueError(f"verify must be True, False or 'fast', got {verify!r}")
+  fileio.check_verify_mode(verify)
 
   def fail(problem: str):
     raise IndexLoadError(f"{path}: {problem}")
