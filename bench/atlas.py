@@ -55,9 +55,11 @@ on toy QA test, which nothing was selected on. Comparisons: row A minus row B se
 mean ± standard error and the per-seed differences, through bench/ablations.py's helpers.
 
 Cells. Each finished (row, size, seed) is kept in bench/results/atlas/seed<s>_<row>_<size>.json
-with its commit, date and a fingerprint of every gin these rows read and the options; a later
-run reuses the cells whose fingerprint matches, and, as bench/ablations.py does, those of the
-REALM pretraining in `--out` alone (the cell "extractive_all" made it; a cell of another
+with its commit, date and a fingerprint of the options and of what the gins its row reads
+configure: the recipe's gins for the extractive and Contriever rows (so an edit of a FiD gin
+keeps them, and the seed's shared runs), all of this bench's gins for the others (`fingerprints`).
+A later run reuses the cells whose fingerprint matches, and, as bench/ablations.py does, those
+of the REALM pretraining in `--out` alone (the cell "extractive_all" made it; a cell of another
 pretraining is made again). `--write` puts the tables, the comparisons and a reading into the
 section "Atlas on the toy world" of docs/benchmarks.md. Every run's command is printed
 (`atlas: $ ...`), with the recipe's stage lines.
@@ -105,13 +107,17 @@ CLOSED_BOOK_GIN = f"{EXPERIMENTS}/atlas_toy_closed_book.gin"
 CONTRIEVER_GIN = f"{EXPERIMENTS}/contriever_toy.gin"
 EVAL_GIN = f"{EXPERIMENTS}/toy_eval.gin"
 BUILD_INDEX_GIN = "gin_configs/runs/build_index.gin"
-# Every gin a cell's stages run: the rows' own and the recipe's (ICT, pretraining, the index
-# builder, fine-tuning, evaluation). What they include counts through them.
-FINGERPRINT_GINS = (f"{EXPERIMENTS}/toy_ict.gin", f"{EXPERIMENTS}/toy_pretrain.gin",
-                    FINETUNE_GIN, EVAL_GIN, FID_GIN, f"{EXPERIMENTS}/atlas_*.gin",
-                    CONTRIEVER_GIN, "gin_configs/runs/ict.gin", "gin_configs/runs/pretrain.gin",
-                    "gin_configs/runs/finetune.gin", "gin_configs/runs/eval.gin",
-                    BUILD_INDEX_GIN)
+# Every gin the recipe's stages run (ICT, pretraining, the index builder, fine-tuning,
+# evaluation): all that the extractive and Contriever rows and the seed's shared runs read. What
+# they include counts through them.
+RECIPE_GINS = (f"{EXPERIMENTS}/toy_ict.gin", f"{EXPERIMENTS}/toy_pretrain.gin", FINETUNE_GIN,
+               EVAL_GIN, CONTRIEVER_GIN, "gin_configs/runs/ict.gin",
+               "gin_configs/runs/pretrain.gin", "gin_configs/runs/finetune.gin",
+               "gin_configs/runs/eval.gin", BUILD_INDEX_GIN)
+# Every gin a cell's stages run: the recipe's and the FiD rows' own.
+FINGERPRINT_GINS = (*RECIPE_GINS, FID_GIN, f"{EXPERIMENTS}/atlas_*.gin")
+# The rows made by the recipe alone, whose cells a FiD gin leaves kept.
+RECIPE_READERS = ("extractive", "contriever")
 
 
 class Row(NamedTuple):
@@ -315,11 +321,15 @@ class Layout(NamedTuple):
   def run_dir(self, row: str, size: str) -> str:
     return os.path.join(self.realm, cell_name(row, size))
 
-  def eval_output(self, name: str) -> str:
-    return os.path.join(self.realm, "eval", f"{name}_{EVAL_SPLIT}.jsonl")
+  # The evaluations live in their run's directory: a run made again (`ablations.claim_runs_dir`)
+  # takes its old evaluation with it.
+  def eval_output(self, row: str, size: str) -> str:
+    name = cell_name(row, size)
+    return os.path.join(self.run_dir(row, size), "eval", f"{name}_{EVAL_SPLIT}.jsonl")
 
   def pretext_eval_output(self, kind: str = "pretext") -> str:
-    return self.eval_output(f"{PRETEXTS[kind][0]}_zero_shot")
+    name = PRETEXTS[kind][0]
+    return os.path.join(self.pretext(kind), "eval", f"{name}_zero_shot_{EVAL_SPLIT}.jsonl")
 
 
 def cell_commands(row: Row, size: str, seed: int, layout: Layout, store: str, *,
@@ -338,7 +348,7 @@ def cell_commands(row: Row, size: str, seed: int, layout: Layout, store: str, *,
   commands.append(("fine-tuning", finetune_command(row, size, seed, run_dir, init_checkpoint,
                                                    finetune_steps)))
   commands.append(("evaluation", evaluate_command(
-      run_dir, layout.eval_output(cell_name(row.name, size)), closed_book=closed)))
+      run_dir, layout.eval_output(row.name, size), closed_book=closed)))
   return commands
 
 
@@ -389,9 +399,20 @@ def cell_options(*, toy_bert_sha256: Optional[str], ict_from_bert: bool,
           **ablations.world_options()}
 
 
-def fingerprint(options: dict) -> str:
-  """ablations.fingerprint over this bench's gins (`FINGERPRINT_GINS`) and `options`."""
-  return ablations.fingerprint(options, gins=FINGERPRINT_GINS, excluded=())
+def fingerprint(options: dict, gins: Sequence[str] = FINGERPRINT_GINS) -> str:
+  """ablations.fingerprint over `gins` (this bench's: `FINGERPRINT_GINS`) and `options`."""
+  return ablations.fingerprint(options, gins=gins, excluded=())
+
+
+def fingerprints(options: dict) -> dict[str, str]:
+  """{"recipe": the fingerprint of the recipe's rows (`RECIPE_READERS`) and of the seed's
+  shared runs, over `RECIPE_GINS`; "fid": that of every other row, over all the gins}."""
+  return {"recipe": fingerprint(options, RECIPE_GINS), "fid": fingerprint(options)}
+
+
+def row_fingerprint(row: str, prints: Mapping[str, str]) -> str:
+  """The fingerprint of `row`'s cells among `fingerprints`."""
+  return prints["recipe" if ROW_BY_NAME[row].reader in RECIPE_READERS else "fid"]
 
 
 def cell_path(cells: str, seed: int, row: str, size: str) -> str:
@@ -449,6 +470,9 @@ class Settings(NamedTuple):
   pretrain_steps: Optional[int] = None
   finetune_steps: Optional[int] = None
   pretext_steps: Optional[int] = None
+  # The FiD rows' fingerprint (`fingerprints`), recorded on each of their runs: one made for
+  # other FiD gins is made again.
+  fid_fingerprint: str = ""
 
 
 def _recipe(out: str, settings: Settings, **kwargs) -> recipe_lib.Recipe:
@@ -517,7 +541,7 @@ def _pretext(seed: int, layout: Layout, realm: recipe_lib.Recipe, settings: Sett
   run_dir, name = layout.pretext(kind), PRETEXTS[kind][0]
   what = f"seed {seed}: Atlas's pretext" + "".join(PRETEXTS[kind][2:])
   ablations.claim_runs_dir(run_dir, f"{ablations.pretraining_id(realm.pretrain)} "
-                                    f"{pretraining}")
+                                    f"{pretraining} {settings.fid_fingerprint}")
   (_, index), (_, train) = pretext_commands(layout, settings.store, seed,
                                             pretraining_checkpoint=pretraining,
                                             pretext_steps=settings.pretext_steps, kind=kind)
@@ -550,8 +574,10 @@ def _fid_cell(row: Row, size: str, seed: int, layout: Layout, shared: recipe_lib
   if row.warm_start in PRETEXTS:
     init, recall, extra = _pretext(seed, layout, realm, settings, row.warm_start)
   run_dir = layout.run_dir(row.name, size)
-  # A run of another warm start (a pretraining or pretext made again since) is not reused.
-  ablations.claim_runs_dir(run_dir, f"{ablations.pretraining_id(realm.pretrain)} {init}")
+  # A run of another warm start (a pretraining or pretext made again since) or of other FiD
+  # gins is not reused.
+  ablations.claim_runs_dir(run_dir, f"{ablations.pretraining_id(realm.pretrain)} {init} "
+                                    f"{settings.fid_fingerprint}")
   commands = dict(cell_commands(row, size, seed, layout, settings.store,
                                 pretraining_checkpoint=pretraining, init_checkpoint=init,
                                 finetune_steps=settings.finetune_steps))
@@ -563,7 +589,7 @@ def _fid_cell(row: Row, size: str, seed: int, layout: Layout, shared: recipe_lib
                 lambda: _run(f"index_{name}", commands["frozen index"], realm))
   realm.stage(f"{what}: fine-tuning", realm.trained(run_dir),
               lambda: _run(name, commands["fine-tuning"], realm))
-  output = metrics_path(layout.eval_output(name))
+  output = metrics_path(layout.eval_output(row.name, size))
   realm.stage(f"{what}: evaluation on toy QA {EVAL_SPLIT}", os.path.exists(output),
               lambda: _run(f"evaluate_{name}", commands["evaluation"], realm))
   metrics = _metrics(output)
@@ -598,7 +624,8 @@ def run(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int
       toy_bert_sha256=_toy_bert_sha256(settings.toy_bert), ict_from_bert=settings.ict_from_bert,
       pretrain_steps=settings.pretrain_steps, finetune_steps=settings.finetune_steps,
       pretext_steps=settings.pretext_steps)
-  fp = fingerprint(options)
+  prints = fingerprints(options)
+  settings = settings._replace(fid_fingerprint=prints["fid"])
   planned = plan(rows, sizes, seeds)
   results: dict[tuple[str, str], dict[int, dict]] = {}
   for seed in seeds:
@@ -607,14 +634,16 @@ def run(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int
     names = [cell_name(row, size) for row, size in mine]
     family = [cell_name(row, size) for row, size in mine if row in MAIN_ROWS]
     kept = {name: cell for (row, size), name in zip(mine, names)
-            if (cell := ablations.load_cell(cell_path(cells, seed, row, size), fp)) is not None}
+            if (cell := ablations.load_cell(cell_path(cells, seed, row, size),
+                                            row_fingerprint(row, prints))) is not None}
     pretrain_dir = os.path.join(layout.realm, "pretrain")
     finetunings = [n for n in family if n != BASE_CELL]
     made = ablations.family_cells_to_make(BASE_CELL, finetunings, family, kept,
                                           ablations.pretraining_id(pretrain_dir))
     if made or set(names) - set(kept):
-      # Something is made: not from runs of other gins, options or code.
-      ablations.claim_runs_dir(layout.seed_out, fp)
+      # Something is made: not from shared runs of other gins, options or code (the FiD rows'
+      # runs claim their own directories with their fingerprint).
+      ablations.claim_runs_dir(layout.seed_out, prints["recipe"])
     # After the claim: a Recipe makes its directories when built, and the claim may remove them.
     shared = _recipe(layout.shared, settings)
     if made:
@@ -635,7 +664,7 @@ def run(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int
         print(f"{PROG}: seed {seed}: {row.label}, {size_title(size)}: the kept cell is not of "
               f"the REALM pretraining in {out}; made again", flush=True)
       cell = make_cell(row, size, seed, layout, shared, settings)
-      ablations.save_cell(path, cell, fp)
+      ablations.save_cell(path, cell, row_fingerprint(row_name, prints))
       results.setdefault((row_name, size), {})[seed] = cell
   return results
 

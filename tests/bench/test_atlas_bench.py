@@ -72,7 +72,7 @@ def test_an_objective_rows_cell_builds_its_index_fine_tunes_few_shot_and_evaluat
                       "--gin_file=gin_configs/experiments/toy_eval.gin",
                       "--gin.RUN_DIR='/o/seed1/realm/adist_64'",
                       "--gin.evaluate_main.split='test'",
-                      "--gin.evaluate_main.output='/o/seed1/realm/eval/adist_64_test.jsonl'"]
+                      "--gin.evaluate_main.output='/o/seed1/realm/adist_64/eval/adist_64_test.jsonl'"]
 
 
 def test_the_frozen_fid_row_the_pretext_row_and_the_closed_book_differ_where_they_should():
@@ -123,7 +123,7 @@ def test_the_pretext_runs_once_per_seed_from_the_pretraining_checkpoint():
                    f"--gin.INIT_CHECKPOINT='{pretraining}'", "--gin.train_main.seed=2",
                    "--gin.NUM_STEPS=50"]
   assert layout.pretext_eval_output() == (
-      "/o/seed2/realm/eval/atlas_pretext_zero_shot_test.jsonl")
+      "/o/seed2/realm/atlas_pretext/eval/atlas_pretext_zero_shot_test.jsonl")
   assert atlas.metrics_path(layout.pretext_eval_output()).endswith(
       "atlas_pretext_zero_shot_test.metrics.json")
   # The pretext for the reader alone: its own run, no objective and no learning rate for the
@@ -137,7 +137,7 @@ def test_the_pretext_runs_once_per_seed_from_the_pretraining_checkpoint():
                        "--gin.FinetuneJob.retriever_objective='none'",
                        "--gin.FinetuneJob.retriever_lr_scale=0.0"]
   assert layout.pretext_eval_output("pretext_frozen") == (
-      "/o/seed2/realm/eval/atlas_pretext_frozen_zero_shot_test.jsonl")
+      "/o/seed2/realm/atlas_pretext_frozen/eval/atlas_pretext_frozen_zero_shot_test.jsonl")
   row = atlas.ROW_BY_NAME["pretext_reader"]
   assert (row.reader, row.gin, row.warm_start) == ("fid", atlas.FID_GIN, "pretext_frozen")
 
@@ -393,6 +393,31 @@ def test_the_fingerprint_changes_with_every_gin_the_rows_run_and_only_those(tmp_
   before = atlas.fingerprint({"bench": "atlas"})
   (experiments / "toy_retro.gin").write_text(f"NUM_STEPS = 3\n{_MAIN}")  # no row runs RETRO's
   assert atlas.fingerprint({"bench": "atlas"}) == before
+
+
+def test_a_fid_gin_changes_the_fid_rows_fingerprint_and_keeps_the_recipes(tmp_path,
+                                                                          monkeypatch):
+  experiments = tmp_path / "gin_configs" / "experiments"
+  experiments.mkdir(parents=True)
+  for name in ("toy_finetune.gin", "toy_finetune_fid.gin", "atlas_toy_pretext.gin"):
+    (experiments / name).write_text(f"NUM_STEPS = 1\n{_MAIN}")
+  monkeypatch.setattr(ablations, "REPO", str(tmp_path))
+  options = {"bench": "atlas"}
+  before = atlas.fingerprints(options)
+  assert before["recipe"] != before["fid"]
+  assert atlas.row_fingerprint("extractive", before) == before["recipe"]
+  assert atlas.row_fingerprint("contriever", before) == before["recipe"]
+  assert {atlas.row_fingerprint(row, before) for row in ("fid", "adist", "pretext",
+                                                          "closed_book")} == {before["fid"]}
+  for name in ("toy_finetune_fid.gin", "atlas_toy_pretext.gin"):
+    (experiments / name).write_text(f"NUM_STEPS = 2\n{_MAIN}")
+    after = atlas.fingerprints(options)
+    assert after["recipe"] == before["recipe"] and after["fid"] != before["fid"], name
+    before = after
+  # The recipe's fine-tuning gin is read by every row.
+  (experiments / "toy_finetune.gin").write_text(f"NUM_STEPS = 2\n{_MAIN}")
+  after = atlas.fingerprints(options)
+  assert after["recipe"] != before["recipe"] and after["fid"] != before["fid"]
 
 
 # A gin that runs an entry point (only those enter a fingerprint, with what they include).
