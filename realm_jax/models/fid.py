@@ -21,6 +21,18 @@ where T5 uses RMSNorm, the FFW of `FidConfig.hidden_act` where T5 v1.1 gates it.
 stably without the careful warm-up a post-LN stack needs. The encodings are not normalised again
 before the cross-attention: BERT's post-LN output already is a LayerNorm's.
 
+The copy head (`FidConfig.copy_head`, off by default; See et al. 2017's pointer-generator), not
+in Atlas: `p(w) = g p_gen(w) + (1 - g) sum_{s: x_s = w} c_s`, with p_gen the tied readout's
+softmax, c one more single-head attention of the last decoder state over the memory (its own
+query and key projections, the same visibility as the cross-attention's), x the memory's token
+ids and the gate g = sigmoid(w . h + b). T5 copies from its passages because it was pretrained;
+a decoder trained from scratch on a few thousand answers learns to map a memory state back to a
+word only for the words it was trained on, and so learns the training answers rather than to
+read (docs/benchmarks.md, "The FiD reader trained five times longer"). The copy head names the
+word by its position, whatever the word. With it, `decode` returns the mixture's
+log-probabilities (float32) where it returns logits without: both are read through a
+log-softmax (`token_log_probs`, the searches), which leaves log-probabilities as they are.
+
 Tokens (BERT's WordPiece vocabulary): `[CLS]` (101) is the decoder's start token (BOS), `[SEP]`
 (102) ends an answer (EOS), `[PAD]` (0) fills the positions after it. The targets of an answer
 y_0 .. y_{n-1} are [y_0, ..., y_{n-1}, EOS, PAD, ...] [B, T] with the target mask on the n + 1
@@ -71,6 +83,10 @@ Array = jax.Array
 Params = Any
 # Per decoder layer, the self-attention's (keys, values), each [rows, cache_len, heads, kv].
 Cache = list[tuple[Array, Array]]
+# The memory as the decoder reads it (`FidModel.cross_keys_values`): per decoder layer, the
+# cross-attention's (keys, values) [B, S, heads, kv]; with the copy head, one more pair: its
+# keys [B, S, D] and the memory's token ids int32 [B, S]. Every leaf leads with [B, S].
+Cross = list[tuple[Array, Array]]
 # (tokens int32 [N], step int32 [], state) -> (log-probabilities float32 [N, V], state): the
 # next-token distribution of N rows given each row's last token (BOS at step 0) and its state (a
 # pytree whose leaves lead with N: the searches reorder it when beams are re-ranked).
@@ -98,6 +114,9 @@ class FidConfig:
     hidden_act: activation of the decoder's feed-forward layers (see config.ACTIVATIONS).
     max_answer_length: decoder positions (learned), the longest target / decoded answer,
       EOS included.
+    copy_head: a pointer-generator readout (`CopyHead`): each next-token distribution mixes the
+      tied readout's with a copy of the memory's tokens, weighted by one more attention over
+      the memory (the module docstring's deviations).
     bos_id: the decoder's start token (BERT's [CLS]).
     eos_id: the token that ends an answer (BERT's [SEP]).
     pad_id: the token after EOS in targets and decoded answers (BERT's [PAD]).
@@ -115,6 +134,7 @@ class FidConfig:
   intermediate_size: int = 3072
   hidden_act: str = "gelu_new"
   max_answer_length: int = 32
+  copy_head: bool = False
   bos_id: int = vocab_lib.CLS_ID
   eos_id: int = vocab_lib.SEP_ID
   pad_id: int = vocab_lib.PAD_ID
@@ -140,6 +160,8 @@ class FidConfig:
       if not 0 <= getattr(self, field) < self.vocab_size:
         raise ValueError(f"FidConfig: {field}={getattr(self, field)} is outside the encoder's "
                          f"vocabulary of {self.vocab_size}.")
+    if not isinstance(self.copy_head, bool):
+      raise ValueError(f"FidConfig: copy_head={self.copy_head!r}; expected True or False.")
     if self.eos_id == self.pad_id:
       raise ValueError(f"FidConfig: eos_id and pad_id are both {self.eos_id}.")
     for field in ("dtype", "param_dtype"):
@@ -480,13 +502,73 @@ class FidDecoder(nn.Module):
     return self.final_layer_norm(hidden), new_cache
 
 
+class CopyHead(nn.Module):
+  """The pointer-generator readout (`FidConfig.copy_head`, module docstring): the decoder's last
+  states and the tied readout's log-probabilities -> the mixture's log-probabilities."""
+
+  config: FidConfig
+
+  def setup(self):
+    cfg = self.config
+    square = functools.partial(
+        nn.Dense, cfg.hidden_size, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+        kernel_init=param_init(cfg, ("embed", "mlp")), bias_init=zeros_init(("mlp",)))
+    self.query = square()
+    self.key = square()
+    self.gate = nn.Dense(1, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+                         kernel_init=param_init(cfg, ("embed", None)),
+                         bias_init=zeros_init((None,)))
+
+  def keys(self, memory: Array) -> Array:
+    """The copy attention's keys of the memory [B, S, D] -> [B, S, D]."""
+    return nn.with_logical_constraint(self.key(memory), ("batch", "length", "mlp"))
+
+  def __call__(self, hidden: Array, generated: Array, keys: Array, memory_ids: Array,
+               visible: Array) -> Array:
+    """log p(w) = log(g exp(generated_w) + (1 - g) sum_{s: x_s = w} c_s).
+
+    Args:
+      hidden: [N, T, D], the decoder's normalised last states.
+      generated: float32 [N, T, V], the tied readout's log-probabilities.
+      keys: [B, S, D] (`keys`); B divides N, the G = N / B consecutive rows of a memory row
+        read it together (as `FidAttention.attend`).
+      memory_ids: int [B, S], the memory's tokens.
+      visible: bool, broadcastable to [B, G T, S]: what each query sees.
+
+    Returns:
+      float32 [N, T, V] log-probabilities.
+    """
+    rows, length, features = hidden.shape
+    key_rows, key_length = keys.shape[:2]
+    group = rows // key_rows
+    # [B, G T, D]
+    query = self.query(hidden).reshape(key_rows, group * length, features)
+    # [B, G T, S]
+    scores = jnp.einsum("bqd,bkd->bqk", query, keys,
+                        preferred_element_type=jnp.float32) / math.sqrt(features)
+    visible = jnp.broadcast_to(visible, scores.shape)
+    probs = jax.nn.softmax(jnp.where(visible, scores, jnp.finfo(jnp.float32).min), axis=-1)
+    probs = jnp.where(visible.any(axis=-1, keepdims=True), probs, 0.0)
+    # [N, T, S] -> [N, T, V]: each attention weight added to its token's probability.
+    probs = probs.reshape(rows, length, key_length)
+    ids = jnp.repeat(memory_ids.astype(jnp.int32), group, axis=0)  # [N, S]
+    copied = jnp.zeros(generated.shape, jnp.float32).at[
+        jnp.arange(rows)[:, None, None], jnp.arange(length)[None, :, None],
+        ids[:, None, :]].add(probs)
+    # log of the copied mass, -inf where none (the inner where keeps the gradient finite).
+    log_copied = jnp.where(copied > 0, jnp.log(jnp.where(copied > 0, copied, 1.0)), _NEG_INF)
+    gate = self.gate(hidden).astype(jnp.float32)  # [N, T, 1]
+    return jnp.logaddexp(jax.nn.log_sigmoid(gate) + generated,
+                         jax.nn.log_sigmoid(-gate) + log_copied)
+
+
 class FidModel(nn.Module):
   """The FiD reader (module docstring): passages -> answer-token logits.
 
   Parameters: encoder (exactly `BertModel`'s tree without pooler: embeddings, layer_{i}),
   decoder (position_embeddings, layer_{i} with self_attention, cross_attention, mlp and their
-  LayerNorms, final_layer_norm). The decoder's token embeddings and readout are
-  encoder/embeddings/word_embeddings.
+  LayerNorms, final_layer_norm), with `copy_head` copy (query, key, gate). The decoder's
+  token embeddings and readout are encoder/embeddings/word_embeddings.
   """
 
   config: FidConfig
@@ -494,6 +576,8 @@ class FidModel(nn.Module):
   def setup(self):
     self.encoder = BertModel(self.config.encoder)
     self.decoder = FidDecoder(self.config)
+    if self.config.copy_head:
+      self.copy = CopyHead(self.config)
 
   def encode(self, input_ids: Array, input_mask: Array, type_ids: Array | None = None, *,
              deterministic: bool = True) -> Array:
@@ -503,26 +587,37 @@ class FidModel(nn.Module):
     encoded, _ = self.encoder(input_ids, type_ids, input_mask, deterministic=deterministic)
     return nn.with_logical_constraint(encoded, ("batch", "candidates", "length", "embed"))
 
-  def cross_keys_values(self, memory: Array) -> list[tuple[Array, Array]]:
-    """Per decoder layer, the memory's [B, S, D] cross-attention (keys, values)
-    [B, S, heads, kv]: computed once per decoding."""
-    return self.decoder.cross_keys_values(memory)
+  def cross_keys_values(self, memory: Array, memory_ids: Array | None = None) -> Cross:
+    """The memory [B, S, D] as the decoder reads it (`Cross`), computed once per decoding: per
+    decoder layer the cross-attention's (keys, values) [B, S, heads, kv]; with the copy head
+    also (its keys [B, S, D], `memory_ids` int [B, S], the memory's tokens)."""
+    cross = self.decoder.cross_keys_values(memory)
+    if not self.config.copy_head:
+      return cross
+    if memory_ids is None:
+      raise ValueError("FidModel.cross_keys_values: the copy head needs the memory's token ids")
+    return [*cross, (self.copy.keys(memory), memory_ids.astype(jnp.int32))]
 
   def decode(self, decoder_input_ids: Array, index: Array, cache: Cache,
-             cross: list[tuple[Array, Array]], memory_mask: Array, *,
+             cross: Cross, memory_mask: Array, *,
              deterministic: bool = True) -> tuple[Array, Cache]:
     """Logits of the next tokens after decoder_input_ids [N, T] (positions index ..
-    index + T - 1) -> ([N, T, V] in the compute dtype, the cache with those positions
-    written). cross: `cross_keys_values` of the memory, per layer [B, S, heads, kv] (B divides
-    N: beams read their row's memory); memory_mask bool [B, S], or a visibility per query
-    [B, G T, S] (`FidDecoder`; G = N / B)."""
+    index + T - 1) -> ([N, T, V] in the compute dtype; with the copy head, log-probabilities
+    in float32), the cache with those positions written). cross: `cross_keys_values` of the
+    memory, leaves [B, S, ...] (B divides N: beams read their row's memory); memory_mask bool
+    [B, S], or a visibility per query [B, G T, S] (`FidDecoder`; G = N / B)."""
     cfg = self.config
     # [N, T, D]
     embedded = self.encoder.embeddings.word_embeddings(decoder_input_ids)
-    hidden, cache = self.decoder(embedded, index, cache, cross, memory_mask,
+    hidden, cache = self.decoder(embedded, index, cache, cross[:cfg.decoder_layers], memory_mask,
                                  deterministic=deterministic)
     # [N, T, V]: the readout tied to the word embeddings.
     logits = self.encoder.attend(hidden.astype(cfg.compute_dtype))
+    if cfg.copy_head:
+      copy_keys, memory_ids = cross[cfg.decoder_layers]
+      visible = memory_mask[:, None, :] if memory_mask.ndim == 2 else memory_mask
+      logits = self.copy(hidden, jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1),
+                         copy_keys, memory_ids, visible)
     return nn.with_logical_constraint(logits, ("batch", "length", "vocab")), cache
 
   def __call__(self, input_ids: Array, input_mask: Array, decoder_input_ids: Array,
@@ -544,11 +639,11 @@ class FidModel(nn.Module):
 
   def teacher_forced(self, input_ids: Array, input_mask: Array, decoder_input_ids: Array,
                      type_ids: Array | None = None, *, deterministic: bool = True
-                     ) -> tuple[Array, list[tuple[Array, Array]], Array]:
+                     ) -> tuple[Array, Cross, Array]:
     """`__call__`'s logits [B, T, V] with what more decodes over the same memory reuse (the
     retriever objectives' passes, `passage_log_likelihoods`, `left_out_log_likelihoods`): the
-    cross-attention (keys, values) of every decoder layer, each [B, K L, heads, kv], and the
-    memory's mask, bool [B, K L]."""
+    memory as the decoder reads it (`Cross`: every decoder layer's cross-attention (keys,
+    values), each [B, K L, heads, kv], and the copy head's), and its mask, bool [B, K L]."""
     cfg = self.config
     length = decoder_input_ids.shape[1]
     if length > cfg.max_answer_length:
@@ -557,7 +652,7 @@ class FidModel(nn.Module):
     encoded = self.encode(input_ids, input_mask, type_ids, deterministic=deterministic)
     # [B, K L, D], [B, K L]
     memory, memory_mask = concatenate_passages(encoded, input_mask)
-    cross = self.cross_keys_values(memory)
+    cross = self.cross_keys_values(memory, input_ids.reshape(memory_mask.shape))
     # The whole answer at once: a cache as long as it, written at position 0.
     logits, _ = self.decode(decoder_input_ids, jnp.zeros((), jnp.int32),
                             init_cache(cfg, decoder_input_ids.shape[0], length), cross,
@@ -597,10 +692,11 @@ def encoder_from_bert(params: Params, bert_params: Params) -> Params:
 # ------------------------------------------------ the retriever objectives' decodes
 
 
-def split_passages(cross: list[tuple[Array, Array]], memory_mask: Array, num_passages: int
-                   ) -> tuple[list[tuple[Array, Array]], Array]:
-  """The memory of each passage alone: per layer (keys, values) [B, K L, heads, kv] ->
-  [B K, L, heads, kv], memory_mask [B, K L] -> [B K, L]; row b K + k is passage k of row b.
+def split_passages(cross: Cross, memory_mask: Array, num_passages: int
+                   ) -> tuple[Cross, Array]:
+  """The memory of each passage alone: every leaf of `cross` [B, K L, ...] -> [B K, L, ...]
+  (per layer (keys, values) [B, K L, heads, kv]), memory_mask [B, K L] -> [B K, L]; row
+  b K + k is passage k of row b.
   The cross-attention projects every memory token on its own, and the encoder reads every
   passage row on its own, so these are exactly what a pass over passage k alone computes."""
 
@@ -622,7 +718,7 @@ def leave_one_out_visibility(memory_mask: Array, num_passages: int, target_len: 
   return memory_mask.astype(bool)[:, None, :] & others[None]
 
 
-def target_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple[Array, Array]],
+def target_log_likelihoods(params: Params, config: FidConfig, cross: Cross,
                            memory_visible: Array, targets: Array, target_mask: Array, *,
                            repeats: int = 1) -> Array:
   """Teacher-forced `log p(y | memory)` of each row's target, summed over its counted tokens,
@@ -631,7 +727,7 @@ def target_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple[
   Args:
     params: FidModel parameters (plain tree).
     config: the model's config.
-    cross: per decoder layer, the memory's (keys, values) [R, S, heads, kv].
+    cross: the memory as the decoder reads it (`Cross`), leaves [R, S, ...].
     memory_visible: bool [R, S] (every decode of row r sees the same tokens) or [R, G T, S]
       (decode g of row r sees `memory_visible[r, g T + t]` at position t; G = repeats).
     targets: int [R, T], the answer tokens, EOS, padding.
@@ -654,7 +750,7 @@ def target_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple[
   return jnp.sum(token * weights, axis=-1).reshape(rows, repeats)
 
 
-def passage_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple[Array, Array]],
+def passage_log_likelihoods(params: Params, config: FidConfig, cross: Cross,
                             memory_mask: Array, num_passages: int, targets: Array,
                             target_mask: Array) -> Array:
   """`log p(y | z_k, x)`, the decoder reading passage k ALONE (EMDR^2's and PDist's
@@ -663,8 +759,8 @@ def passage_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple
 
   Args:
     params, config: the FiD reader's.
-    cross: per layer, the (keys, values) [B, K L, heads, kv] of the K passages' memory
-      (`FidModel.teacher_forced`).
+    cross: the K passages' memory as the decoder reads it (`Cross`, leaves [B, K L, ...]:
+      `FidModel.teacher_forced`).
     memory_mask: bool [B, K L].
     num_passages: K.
     targets, target_mask: [B, T].
@@ -680,7 +776,7 @@ def passage_log_likelihoods(params: Params, config: FidConfig, cross: list[tuple
 
 
 def left_out_log_likelihoods(params: Params, config: FidConfig,
-                             cross: list[tuple[Array, Array]], memory_mask: Array,
+                             cross: Cross, memory_mask: Array,
                              num_passages: int, targets: Array, target_mask: Array) -> Array:
   """`log p(y | Z \\ z_k, x)`, the decoder reading every passage but k (LOOP's in Atlas): the
   memory's keys and values computed once, K decodes of each target over it, decode k blind
@@ -820,8 +916,9 @@ def model_step_fn(params: Params, config: FidConfig, input_ids: Array, input_mas
   encoded = model.apply(variables, input_ids, input_mask, type_ids, method=FidModel.encode)
   # [B, K L, D], [B, K L]
   memory, memory_mask = concatenate_passages(encoded, input_mask)
-  # Per layer, [B, K L, heads, kv] each.
-  cross = model.apply(variables, memory, method=FidModel.cross_keys_values)
+  # Per layer, [B, K L, heads, kv] each (and the copy head's).
+  cross = model.apply(variables, memory, input_ids.reshape(memory_mask.shape),
+                      method=FidModel.cross_keys_values)
 
   def step(tokens: Array, index: Array, cache: Cache) -> tuple[Array, Cache]:
     # [N, 1, V]

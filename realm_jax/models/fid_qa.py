@@ -273,12 +273,13 @@ class FidReaderModel(ParamsFromBoxedInit):
     return self._reader_pass(params["fid"], batch, rng)[0]
 
   def _reader_pass(self, fid_params: Params, batch: Batch, rng: Array | None
-                   ) -> tuple[Array, list[tuple[Array, Array]], Array, Array | None]:
+                   ) -> tuple[Array, fid_lib.Cross, Array, Array | None]:
     """The teacher-forced pass (dropout with `rng`).
 
     Returns:
-      (logits [Q, T, V]; per decoder layer the memory's cross-attention (keys, values)
-      [Q, K L, heads, kv] and the memory mask bool [Q, K L], for the objectives' decodes;
+      (logits [Q, T, V]; the memory as the decoder reads it (`fid.Cross`: per decoder layer
+      the cross-attention's (keys, values) [Q, K L, heads, kv], and the copy head's) and the
+      memory mask bool [Q, K L], for the objectives' decodes;
       with "adist", the passages' attention scores [Q, K] held fixed (else None)).
     """
     self._check_rows(batch)
@@ -297,7 +298,7 @@ class FidReaderModel(ParamsFromBoxedInit):
                                                  batch["reader_mask"])
     return logits, cross, memory_mask, jax.lax.stop_gradient(attention)
 
-  def _targets(self, fid_params: Params, batch: Batch, cross: list[tuple[Array, Array]],
+  def _targets(self, fid_params: Params, batch: Batch, cross: fid_lib.Cross,
                memory_mask: Array, attention: Array | None) -> Array:
     """What the objective distils, per read block [Q, K], held fixed: the attention scores
     (adist), `log p(y | z_k, x)` (emdr2, pdist) or `log p(y | Z \\ z_k, x)` (loop), the

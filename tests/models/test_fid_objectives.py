@@ -1,11 +1,13 @@
 """Atlas's retriever objectives with the FiD reader (`models.fid_qa.FidReaderModel`,
 query-side fine-tuning), each checked against a construction of its own: the per-passage
 likelihoods against FiD passes over one passage sliced out by hand, the leave-one-out ones
-against passes with the passage physically removed, ADist's targets against a separate pass's
+against passes with the passage physically removed (both also with the copy head, which must
+not copy from a passage left out), ADist's targets against a separate pass's
 cross-attention, the loss against NumPy retrieval scores and `retriever_objectives`; the
 objective's gradient reaches the question tower only; `FinetuneJob` refuses what does not fit.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -26,6 +28,9 @@ from realm_jax.training import partitioning
 
 # A wide initialiser: the passages' likelihoods then differ by nats, not by rounding.
 FID = fid_lib.FidConfig.tiny(initializer_range=0.5)
+# The same reader with the copy head (`FidConfig.copy_head`): the decodes over part of the memory
+# must leave out the copy head's keys and tokens too.
+FID_COPY = dataclasses.replace(FID, copy_head=True)
 # Untied towers: the document tower is a separate subtree that must get no gradient.
 REALM = config_lib.RealmConfig(bert=FID.bert, proj_size=8, share_embedders=False)
 CLS, SEP, PAD = vocab_lib.CLS_ID, vocab_lib.SEP_ID, vocab_lib.PAD_ID
@@ -34,14 +39,28 @@ TEMPERATURE = 0.5
 OBJECTIVES = ("adist", "emdr2", "pdist", "loop")
 
 
-def model_for(objective):
-  return fid_qa.FidReaderModel(REALM, FID, reader_beam=K, retriever_objective=objective,
+def model_for(objective, fid=FID):
+  return fid_qa.FidReaderModel(REALM, fid, reader_beam=K, retriever_objective=objective,
                                objective_temperature=TEMPERATURE if objective != "none" else 1.0)
 
 
 @pytest.fixture(scope="module")
 def params():
   return jax.jit(model_for("none").init)(jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def copy_params():
+  return jax.jit(model_for("none", FID_COPY).init)(jax.random.PRNGKey(0))
+
+
+def readers(params, copy_params):
+  """(config, parameters, batch) of the plain reader and of the copy head's, whose batch's
+  answers are tokens of the passages (20, 21, 30 are in none), so that copying counts."""
+  copyable = hand_batch()
+  copyable["answer_targets"] = np.array([[9, 12, SEP, PAD], [14, SEP, PAD, PAD],
+                                         [11, SEP, PAD, PAD]], np.int32)
+  return {"plain": (FID, params, hand_batch()), "copy": (FID_COPY, copy_params, copyable)}
 
 
 def hand_batch():
@@ -70,10 +89,10 @@ def hand_batch():
           "retrieved_block_emb": rng.normal(size=(3, 4, 8)).astype(np.float32)}
 
 
-def summed_log_probs(params, ids, mask, type_ids, targets, answer_mask):
+def summed_log_probs(params, ids, mask, type_ids, targets, answer_mask, fid=FID):
   """The reference: a plain FiD pass over the rows given, its log-softmax in NumPy, summed over
   the counted answer tokens -> [Q]."""
-  logits = fid_lib.FidModel(FID).apply(
+  logits = fid_lib.FidModel(fid).apply(
       {"params": params["fid"]}, ids, mask, fid_lib.shift_right(jnp.asarray(targets), CLS),
       type_ids)
   logits = np.asarray(logits, np.float64)
@@ -89,31 +108,35 @@ def assert_spread(values):
   assert (values.max(-1) - values.min(-1)).min() > 1e-2, values
 
 
+@pytest.mark.parametrize("reader", ["plain", "copy"])
 @pytest.mark.parametrize("objective", ["emdr2", "pdist"])
-def test_per_passage_likelihoods_are_fid_passes_over_one_passage(params, objective):
-  batch = hand_batch()
-  got = jax.jit(model_for(objective).objective_targets)(params, batch)  # [Q, K]
+def test_per_passage_likelihoods_are_fid_passes_over_one_passage(params, copy_params, objective,
+                                                                 reader):
+  fid, params, batch = readers(params, copy_params)[reader]
+  got = jax.jit(model_for(objective, fid).objective_targets)(params, batch)  # [Q, K]
   expected = np.stack([
       summed_log_probs(params, batch["reader_ids"][:, k:k + 1], batch["reader_mask"][:, k:k + 1],
                        batch["reader_type_ids"][:, k:k + 1], batch["answer_targets"],
-                       batch["answer_mask"]) for k in range(K)], axis=1)
+                       batch["answer_mask"], fid) for k in range(K)], axis=1)
   assert_spread(expected)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_left_out_likelihoods_are_fid_passes_with_the_passage_removed(params):
-  batch = hand_batch()
-  got = jax.jit(model_for("loop").objective_targets)(params, batch)  # [Q, K]
+@pytest.mark.parametrize("reader", ["plain", "copy"])
+def test_left_out_likelihoods_are_fid_passes_with_the_passage_removed(params, copy_params, reader):
+  fid, params, batch = readers(params, copy_params)[reader]
+  got = jax.jit(model_for("loop", fid).objective_targets)(params, batch)  # [Q, K]
   expected = np.stack([
       summed_log_probs(params, *(np.delete(batch[key], k, axis=1)
                                  for key in ("reader_ids", "reader_mask", "reader_type_ids")),
-                       batch["answer_targets"], batch["answer_mask"]) for k in range(K)], axis=1)
+                       batch["answer_targets"], batch["answer_mask"], fid) for k in range(K)],
+      axis=1)
   assert_spread(expected)
   np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
   # And not the all-passages likelihood: each decode really misses its passage.
   together = summed_log_probs(params, batch["reader_ids"], batch["reader_mask"],
                               batch["reader_type_ids"], batch["answer_targets"],
-                              batch["answer_mask"])
+                              batch["answer_mask"], fid)
   assert np.abs(np.asarray(got) - together[:, None])[:2].min() > 1e-3
 
 
