@@ -428,8 +428,8 @@ class FinetuneJob(IndexJob):
     import jax  # pylint: disable=g-import-not-at-top
     if jax.tree_util.tree_structure(ours) != jax.tree_util.tree_structure(theirs):
       raise ConfigError(f"init_checkpoint {source}: its FiD reader's parameter tree is not this "
-                        f"run's (another FidConfig.decoder_layers?): set FidConfig as in the "
-                        f"checkpoint's run (its fid_config.json)")
+                        f"run's (another FidConfig.decoder_layers or copy_head?): set FidConfig "
+                        f"as in the checkpoint's run (its fid_config.json)")
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(theirs)):
       if tuple(a.shape) != tuple(b.shape):
         raise ConfigError(f"init_checkpoint {source}: FiD parameter {jax.tree_util.keystr(path)}"

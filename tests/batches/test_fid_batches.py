@@ -305,3 +305,6 @@ def test_a_fid_checkpoint_of_another_shape_is_a_one_line_config_error(tmp_path):
     job.warm_start({**fresh, "fid": shapes(max_answer_length=32)["fid"]}, fresh, "longer/5")
   with pytest.raises(ConfigError, match="parameter tree is not this run's"):
     job.warm_start({**fresh, "fid": shapes(decoder_layers=2)["fid"]}, fresh, "deeper/5")
+  # A checkpoint with a copy head, warm-starting a run without one, names the setting.
+  with pytest.raises(ConfigError, match="copy_head"):
+    job.warm_start({**fresh, "fid": shapes(copy_head=True)["fid"]}, fresh, "copying/5")
