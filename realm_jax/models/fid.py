@@ -237,6 +237,13 @@ def shift_right(targets: Array, bos_id: int) -> Array:
       [jnp.full(targets.shape[:1] + (1,), bos_id, targets.dtype), targets[:, :-1]], axis=1)
 
 
+def visible_softmax(scores: Array, visible: Array) -> Array:
+  """Attention weights: float32 scores [..., S] -> the softmax over the keys each query sees
+  (`visible`, bool, broadcastable to the scores); a query that sees no key gets zeros."""
+  probs = jax.nn.softmax(jnp.where(visible, scores, jnp.finfo(jnp.float32).min), axis=-1)
+  return jnp.where(visible.any(axis=-1, keepdims=True), probs, 0.0)
+
+
 def token_log_probs(logits: Array, targets: Array) -> Array:
   """log p(y_t | y_<t, passages): logits [B, T, V] (any float dtype; normalised in float32)
   and targets int [B, T] -> float32 [B, T]."""
@@ -371,9 +378,7 @@ class FidAttention(nn.Module):
     scores = jnp.einsum("bqhd,bkhd->bhqk", query, keys,
                         preferred_element_type=jnp.float32) / math.sqrt(cfg.head_dim)
     visible = jnp.broadcast_to(visible, (key_rows, group * length, key_length))[:, None]
-    scores = jnp.where(visible, scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1)
-    probs = jnp.where(visible.any(axis=-1, keepdims=True), probs, 0.0)
+    probs = visible_softmax(scores, visible)
     if sow and self.is_mutable_collection("intermediates"):
       self.sow("intermediates", "attention_probs", probs)
       # [R, heads, S]
@@ -546,9 +551,7 @@ class CopyHead(nn.Module):
     # [B, G T, S]
     scores = jnp.einsum("bqd,bkd->bqk", query, keys,
                         preferred_element_type=jnp.float32) / math.sqrt(features)
-    visible = jnp.broadcast_to(visible, scores.shape)
-    probs = jax.nn.softmax(jnp.where(visible, scores, jnp.finfo(jnp.float32).min), axis=-1)
-    probs = jnp.where(visible.any(axis=-1, keepdims=True), probs, 0.0)
+    probs = visible_softmax(scores, jnp.broadcast_to(visible, scores.shape))
     # [N, T, S] -> [N, T, V]: each attention weight added to its token's probability.
     probs = probs.reshape(rows, length, key_length)
     ids = jnp.repeat(memory_ids.astype(jnp.int32), group, axis=0)  # [N, S]
