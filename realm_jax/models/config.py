@@ -19,8 +19,26 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 POSITION_INITS = ("normal", "sinusoidal", "neighbours")
 
 
+class ShapeProperties:
+  """What bert.py's layers read from any model config: the width of one attention head and
+  the compute and storage dtypes as jnp dtypes. A config mixing this in has `hidden_size`,
+  `num_heads`, `dtype` and `param_dtype` (fields or properties)."""
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def compute_dtype(self) -> Any:
+    return jnp.dtype(self.dtype)
+
+  @property
+  def storage_dtype(self) -> Any:
+    return jnp.dtype(self.param_dtype)
+
+
 @dataclasses.dataclass(frozen=True)
-class BertConfig:
+class BertConfig(ShapeProperties):
   """Shapes and numerics of a BERT encoder (REALM_SPEC 4: BERT-base defaults).
 
   Attributes:
@@ -94,18 +112,6 @@ class BertConfig:
       if value not in ("float32", "bfloat16", "float16"):
         raise ValueError(
             f"BertConfig: {field}={value!r}; expected 'float32', 'bfloat16' or 'float16'.")
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def compute_dtype(self) -> Any:
-    return jnp.dtype(self.dtype)
-
-  @property
-  def storage_dtype(self) -> Any:
-    return jnp.dtype(self.param_dtype)
 
 
 RETRIEVER_POOLINGS = ("cls", "mean")

@@ -77,7 +77,7 @@ import jax.numpy as jnp
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.models import losses
 from realm_jax.models.bert import BertModel, FeedForward, layer_norm, param_init, zeros_init
-from realm_jax.models.config import ACTIVATIONS, BertConfig, tiny_bert
+from realm_jax.models.config import ACTIVATIONS, BertConfig, ShapeProperties, tiny_bert
 
 Array = jax.Array
 Params = Any
@@ -96,7 +96,7 @@ _NEG_INF = float("-inf")
 
 
 @dataclasses.dataclass(frozen=True)
-class FidConfig:
+class FidConfig(ShapeProperties):
   """Shapes and numerics of a FiD reader: a BERT encoder (`bert`) and a decoder of width
   `bert.hidden_size` over `bert`'s vocabulary. Defaults: a BERT-base encoder and a decoder of
   the same size (T5-base's decoder: 12 layers, 12 heads, FFW 3072).
@@ -204,18 +204,6 @@ class FidConfig:
   @property
   def vocab_size(self) -> int:
     return self.bert.vocab_size
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def compute_dtype(self) -> Any:
-    return jnp.dtype(self.dtype)
-
-  @property
-  def storage_dtype(self) -> Any:
-    return jnp.dtype(self.param_dtype)
 
 
 # ----------------------------------------------------------------------- pure functions

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 
 from realm_jax.models import losses
 from realm_jax.models.bert import FeedForward, layer_norm, param_init, zeros_init
-from realm_jax.models.config import ACTIVATIONS
+from realm_jax.models.config import ACTIVATIONS, ShapeProperties
 
 Array = jax.Array
 Params = Any
@@ -60,12 +60,12 @@ RETRIEVAL_MODULES = ("neighbour_encoder", "cca", "cca_layer_norm")
 
 
 @dataclasses.dataclass(frozen=True)
-class RetroConfig:
+class RetroConfig(ShapeProperties):
   """Shapes and numerics of a RETRO model. Defaults: the paper's 172M model (12 layers of
   width 896, 16 heads, CCA in layers 6, 9, 12 counted from 1, a 2-layer encoder, m = 64,
   r = 128) with the repository's WordPiece vocabulary in place of its 128k SentencePiece one.
 
-  The field names `initializer_range`, `dtype`, `param_dtype` (and the properties
+  The field names `initializer_range`, `dtype`, `param_dtype` (and ShapeProperties'
   `compute_dtype`, `storage_dtype`, `head_dim`) are BertConfig's, so bert.py's initialisers,
   dense layers and LayerNorms take a RetroConfig as they take a BertConfig.
 
@@ -147,18 +147,6 @@ class RetroConfig:
   def cca_layers(self) -> tuple[int, ...]:
     """Indices (from 0) of the decoder layers with chunked cross-attention."""
     return tuple(range(self.cca_start, self.num_layers, self.cca_every))
-
-  @property
-  def head_dim(self) -> int:
-    return self.hidden_size // self.num_heads
-
-  @property
-  def compute_dtype(self) -> Any:
-    return jnp.dtype(self.dtype)
-
-  @property
-  def storage_dtype(self) -> Any:
-    return jnp.dtype(self.param_dtype)
 
 
 # ----------------------------------------------------------------------- pure functions
