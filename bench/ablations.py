@@ -29,6 +29,9 @@ every seed (`train_main.seed` of every stage: initialisation, dropout, data orde
   retriever held 160 steps     --gin.PretrainJob.freeze_retriever_steps=160: whether the
                                retriever's updates before the encoder reads its blocks are what
                                lowers its recall in some seeds
+  random uniform masks on      --gin.TASK='realm_toy_random_token_knowledge': random uniform
+    names or dates             masks conditioned on masking a salient wordpiece; whether the
+                               random rows' queries without one are what lowers recall
 
 The 30x stale row. The paper refreshed its index every ~500 pretraining steps and its stale row
 30 times less often, so that index was still refreshed during pretraining, only rarely. The toy
@@ -171,6 +174,11 @@ ROWS = (
     # blocks (utility near zero), are what lowers its recall in some seeds.
     Row("retriever_held", "REALM, the retriever held for its first 160 steps (beside the paper)",
         True, {"pretrain_bindings": ["PretrainJob.freeze_retriever_steps=160"]}),
+    # Whether random masks lower the retriever's recall because four in five of their queries
+    # mask no name or date, so that no block helps predict their targets.
+    Row("random_token_knowledge",
+        "REALM with random uniform masks, every query masking a name or date (beside the paper)",
+        True, {"pretrain_bindings": ["TASK='realm_toy_random_token_knowledge'"]}),
 )
 ROW_BY_NAME = {row.name: row for row in ROWS}
 # The rows that fine-tune the REALM row's pretraining.
@@ -211,6 +219,10 @@ DIRECTIONS = (
     Direction("retriever_held", BASE, "retriever held 160 steps > REALM", paper=False),
     Direction("retriever_held", "orqa", "retriever held 160 steps > ORQA-style baseline",
               paper=False),
+    Direction("random_token_knowledge", "random_token",
+              "random uniform masks on names or dates > random uniform masks", paper=False),
+    Direction(BASE, "random_token_knowledge",
+              "REALM > random uniform masks on names or dates", paper=False),
 )
 
 # ---------------------------------------------------------------------------- the statistics

@@ -4,6 +4,7 @@
 
   toy world (generated and cached on first use, see realm_jax.data.toy_world):
     realm_toy_salient_span, realm_toy_random_span, realm_toy_random_token   REALM pretraining
+    realm_toy_random_token_knowledge     random tokens, every query masking a name or date
     ict_toy                                                                ICT warm start
     mlm_toy                                   MLM over the toy world's own blocks
     mlm_toy_copy                the toy BERT's first phase (experiments/toy_bert_copy.gin)

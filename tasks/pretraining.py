@@ -56,7 +56,7 @@ from realm_jax.data import vocab as vocab_lib
 from realm_jax.batches import pretraining_batches
 
 PathOrFn = Union[str, Callable[[], str]]
-MASKING_STRATEGIES = ("salient_span", "random_span", "random_token")
+MASKING_STRATEGIES = ("salient_span", "random_span", "random_token", "random_token_knowledge")
 
 log = logging.getLogger(__name__)
 

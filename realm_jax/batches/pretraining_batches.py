@@ -592,7 +592,7 @@ def masked_query_batches(corpus: str = "toy", strategy: str = "salient_span",
 
   Args:
     corpus: corpus name of the task.
-    strategy: masking strategy ("salient_span", "random_span", "random_token").
+    strategy: masking strategy (a `realm_jax.data.masking.MASKERS` name).
     **kwargs: `SeqioBatches` arguments (batch_size is required).
 
   Returns:

@@ -294,13 +294,61 @@ def test_random_token_masker(vocab):
   assert len(check_invariants(query)) == 1
 
 
+# Wordpieces of TEXT's sentences inside the spans Müller, Ærø and 1843, by hand:
+# "zoe muller was born in tessa ##var ." -> {1}; "she moved to æ ##r ##ø in 1843 ." -> {3, 4, 5, 7}.
+KNOWLEDGE_SPANS = [(5, 12), (48, 53), (57, 61)]
+SALIENT_BY_SENTENCE = {0: {1}, 1: {3, 4, 5, 7}}
+
+
+def test_salient_wordpieces_by_hand(vocab):
+  rec = record(KNOWLEDGE_SPANS)
+  for index, expected in SALIENT_BY_SENTENCE.items():
+    sentence = masking._tokenize_sentence(rec, index, vocab)  # pylint: disable=protected-access
+    assert set(np.flatnonzero(masking.salient_wordpieces(rec, sentence))) == expected
+  # A span covering part of a wordpiece ("ülle" of "muller") contains none of it.
+  sentence = masking._tokenize_sentence(record([(6, 11)]), 0, vocab)  # pylint: disable=protected-access
+  assert not masking.salient_wordpieces(record([(6, 11)]), sentence).any()
+
+
+def test_random_token_knowledge_is_random_token_conditioned_on_a_salient_mask(vocab):
+  """The knowledge-only query equals the first plain random-token query, drawn from the same
+  generator, that masks a wordpiece of SALIENT_BY_SENTENCE (rejection sampling)."""
+  rec = record(KNOWLEDGE_SPANS)
+  plain = masking.RandomTokenMasker()
+  redrawn = 0
+  for seed in range(100):
+    rng = np.random.default_rng(seed)
+    for draws in range(1, 101):
+      expected = masking.make_masked_query(rec, strategy=plain, rng=rng, vocab=vocab)
+      masked = {int(p) - 1 for p in expected.mlm_positions[expected.mlm_weights > 0]}
+      if masked & SALIENT_BY_SENTENCE[expected.sentence_index]:
+        break
+    redrawn += draws > 1
+    got = masking.make_masked_query(rec, strategy="random_token_knowledge",
+                                    rng=np.random.default_rng(seed), vocab=vocab)
+    for key, value in expected.to_dict().items():
+      np.testing.assert_array_equal(got.to_dict()[key], value)
+  assert redrawn > 20  # the condition rejected draws, so the test compares more than one draw
+
+
+def test_random_token_knowledge_skips(vocab):
+  skips = masking.SkipCounter()
+  knowledge = masking.get_masker("random_token_knowledge")
+  assert masking.make_masked_query(record([]), strategy=knowledge,
+                                   rng=np.random.default_rng(0), vocab=vocab, skips=skips) is None
+  # A span inside one wordpiece: no draw can mask a salient wordpiece.
+  assert masking.make_masked_query(record([(6, 11)]), strategy=knowledge,
+                                   rng=np.random.default_rng(0), vocab=vocab, skips=skips) is None
+  assert skips == {"no_salient_span": 1, "no_salient_mask": 1}
+
+
 def test_records_without_sentences_are_skipped(vocab):
   skips = masking.SkipCounter()
   empty = record([], starts=[], limits=[])
   for strategy in masking.MASKERS:
     assert masking.make_masked_query(empty, strategy=strategy, rng=np.random.default_rng(0),
                                      vocab=vocab, skips=skips) is None
-  assert skips == {"no_span_in_sentence": 1, "no_sentence": 2}
+  assert skips == {"no_span_in_sentence": 1, "no_sentence": 2, "no_salient_span": 1}
 
 
 def test_span_length_distribution(vocab):
@@ -318,7 +366,8 @@ def test_annotate_record_feeds_the_masker(vocab):
 
 
 def test_registry_and_arguments(vocab):
-  assert set(masking.MASKERS) == {"salient_span", "random_span", "random_token"}
+  assert set(masking.MASKERS) == {"salient_span", "random_span", "random_token",
+                                  "random_token_knowledge"}
   with pytest.raises(ValueError, match="Unknown masking strategy 'bert'"):
     masking.make_masked_query(record([(5, 12)]), strategy="bert",
                               rng=np.random.default_rng(0), vocab=vocab)
