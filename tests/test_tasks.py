@@ -107,7 +107,8 @@ def test_pretraining_on_the_corpus_itself_excludes_each_examples_own_block(tmp_p
   names = realm_jax_tasks.register_pretraining_tasks(
       "toy_blocks", block_store=realm_jax_tasks.toy_block_store_dir, annotator="union")
   assert names == ["realm_toy_blocks_salient_span", "realm_toy_blocks_random_span",
-                   "realm_toy_blocks_random_token", "ict_toy_blocks", "mlm_toy_blocks"]
+                   "realm_toy_blocks_random_token", "realm_toy_blocks_random_token_knowledge",
+                   "ict_toy_blocks", "mlm_toy_blocks"]
   batch = _first_batch("realm_toy_blocks_salient_span")
   store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir())
   uids = np.asarray(store.uids).view(np.int64)
