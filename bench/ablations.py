@@ -174,8 +174,8 @@ ROWS = (
     # blocks (utility near zero), are what lowers its recall in some seeds.
     Row("retriever_held", "REALM, the retriever held for its first 160 steps (beside the paper)",
         True, {"pretrain_bindings": ["PretrainJob.freeze_retriever_steps=160"]}),
-    # Whether random masks lower the retriever's recall because four in five of their queries
-    # mask no name or date, so that no block helps predict their targets.
+    # Whether random masks lower the retriever's recall through their queries that mask no name
+    # or date, whose targets no block helps predict.
     Row("random_token_knowledge",
         "REALM with random uniform masks, every query masking a name or date (beside the paper)",
         True, {"pretrain_bindings": ["TASK='realm_toy_random_token_knowledge'"]}),
