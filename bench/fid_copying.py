@@ -1,0 +1,151 @@
+r"""Where the Atlas bench's answers come from: copied from a retrieved block, or not.
+
+  python bench/fid_copying.py --out /tmp/atlas_bench [--seeds 0 1 2] [--rows extractive fid]
+      [--sizes all] [--write]
+
+`bench/atlas.py` keeps each cell's EM; its runs leave their test predictions under its `--out`
+(`python -m realm_jax.evaluate`'s JSONL: the prediction and the question's retrieved blocks).
+This reads them with the toy BlockStore and reports, for each row, size and seed:
+
+- EM on toy QA test;
+- copied: the share of predictions found, after EM's normalisation
+  (`answer_match.normalize_answer`), as whole words in the title or body of one of the
+  question's retrieved blocks, and that share among the wrong predictions;
+- EM on the questions that ask for a year ("When ...", "In what year ...") and on the others.
+
+REALM's extractive reader predicts a span of a block, so it copies by construction (a span cut
+at a wordpiece inside a word, or differing by a character the tokenizer drops, is the rare
+exception). A generative reader's wrong answers that are not copied are tokens put together by
+its decoder (the toy's mix the copy head's copies with generated wordpieces). Rows whose
+predictions are not on disk are left out, and the script says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable, Iterable, Mapping, Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench import report  # noqa: E402  pylint: disable=wrong-import-position
+from realm_jax.data import answer_match  # noqa: E402  pylint: disable=wrong-import-position
+
+SECTION = "Where the Atlas bench's answers come from (toy world)"
+YEAR_QUESTION_STARTS = ("when ", "in what year ", "what year ")
+
+
+def is_year_question(question: str) -> bool:
+  """Whether a toy QA question asks for a year (its answers are a date or a year)."""
+  return question.lower().startswith(YEAR_QUESTION_STARTS)
+
+
+def copied(prediction: str, texts: Iterable[str]) -> bool:
+  """Whether the normalised prediction is a run of whole words of one normalised text."""
+  answer = answer_match.normalize_answer(prediction)
+  return bool(answer) and any(
+      f" {answer} " in f" {answer_match.normalize_answer(text)} " for text in texts)
+
+
+def read_predictions(path: str) -> list[dict]:
+  """The records of one predictions file, each with question, prediction, correct, block_ids."""
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for number, line in enumerate(f, 1):
+      try:
+        record = json.loads(line)
+        records.append({"question": str(record["question"]),
+                        "prediction": str(record["prediction"]),
+                        "correct": bool(record["correct"]),
+                        "block_ids": [int(b) for b in record["block_ids"]]})
+      except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: record {number}: {e!r}") from e
+  if not records:
+    raise ValueError(f"{path}: no predictions")
+  return records
+
+
+def summarize(records: Sequence[Mapping], block_text: Callable[[int], str]) -> dict:
+  """EM, the copied shares and EM by question kind of one run's predictions. `block_text`:
+  block id -> its title and body (ids < 0, padding or the null document, are skipped)."""
+  def share(values: list[bool]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+  is_copied = [copied(r["prediction"], (block_text(b) for b in r["block_ids"] if b >= 0))
+               for r in records]
+  correct = [r["correct"] for r in records]
+  year = [is_year_question(r["question"]) for r in records]
+  return {"questions": len(records), "em": share(correct), "copied": share(is_copied),
+          "copied_wrong": share([c for c, ok in zip(is_copied, correct) if not ok]),
+          "year_questions": sum(year),
+          "em_year": share([ok for ok, y in zip(correct, year) if y]),
+          "em_other": share([ok for ok, y in zip(correct, year) if not y])}
+
+
+def predictions_path(out: str, seed: int, row: str, size: str) -> str:
+  """Where bench/atlas.py's run of (row, size) leaves its test predictions."""
+  from bench import atlas  # pylint: disable=import-outside-toplevel
+  layout = atlas.Layout(os.path.join(out, f"seed{seed}"))
+  if row == "extractive":  # the seed's REALM recipe evaluates its fine-tunings in realm/eval
+    name = "toy_qa" if size == atlas.ALL else f"toy_qa_extractive_{size}"
+    return os.path.join(layout.realm, "eval", f"{name}_{atlas.EVAL_SPLIT}.jsonl")
+  return layout.eval_output(row, size)
+
+
+def table(summaries: Mapping[tuple[str, str, int], dict]) -> str:
+  """One markdown line per (row, size, seed)."""
+  lines = ["| row | questions | seed | test EM | copied from a retrieved block | copied, "
+           "among the wrong | EM, year questions | EM, other questions |",
+           "|---|---|---|---|---|---|---|---|"]
+  for (row, size, seed), s in summaries.items():
+    lines.append(f"| {row} | {size} | {seed} | {s['em']:.3f} | {s['copied']:.1%} | "
+                 f"{s['copied_wrong']:.1%} | {s['em_year']:.3f} ({s['year_questions']}) | "
+                 f"{s['em_other']:.3f} |")
+  return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--out", required=True, help="bench/atlas.py's --out")
+  parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+  parser.add_argument("--rows", nargs="+", default=["extractive", "fid"],
+                      help="bench/atlas.py row names (default: extractive fid)")
+  parser.add_argument("--sizes", nargs="+", default=["all"],
+                      help="training questions: 64, 256 or all (default: all)")
+  parser.add_argument("--write", action="store_true",
+                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+  args = parser.parse_args(argv)
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import block_store as block_store_lib  # pylint: disable=import-outside-toplevel
+  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
+  def block_text(block_id: int) -> str:
+    return f"{store.title(block_id)} {store.body(block_id)}"
+  summaries, missing = {}, []
+  for row in args.rows:
+    for size in args.sizes:
+      for seed in args.seeds:
+        path = predictions_path(os.path.abspath(args.out), seed, row, size)
+        if not os.path.exists(path):
+          missing.append(f"{row} {size} seed {seed} ({path})")
+          continue
+        summaries[(row, size, seed)] = summarize(read_predictions(path), block_text)
+  for line in missing:
+    print(f"fid_copying: no predictions for {line}", file=sys.stderr)
+  if not summaries:
+    print("fid_copying: nothing to report", file=sys.stderr)
+    return 1
+  body = (f"`python bench/fid_copying.py --out <bench/atlas.py's --out> --seeds "
+          f"{' '.join(map(str, args.seeds))} --rows {' '.join(args.rows)} --sizes "
+          f"{' '.join(args.sizes)}` (its module docstring says what each column counts).\n\n"
+          + table(summaries))
+  print(body)
+  if args.write:
+    report.write_section(SECTION, body)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,78 @@
+"""bench/fid_copying.py: copied answers and EM by question kind, worked by hand."""
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from bench import fid_copying  # noqa: E402  pylint: disable=wrong-import-position
+
+BLOCKS = {0: "Tessavar Tessavar was founded on 9 November 1790 by the Glassblowers' Guild.",
+          1: "Zoë Müller Zoë Müller was born in 1843."}
+
+
+def test_copied_is_whole_words_after_normalisation():
+  texts = list(BLOCKS.values())
+  assert fid_copying.copied("9 November 1790", texts)
+  assert fid_copying.copied("The Glassblowers Guild", texts)  # article and punctuation dropped
+  assert fid_copying.copied("zoe muller", texts) is False  # NFD keeps the marks: "zoë" != "zoe"
+  assert not fid_copying.copied("9 march 1790", texts)  # spliced from copied and new words
+  assert not fid_copying.copied("glassbl", texts)  # a word cut inside
+  assert not fid_copying.copied("184", texts)
+  assert not fid_copying.copied("", texts) and not fid_copying.copied("the", texts)
+
+
+def test_year_questions():
+  assert fid_copying.is_year_question("When was Tessavar founded?")
+  assert fid_copying.is_year_question("In what year was Zoë Müller born?")
+  assert not fid_copying.is_year_question("Who founded Tessavar?")
+  assert not fid_copying.is_year_question("Whenever")
+
+
+def test_summarize_by_hand():
+  records = [
+      # year, right, copied
+      {"question": "When was Tessavar founded?", "prediction": "9 November 1790",
+       "correct": True, "block_ids": [0, -1]},
+      # year, wrong, spliced
+      {"question": "In what year was Zoë Müller born?", "prediction": "9 march 1843",
+       "correct": False, "block_ids": [1, 0]},
+      # other, wrong, copied from block 1 (the null document, -1, is skipped)
+      {"question": "Who founded Tessavar?", "prediction": "Zoë Müller",
+       "correct": False, "block_ids": [-1, 1]},
+      # other, right, not in its one block (block 0 holds it, but was not retrieved)
+      {"question": "Who founded Tessavar?", "prediction": "glassblowers guild",
+       "correct": True, "block_ids": [1]},
+  ]
+  s = fid_copying.summarize(records, BLOCKS.__getitem__)
+  assert (s["questions"], s["year_questions"]) == (4, 2)
+  assert s["em"] == 0.5 and s["copied"] == 0.5
+  assert s["copied_wrong"] == 0.5  # of the two wrong, the third is copied
+  assert (s["em_year"], s["em_other"]) == (0.5, 0.5)
+  none_wrong = fid_copying.summarize(records[:1], BLOCKS.__getitem__)
+  assert math.isnan(none_wrong["copied_wrong"]) and math.isnan(none_wrong["em_other"])
+
+
+def test_a_bad_record_names_its_file_and_line(tmp_path):
+  path = tmp_path / "p.jsonl"
+  good = {"question": "q", "prediction": "a", "correct": True, "block_ids": [0]}
+  path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "block_ids": None}) + "\n")
+  with pytest.raises(ValueError, match=r"p.jsonl: record 2: TypeError"):
+    fid_copying.read_predictions(str(path))
+  empty = tmp_path / "e.jsonl"
+  empty.write_text("")
+  with pytest.raises(ValueError, match="e.jsonl: no predictions"):
+    fid_copying.read_predictions(str(empty))
+
+
+def test_predictions_paths_are_where_the_atlas_bench_writes_them():
+  assert fid_copying.predictions_path("/o", 1, "extractive", "all") == (
+      "/o/seed1/realm/eval/toy_qa_test.jsonl")
+  assert fid_copying.predictions_path("/o", 1, "extractive", "64") == (
+      "/o/seed1/realm/eval/toy_qa_extractive_64_test.jsonl")
+  assert fid_copying.predictions_path("/o", 0, "fid", "256") == (
+      "/o/seed0/realm/fid_256/eval/fid_256_test.jsonl")
