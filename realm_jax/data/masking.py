@@ -176,15 +176,20 @@ def spans_by_sentence(record: Mapping[str, Any]) -> list[tuple[tuple[int, int], 
   return pairs
 
 
+def _contained(sentence: _Sentence, start: int, limit: int) -> np.ndarray:
+  """[len(sentence.ids)] bool: the wordpieces lying entirely inside bytes [start, limit) of
+  the sentence (salient-span masking's default rule, `coverage="contained"`)."""
+  return ((np.asarray(sentence.starts, np.int64) >= start)
+          & (np.asarray(sentence.limits, np.int64) <= limit))
+
+
 def salient_wordpieces(record: Mapping[str, Any], sentence: _Sentence) -> np.ndarray:
   """[len(sentence.ids)] bool: the sentence's wordpieces lying entirely inside one of the
-  record's salient spans (salient-span masking's default rule, `coverage="contained"`)."""
-  # [num_wordpieces] byte offsets into the record's text
-  starts = sentence.byte_start + np.asarray(sentence.starts, np.int64)
-  limits = sentence.byte_start + np.asarray(sentence.limits, np.int64)
+  record's salient spans (`_contained`)."""
   inside = np.zeros(len(sentence.ids), bool)
   for span_start, span_limit in zip(record["span_byte_start"], record["span_byte_limit"]):
-    inside |= (starts >= span_start) & (limits <= span_limit)
+    inside |= _contained(sentence, span_start - sentence.byte_start,
+                         span_limit - sentence.byte_start)
   return inside
 
 
@@ -220,8 +225,7 @@ class SalientSpanMasker:
       masked = [i for i, (a, b) in enumerate(zip(sentence.starts, sentence.limits))
                 if a < limit and b > start]
     else:
-      masked = [i for i, (a, b) in enumerate(zip(sentence.starts, sentence.limits))
-                if a >= start and b <= limit]
+      masked = np.flatnonzero(_contained(sentence, start, limit)).tolist()
     if not masked:
       return skips.skip("span_covers_no_token")
     if masked[-1] >= query_len - 2:
@@ -230,12 +234,19 @@ class SalientSpanMasker:
                         source_uid=source_uid, span=(span_start, span_limit))
 
 
-def _random_sentence(record, rng, vocab, query_len, skips) -> tuple[_Sentence, int] | None:
-  """A uniformly drawn sentence and how many of its wordpieces fit in the query."""
+def _random_sentence(record, rng, vocab, query_len, skips,
+                     tokenized: dict[int, _Sentence] | None = None
+                     ) -> tuple[_Sentence, int] | None:
+  """A uniformly drawn sentence and how many of its wordpieces fit in the query. `tokenized`:
+  the record's sentences tokenised so far, by index, for callers that draw several times."""
   num_sentences = len(record["sentence_byte_start"])
   if num_sentences == 0:
     return skips.skip("no_sentence")
-  sentence = _tokenize_sentence(record, int(rng.integers(num_sentences)), vocab)
+  tokenized = {} if tokenized is None else tokenized
+  index = int(rng.integers(num_sentences))
+  if index not in tokenized:
+    tokenized[index] = _tokenize_sentence(record, index, vocab)
+  sentence = tokenized[index]
   num_tokens = min(len(sentence.ids), query_len - 2)
   if num_tokens == 0:
     return skips.skip("empty_sentence")
@@ -356,10 +367,10 @@ class RandomTokenMasker:
     self.mask_probability = mask_probability
     self.knowledge_only = knowledge_only
 
-  def _draw(self, record, rng, vocab, query_len, max_masks, skips
+  def _draw(self, record, rng, vocab, query_len, max_masks, skips, tokenized
             ) -> tuple[_Sentence, np.ndarray] | None:
     """A sentence and the sorted indices of its chosen wordpieces."""
-    drawn = _random_sentence(record, rng, vocab, query_len, skips)
+    drawn = _random_sentence(record, rng, vocab, query_len, skips, tokenized)
     if drawn is None:
       return None
     sentence, num_tokens = drawn
@@ -374,8 +385,9 @@ class RandomTokenMasker:
   def __call__(self, record, *, rng, vocab, query_len, max_masks, source_uid, skips):
     if self.knowledge_only and not len(record["span_byte_start"]):
       return skips.skip("no_salient_span")
+    tokenized: dict[int, _Sentence] = {}  # a redraw may draw a sentence again
     for _ in range(self.MAX_DRAWS if self.knowledge_only else 1):
-      drawn = self._draw(record, rng, vocab, query_len, max_masks, skips)
+      drawn = self._draw(record, rng, vocab, query_len, max_masks, skips, tokenized)
       if drawn is None:
         return None
       sentence, chosen = drawn

@@ -539,7 +539,7 @@ class CopyHead(nn.Module):
     # [B, G T, S]
     scores = jnp.einsum("bqd,bkd->bqk", query, keys,
                         preferred_element_type=jnp.float32) / math.sqrt(features)
-    probs = visible_softmax(scores, jnp.broadcast_to(visible, scores.shape))
+    probs = visible_softmax(scores, visible)
     # [N, T, S] -> [N, T, V]: each attention weight added to its token's probability.
     probs = probs.reshape(rows, length, key_length)
     ids = jnp.repeat(memory_ids.astype(jnp.int32), group, axis=0)  # [N, S]
