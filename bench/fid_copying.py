@@ -87,10 +87,13 @@ def summarize(records: Sequence[Mapping], block_text: Callable[[int], str]) -> d
 def predictions_path(out: str, seed: int, row: str, size: str) -> str:
   """Where bench/atlas.py's run of (row, size) leaves its test predictions."""
   from bench import atlas  # pylint: disable=import-outside-toplevel
+  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   layout = atlas.Layout(os.path.join(out, f"seed{seed}"))
   if row == "extractive":  # the seed's REALM recipe evaluates its fine-tunings in realm/eval
-    name = "toy_qa" if size == atlas.ALL else f"toy_qa_extractive_{size}"
-    return os.path.join(layout.realm, "eval", f"{name}_{atlas.EVAL_SPLIT}.jsonl")
+    slot = atlas.recipe_kwargs(atlas.ROW_BY_NAME[row], size, seed).get(
+        "finetune_name", recipe_lib.DEFAULT_FINETUNE_NAME)
+    return os.path.join(layout.realm, "eval",
+                        f"{recipe_lib.qa_eval_name(slot)}_{atlas.EVAL_SPLIT}.jsonl")
   return layout.eval_output(row, size)
 
 

@@ -337,6 +337,14 @@ def toy_bert_dir(choice: str) -> Optional[str]:
   return directory
 
 
+DEFAULT_FINETUNE_NAME = "finetune"
+
+
+def qa_eval_name(finetune_name: str = DEFAULT_FINETUNE_NAME) -> str:
+  """The evaluation name (`<out>/eval/<name>_<split>.jsonl`) of a `Recipe` fine-tuning slot."""
+  return "toy_qa" if finetune_name == DEFAULT_FINETUNE_NAME else f"toy_qa_{finetune_name}"
+
+
 class Recipe:
   """The stages (see the module docstring) over one output directory."""
 
@@ -346,7 +354,7 @@ class Recipe:
                finetune_bindings: Sequence[str] = (), with_builder: bool = True,
                eval_split: str = "test", baseline: bool = True,
                warm_start_gin: str = "gin_configs/experiments/toy_ict.gin",
-               warm_start_bindings: Sequence[str] = (), finetune_name: str = "finetune",
+               warm_start_bindings: Sequence[str] = (), finetune_name: str = DEFAULT_FINETUNE_NAME,
                finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain"):
     """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
     run to start from (None: train one in `<out>/ict`); toy_bert: the BertForMaskedLM directory
@@ -625,7 +633,7 @@ class Recipe:
 
   def _qa_name(self) -> str:
     """The evaluation name of REALM's fine-tuning slot (`finetune_name`)."""
-    return "toy_qa" if self.finetune_name == "finetune" else f"toy_qa_{self.finetune_name}"
+    return qa_eval_name(self.finetune_name)
 
   def qa_metrics_path(self) -> str:
     """The metrics JSON of the evaluation of REALM's fine-tuning slot, written by `run` (its
