@@ -106,3 +106,53 @@ def test_fid_fine_tuning_runs_resumes_exactly_and_evaluates_with_evidence(world,
     assert len(p["block_scores"]) == 5 and p["predicted_block_id"] == -1
     assert p["correct"] == metrics.exact_match(p["prediction"], p["answers"])
 
+
+
+def test_training_the_document_tower_re_ranks_the_stale_beam_in_evaluation(world, capsys):
+  """`train_document_tower=True, document_beam=8` (Atlas's full retriever training with
+  over-retrieval and re-ranking): the run trains, the index stays as published (no refresh),
+  the run's fid_config.json says how it retrieved, and the evaluation reads the best 5 of the
+  index's top 8 re-ranked by the checkpoint's document tower, recomputed here by hand (flax
+  towers, NumPy search and sort)."""
+  from realm_jax.batches import qa_batches  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax.models.retriever import RealmRetriever  # pylint: disable=import-outside-toplevel
+  root, store, _, init, embeddings = world
+  # A stale index: its rows shuffled over the blocks, so that the live tower's ranking of its
+  # beam differs from the index's (the comparison below can fail).
+  index = embeddings[np.random.default_rng(0).permutation(len(embeddings))]
+  store_lib.publish_index(str(root / "document_tower"), 0, index, block_store_id=store.store_id,
+                          checkpoint=init)
+  run_dir = _run(world, "document_tower", 2, "--gin.FinetuneJob.train_document_tower=True",
+                 "--gin.FinetuneJob.document_beam=8")
+  with open(os.path.join(run_dir, "fid_config.json"), encoding="utf-8") as f:
+    written = json.load(f)
+  assert (written["train_document_tower"], written["document_beam"]) == (True, 8)
+  assert store_lib.latest_index_step(run_dir) == 0
+  with open(os.path.join(run_dir, "best.json"), encoding="utf-8") as f:
+    step = json.load(f)["step"]
+  params, _, _ = checkpoints.restore_params(run_dir, step)
+  capsys.readouterr()
+  assert evaluate_entry.main([
+      "evaluate", "--gin_file=gin_configs/experiments/toy_eval.gin",
+      f"--gin.RUN_DIR='{run_dir}'", f"--gin.evaluate_main.block_store='{world[2]}'",
+      "--gin.evaluate_main.max_examples=4", "--gin.evaluate_main.batch_size=4"]) == 0
+  path = os.path.join(run_dir, "predictions")
+  files = [f for f in os.listdir(path) if f.endswith(".jsonl")]
+  with open(os.path.join(path, files[0]), encoding="utf-8") as f:
+    predictions = [json.loads(line) for line in f]
+  retriever = RealmRetriever(TINY)
+  reordered = 0
+  for p in predictions:
+    ids, mask, _ = qa_batches.question_arrays([p["question"]], vocab_lib.default_vocabulary())
+    question = np.asarray(retriever.apply({"params": params["retriever"]}, ids,
+                                          np.zeros_like(ids), mask,
+                                          method=RealmRetriever.embed_queries))[0]  # [proj]
+    stale = np.argsort(-(index @ question), kind="stable")[:8]  # the index's top 8
+    live = np.asarray(retriever.apply(
+        {"params": params["retriever"]}, *store.embedder_inputs(stale),
+        method=RealmRetriever.embed_documents)) @ question  # [8]
+    best = stale[np.argsort(-live, kind="stable")][:5]
+    assert p["block_ids"][:5] == best.tolist()
+    reordered += best.tolist() != stale[:5].tolist()
+  assert reordered == len(predictions)  # the live tower re-orders the stale beams

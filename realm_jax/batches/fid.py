@@ -33,6 +33,7 @@ from realm_jax.batches import seqio_batches
 from realm_jax.data import tensorflow_setup
 from realm_jax.data import vocab as vocab_lib
 from realm_jax.data.qa_datasets import QAExample
+from realm_jax.index import rerank
 
 Batch = dict[str, Any]
 
@@ -43,6 +44,9 @@ FID_MODEL_KEYS = ("reader_ids", "reader_type_ids", "reader_mask", "answer_target
 # [Q, question_len] and the frozen index's embeddings of the read blocks [Q, reader_beam, proj].
 QUESTION_TOWER_KEYS = ("question_ids", "question_type_ids", "question_mask",
                        "retrieved_block_emb")
+# And when the objective trains the document tower too: the read blocks' document-tower rows
+# [Q, reader_beam, block_len] (`build_open_qa_batch`'s `document_beam`).
+DOCUMENT_TOWER_KEYS = ("document_ids", "document_type_ids", "document_mask")
 
 
 # Where a task keeps its examples' precomputed targets (`realm_jax_tasks.atlas`).
@@ -127,19 +131,22 @@ def build_fid_batch(store, examples: Sequence[Any], retrieved_ids: Any,
   return batch
 
 
-def fid_model_inputs(batch: Batch, question_tower: bool = False) -> Batch:
+def fid_model_inputs(batch: Batch, question_tower: bool = False,
+                     document_tower: bool = False) -> Batch:
   """What `FidReaderModel` reads of a `build_fid_batch` batch (`FID_MODEL_KEYS`, and
-  `QUESTION_TOWER_KEYS` with `question_tower`)."""
-  keys = FID_MODEL_KEYS + (QUESTION_TOWER_KEYS if question_tower else ())
+  `QUESTION_TOWER_KEYS` with `question_tower`, `DOCUMENT_TOWER_KEYS` with `document_tower`)."""
+  keys = (FID_MODEL_KEYS + (QUESTION_TOWER_KEYS if question_tower else ())
+          + (DOCUMENT_TOWER_KEYS if document_tower else ()))
   return {key: batch[key] for key in keys}
 
 
 def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_length: int,
-                   question_len: int | None = None,
-                   proj_size: int | None = None) -> dict[str, Any]:
+                   question_len: int | None = None, proj_size: int | None = None,
+                   block_len: int | None = None) -> dict[str, Any]:
   """The per-example shapes and dtypes of `FidBatches`' batches (`fid_model_inputs`); with
   `question_len` and `proj_size` (a model that trains its question tower) also
-  `QUESTION_TOWER_KEYS`'."""
+  `QUESTION_TOWER_KEYS`', and with `block_len` (one that trains its document tower too)
+  `DOCUMENT_TOWER_KEYS`'."""
   shapes = {"reader_ids": [reader_beam, reader_len], "reader_type_ids": [reader_beam, reader_len],
             "reader_mask": [reader_beam, reader_len], "answer_targets": [max_answer_length],
             "answer_mask": [max_answer_length], "retriever_correct": [beam], "example_mask": []}
@@ -149,6 +156,11 @@ def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_l
   if question_len is not None:
     shapes.update(question_ids=[question_len], question_type_ids=[question_len],
                   question_mask=[question_len], retrieved_block_emb=[reader_beam, proj_size])
+  if block_len is not None:
+    if question_len is None:
+      raise ValueError("fid_batch_spec: the document tower trains with the question tower: "
+                       "give question_len and proj_size with block_len")
+    shapes.update({key: [reader_beam, block_len] for key in DOCUMENT_TOWER_KEYS})
   dtypes = {"retriever_correct": bool, "example_mask": bool, "retrieved_block_emb": np.float32}
   return {key: jax.ShapeDtypeStruct(tuple(int(n) for n in shape), dtypes.get(key, np.int32))
           for key, shape in shapes.items()}
@@ -221,6 +233,22 @@ class FidBatches(qa_batches.OpenQABatches):
     if targets is not None:
       self.examples = with_answer_ids(self.examples, targets)
 
+  def rerank(self, question_emb: np.ndarray, scores: np.ndarray, ids: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The beam re-ranked with the live document tower (`FidReaderModel.rerank_depth` blocks,
+    `index.rerank`) when the model asks for it; else as retrieved."""
+    depth = self.model.rerank_depth
+    if not depth:
+      return scores, ids
+    if self._query_params is None:
+      raise RuntimeError("re-ranking reads the live document tower: call set_query_params "
+                         "with the live retriever params first")
+    rerank.check_depth(depth, self.beam, self.model.reader_beam)
+    return rerank.rerank_with_document_tower(
+        question_emb, scores, ids, depth=depth,
+        params=qa_batches.host_local_params(self._query_params), config=self.model.config,
+        store=self.store)
+
   def build_batch(self, examples: Sequence[Any], ids: np.ndarray, scores: np.ndarray,
                   retriever: Any) -> Batch:
     fid = self.model.fid
@@ -228,10 +256,11 @@ class FidBatches(qa_batches.OpenQABatches):
         self.store, examples, ids, scores, max_answer_length=fid.max_answer_length,
         vocab=self.vocab, eos_id=fid.eos_id, pad_id=fid.pad_id,
         reader_beam=self.model.reader_beam, reader_len=self.reader_len,
-        question_len=self.question_len, max_occurrences=self.max_occurrences)
+        question_len=self.question_len, max_occurrences=self.max_occurrences,
+        document_beam=self.model.num_reembedded)
     question_tower = self.model.train_question_tower
     if question_tower:  # the frozen index's side of the scores the objective trains
       # [Q, reader_beam, proj]: the objectives score the read blocks only.
       batch["retrieved_block_emb"] = qa_batches.gather_block_emb(
           retriever.block_emb, np.asarray(ids)[:, :self.model.reader_beam])
-    return fid_model_inputs(batch, question_tower)
+    return fid_model_inputs(batch, question_tower, self.model.train_document_tower)

@@ -165,8 +165,10 @@ def open_qa_model(run_dir: str, config: Any, step: int, reader_beam: int) -> tup
                                      f"{fid_qa.FID_CONFIG_FILE}") from e
     closed_book = "retriever" not in params  # FinetuneJob(candidates='none'): no retriever
     params = jax.device_put({key: params[key] for key in ("retriever", "fid") if key in params})
-    return fid_qa.FidReaderModel(config, fid, reader_beam=reader_beam,
-                                 closed_book=closed_book), params
+    # How the run retrieved: a document tower it trained re-ranks the index's beam.
+    settings = {} if closed_book else fid_qa.read_retrieval_settings(run_dir)
+    return fid_qa.FidReaderModel(config, fid, reader_beam=reader_beam, closed_book=closed_book,
+                                 **settings), params
   config = config.replace(**{"bert.adapter_size": theirs.bert.adapter_size})
   # Only the two towers the model reads; placed once rather than copied at every call.
   params = jax.device_put({"retriever": params["retriever"], "reader": params["reader"]})

@@ -10,6 +10,9 @@ For each batch of questions:
    (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
    generative FiD reader (`realm_jax.models.fid_qa.FidReaderModel`, the same reader rows), its
    greedy answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together).
+   A FiD reader that trained its document tower with a re-ranking depth L
+   (`FidReaderModel.rerank_depth`) reads the best K of the first L blocks re-ranked with its
+   document tower (`index.rerank`), as it did in training; recall@k counts the re-ranked beam.
    With `qa_batches.ClosedBook` as the searcher (Atlas's closed-book baseline, a FiD reader
    trained with `FinetuneJob.candidates='none'`) nothing is retrieved: the reader reads
    `[CLS] question [SEP]` alone, the predictions' evidence is empty and no recall is reported;
@@ -50,6 +53,7 @@ from realm_jax.batches import qa_batches
 from realm_jax.batches import seqio_batches
 from realm_jax.evaluation import metrics
 from realm_jax.evaluation import recall
+from realm_jax.index import rerank
 from realm_jax.models import open_qa_model
 
 log = logging.getLogger(__name__)
@@ -105,8 +109,9 @@ class Predictor:
                vocab: vocab_lib.WordPieceVocabulary | None = None, block_emb: Any = None,
                embed_fn: EmbedFn | None = None, reader_len: int = 320,
                question_len: int | None = None, length_bucket: int = 32):
-    if model.train_document_tower:
-      # Prediction reads the published index; a live document tower is a training device.
+    if model.train_document_tower and isinstance(model, open_qa_model.OpenQAModel):
+      # Prediction reads the published index; a live document tower is a training device. (A
+      # FiD reader's re-ranks the index's beam with it: `rerank_depth`.)
       model = type(model)(model.config, reader_beam=model.reader_beam)
     _check_searcher(searcher, store)
     self.closed_book = qa_batches.is_closed_book(searcher)
@@ -172,6 +177,12 @@ class Predictor:
       scores, ids = self.searcher.retrieve_texts([e.question for e in examples], depth)
     else:
       scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
+      rerank_depth = getattr(self.model, "rerank_depth", 0)
+      if rerank_depth:  # a FiD reader whose document tower trained: re-rank the stale beam
+        rerank.check_depth(rerank_depth, depth, self.model.reader_beam)
+        scores, ids = rerank.rerank_with_document_tower(
+            question_emb, scores, ids, depth=rerank_depth, params=self.params["retriever"],
+            config=self.model.config, store=self.store)
     batch = qa_batches.build_open_qa_batch(
         self.store, examples, ids, scores, vocab=self.vocab, reader_beam=self.model.reader_beam,
         reader_len=self.reader_len, answers_are_regex=answers_are_regex,

@@ -338,6 +338,25 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
   return result.rows if result is not None else None
 
 
+def embed_block_ids(params: Mapping[str, Any], config: RealmConfig, store: BlockStore,
+                    block_ids: Any, *, mesh: Optional[Mesh] = None) -> np.ndarray:
+  """float32 [n, proj]: the document tower of `params` (any layout `document_tower_params`
+  accepts), in eval mode as `embed_blocks`, over the given block ids [n] (any order, repeats
+  allowed): one jitted call at the store's full width, so that a fixed n compiles once (the
+  re-ranking of `index.rerank` calls it at every training step)."""
+  block_ids = np.asarray(block_ids, np.int64).reshape(-1)  # [n]
+  count = block_ids.shape[0]
+  if count == 0:
+    return np.zeros([0, config.proj_size], np.float32)
+  mesh = mesh if mesh is not None else local_mesh()
+  pad = -count % mesh.devices.size  # the batch shards evenly: pad with the last block
+  padded = np.concatenate([block_ids, np.full(pad, block_ids[-1])]) if pad else block_ids
+  ids, type_ids, mask = store.embedder_inputs(padded)  # each [n + pad, max_block_len]
+  tower = jax.device_put(document_tower_params(params, config), NamedSharding(mesh, P()))
+  out = _embed_fn(config, mesh, "float32")(tower, ids, type_ids, mask)  # [n + pad, proj]
+  return np.asarray(out)[:count]
+
+
 # ------------------------------------------------------------------------------ one index
 
 

@@ -14,7 +14,8 @@ generative Fusion-in-Decoder reader, `models.fid_qa`, shaped by `@FidConfig()` i
 retrieval and reader rows; the FiD reader is trained on one answer's wordpieces, its encoder
 warm-started from the BERT of `init_checkpoint`'s encoder (or reader) or `encoder_checkpoint`,
 its decoder fresh; by default its question tower only retrieves, with Atlas's retriever
-objectives (`retriever_objective`) it trains against the frozen index (query-side fine-tuning);
+objectives (`retriever_objective`) it trains against the frozen index (query-side fine-tuning),
+or with `train_document_tower` both towers, the index stale or re-ranked (`document_beam`);
 at every checkpoint its greedy answers, detokenised, are scored by the same EM, which picks the
 best checkpoint.
 """
@@ -80,9 +81,12 @@ class FinetuneJob(IndexJob):
     question_len: fixed question length (longer questions are left out, counted).
     max_occurrences: gold-span slots per (question, block).
     train_document_tower: also train the document tower (run the index builder alongside so
-      the index follows it).
+      the index follows it; with reader='fid', or re-rank instead: `document_beam`).
     document_beam: with the document tower: blocks re-embedded per question (None: the reader
-      beam).
+      beam). With reader='fid': L, the blocks of the stale index's beam re-embedded and
+      re-ranked with the live document tower before the reader reads the best reader_beam
+      (Atlas's over-retrieval with re-ranking, `index.rerank`; in its evaluations too); None:
+      no re-ranking (the read blocks' scores are still live in the graph).
     eval_split: the split evaluated at every checkpoint ("" disables).
     eval_examples: evaluate only the first this many questions of it (None: all).
     peft: parameter-efficient fine-tuning (realm_jax.models.peft): 'none' (every parameter
@@ -291,17 +295,13 @@ class FinetuneJob(IndexJob):
       fid_qa.check_objective(self.resolved_objective(), self.objective_temperature)
     except ValueError as e:
       raise ConfigError(f"FinetuneJob.{e}") from e
-    for setting, value, default in (
-        ("train_document_tower", self.train_document_tower, False),
-        ("peft", self.peft, "none")):
-      if value != default:
-        raise ConfigError(f"FinetuneJob.{setting}={value!r} is not available with reader='fid' "
-                          f"(the FiD reader keeps the frozen index's document side and has no "
-                          f"PEFT yet): leave it at {default!r}")
+    if self.peft != "none":
+      raise ConfigError(f"FinetuneJob.peft={self.peft!r} is not available with reader='fid' "
+                        f"(the FiD reader has no PEFT yet): leave it at 'none'")
     if self.fid is not None and not isinstance(self.fid, FidSettings):
       raise ConfigError(f"FinetuneJob.fid is a {type(self.fid).__name__}: bind "
                         f"FinetuneJob.fid = @FidConfig()")
-    self.fid_model_config(ctx)  # its values checked
+    self.build_model(ctx)  # the FidConfig's values and the model's settings checked
 
   def fid_model_config(self, ctx: RunContext) -> Any:
     """The FiD reader's FidConfig: `fid`'s settings over the run's BERT."""
@@ -316,7 +316,8 @@ class FinetuneJob(IndexJob):
             ctx.model_config, self.fid_model_config(ctx), reader_beam=self.reader_beam,
             retriever_objective=self.resolved_objective(),
             objective_temperature=self.objective_temperature,
-            closed_book=self.candidates == "none")
+            closed_book=self.candidates == "none",
+            train_document_tower=self.train_document_tower, document_beam=self.document_beam)
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:
@@ -333,13 +334,14 @@ class FinetuneJob(IndexJob):
     from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
     if self.reader == "fid":
       from realm_jax.batches import fid as fid_batches  # pylint: disable=g-import-not-at-top
-      question_tower = ({"question_len": self.question_len,
-                         "proj_size": ctx.model_config.proj_size}
-                        if model.train_question_tower else {})
+      towers = ({"question_len": self.question_len, "proj_size": ctx.model_config.proj_size}
+                if model.train_question_tower else {})  # the trained towers' inputs
+      if model.train_document_tower:
+        towers["block_len"] = self.store.max_block_len
       return global_spec(fid_batches.fid_batch_spec(
           beam=min(self.retriever_beam, self.store.num_blocks), reader_beam=self.reader_beam,
           reader_len=self.reader_len, max_answer_length=model.fid.max_answer_length,
-          **question_tower), ctx.global_batch)
+          **towers), ctx.global_batch)
     spec = qa_batches.open_qa_batch_spec(
         question_len=self.question_len, beam=min(self.retriever_beam, self.store.num_blocks),
         proj_size=ctx.model_config.proj_size, reader_beam=self.reader_beam,
@@ -464,7 +466,7 @@ class FinetuneJob(IndexJob):
       from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
       if jax.process_index() == 0:  # what `python -m realm_jax.evaluate` rebuilds it from
         fid_qa.write_fid_config(ctx.run_dir, model.fid, reader_beam=self.reader_beam,
-                                reader_len=self.reader_len)
+                                reader_len=self.reader_len, **fid_qa.retrieval_settings(model))
     if self.candidates in ("bm25", "none"):
       from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top
       from realm_jax.evaluation import bm25  # pylint: disable=g-import-not-at-top
@@ -540,11 +542,11 @@ class FinetuneJob(IndexJob):
     options = super().optimizer_options()
     if self.reader == "fid":
       from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
-      # The reader; the question tower too when an objective trains it (never the document
-      # tower: the index stays frozen).
-      options["trainable"] = (
-          fid_qa.trainable_mask if self.resolved_objective() == "none"
-          else functools.partial(fid_qa.trainable_mask, train_question_tower=True))
+      # The reader; the question tower too when an objective trains it, and the document tower
+      # when asked (else the index stays exact).
+      options["trainable"] = functools.partial(
+          fid_qa.trainable_mask, train_question_tower=self.resolved_objective() != "none",
+          train_document_tower=self.train_document_tower)
     config = self.peft_config()
     if config is not None:
       options["trainable"] = config.trainable_mask

@@ -37,6 +37,15 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
   decodes run without dropout but read the training pass's encodings (dropout included in
   training), and ADist reads the training pass's attention (Atlas's "std" modes); the rest as
   `retriever_objectives` says (no `temperature_gold`, no 1/sqrt(d), the KL summed over blocks).
+* **Training the document tower** (`train_document_tower=True`, with an objective: Atlas's full
+  retriever training): the K read blocks are re-embedded in the graph by the live document tower
+  from their `[CLS] title [SEP] body [SEP]` rows (the batch's `document_ids`...), so
+  `s_k = q . d_k` is live on both sides and the objective trains both towers. The index that
+  chose the beam goes stale as the tower moves; instead of refreshing it (the index builder
+  alongside, as in pretraining), Atlas's cheaper option re-ranks a larger beam
+  (`document_beam` = L > K: `index.rerank`): the first L blocks of the stale index's beam are
+  re-embedded on the host with the live tower (eval mode), re-ordered by their live scores,
+  and the reader reads the best K. The dev and test evaluations re-rank the same way.
 * **Reader rows**: one per read block, `[CLS] question [SEP] body [SEP]` with type ids 0 / 1,
   exactly the extractive reader's rows (`batches.qa_batches.build_open_qa_batch`): the FiD encoder
   reads each on its own, the decoder reads all K at once (`models.fid`).
@@ -90,8 +99,9 @@ Array = jax.Array
 Params = Any
 Batch = dict[str, Any]
 
-__all__ = ["FID_CONFIG_FILE", "OBJECTIVES", "FidReaderModel", "check_objective", "detokenize",
-           "fid_config_from_dict", "fid_config_to_dict", "read_fid_config", "summarize",
+__all__ = ["FID_CONFIG_FILE", "OBJECTIVES", "RETRIEVAL_SETTINGS", "FidReaderModel",
+           "check_objective", "detokenize", "fid_config_from_dict", "fid_config_to_dict",
+           "read_fid_config", "read_retrieval_settings", "retrieval_settings", "summarize",
            "trainable_mask", "write_fid_config"]
 
 FID_CONFIG_FILE = "fid_config.json"
@@ -151,17 +161,21 @@ def check_objective(objective: str, temperature: float) -> None:
                      f"retriever: leave it at 1.0")
 
 
-def trainable_mask(params: Params, train_question_tower: bool = False) -> Params:
+def trainable_mask(params: Params, train_question_tower: bool = False,
+                   train_document_tower: bool = False) -> Params:
   """The optimizer's `trainable`: the FiD reader trains; the retriever stays as it is unless
   `train_question_tower` (a retriever objective, `FidReaderModel.train_question_tower`), and
   then only its question tower does: untied towers keep the document tower
-  (`document_embedder`) as warm-started, whose embeddings the frozen index holds; tied towers
-  (one `embedder`) are the question tower, and the index built from them stays frozen."""
+  (`document_embedder`) as warm-started, whose embeddings the frozen index holds, unless
+  `train_document_tower` (`FidReaderModel.train_document_tower`); tied towers (one `embedder`)
+  are the question tower, and the index built from them stays frozen."""
 
   def trains(path, _) -> bool:
     if path[0].key != "retriever":
       return True
-    return train_question_tower and path[1].key != "document_embedder"
+    if path[1].key == "document_embedder":
+      return train_document_tower
+    return train_question_tower
 
   return jax.tree_util.tree_map_with_path(trains, params)
 
@@ -201,6 +215,25 @@ def read_fid_config(run_dir: str, bert: BertConfig | None = None) -> fid_lib.Fid
     return fid_config_from_dict(json.load(f)["fid"], bert)
 
 
+# The FidReaderModel fields that decide how a run's reader retrieves (`retrieval_settings`).
+RETRIEVAL_SETTINGS = ("retriever_objective", "objective_temperature", "train_document_tower",
+                      "document_beam")
+
+
+def retrieval_settings(model: "FidReaderModel") -> dict:
+  """The model's `RETRIEVAL_SETTINGS`, written to fid_config.json beside the FidConfig so that
+  an evaluation retrieves as the run did (a trained document tower re-ranks its beam)."""
+  return {name: getattr(model, name) for name in RETRIEVAL_SETTINGS}
+
+
+def read_retrieval_settings(run_dir: str) -> dict:
+  """The `retrieval_settings` a run wrote to its fid_config.json ({} for a file written
+  without them: a run whose document tower did not train)."""
+  with open(os.path.join(run_dir, FID_CONFIG_FILE), encoding="utf-8") as f:
+    written = json.load(f)
+  return {name: written[name] for name in RETRIEVAL_SETTINGS if name in written}
+
+
 # ------------------------------------------------------------------------------ the model
 
 
@@ -223,6 +256,11 @@ class FidReaderModel(ParamsFromBoxedInit):
     objective_temperature: T of the retriever's softmax(scores / T) (1.0 with "none").
     closed_book: no retrieval (module docstring): the question alone in one row
       (`reader_beam` 1), no retriever parameters, `retriever_objective` "none".
+    train_document_tower: the objective trains the document tower too (module docstring,
+      "Training the document tower"): the K read blocks are re-embedded in the graph.
+    document_beam: with the document tower, L: the first L blocks of the index's beam are
+      re-embedded on the host and re-ranked before the reader reads the best K (Atlas's
+      over-retrieval with re-ranking, `index.rerank`); None: no re-ranking.
   """
 
   config: RealmConfig
@@ -231,10 +269,10 @@ class FidReaderModel(ParamsFromBoxedInit):
   retriever_objective: str = "none"
   objective_temperature: float = 1.0
   closed_book: bool = False
+  train_document_tower: bool = False
+  document_beam: int | None = None
 
   # What the batch source and the predictor ask every open-QA model.
-  train_document_tower = False
-  num_reembedded = 0
   generative = True
   # What `predict_batch` reads (the predictor passes only these: the other arrays of a
   # `build_open_qa_batch` change width from batch to batch, which would recompile the decoding).
@@ -249,12 +287,36 @@ class FidReaderModel(ParamsFromBoxedInit):
       raise ValueError(f"the closed-book reader reads one row per question (the question alone) "
                        f"and has no retriever: reader_beam={self.reader_beam} and "
                        f"retriever_objective={self.retriever_objective!r} must be 1 and 'none'")
+    if self.train_document_tower and self.retriever_objective == "none":
+      raise ValueError("train_document_tower=True with retriever_objective='none': nothing "
+                       "trains the document tower (the FiD loss has no path to the retrieval "
+                       "scores); choose 'adist', 'emdr2', 'pdist' or 'loop'")
+    if self.document_beam is not None:
+      if not self.train_document_tower:
+        raise ValueError(f"document_beam={self.document_beam} re-ranks with the live document "
+                         f"tower: set train_document_tower=True (with the tower frozen the "
+                         f"index's ranking is already exact)")
+      if self.document_beam < self.reader_beam:
+        raise ValueError(f"document_beam={self.document_beam} re-ranks fewer blocks than the "
+                         f"reader reads (reader_beam={self.reader_beam})")
 
   @property
   def train_question_tower(self) -> bool:
     """Whether a retriever objective trains the question tower (and the batches carry its
     inputs: `batches.fid.QUESTION_TOWER_KEYS`)."""
     return self.retriever_objective != "none"
+
+  @property
+  def num_reembedded(self) -> int:
+    """Blocks per question the batches carry document-tower inputs for (`document_ids`...
+    [Q, K, block_len]): the K read blocks when the document tower trains, else 0."""
+    return self.reader_beam if self.train_document_tower else 0
+
+  @property
+  def rerank_depth(self) -> int:
+    """L, the blocks of the index's beam re-ranked with the live document tower before reading
+    (`index.rerank`; the batches' and the predictor's); 0: none."""
+    return self.document_beam or 0
 
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, fid_rng = jax.random.split(rng)  # closed book: the same FiD init
@@ -322,9 +384,22 @@ class FidReaderModel(ParamsFromBoxedInit):
   def retrieval_scores(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
     """`s_k = q . d_k` of the K read blocks [Q, K]: the live question tower's embeddings of
     the batch's questions against the frozen index's embeddings of the blocks
-    (`retrieved_block_emb`), so the objective's gradient reaches the question tower only."""
+    (`retrieved_block_emb`), so the objective's gradient reaches the question tower only; with
+    `train_document_tower`, against the live document tower's embeddings of the blocks
+    (`document_ids`...), so it reaches both towers."""
     question_emb = self.embed_questions(params, batch, rng)  # [Q, proj]
-    return relevance_scores(question_emb, batch["retrieved_block_emb"][:, :self.reader_beam])
+    if not self.train_document_tower:
+      return relevance_scores(question_emb, batch["retrieved_block_emb"][:, :self.reader_beam])
+    if batch["document_ids"].shape[1] != self.reader_beam:
+      raise ValueError(f"the batch carries {batch['document_ids'].shape[1]} blocks per question "
+                       f"for the document tower, the model reads reader_beam="
+                       f"{self.reader_beam}")
+    document_rng = None if rng is None else jax.random.fold_in(rng, 2)
+    block_emb = RealmRetriever(self.config).apply(  # [Q, K, proj] the live document tower's
+        {"params": params["retriever"]}, batch["document_ids"], batch["document_type_ids"],
+        batch["document_mask"], deterministic=document_rng is None,
+        rngs=dropout_rngs(document_rng), method=RealmRetriever.embed_documents)
+    return relevance_scores(question_emb, block_emb)
 
   def _objective_sums(self, params: Params, batch: Batch, rng: Array | None, targets: Array,
                       weights: Array) -> dict:

@@ -4,6 +4,7 @@ one answer's target tokens, on a hand-worked example; the batch source resumes e
 
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -115,9 +116,23 @@ class FakeRetriever:
     self.num_blocks = num_blocks
 
   def retrieve(self, question_ids, question_mask, k):
-    lengths = np.asarray(question_mask).sum(-1)
-    ids = (lengths[:, None] + np.arange(k)[None]) % self.num_blocks
+    return self.search(self.embed_queries(question_ids, question_mask), k)
+
+  # What re-ranking reads besides: the question embeddings and the search on them.
+  def embed_queries(self, question_ids, question_mask):
+    lengths = np.asarray(question_mask).sum(-1).astype(np.float32)  # [B]
+    return np.stack([lengths, np.ones_like(lengths), *[np.zeros_like(lengths)] * 6], -1)
+
+  def search(self, question_emb, k):
+    ids = (question_emb[:, :1].astype(int) + np.arange(k)[None]) % self.num_blocks
     return -np.arange(k, dtype=np.float32)[None].repeat(len(ids), 0), ids
+
+  @property
+  def searcher(self):
+    return self
+
+  def set_query_params(self, params, config=None):
+    self.query_params = params
 
 
 def _ctx(tmp_path):
@@ -127,29 +142,44 @@ def _ctx(tmp_path):
                     rules=partitioning.DEFAULT_RULES, init_checkpoint=None)
 
 
-@pytest.mark.parametrize("objective", [None, "adist"])
-def test_the_fid_job_builds_its_model_schema_and_resumable_batches(objective, tmp_path):
+@pytest.mark.parametrize("objective, document_tower", [(None, False), ("adist", False),
+                                                       ("adist", True)])
+def test_the_fid_job_builds_its_model_schema_and_resumable_batches(objective, document_tower,
+                                                                    tmp_path):
   """By default the batches hold what the reader reads; with a retriever objective also the
-  question rows and the frozen index's embeddings of the read blocks."""
+  question rows and the frozen index's embeddings of the read blocks; with the document tower
+  trained (and re-ranking 4 blocks) also the read blocks' document-tower rows."""
   ctx = _ctx(tmp_path)
   job = jobs.FinetuneJob(task="toy_qa", reader="fid", reader_beam=2, reader_len=64,
                          retriever_beam=6, fid=jobs.finetune.fid_config(decoder_layers=1,
                                                                         max_answer_length=8),
-                         retriever_objective=objective)
+                         retriever_objective=objective, train_document_tower=document_tower,
+                         document_beam=4 if document_tower else None)
   job.configure(ctx)
   model = job.build_model(ctx)
   assert isinstance(model, fid_qa.FidReaderModel) and model.fid.decoder_layers == 1
   assert model.fid.bert == ctx.model_config.bert and model.fid.max_answer_length == 8
   assert model.retriever_objective == (objective or "none")
-  if objective is None:
-    assert job.optimizer_options()["trainable"] is fid_qa.trainable_mask
+  assert model.rerank_depth == (4 if document_tower else 0)
+  assert job.optimizer_options()["trainable"].keywords == {
+      "train_question_tower": objective is not None, "train_document_tower": document_tower}
   spec = job.abstract_batch(ctx, model)
   expected_keys = fid_batches.FID_MODEL_KEYS + (
-      fid_batches.QUESTION_TOWER_KEYS if objective else ())
+      fid_batches.QUESTION_TOWER_KEYS if objective else ()) + (
+          fid_batches.DOCUMENT_TOWER_KEYS if document_tower else ())
   assert sorted(spec) == sorted(expected_keys)
+  if document_tower:
+    assert spec["document_ids"].shape == (2, 2, job.store.max_block_len)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0)) if document_tower else None
   batches = job.build_batches(ctx, model)
   assert isinstance(batches, fid_batches.FidBatches)
   batches.set_retriever(FakeRetriever(job.store.num_blocks))
+  if document_tower:
+    with pytest.raises(RuntimeError, match="re-ranking reads the live document tower"):
+      next(batches)
+    batches = job.build_batches(ctx, model)
+    batches.set_retriever(FakeRetriever(job.store.num_blocks))
+    batches.set_query_params(params["retriever"])
   first = [next(batches) for _ in range(3)]
   assert {k: (v.shape, v.dtype) for k, v in first[0].items()} == {
       k: (s.shape, s.dtype) for k, s in spec.items()}
@@ -159,9 +189,12 @@ def test_the_fid_job_builds_its_model_schema_and_resumable_batches(objective, tm
   # Resume: a new source restored to the state after batch 0 yields batches 1, 2 again.
   again = job.build_batches(ctx, model)
   again.set_retriever(FakeRetriever(job.store.num_blocks))
-  next(again)
   resumed = job.build_batches(ctx, model)
   resumed.set_retriever(FakeRetriever(job.store.num_blocks))
+  if document_tower:
+    again.set_query_params(params["retriever"])
+    resumed.set_query_params(params["retriever"])
+  next(again)
   resumed.restore(again.state())
   for expected in first[1:]:
     batch = next(resumed)
@@ -201,7 +234,7 @@ def test_the_fid_job_warm_starts_its_encoder_from_a_bert(tmp_path):
     (dict(reader="generative"), "expected one of extractive, fid"),
     (dict(reader="fid", peft="lora"), "not available with reader='fid'"),
     (dict(reader="fid", retriever_objective="marginal"), "no counterpart with the FiD reader"),
-    (dict(reader="fid", train_document_tower=True), "not available with reader='fid'"),
+    (dict(reader="fid", train_document_tower=True), "nothing trains the document tower"),
     (dict(fid=jobs.finetune.FidSettings()), "set FinetuneJob.reader='fid'"),
     (dict(reader="fid", fid=jobs.finetune.FidSettings((("num_heads", 3),))), "FidConfig: "),
     (dict(reader="fid", task="curated_trec"), "regex answers"),
@@ -308,3 +341,50 @@ def test_a_fid_checkpoint_of_another_shape_is_a_one_line_config_error(tmp_path):
   # A checkpoint with a copy head, warm-starting a run without one, names the setting.
   with pytest.raises(ConfigError, match="copy_head"):
     job.warm_start({**fresh, "fid": shapes(copy_head=True)["fid"]}, fresh, "copying/5")
+
+
+class FixedBeam(FakeRetriever):
+  """Every question retrieves blocks 0, 1, 2 in that order, its embedding a fixed vector."""
+
+  def __init__(self, question_emb):
+    super().__init__(3)
+    self.question_emb = question_emb
+
+  def embed_queries(self, question_ids, question_mask):
+    return np.repeat(self.question_emb[None], len(question_ids), 0)
+
+  def search(self, question_emb, k):
+    return (-np.arange(k, dtype=np.float32)[None].repeat(len(question_emb), 0),
+            np.arange(k)[None].repeat(len(question_emb), 0))
+
+
+def test_the_reader_reads_the_best_of_the_beam_re_ranked_by_the_live_document_tower(store):
+  """document_beam=3: the stale beam (0, 1, 2) re-scored by the live document tower (applied by
+  flax to each block's row, scored in NumPy); the reader and the document tower read its best
+  2, in that order."""
+  from realm_jax.models.retriever import RealmRetriever  # pylint: disable=import-outside-toplevel
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=8,
+                                  share_embedders=False)
+  fid = jobs.finetune.fid_config(decoder_layers=1, max_answer_length=8).build(config.bert)
+  model = fid_qa.FidReaderModel(config, fid, reader_beam=2, retriever_objective="adist",
+                                train_document_tower=True, document_beam=3)
+  retriever_params = jax.jit(model.init)(jax.random.PRNGKey(1))["retriever"]
+  question_emb = np.random.default_rng(0).normal(size=8).astype(np.float32)
+  rows = store.embedder_inputs(np.arange(3))
+  live = np.asarray(RealmRetriever(config).apply(
+      {"params": retriever_params}, *rows, deterministic=True,
+      method=RealmRetriever.embed_documents)) @ question_emb  # [3]
+  best = np.argsort(-live, kind="stable")[:2]
+  assert not np.array_equal(best, [0, 1])  # the random tower re-orders (the test can fail)
+  batches = fid_batches.FidBatches("toy_qa", batch_size=2, store=store, model=model,
+                                   retriever=FixedBeam(question_emb), retriever_beam=3,
+                                   reader_len=64, max_examples=8)
+  batches.set_query_params(retriever_params)
+  batch = next(batches)
+  for question in range(2):
+    for k, block in enumerate(best):
+      np.testing.assert_array_equal(batch["document_ids"][question, k], rows[0][block])
+      # The reader row's body (type 1) is the same block's body.
+      reader = batch["reader_ids"][question, k][batch["reader_type_ids"][question, k] == 1]
+      document = rows[0][block][rows[1][block] == 1]
+      np.testing.assert_array_equal(reader, document)

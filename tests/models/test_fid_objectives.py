@@ -262,8 +262,12 @@ def _ctx(tmp_path):
     (dict(reader="fid", objective_temperature=0.5), "retriever_objective='none' trains no"),
     (dict(reader="fid", retriever_objective="pdist", objective_temperature=0.0),
      "expected a finite number > 0"),
-    (dict(reader="fid", retriever_objective="adist", train_document_tower=True),
-     "train_document_tower=True is not available with reader='fid'"),
+    (dict(reader="fid", train_document_tower=True),
+     "train_document_tower=True with retriever_objective='none': nothing trains the document"),
+    (dict(reader="fid", retriever_objective="adist", document_beam=20),
+     "document_beam=20 re-ranks with the live document tower: set train_document_tower=True"),
+    (dict(reader="fid", retriever_objective="adist", train_document_tower=True,
+          document_beam=3), r"document_beam=3 re-ranks fewer blocks than the reader reads"),
     (dict(reader="fid", retriever_objective="loop", peft="lora"), "peft='lora' is not available"),
     (dict(reader="fid", retriever_objective="emdr2", candidates="bm25"),
      "candidates='bm25' has none to train"),
@@ -286,9 +290,83 @@ def test_finetune_job_passes_the_objective_to_the_fid_model(objective, tmp_path)
   model = job.build_model(ctx)
   assert model.retriever_objective == (objective or "none")
   trainable = job.optimizer_options()["trainable"]
+  assert isinstance(trainable, functools.partial) and trainable.func is fid_qa.trainable_mask
+  assert trainable.keywords == {"train_question_tower": objective == "adist",
+                                "train_document_tower": False}
+  assert model.train_question_tower == (objective == "adist") and not model.train_document_tower
   if objective == "adist":
-    assert model.objective_temperature == 0.25 and model.train_question_tower
-    assert isinstance(trainable, functools.partial)
-    assert trainable.keywords == {"train_question_tower": True}
-  else:
-    assert trainable is fid_qa.trainable_mask and not model.train_question_tower
+    assert model.objective_temperature == 0.25
+
+
+# ------------------------------------------------- the document tower trained (Atlas's full retriever)
+
+
+def document_batch():
+  """`hand_batch` with the K read blocks' document-tower rows `[CLS] title [SEP] body [SEP]`
+  [Q, K, 6] (`document_ids`...), as `build_open_qa_batch(document_beam=K)` gives them."""
+  batch = hand_batch()
+  ids = np.array([[[CLS, 40, SEP, 7, 8, SEP], [CLS, 41, SEP, 10, SEP, PAD],
+                   [CLS, 42, SEP, 11, 12, SEP]],
+                  [[CLS, 43, SEP, 13, SEP, PAD], [CLS, 44, SEP, 14, 15, SEP],
+                   [CLS, 45, SEP, 16, SEP, PAD]],
+                  [[CLS, 41, SEP, 10, SEP, PAD], [CLS, 42, SEP, 11, 12, SEP],
+                   [CLS, 46, SEP, 9, SEP, PAD]]], np.int32)
+  mask = (ids != PAD).astype(np.int32)
+  type_ids = (np.arange(6) > 2).astype(np.int32) * mask
+  return {**batch, "document_ids": ids, "document_type_ids": type_ids, "document_mask": mask}
+
+
+def document_model(objective):
+  return dataclasses.replace(model_for(objective), train_document_tower=True)
+
+
+@pytest.mark.parametrize("objective", ["adist", "pdist"])
+def test_with_the_document_tower_the_scores_are_live_on_both_sides(params, objective):
+  """s_k = q . d_k with d_k the live document tower applied to each block's row alone (flax,
+  one block at a time), not the index's embeddings; the objective reads those scores."""
+  model = document_model(objective)
+  batch = document_batch()
+  question_emb = np.asarray(RealmRetriever(REALM).apply(
+      {"params": params["retriever"]}, batch["question_ids"], batch["question_type_ids"],
+      batch["question_mask"], method=RealmRetriever.embed_queries))  # [Q, proj]
+  block_emb = np.stack([np.stack([np.asarray(RealmRetriever(REALM).apply(
+      {"params": params["retriever"]}, batch["document_ids"][q, k][None],
+      batch["document_type_ids"][q, k][None], batch["document_mask"][q, k][None],
+      method=RealmRetriever.embed_documents))[0] for k in range(K)]) for q in range(3)])
+  scores = np.einsum("qp,qkp->qk", question_emb, block_emb)  # [Q, K]
+  np.testing.assert_allclose(model.retrieval_scores(params, batch), scores, rtol=1e-5,
+                             atol=1e-6)
+  stale = np.einsum("qp,qkp->qk", question_emb, batch["retrieved_block_emb"][:, :K])
+  assert not np.allclose(scores, stale, atol=1e-3)  # the index's embeddings are not read
+  _, aux = model.loss_fn(params, batch, None)
+  tokens = (batch["answer_mask"] * batch["example_mask"][:, None]).sum(-1)
+  function = {"adist": retriever_objectives.adist_loss,
+              "pdist": retriever_objectives.pdist_loss}[objective]
+  _, expected = function(scores, model.objective_targets(params, batch), tokens,
+                         temperature=TEMPERATURE)
+  np.testing.assert_allclose(aux["objective_loss_sum"], expected["loss_sum"], rtol=1e-5)
+  with pytest.raises(ValueError, match="carries 2 blocks per question"):
+    model.retrieval_scores(params, {**batch, "document_ids": batch["document_ids"][:, :2]})
+
+
+def test_with_the_document_tower_the_objective_trains_both_towers(params, answer_grads):
+  batch = document_batch()
+  model = document_model("emdr2")
+  objective_grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[1]["objective_loss_sum"])(
+      params)
+  total = jax.grad(lambda p: model.loss_fn(p, batch, None)[0])(params)
+  for tower in ("query_embedder", "document_embedder"):
+    assert any(np.any(leaf) for leaf in jax.tree.leaves(objective_grads["retriever"][tower]))
+  for leaf in jax.tree.leaves(objective_grads["fid"]):
+    assert not np.any(leaf)
+  for ours, reference in zip(jax.tree.leaves(total["fid"]), jax.tree.leaves(answer_grads["fid"])):
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-7)
+
+
+def test_trainable_mask_trains_the_document_tower_when_asked(params):
+  both = fid_qa.trainable_mask(params, train_question_tower=True, train_document_tower=True)
+  assert all(jax.tree.leaves(both["retriever"])) and all(jax.tree.leaves(both["fid"]))
+  model = fid_qa.FidReaderModel(REALM, FID, reader_beam=K, retriever_objective="adist",
+                                train_document_tower=True, document_beam=10)
+  assert (model.num_reembedded, model.rerank_depth) == (K, 10)
+  assert (model_for("adist").num_reembedded, model_for("adist").rerank_depth) == (0, 0)
