@@ -24,7 +24,10 @@ from realm_jax import evaluate as evaluate_entry
 from realm_jax import train
 from realm_jax.data import block_store as block_store_lib
 from realm_jax.evaluation import metrics
+from realm_jax.evaluation import modes
+from realm_jax.evaluation import qa as qa_lib
 from realm_jax.index import builder
+from realm_jax.index import search
 from realm_jax.index import store as store_lib
 
 import toy_runs  # tests/toy_runs.py
@@ -143,6 +146,7 @@ def test_training_the_document_tower_re_ranks_the_stale_beam_in_evaluation(world
     predictions = [json.loads(line) for line in f]
   retriever = RealmRetriever(TINY)
   reordered = 0
+  expected = {}  # question -> (the re-ranked top 5, their live scores)
   for p in predictions:
     ids, mask, _ = qa_batches.question_arrays([p["question"]], vocab_lib.default_vocabulary())
     question = np.asarray(retriever.apply({"params": params["retriever"]}, ids,
@@ -152,7 +156,20 @@ def test_training_the_document_tower_re_ranks_the_stale_beam_in_evaluation(world
     live = np.asarray(retriever.apply(
         {"params": params["retriever"]}, *store.embedder_inputs(stale),
         method=RealmRetriever.embed_documents)) @ question  # [8]
-    best = stale[np.argsort(-live, kind="stable")][:5]
+    order = np.argsort(-live, kind="stable")[:5]
+    best = stale[order]
     assert p["block_ids"][:5] == best.tolist()
+    np.testing.assert_allclose(p["block_scores"][:5], live[order], rtol=1e-4, atol=1e-4)
     reordered += best.tolist() != stale[:5].tolist()
+    expected[p["question"]] = best, live[order]
   assert reordered == len(predictions)  # the live tower re-orders the stale beams
+  # A free-text question re-ranks as well, and shows the live scores of its evidence.
+  model, device_params = modes.open_qa_model(run_dir, TINY, step, reader_beam=5)
+  assert model.rerank_depth == 8
+  predictor = qa_lib.Predictor(model, device_params, searcher=search.ExactSearcher(index),
+                               store=store)
+  question = predictions[0]["question"]
+  evidence = predictor.answer(question)["evidence"]
+  assert [e["block_id"] for e in evidence] == expected[question][0].tolist()
+  np.testing.assert_allclose([e["score"] for e in evidence], expected[question][1], rtol=1e-4,
+                             atol=1e-4)

@@ -173,12 +173,14 @@ class Predictor:
     example_mask = np.arange(len(examples)) < num_real  # [batch]
     # [batch, proj]; the closed book embeds nothing (it may have no question tower).
     question_emb = None if self.closed_book else self.embed([e.question for e in examples])
-    if qa_batches.ranks_texts(self.searcher):  # BM25 ranks the question texts themselves
+    ranks_texts = qa_batches.ranks_texts(self.searcher)
+    # L: a FiD reader whose document tower trained re-ranks the index's beam (0: none).
+    rerank_depth = 0 if ranks_texts else getattr(self.model, "rerank_depth", 0)
+    if ranks_texts:  # BM25 (or the closed book) ranks the question texts themselves
       scores, ids = self.searcher.retrieve_texts([e.question for e in examples], depth)
     else:
       scores, ids = self.searcher.search(question_emb, depth)  # [batch, depth] each
-      rerank_depth = getattr(self.model, "rerank_depth", 0)
-      if rerank_depth:  # a FiD reader whose document tower trained: re-rank the stale beam
+      if rerank_depth:
         rerank.check_depth(rerank_depth, depth, self.model.reader_beam)
         scores, ids = rerank.rerank_with_document_tower(
             question_emb, scores, ids, depth=rerank_depth, params=self.params["retriever"],
@@ -202,6 +204,10 @@ class Predictor:
       device_batch = {key: device_batch[key] for key in keys if key in device_batch}
     predictions = jax.tree.map(np.asarray,
                                _jitted(self.model, "predict_batch")(self.params, device_batch))
+    if rerank_depth:  # the re-ranked blocks' scores are the live tower's, not the index's
+      live = np.array(predictions["retrieval_scores"])  # [batch, depth]
+      live[:, :rerank_depth] = scores[:, :rerank_depth]
+      predictions["retrieval_scores"] = live
     # A generative reader (`models.fid_qa`) detokenises its answers; a span reader's map back
     # to the block's original text.
     to_texts = getattr(self.model, "answer_texts", qa_batches.answer_texts)
@@ -226,7 +232,8 @@ class Predictor:
     example = QAExample(question=question, answers=(), source="answer_question")
     # The closed book shows no evidence: it read none.
     num_evidence = 0 if self.closed_book else num_evidence or self.model.reader_beam
-    depth = min(max(num_evidence, self.model.reader_beam), self.store.num_blocks)
+    depth = min(max(num_evidence, self.model.reader_beam, getattr(self.model, "rerank_depth", 0)),
+                self.store.num_blocks)
     batch, predictions, texts = self.run([example], depth=depth)
     answer = texts[0]
     answer_block = int(predictions["block_id"][0])

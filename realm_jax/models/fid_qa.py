@@ -209,10 +209,15 @@ def write_fid_config(run_dir: str, config: fid_lib.FidConfig, **extra: Any) -> s
   return path
 
 
+def _written(run_dir: str) -> dict:
+  """`<run_dir>/fid_config.json` as `write_fid_config` wrote it; FileNotFoundError without one."""
+  with open(os.path.join(run_dir, FID_CONFIG_FILE), encoding="utf-8") as f:
+    return json.load(f)
+
+
 def read_fid_config(run_dir: str, bert: BertConfig | None = None) -> fid_lib.FidConfig:
   """The FidConfig a `reader='fid'` fine-tuning run wrote; FileNotFoundError without one."""
-  with open(os.path.join(run_dir, FID_CONFIG_FILE), encoding="utf-8") as f:
-    return fid_config_from_dict(json.load(f)["fid"], bert)
+  return fid_config_from_dict(_written(run_dir)["fid"], bert)
 
 
 # The FidReaderModel fields that decide how a run's reader retrieves (`retrieval_settings`).
@@ -229,8 +234,7 @@ def retrieval_settings(model: "FidReaderModel") -> dict:
 def read_retrieval_settings(run_dir: str) -> dict:
   """The `retrieval_settings` a run wrote to its fid_config.json ({} for a file written
   without them: a run whose document tower did not train)."""
-  with open(os.path.join(run_dir, FID_CONFIG_FILE), encoding="utf-8") as f:
-    written = json.load(f)
+  written = _written(run_dir)
   return {name: written[name] for name in RETRIEVAL_SETTINGS if name in written}
 
 
