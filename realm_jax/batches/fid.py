@@ -232,18 +232,21 @@ class FidBatches(qa_batches.OpenQABatches):
     targets = task_answer_ids(task_name, self.split)
     if targets is not None:
       self.examples = with_answer_ids(self.examples, targets)
+    if self.model.rerank_depth:  # checked once: the beam and the reader's share are fixed
+      rerank.check_depth(self.model.rerank_depth, self.beam, self.model.reader_beam)
 
-  def rerank(self, question_emb: np.ndarray, scores: np.ndarray, ids: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """The beam re-ranked with the live document tower (`FidReaderModel.rerank_depth` blocks,
-    `index.rerank`) when the model asks for it; else as retrieved."""
+  def retrieve(self, retriever: Any, question_ids: np.ndarray, question_mask: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """The index's beam, its first `FidReaderModel.rerank_depth` blocks re-ranked with the live
+    document tower (`index.rerank`) when the model asks for it."""
     depth = self.model.rerank_depth
     if not depth:
-      return scores, ids
+      return super().retrieve(retriever, question_ids, question_mask)
     if self._query_params is None:
       raise RuntimeError("re-ranking reads the live document tower: call set_query_params "
                          "with the live retriever params first")
-    rerank.check_depth(depth, self.beam, self.model.reader_beam)
+    question_emb = retriever.embed_queries(question_ids, question_mask)  # [B, proj]
+    scores, ids = retriever.searcher.search(question_emb, self.beam)  # [B, beam] each
     return rerank.rerank_with_document_tower(
         question_emb, scores, ids, depth=depth,
         params=qa_batches.host_local_params(self._query_params), config=self.model.config,

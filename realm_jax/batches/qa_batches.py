@@ -815,24 +815,17 @@ class OpenQABatches:
     else:
       if self._query_params is not None:
         retriever.set_query_params(host_local_params(self._query_params), self.model.config)
-      if getattr(self.model, "rerank_depth", 0):
-        question_emb = retriever.embed_queries(question_ids, question_mask)  # [B, proj]
-        scores, ids = self.rerank(question_emb,
-                                  *retriever.searcher.search(question_emb, self.beam))
-      else:
-        scores, ids = retriever.retrieve(question_ids, question_mask, k=self.beam)
+      scores, ids = self.retrieve(retriever, question_ids, question_mask)
     batch = self.build_batch(examples, np.asarray(ids), np.asarray(scores), retriever)
     self._batches_in_epoch += 1
     self._batches_consumed += 1
     return batch
 
-  def rerank(self, question_emb: np.ndarray, scores: np.ndarray, ids: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """The retrieved beam ([B, beam] scores and ids, best first) as the reader reads it, for a
-    model with a `rerank_depth`: here as retrieved (`batches.fid.FidBatches` re-ranks it with
-    the live document tower)."""
-    del question_emb
-    return scores, ids
+  def retrieve(self, retriever: IndexRetriever, question_ids: np.ndarray,
+               question_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The beam the reader reads ([B, beam] scores and ids, best first): the index's
+    (`batches.fid.FidBatches` may re-rank it with the live document tower)."""
+    return retriever.retrieve(question_ids, question_mask, k=self.beam)
 
   def build_batch(self, examples: list[QAExample], ids: np.ndarray, scores: np.ndarray,
                   retriever: Any) -> dict[str, np.ndarray]:
