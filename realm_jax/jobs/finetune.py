@@ -112,7 +112,8 @@ class FinetuneJob(IndexJob):
       "adist" over the reader beam (the reader's loss then reads the scores held fixed; ORQA's
       retriever loss over the whole beam stays: realm_jax.models.retriever_objectives). The
       FiD reader: "none" (it only retrieves) or Atlas's "adist", "emdr2", "pdist", "loop" over
-      the K read blocks against the frozen index (`models.fid_qa`); "marginal" has no
+      the K read blocks against the frozen index (`models.fid_qa`), or "answer_blocks", a
+      control that distils the read blocks holding an answer string; "marginal" has no
       counterpart there. None (the default): the reader's own, "marginal" for the extractive
       reader, "none" for FiD.
     candidates: where each question's beam comes from: 'index' (the run's published index,

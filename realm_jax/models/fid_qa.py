@@ -28,6 +28,14 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
     loop   `log p(y | Z \\ z_k, x)`, the decoder reading every passage but k (`fid.
            left_out_log_likelihoods`: K decodes over the training pass's memory, decode k
            blind to passage k), `retriever_objectives.left_out_loop_loss`.
+  And a control that is not Atlas's, to tell a target's quality from the distillation itself:
+    answer_blocks  0 for the read blocks that contain an answer string (the batch's
+           `retriever_correct`), impossible for the others: `pdist_loss` distils the uniform
+           distribution over the answer's blocks (the weak supervision of DPR's fine-tuning);
+           a question none of whose K blocks holds an answer has no objective.
+  Whatever the objective, the logs say how often its target's preferred block and the
+  retriever's top block hold an answer (`summarize`): a target worse at it than the retriever
+  teaches the retriever to miss.
   Only the chosen objective's extra work runs: adist sows the training pass's cross-attention;
   emdr2 / pdist / loop run K more decodes per question (no dropout) over the training pass's
   memory keys and values, never a second encoder pass. A question without a target to train
@@ -109,12 +117,14 @@ FID_CONFIG_FILE = "fid_config.json"
 # How the question tower learns with this reader: "none" (it only retrieves) or one of Atlas's
 # objectives (module docstring). REALM's "marginal" has no counterpart: the FiD loss does not
 # marginalise over blocks.
-OBJECTIVES = ("none", "adist", "emdr2", "pdist", "loop")
+# "answer_blocks" is a control, not Atlas's: its target is known without the reader (below).
+OBJECTIVES = ("none", "adist", "emdr2", "pdist", "loop", "answer_blocks")
 # Each objective's loss over the read blocks' scores and the targets the reader computes.
 _RETRIEVER_LOSSES = {"adist": retriever_objectives.adist_loss,
                      "emdr2": retriever_objectives.emdr2_loss,
                      "pdist": retriever_objectives.pdist_loss,
-                     "loop": retriever_objectives.left_out_loop_loss}
+                     "loop": retriever_objectives.left_out_loop_loss,
+                     "answer_blocks": retriever_objectives.pdist_loss}
 
 # Wordpiece detokenisation: BERT's basic tokenizer splits punctuation off words, so "O'Brien"
 # comes back as "o ' brien" and "Jean-Luc" as "jean - luc"; ORQA's normalisation drops the
@@ -153,7 +163,9 @@ def check_objective(objective: str, temperature: float) -> None:
   if objective not in OBJECTIVES:
     raise ValueError(f"retriever_objective={objective!r}: not one of {', '.join(OBJECTIVES)} "
                      f"with the FiD reader")
-  if objective != "none":
+  if objective == "answer_blocks":  # PDist's distillation of a target the batch holds
+    retriever_objectives.check_objective("pdist", temperature)
+  elif objective != "none":
     retriever_objectives.check_objective(objective, temperature)
   elif temperature != 1:
     raise ValueError(f"objective_temperature={temperature!r} applies to "
@@ -255,8 +267,9 @@ class FidReaderModel(ParamsFromBoxedInit):
     config: the run's RealmConfig (the question tower's; the checkpoints record it).
     fid: the reader's FidConfig (its `bert` is the encoder, warm-started from a BERT).
     reader_beam: blocks the reader reads (K).
-    retriever_objective: "none" (the question tower only retrieves) or Atlas's "adist",
-      "emdr2", "pdist", "loop" over the K read blocks (module docstring; `OBJECTIVES`).
+    retriever_objective: "none" (the question tower only retrieves), Atlas's "adist",
+      "emdr2", "pdist", "loop" over the K read blocks, or the control "answer_blocks" (module
+      docstring; `OBJECTIVES`).
     objective_temperature: T of the retriever's softmax(scores / T) (1.0 with "none").
     closed_book: no retrieval (module docstring): the question alone in one row
       (`reader_beam` 1), no retriever parameters, `retriever_objective` "none".
@@ -368,9 +381,13 @@ class FidReaderModel(ParamsFromBoxedInit):
                memory_mask: Array, attention: Array | None) -> Array:
     """What the objective distils, per read block [Q, K], held fixed: the attention scores
     (adist), `log p(y | z_k, x)` (emdr2, pdist) or `log p(y | Z \\ z_k, x)` (loop), the
-    latter two from decodes without dropout over the training pass's memory."""
+    latter two from decodes without dropout over the training pass's memory; 0 or -inf, the
+    block holds an answer or not (answer_blocks)."""
     if self.retriever_objective == "adist":
       return attention
+    if self.retriever_objective == "answer_blocks":
+      holds_answer = batch["retriever_correct"][:, :self.reader_beam] > 0  # [Q, K]
+      return jnp.where(holds_answer, 0.0, -jnp.inf)
     fixed = jax.lax.stop_gradient
     decodes = (fid_lib.left_out_log_likelihoods if self.retriever_objective == "loop"
                else fid_lib.passage_log_likelihoods)
@@ -408,17 +425,32 @@ class FidReaderModel(ParamsFromBoxedInit):
   def _objective_sums(self, params: Params, batch: Batch, rng: Array | None, targets: Array,
                       weights: Array) -> dict:
     """The objective's summed loss (rows weighted by their counted answer tokens, module
-    docstring) and the questions whose retriever's top block is the target's."""
+    docstring); the answered questions whose retriever's top block is the target's; and, of
+    those with an answer's block among the K read, the ones whose target's preferred block and
+    whose retriever's top block hold an answer."""
     scores = self.retrieval_scores(params, batch, rng)  # [Q, K]
     question_weights = jnp.sum(weights, axis=-1)  # [Q] counted tokens, 0 for padding
     _, aux = _RETRIEVER_LOSSES[self.retriever_objective](
         scores, targets, question_weights, temperature=self.objective_temperature)
     # LOOP's target prefers the block whose absence hurts most: the lowest left-out likelihood.
     preferred = -targets if self.retriever_objective == "loop" else targets
-    agrees = jnp.argmax(scores, axis=-1) == jnp.argmax(preferred, axis=-1)  # [Q]
+    target_top = jnp.argmax(preferred, axis=-1)  # [Q]
+    retriever_top = jnp.argmax(scores, axis=-1)  # [Q]
+    answered = question_weights > 0  # [Q]
+    holds_answer = batch["retriever_correct"][:, :self.reader_beam] > 0  # [Q, K]
+    in_read = answered & jnp.any(holds_answer, axis=-1)  # [Q]
+
+    def count(flags: Array) -> Array:
+      return jnp.sum(flags.astype(jnp.float32))
+
+    def top_holds_answer(top: Array) -> Array:  # [Q] -> [Q]
+      return jnp.take_along_axis(holds_answer, top[:, None], axis=-1)[:, 0] & in_read
+
     return {"objective_loss_sum": aux["loss_sum"],
-            "retriever_agreement_sum": jnp.sum((agrees & (question_weights > 0)).astype(
-                jnp.float32))}
+            "retriever_agreement_sum": count((retriever_top == target_top) & answered),
+            "answer_read_sum": count(in_read),
+            "target_top_answer_sum": count(top_holds_answer(target_top)),
+            "retriever_top_answer_sum": count(top_holds_answer(retriever_top))}
 
   def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
     logits, cross, memory_mask, attention = self._reader_pass(params["fid"], batch, rng)
@@ -523,8 +555,10 @@ def summarize(aux: dict) -> dict[str, Array]:
   accuracy (every target token the teacher-forced argmax), answerable (a target fits) and
   recall (an answer in the beam / in the K blocks read) per question. With a retriever
   objective also its two terms per counted token (`answer_loss`, `retriever_objective`: they
-  add up to `loss`) and `retriever_agreement`, the answered questions whose retriever's top
-  block is the target's top block."""
+  add up to `loss`), `retriever_agreement`, the answered questions whose retriever's top
+  block is the target's top block, and, among the answered questions with an answer's block
+  among the K read, `target_top_answer` and `retriever_top_answer`: those whose target's
+  preferred block, and whose retriever's top block, holds an answer."""
 
   def ratio(numerator: str, denominator: str) -> Array:
     den = aux[denominator]
@@ -539,5 +573,7 @@ def summarize(aux: dict) -> dict[str, Array]:
   if "objective_loss_sum" in aux:
     out.update(answer_loss=ratio("answer_loss_sum", "weight_sum"),
                retriever_objective=ratio("objective_loss_sum", "weight_sum"),
-               retriever_agreement=ratio("retriever_agreement_sum", "answered_sum"))
+               retriever_agreement=ratio("retriever_agreement_sum", "answered_sum"),
+               target_top_answer=ratio("target_top_answer_sum", "answer_read_sum"),
+               retriever_top_answer=ratio("retriever_top_answer_sum", "answer_read_sum"))
   return out

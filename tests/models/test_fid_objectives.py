@@ -37,6 +37,8 @@ CLS, SEP, PAD = vocab_lib.CLS_ID, vocab_lib.SEP_ID, vocab_lib.PAD_ID
 K = 3
 TEMPERATURE = 0.5
 OBJECTIVES = ("adist", "emdr2", "pdist", "loop")
+# Atlas's, and the control whose target is the read blocks that hold an answer.
+TRAINED = (*OBJECTIVES, "answer_blocks")
 
 
 def model_for(objective, fid=FID):
@@ -66,7 +68,8 @@ def readers(params, copy_params):
 def hand_batch():
   """Three questions (the last one padding), K=3 rows of length 7 `[CLS] q [SEP] body [SEP]`
   with different paddings; answers of 2 and 1 tokens + EOS; a retrieved beam of 4 whose first
-  3 blocks are read."""
+  3 blocks are read: the first question's answer is in its second and third, the second's
+  only in its fourth (not read)."""
   ids = np.array([[[CLS, 5, SEP, 7, 8, 9, SEP], [CLS, 5, SEP, 10, SEP, PAD, PAD],
                    [CLS, 5, SEP, 11, 12, SEP, PAD]],
                   [[CLS, 6, 4, SEP, 13, SEP, PAD], [CLS, 6, 4, SEP, 14, 15, SEP],
@@ -82,7 +85,7 @@ def hand_batch():
   rng = np.random.default_rng(0)
   return {"reader_ids": ids, "reader_type_ids": type_ids, "reader_mask": mask,
           "answer_targets": targets, "answer_mask": answer_mask,
-          "retriever_correct": np.zeros((3, 4), bool),
+          "retriever_correct": np.array([[0, 1, 1, 0], [0, 0, 0, 1], [1, 0, 0, 0]], bool),
           "example_mask": np.array([True, True, False]),
           "question_ids": question_ids, "question_type_ids": np.zeros_like(question_ids),
           "question_mask": (question_ids != PAD).astype(np.int32),
@@ -160,7 +163,7 @@ def _np_log_softmax(x):
   return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("objective", TRAINED)
 def test_loss_is_the_answer_loss_plus_the_objective_on_numpy_scores(params, objective):
   model = model_for(objective)
   batch = hand_batch()
@@ -180,11 +183,16 @@ def test_loss_is_the_answer_loss_plus_the_objective_on_numpy_scores(params, obje
   function = {"adist": retriever_objectives.adist_loss,
               "emdr2": retriever_objectives.emdr2_loss,
               "pdist": retriever_objectives.pdist_loss,
-              "loop": retriever_objectives.left_out_loop_loss}[objective]
+              "loop": retriever_objectives.left_out_loop_loss,
+              "answer_blocks": retriever_objectives.pdist_loss}[objective]
   _, objective_aux = function(scores, targets, tokens, temperature=TEMPERATURE)
   # The same in NumPy: EMDR^2's marginal, or the KL of a target softmax to softmax(s / T).
   log_q = _np_log_softmax(scores / TEMPERATURE)
-  if objective == "emdr2":
+  if objective == "answer_blocks":
+    # Uniform over the first question's answer blocks (its 2nd and 3rd); the second question
+    # has none among the 3 read, so no objective: KL(p || q) = -log 2 - mean of log q there.
+    rows = np.array([-np.log(2) - log_q[0, 1:3].mean(), 0.0, 0.0])
+  elif objective == "emdr2":
     joint = log_q + targets
     rows = -(joint.max(-1) + np.log(np.exp(joint - joint.max(-1, keepdims=True)).sum(-1)))
   else:
@@ -204,6 +212,18 @@ def test_loss_is_the_answer_loss_plus_the_objective_on_numpy_scores(params, obje
   preferred = -targets if objective == "loop" else targets
   agree = (scores.argmax(-1) == preferred.argmax(-1))[:2].mean()
   np.testing.assert_allclose(means["retriever_agreement"], agree)
+  # Whether the target's and the retriever's favourite read block holds an answer, among the
+  # answered questions with an answer's block read: the first question alone here.
+  holds = batch["retriever_correct"][:, :K]
+  in_read = holds.any(-1) & (tokens > 0)
+  assert in_read.tolist() == [True, False, False]
+  rows_ = np.arange(3)
+  np.testing.assert_allclose(means["target_top_answer"],
+                             holds[rows_, preferred.argmax(-1)][in_read].mean())
+  np.testing.assert_allclose(means["retriever_top_answer"],
+                             holds[rows_, scores.argmax(-1)][in_read].mean())
+  if objective == "answer_blocks":
+    assert float(means["target_top_answer"]) == 1.0
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +232,7 @@ def answer_grads(params):
   return jax.grad(lambda p: model_for("none").loss_fn(p, hand_batch(), None)[0])(params)
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("objective", TRAINED)
 def test_the_objective_trains_only_the_question_tower(params, answer_grads, objective):
   """The objective's gradient: the question tower only (no document tower, no reader); the
   reader's gradient of the total loss is the answer loss's alone."""
@@ -280,7 +300,7 @@ def test_finetune_job_refuses_what_does_not_fit_in_one_line(setting, match, tmp_
   assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("objective", [None, "none", "adist"])
+@pytest.mark.parametrize("objective", [None, "none", "adist", "answer_blocks"])
 def test_finetune_job_passes_the_objective_to_the_fid_model(objective, tmp_path):
   ctx = _ctx(tmp_path)
   job = jobs.FinetuneJob(task="toy_qa", reader="fid", retriever_objective=objective,
@@ -291,10 +311,10 @@ def test_finetune_job_passes_the_objective_to_the_fid_model(objective, tmp_path)
   assert model.retriever_objective == (objective or "none")
   trainable = job.optimizer_options()["trainable"]
   assert isinstance(trainable, functools.partial) and trainable.func is fid_qa.trainable_mask
-  assert trainable.keywords == {"train_question_tower": objective == "adist",
-                                "train_document_tower": False}
-  assert model.train_question_tower == (objective == "adist") and not model.train_document_tower
-  if objective == "adist":
+  trained = objective in ("adist", "answer_blocks")
+  assert trainable.keywords == {"train_question_tower": trained, "train_document_tower": False}
+  assert model.train_question_tower == trained and not model.train_document_tower
+  if trained:
     assert model.objective_temperature == 0.25
 
 
