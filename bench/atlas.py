@@ -125,13 +125,15 @@ class Row(NamedTuple):
   'contriever' (the second table: a whole recipe from the Contriever-style warm start); gin: the
   fine-tuning gin (FiD rows); objective: the FiD reader's `retriever_objective` binding (None:
   the gin's); warm_start: what the fine-tuning starts from, 'pretraining' (the seed's REALM
-  pretraining checkpoint) or a `PRETEXTS` entry (the seed's Atlas pretext checkpoint)."""
+  pretraining checkpoint) or a `PRETEXTS` entry (the seed's Atlas pretext checkpoint);
+  bindings: more gin bindings of the fine-tuning (bench/atlas_controls.py's rows)."""
   name: str
   label: str
   reader: str
   gin: Optional[str] = None
   objective: Optional[str] = None
   warm_start: str = "pretraining"
+  bindings: tuple[str, ...] = ()
 
 
 OBJECTIVES = ("adist", "emdr2", "pdist", "loop")
@@ -271,7 +273,7 @@ def finetune_command(row: Row, size: str, seed: int, run_dir: str, init_checkpoi
   return recipe_lib.python_module(
       "realm_jax.train", f"--gin_file={row.gin}",
       *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT='{init_checkpoint}'",
-            f"train_main.seed={seed}", *objective, *few_shot_bindings(size, seed),
+            f"train_main.seed={seed}", *objective, *row.bindings, *few_shot_bindings(size, seed),
             *steps_bindings(finetune_steps)))
 
 
