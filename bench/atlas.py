@@ -864,7 +864,8 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
       "sequence-to-sequence reader (T5, up to 11B parameters) and a Contriever retriever "
       "trained on web-scale text, with the index refreshed during Atlas's pretraining; here the FiD "
       "reader is the project's 2-layer toy BERT encoder with a 2-layer decoder trained from "
-      "scratch for a few hundred steps, the index stays frozen throughout, the retriever's "
+      "scratch for a few hundred steps, which learns to write answers from at most 2,000 of "
+      "them (T5's decoder arrives able to write text), the index stays frozen throughout, the retriever's "
       "warm starts are 400 steps on 2,556 toy blocks, and the pretext reads the toy world's "
       "restated facts only. The toy world's facts are fictional, so no reader knows an answer "
       "from its warm start alone. With 1,000 test questions an EM near p has a binomial "
@@ -897,7 +898,10 @@ def markdown(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str],
       "share of training questions whose retriever's top block is the objective's target's "
       f"top block, mean over the last {AGREEMENT_WINDOW} steps of the all-questions run (n/a "
       "where no objective trains the question tower). Cells: mean ± sample standard deviation "
-      "over the seeds.",
+      "over the seeds. Minutes: the wall-clock of each cell's last sitting, summed over the "
+      "row's sizes, on a 2-core machine shared with another bench process; a cell resumed "
+      "from its checkpoint counts only its last part and a paused one counts its pause, so "
+      "it is not a timing.",
       table(rows, sizes)]
   warm = warm_start_table(rows)
   if warm:

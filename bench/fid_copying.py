@@ -16,8 +16,12 @@ This reads them with the toy BlockStore and reports, for each row, size and seed
 REALM's extractive reader predicts a span of a block, so it copies by construction (a span cut
 at a wordpiece inside a word, or differing by a character the tokenizer drops, is the rare
 exception). A generative reader's wrong answers that are not copied are tokens put together by
-its decoder (the toy's mix the copy head's copies with generated wordpieces). Rows whose
-predictions are not on disk are left out, and the script says which.
+its decoder (the toy's mix the copy head's copies with generated wordpieces).
+
+Each (row, size, seed) read is kept in bench/results/fid_copying/ with bench/atlas.py's
+fingerprint of its row, so that the table outlives `--out` (a later session's runs of the other
+seeds add to it); one whose predictions are not on disk and not kept is left out, and the
+script says which.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
 from bench import report  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import answer_match  # noqa: E402  pylint: disable=wrong-import-position
 
 SECTION = "Where the Atlas bench's answers come from (toy world)"
+DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "fid_copying")
 YEAR_QUESTION_STARTS = ("when ", "in what year ", "what year ")
 
 
@@ -97,6 +103,41 @@ def predictions_path(out: str, seed: int, row: str, size: str) -> str:
   return layout.eval_output(row, size)
 
 
+def cell_path(cells: str, seed: int, row: str, size: str) -> str:
+  return os.path.join(cells, f"seed{seed}_{row}_{size}.json")
+
+
+def row_fingerprints(rows: Sequence[str], toy_bert: str | None) -> dict[str, str]:
+  """{row: bench/atlas.py's fingerprint of the row's cells}: what a kept summary was read from."""
+  from bench import atlas  # pylint: disable=import-outside-toplevel
+  options = atlas.cell_options(
+      toy_bert_sha256=atlas._toy_bert_sha256(toy_bert),  # pylint: disable=protected-access
+      ict_from_bert=False, pretrain_steps=None, finetune_steps=None, pretext_steps=None)
+  prints = atlas.fingerprints(options)
+  return {row: atlas.row_fingerprint(row, prints) for row in rows}
+
+
+def collect(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int],
+            block_text: Callable[[int], str], cells: str, prints: Mapping[str, str]
+            ) -> tuple[dict[tuple[str, str, int], dict], list[str]]:
+  """({(row, size, seed): summary}, what is missing): each read from its predictions in `out`
+  (and kept) or, when they are gone, from its kept summary of the same fingerprint."""
+  summaries, missing = {}, []
+  for row in rows:
+    for size in sizes:
+      for seed in seeds:
+        path = predictions_path(out, seed, row, size)
+        kept_path = cell_path(cells, seed, row, size)
+        if os.path.exists(path):
+          summaries[(row, size, seed)] = summarize(read_predictions(path), block_text)
+          ablations.save_cell(kept_path, summaries[(row, size, seed)], prints[row])
+        elif (kept := ablations.load_cell(kept_path, prints[row])) is not None:
+          summaries[(row, size, seed)] = kept
+        else:
+          missing.append(f"{row} {size} seed {seed} ({path})")
+  return summaries, missing
+
+
 def table(summaries: Mapping[tuple[str, str, int], dict]) -> str:
   """One markdown line per (row, size, seed)."""
   lines = ["| row | questions | seed | test EM | copied from a retrieved block | copied, "
@@ -120,21 +161,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="training questions: 64, 256 or all (default: all)")
   parser.add_argument("--write", action="store_true",
                       help=f"write the section {SECTION!r} of docs/benchmarks.md")
+  ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args(argv)
+  out = os.path.abspath(args.out)  # before parse_cell_flags moves to the repository root
+  toy_bert, cells = ablations.parse_cell_flags(parser, args)
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   from realm_jax.data import block_store as block_store_lib  # pylint: disable=import-outside-toplevel
   store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
   def block_text(block_id: int) -> str:
     return f"{store.title(block_id)} {store.body(block_id)}"
-  summaries, missing = {}, []
-  for row in args.rows:
-    for size in args.sizes:
-      for seed in args.seeds:
-        path = predictions_path(os.path.abspath(args.out), seed, row, size)
-        if not os.path.exists(path):
-          missing.append(f"{row} {size} seed {seed} ({path})")
-          continue
-        summaries[(row, size, seed)] = summarize(read_predictions(path), block_text)
+  summaries, missing = collect(out, args.rows, args.sizes, args.seeds,
+                               block_text, cells, row_fingerprints(args.rows, toy_bert))
   for line in missing:
     print(f"fid_copying: no predictions for {line}", file=sys.stderr)
   if not summaries:

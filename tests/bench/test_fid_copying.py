@@ -76,3 +76,29 @@ def test_predictions_paths_are_where_the_atlas_bench_writes_them():
       "/o/seed1/realm/eval/toy_qa_extractive_64_test.jsonl")
   assert fid_copying.predictions_path("/o", 0, "fid", "256") == (
       "/o/seed0/realm/fid_256/eval/fid_256_test.jsonl")
+
+
+def test_summaries_are_kept_and_read_back_when_the_predictions_are_gone(tmp_path, capsys):
+  out, cells = str(tmp_path / "out"), str(tmp_path / "cells")
+  prints = {"fid": "f" * 64, "adist": "f" * 64}
+  record = {"question": "When was Tessavar founded?", "prediction": "9 November 1790",
+            "correct": True, "block_ids": [0]}
+  path = fid_copying.predictions_path(out, 0, "fid", "all")
+  os.makedirs(os.path.dirname(path))
+  wrong = {"question": "Who founded Tessavar?", "prediction": "Zoë Müller", "correct": False,
+           "block_ids": [0]}
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n" + json.dumps(wrong) + "\n")
+  rows, sizes, seeds = ("fid", "adist"), ("all",), (0,)
+  summaries, missing = fid_copying.collect(out, rows, sizes, seeds, BLOCKS.__getitem__, cells,
+                                           prints)
+  assert (summaries[("fid", "all", 0)]["em"], summaries[("fid", "all", 0)]["copied"]) == (0.5, 0.5)
+  assert missing == [f"adist all seed 0 ({fid_copying.predictions_path(out, 0, 'adist', 'all')})"]
+  os.remove(path)  # --out is gone: the kept summary stands in
+  again, _ = fid_copying.collect(out, rows, sizes, seeds, BLOCKS.__getitem__, cells, prints)
+  assert again == summaries
+  # Kept for other gins: not read.
+  other, missing = fid_copying.collect(out, rows, sizes, seeds, BLOCKS.__getitem__, cells,
+                                       {"fid": "g" * 64, "adist": "g" * 64})
+  assert other == {} and len(missing) == 2
+  assert "made with other gins or options" in capsys.readouterr().out
