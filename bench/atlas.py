@@ -859,19 +859,24 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
       d = stats[a, b, key]
       out.append(f"{what[0].upper()}{what[1:]}: {d.mean:+.3f} EM ("
                  + ("every seed agrees" if d.all_agree else "the seeds do not agree") + ").")
+  # pylint: disable=import-outside-toplevel,cyclic-import
+  from bench import atlas_controls, fid_copying  # they import this module
   caveat = (
       "What the toy scale cannot show: Atlas's few-shot results come from a pretrained "
       "sequence-to-sequence reader (T5, up to 11B parameters) and a Contriever retriever "
-      "trained on web-scale text, with the index refreshed during Atlas's pretraining; here the FiD "
-      "reader is the project's 2-layer toy BERT encoder with a 2-layer decoder trained from "
-      "scratch for a few hundred steps, which learns to write answers from at most 2,000 of "
-      "them (T5's decoder arrives able to write text), the index stays frozen throughout, the retriever's "
-      "warm starts are 400 steps on 2,556 toy blocks, and the pretext reads the toy world's "
-      "restated facts only. The toy world's facts are fictional, so no reader knows an answer "
-      "from its warm start alone. With 1,000 test questions an EM near p has a binomial "
-      "standard error near sqrt(p(1 - p) / 1000) (0.005 at 0.03, 0.012 at 0.2), beside the "
-      "seeds' spread; differences smaller than that say nothing about Atlas's claims, which "
-      "are about scale.")
+      "trained on web-scale text, with the index refreshed during Atlas's pretraining; here "
+      "the FiD reader is the project's 2-layer toy BERT encoder with a 2-layer decoder "
+      "trained from scratch for a few hundred steps, which learns to write answers from at "
+      "most 2,000 of them (T5's decoder arrives able to write text), the index stays frozen "
+      "throughout, the retriever's warm starts are 400 steps on 2,556 toy blocks, and the "
+      "pretext reads the toy world's restated facts only. The toy world's facts are "
+      "fictional, so no reader knows an answer from its warm start alone. With 1,000 test "
+      "questions an EM near p has a binomial standard error near sqrt(p(1 - p) / 1000) (0.005 "
+      "at 0.03, 0.012 at 0.2), beside the seeds' spread; differences smaller than that say "
+      "nothing about Atlas's claims, which are about scale. Two sections look closer: "
+      f"\"{fid_copying.SECTION}\" (how often each reader's answers are copied from its "
+      f"blocks) and \"{atlas_controls.SECTION}\" (why training the question tower against "
+      "the frozen index loses retrieval).")
   return "\n".join([*(f"- {line}" for line in out), "", caveat]).strip()
 
 
