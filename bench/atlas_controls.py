@@ -20,9 +20,10 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           the reader's learning rate (the bench's: the same)
 
 Columns: test EM and test recall@5 after fine-tuning (the checkpoint dev picked); and from the
-training log, the means over the first and the last 100 steps of `train/retriever_top_answer`
-(among the answered questions with an answer's block among the 5 read, the share whose
-retriever's top block holds an answer) and of `train/target_top_answer` (the same for the
+training log, the means over the first and the last 100 steps of `train/reader_any_correct`
+(the share of training questions with an answer's block among the 5 read, retrieved by the
+live question tower: recall@5 as training goes), `train/retriever_top_answer` (the share whose
+retriever's top block holds an answer) and `train/target_top_answer` (the same for the
 objective's target). The zero-shot recall@5 they all start from is the bench's (its
 `recall@5_zero_shot`). A target that picks answer blocks less often than the retriever does
 teaches the retriever to miss; a control that keeps its recall with a perfect target says the
@@ -59,7 +60,7 @@ DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "atlas_controls")
 DEFAULT_SEEDS = (2,)
 # The logged shares, each averaged over the first and the last this many steps.
 WINDOW = atlas.AGREEMENT_WINDOW
-LOGGED = ("retriever_top_answer", "target_top_answer")
+LOGGED = ("reader_any_correct", "retriever_top_answer", "target_top_answer")
 SLOW = "FinetuneJob.retriever_lr_scale=0.1"
 CONTROLS = (
     atlas.Row("answer_blocks", "answer blocks (control)", "fid", atlas.ATLAS_GIN,
@@ -169,10 +170,12 @@ def _value(by_seed: Mapping[int, dict], key: str) -> str:
 
 
 COLUMNS = ((atlas.EM, "test EM"), (atlas.RECALL_TUNED, "test recall@5 after"),
-           ("retriever_top_answer_first", "retriever's top block holds an answer, first 100 steps"),
-           ("retriever_top_answer_last", "the same, last 100 steps"),
-           ("target_top_answer_first", "target's top block holds an answer, first 100 steps"),
-           ("target_top_answer_last", "the same, last 100 steps"))
+           ("reader_any_correct_first", "training recall@5, first 100 steps"),
+           ("reader_any_correct_last", "last 100 steps"),
+           ("retriever_top_answer_first", "retriever's top block holds an answer, first 100"),
+           ("retriever_top_answer_last", "last 100"),
+           ("target_top_answer_first", "target's top block holds an answer, first 100"),
+           ("target_top_answer_last", "last 100"))
 
 
 def table(results: Mapping[str, Mapping[int, dict]]) -> str:

@@ -425,9 +425,10 @@ class FidReaderModel(ParamsFromBoxedInit):
   def _objective_sums(self, params: Params, batch: Batch, rng: Array | None, targets: Array,
                       weights: Array) -> dict:
     """The objective's summed loss (rows weighted by their counted answer tokens, module
-    docstring); the answered questions whose retriever's top block is the target's; and, of
-    those with an answer's block among the K read, the ones whose target's preferred block and
-    whose retriever's top block hold an answer."""
+    docstring); the answered questions whose retriever's top block is the target's; and the
+    answered questions whose target's preferred block, and whose retriever's top block, holds
+    an answer (per answered question, not per question with an answer's block read: a batch
+    with none read would have no value, and the trainer averages the steps' values)."""
     scores = self.retrieval_scores(params, batch, rng)  # [Q, K]
     question_weights = jnp.sum(weights, axis=-1)  # [Q] counted tokens, 0 for padding
     _, aux = _RETRIEVER_LOSSES[self.retriever_objective](
@@ -438,17 +439,15 @@ class FidReaderModel(ParamsFromBoxedInit):
     retriever_top = jnp.argmax(scores, axis=-1)  # [Q]
     answered = question_weights > 0  # [Q]
     holds_answer = batch["retriever_correct"][:, :self.reader_beam] > 0  # [Q, K]
-    in_read = answered & jnp.any(holds_answer, axis=-1)  # [Q]
 
     def count(flags: Array) -> Array:
       return jnp.sum(flags.astype(jnp.float32))
 
     def top_holds_answer(top: Array) -> Array:  # [Q] -> [Q]
-      return jnp.take_along_axis(holds_answer, top[:, None], axis=-1)[:, 0] & in_read
+      return jnp.take_along_axis(holds_answer, top[:, None], axis=-1)[:, 0] & answered
 
     return {"objective_loss_sum": aux["loss_sum"],
             "retriever_agreement_sum": count((retriever_top == target_top) & answered),
-            "answer_read_sum": count(in_read),
             "target_top_answer_sum": count(top_holds_answer(target_top)),
             "retriever_top_answer_sum": count(top_holds_answer(retriever_top))}
 
@@ -555,10 +554,10 @@ def summarize(aux: dict) -> dict[str, Array]:
   accuracy (every target token the teacher-forced argmax), answerable (a target fits) and
   recall (an answer in the beam / in the K blocks read) per question. With a retriever
   objective also its two terms per counted token (`answer_loss`, `retriever_objective`: they
-  add up to `loss`), `retriever_agreement`, the answered questions whose retriever's top
-  block is the target's top block, and, among the answered questions with an answer's block
-  among the K read, `target_top_answer` and `retriever_top_answer`: those whose target's
-  preferred block, and whose retriever's top block, holds an answer."""
+  add up to `loss`), and per answered question `retriever_agreement` (the retriever's top
+  block is the target's top block), `target_top_answer` and `retriever_top_answer` (the
+  target's preferred block, and the retriever's top block, holds an answer: each at most the
+  share with an answer's block among the K read)."""
 
   def ratio(numerator: str, denominator: str) -> Array:
     den = aux[denominator]
@@ -574,6 +573,6 @@ def summarize(aux: dict) -> dict[str, Array]:
     out.update(answer_loss=ratio("answer_loss_sum", "weight_sum"),
                retriever_objective=ratio("objective_loss_sum", "weight_sum"),
                retriever_agreement=ratio("retriever_agreement_sum", "answered_sum"),
-               target_top_answer=ratio("target_top_answer_sum", "answer_read_sum"),
-               retriever_top_answer=ratio("retriever_top_answer_sum", "answer_read_sum"))
+               target_top_answer=ratio("target_top_answer_sum", "answered_sum"),
+               retriever_top_answer=ratio("retriever_top_answer_sum", "answered_sum"))
   return out

@@ -50,7 +50,8 @@ def test_the_first_and_last_windows_of_a_logged_share():
 
 
 def _shares(first, last):
-  return {"retriever_top_answer_first": first, "retriever_top_answer_last": last,
+  return {"reader_any_correct_first": 0.45, "reader_any_correct_last": 0.3,
+          "retriever_top_answer_first": first, "retriever_top_answer_last": last,
           "target_top_answer_first": 0.5, "target_top_answer_last": 0.4}
 
 
