@@ -24,8 +24,9 @@ training log, the means over the first and the last 100 steps of `train/reader_a
 (the share of training questions with an answer's block among the 5 read, retrieved by the
 live question tower: recall@5 as training goes), `train/retriever_top_answer` (the share whose
 retriever's top block holds an answer) and `train/target_top_answer` (the same for the
-objective's target). The zero-shot recall@5 they all start from is the bench's (its
-`recall@5_zero_shot`). A target that picks answer blocks less often than the retriever does
+objective's target); and how many distinct blocks the test questions' top blocks are (of the
+1,000 questions' predictions: how far the question tower collapsed towards a few blocks). The
+zero-shot recall@5 they all start from is the bench's (its `recall@5_zero_shot`). A target that picks answer blocks less often than the retriever does
 teaches the retriever to miss; a control that keeps its recall with a perfect target says the
 optimisation itself is not what loses it.
 
@@ -50,6 +51,7 @@ if REPO not in sys.path:
 
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
 from bench import atlas  # noqa: E402  pylint: disable=wrong-import-position
+from bench import fid_copying  # noqa: E402  pylint: disable=wrong-import-position
 from bench import report  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax import checkpoints  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax import recipe as recipe_lib  # noqa: E402  pylint: disable=wrong-import-position
@@ -95,6 +97,20 @@ def logged_shares(run_dir: str) -> dict[str, Optional[float]]:
   return out
 
 
+def distinct_top_blocks(predictions: str) -> int:
+  """How many distinct blocks are the first of the questions' retrieved blocks in an
+  evaluation's predictions (`python -m realm_jax.evaluate`'s JSONL)."""
+  return len({record["block_ids"][0] for record in fid_copying.read_predictions(predictions)
+              if record["block_ids"]})
+
+
+def run_figures(layout: atlas.Layout, row: str) -> dict:
+  """What a finished run of `row` (all questions) adds to its cell: `logged_shares` and
+  `distinct_top_blocks` of its test predictions."""
+  return {**logged_shares(layout.run_dir(row, atlas.ALL)),
+          "distinct_top_blocks": distinct_top_blocks(layout.eval_output(row, atlas.ALL))}
+
+
 def cell_path(cells: str, seed: int, row: str) -> str:
   return os.path.join(cells, f"seed{seed}_{row}.json")
 
@@ -110,14 +126,14 @@ def _bench_row(row: atlas.Row, seed: int, layout: atlas.Layout, fid_fingerprint:
     print(f"{PROG}: seed {seed}: {row.label}: no finished run of bench/atlas.py in {run_dir} "
           "with its kept cell; left out", flush=True)
     return None
-  shares = logged_shares(run_dir)
-  if shares["target_top_answer_last"] is None:
+  figures = run_figures(layout, row.name)
+  if figures["target_top_answer_last"] is None:
     print(f"{PROG}: seed {seed}: {row.label}: {run_dir} logged no train/target_top_answer "
           "(made before it was logged); left out", flush=True)
     return None
   return {atlas.EM: kept[atlas.EM], atlas.RECALL: kept[atlas.RECALL],
           atlas.RECALL_TUNED: kept[atlas.RECALL_TUNED], "qa_checkpoint": kept["qa_checkpoint"],
-          "pretraining": kept["pretraining"], **shares}
+          "pretraining": kept["pretraining"], **figures}
 
 
 def check_pretraining(layout: atlas.Layout, recipe_fingerprint: str) -> None:
@@ -155,7 +171,7 @@ def run(out: str, seeds: Sequence[int], settings: atlas.Settings, cells: str,
         print(f"{PROG}: seed {seed}: {row.label}: kept in {path}", flush=True)
       elif row.name in CONTROL_NAMES:
         cell = atlas.make_cell(row, atlas.ALL, seed, layout, shared, settings)
-        cell.update(logged_shares(layout.run_dir(row.name, atlas.ALL)))
+        cell.update(run_figures(layout, row.name))
       else:
         cell = _bench_row(row, seed, layout, fid_fingerprint, bench_cells)
         if cell is None:
@@ -175,7 +191,8 @@ COLUMNS = ((atlas.EM, "test EM"), (atlas.RECALL_TUNED, "test recall@5 after"),
            ("retriever_top_answer_first", "retriever's top block holds an answer, first 100"),
            ("retriever_top_answer_last", "last 100"),
            ("target_top_answer_first", "target's top block holds an answer, first 100"),
-           ("target_top_answer_last", "last 100"))
+           ("target_top_answer_last", "last 100"),
+           ("distinct_top_blocks", "distinct top blocks, 1,000 test questions"))
 
 
 def table(results: Mapping[str, Mapping[int, dict]]) -> str:

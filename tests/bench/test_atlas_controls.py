@@ -2,6 +2,7 @@
 read from bench/atlas.py's runs or kept, and the table, on made-up values worked by hand. No
 training runs here (the control objective's own tests are tests/models/test_fid_objectives.py's)."""
 
+import json
 import os
 import sys
 
@@ -76,6 +77,7 @@ def test_controls_are_made_bench_rows_read_and_every_cell_kept(tmp_path, monkeyp
   monkeypatch.setattr(controls, "logged_shares",
                       lambda run_dir: logged.get(run_dir, {**_shares(0.6, 0.7),
                                                            "target_top_answer_last": None}))
+  monkeypatch.setattr(controls, "distinct_top_blocks", lambda predictions: 7)
   made = []
 
   def make_cell(row, size, seed, layout_, shared, settings):
@@ -93,6 +95,7 @@ def test_controls_are_made_bench_rows_read_and_every_cell_kept(tmp_path, monkeyp
   assert set(results) == {"adist", *controls.CONTROL_NAMES}
   assert results["adist"][2]["retriever_top_answer_last"] == 0.2
   assert results["answer_blocks"][2]["retriever_top_answer_last"] == 0.9
+  assert results["answer_blocks"][2]["distinct_top_blocks"] == 7
   said = capsys.readouterr().out
   assert "FiD reader + EMDR²: no finished run" not in said
   assert "logged no train/target_top_answer (made before it was logged); left out" in said
@@ -134,3 +137,11 @@ def test_the_table_has_the_rows_measured_in_order_mean_and_sd_over_seeds():
   assert rows[1].startswith("| answer blocks (control) | 0.110 ± 0.014 | 0.700 ± 0.141 |")
   assert rows[1].endswith("| 1, 2 |")
   assert "Zero-shot test recall@5 of that index: 0.511." in text
+
+
+def test_distinct_top_blocks_counts_the_first_retrieved_block_of_each_question(tmp_path):
+  path = tmp_path / "p.jsonl"
+  records = [{"question": "q", "prediction": "a", "correct": False, "block_ids": ids}
+             for ids in ([3, 1], [3, 2], [5, 3], [], [1])]
+  path.write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert controls.distinct_top_blocks(str(path)) == 3  # 3, 5 and 1
