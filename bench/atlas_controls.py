@@ -15,6 +15,10 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           the control objective (`retriever_objective='answer_blocks'`, realm_jax/models/
           fid_qa.py): PDist's KL towards the uniform distribution over the read blocks that hold
           an answer string, a target that no reader has to learn
+  answer_blocks_beam
+          the control scoring the first 100 blocks of the beam, not only the 5 read
+          (`FinetuneJob.objective_beam=100`, the whole toy beam): whether seeing only the read
+          blocks is what loses retrieval
   adist_lr_0.1, answer_blocks_lr_0.1
           the same with `FinetuneJob.retriever_lr_scale=0.1`: the question tower at a tenth of
           the reader's learning rate (the bench's: the same)
@@ -69,6 +73,9 @@ CONTROLS = (
               "answer_blocks"),
     atlas.Row("adist_lr_0.1", "ADist, question tower at lr x 0.1", "fid", atlas.ATLAS_GIN,
               "adist", bindings=(SLOW,)),
+    atlas.Row("answer_blocks_beam", "answer blocks (control) over the beam's first 100 blocks",
+              "fid", atlas.ATLAS_GIN, "answer_blocks",
+              bindings=("FinetuneJob.objective_beam=100",)),
     atlas.Row("answer_blocks_lr_0.1", "answer blocks (control), question tower at lr x 0.1",
               "fid", atlas.ATLAS_GIN, "answer_blocks", bindings=(SLOW,)),
 )

@@ -142,11 +142,13 @@ def fid_model_inputs(batch: Batch, question_tower: bool = False,
 
 def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_length: int,
                    question_len: int | None = None, proj_size: int | None = None,
-                   block_len: int | None = None) -> dict[str, Any]:
+                   block_len: int | None = None, scored_beam: int | None = None
+                   ) -> dict[str, Any]:
   """The per-example shapes and dtypes of `FidBatches`' batches (`fid_model_inputs`); with
   `question_len` and `proj_size` (a model that trains its question tower) also
-  `QUESTION_TOWER_KEYS`', and with `block_len` (one that trains its document tower too)
-  `DOCUMENT_TOWER_KEYS`'."""
+  `QUESTION_TOWER_KEYS`' (`retrieved_block_emb` of the first `scored_beam` blocks of the beam,
+  by default the `reader_beam` read: `FidReaderModel.scored_beam`), and with `block_len` (one
+  that trains its document tower too) `DOCUMENT_TOWER_KEYS`'."""
   shapes = {"reader_ids": [reader_beam, reader_len], "reader_type_ids": [reader_beam, reader_len],
             "reader_mask": [reader_beam, reader_len], "answer_targets": [max_answer_length],
             "answer_mask": [max_answer_length], "retriever_correct": [beam], "example_mask": []}
@@ -155,7 +157,8 @@ def fid_batch_spec(*, beam: int, reader_beam: int, reader_len: int, max_answer_l
                      "tower's inputs)")
   if question_len is not None:
     shapes.update(question_ids=[question_len], question_type_ids=[question_len],
-                  question_mask=[question_len], retrieved_block_emb=[reader_beam, proj_size])
+                  question_mask=[question_len],
+                  retrieved_block_emb=[scored_beam or reader_beam, proj_size])
   if block_len is not None:
     if question_len is None:
       raise ValueError("fid_batch_spec: the document tower trains with the question tower: "
@@ -234,6 +237,9 @@ class FidBatches(qa_batches.OpenQABatches):
       self.examples = with_answer_ids(self.examples, targets)
     if self.model.rerank_depth:  # checked once: the beam and the reader's share are fixed
       rerank.check_depth(self.model.rerank_depth, self.beam, self.model.reader_beam)
+    if self.model.train_question_tower and self.model.scored_beam > self.beam:
+      raise ValueError(f"the objective scores the first {self.model.scored_beam} blocks of a "
+                       f"beam of {self.beam} (retriever_beam, or the store's blocks)")
 
   def retrieve(self, retriever: Any, question_ids: np.ndarray, question_mask: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -263,7 +269,7 @@ class FidBatches(qa_batches.OpenQABatches):
         document_beam=self.model.num_reembedded)
     question_tower = self.model.train_question_tower
     if question_tower:  # the frozen index's side of the scores the objective trains
-      # [Q, reader_beam, proj]: the objectives score the read blocks only.
+      # [Q, scored_beam, proj]: the objectives score the read blocks (or `objective_beam`'s).
       batch["retrieved_block_emb"] = qa_batches.gather_block_emb(
-          retriever.block_emb, np.asarray(ids)[:, :self.model.reader_beam])
+          retriever.block_emb, np.asarray(ids)[:, :self.model.scored_beam])
     return fid_model_inputs(batch, question_tower, self.model.train_document_tower)

@@ -114,7 +114,9 @@ class FinetuneJob(IndexJob):
       FiD reader: "none" (it only retrieves) or Atlas's "adist", "emdr2", "pdist", "loop" over
       the K read blocks against the frozen index (`models.fid_qa`), or "answer_blocks", a
       control that distils the read blocks holding an answer string; "marginal" has no
-      counterpart there. None (the default): the reader's own, "marginal" for the extractive
+      counterpart there.
+    objective_beam: with the FiD reader's "answer_blocks" control, the first this many blocks
+      of the beam are scored by its objective, not only the `reader_beam` read (None: those). None (the default): the reader's own, "marginal" for the extractive
       reader, "none" for FiD.
     candidates: where each question's beam comes from: 'index' (the run's published index,
       searched with the live question tower: ORQA, REALM) or 'bm25' (Okapi BM25 over the
@@ -163,6 +165,7 @@ class FinetuneJob(IndexJob):
   few_shot: Optional[int] = None
   few_shot_seed: int = 0
   retriever_objective: Optional[str] = None
+  objective_beam: Optional[int] = None
 
   name = "finetune"
 
@@ -287,9 +290,10 @@ class FinetuneJob(IndexJob):
       raise ConfigError(f"FinetuneJob.reader={self.reader!r}; expected one of "
                         f"{', '.join(READERS)}")
     if self.reader != "fid":
-      if self.fid is not None:
-        raise ConfigError("FinetuneJob.fid is the FiD reader's: set FinetuneJob.reader='fid' "
-                          "too (or leave fid unset)")
+      for name in ("fid", "objective_beam"):
+        if getattr(self, name) is not None:
+          raise ConfigError(f"FinetuneJob.{name} is the FiD reader's: set "
+                            f"FinetuneJob.reader='fid' too (or leave {name} unset)")
       return
     from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
     try:
@@ -318,7 +322,8 @@ class FinetuneJob(IndexJob):
             retriever_objective=self.resolved_objective(),
             objective_temperature=self.objective_temperature,
             closed_book=self.candidates == "none",
-            train_document_tower=self.train_document_tower, document_beam=self.document_beam)
+            train_document_tower=self.train_document_tower, document_beam=self.document_beam,
+            objective_beam=self.objective_beam)
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:
@@ -342,7 +347,7 @@ class FinetuneJob(IndexJob):
       return global_spec(fid_batches.fid_batch_spec(
           beam=min(self.retriever_beam, self.store.num_blocks), reader_beam=self.reader_beam,
           reader_len=self.reader_len, max_answer_length=model.fid.max_answer_length,
-          **towers), ctx.global_batch)
+          scored_beam=model.scored_beam, **towers), ctx.global_batch)
     spec = qa_batches.open_qa_batch_spec(
         question_len=self.question_len, beam=min(self.retriever_beam, self.store.num_blocks),
         proj_size=ctx.model_config.proj_size, reader_beam=self.reader_beam,

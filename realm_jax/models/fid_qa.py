@@ -32,7 +32,10 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
     answer_blocks  0 for the read blocks that contain an answer string (the batch's
            `retriever_correct`), impossible for the others: `pdist_loss` distils the uniform
            distribution over the answer's blocks (the weak supervision of DPR's fine-tuning);
-           a question none of whose K blocks holds an answer has no objective.
+           a question none of whose K blocks holds an answer has no objective. Its target needs
+           no reader, so it may score more of the beam than the K read (`objective_beam`: the
+           first L blocks of the beam, a question with an answer among them has a target),
+           which tells whether seeing only the K read blocks is what loses retrieval.
   Whatever the objective, the logs say how often its target's preferred block and the
   retriever's top block hold an answer (`summarize`): a target worse at it than the retriever
   teaches the retriever to miss.
@@ -261,7 +264,7 @@ class FidReaderModel(ParamsFromBoxedInit):
   reader_mask [Q, reader_beam, reader_len]; answer_targets, answer_mask [Q, T] (T <=
   max_answer_length); retriever_correct [Q, beam]; example_mask [Q]; with a retriever objective
   also question_ids, question_type_ids, question_mask [Q, question_len] and retrieved_block_emb
-  [Q, >= reader_beam, proj] (the frozen index's embeddings of the beam's first blocks).
+  [Q, >= scored_beam, proj] (the frozen index's embeddings of the beam's first blocks).
 
   Attributes:
     config: the run's RealmConfig (the question tower's; the checkpoints record it).
@@ -278,6 +281,8 @@ class FidReaderModel(ParamsFromBoxedInit):
     document_beam: with the document tower, L: the first L blocks of the index's beam are
       re-embedded on the host and re-ranked before the reader reads the best K (Atlas's
       over-retrieval with re-ranking, `index.rerank`); None: no re-ranking.
+    objective_beam: with "answer_blocks", the objective scores the first this many blocks of
+      the beam (>= K; the batch's `retrieved_block_emb` carries them); None: the K read.
   """
 
   config: RealmConfig
@@ -288,6 +293,7 @@ class FidReaderModel(ParamsFromBoxedInit):
   closed_book: bool = False
   train_document_tower: bool = False
   document_beam: int | None = None
+  objective_beam: int | None = None
 
   # What the batch source and the predictor ask every open-QA model.
   generative = True
@@ -316,6 +322,14 @@ class FidReaderModel(ParamsFromBoxedInit):
       if self.document_beam < self.reader_beam:
         raise ValueError(f"document_beam={self.document_beam} re-ranks fewer blocks than the "
                          f"reader reads (reader_beam={self.reader_beam})")
+    if self.objective_beam is not None:
+      if self.retriever_objective != "answer_blocks" or self.train_document_tower:
+        raise ValueError(f"objective_beam={self.objective_beam} scores blocks the reader does "
+                         f"not read: only retriever_objective='answer_blocks' has targets there "
+                         f"(its target needs no reader), with the document tower frozen")
+      if self.objective_beam < self.reader_beam:
+        raise ValueError(f"objective_beam={self.objective_beam} scores fewer blocks than the "
+                         f"reader reads (reader_beam={self.reader_beam})")
 
   @property
   def train_question_tower(self) -> bool:
@@ -328,6 +342,12 @@ class FidReaderModel(ParamsFromBoxedInit):
     """Blocks per question the batches carry document-tower inputs for (`document_ids`...
     [Q, K, block_len]): the K read blocks when the document tower trains, else 0."""
     return self.reader_beam if self.train_document_tower else 0
+
+  @property
+  def scored_beam(self) -> int:
+    """The blocks per question the objective scores, the first of the beam: `objective_beam`,
+    else the K read (the batches' `retrieved_block_emb` [Q, scored_beam, proj])."""
+    return self.objective_beam or self.reader_beam
 
   @property
   def rerank_depth(self) -> int:
@@ -386,7 +406,7 @@ class FidReaderModel(ParamsFromBoxedInit):
     if self.retriever_objective == "adist":
       return attention
     if self.retriever_objective == "answer_blocks":
-      holds_answer = batch["retriever_correct"][:, :self.reader_beam] > 0  # [Q, K]
+      holds_answer = batch["retriever_correct"][:, :self.scored_beam] > 0  # [Q, L]
       return jnp.where(holds_answer, 0.0, -jnp.inf)
     fixed = jax.lax.stop_gradient
     decodes = (fid_lib.left_out_log_likelihoods if self.retriever_objective == "loop"
@@ -403,14 +423,15 @@ class FidReaderModel(ParamsFromBoxedInit):
     return self._targets(params["fid"], batch, cross, memory_mask, attention)
 
   def retrieval_scores(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
-    """`s_k = q . d_k` of the K read blocks [Q, K]: the live question tower's embeddings of
+    """`s_k = q . d_k` of the scored blocks [Q, scored_beam] (the K read, or the first
+    `objective_beam` of the beam): the live question tower's embeddings of
     the batch's questions against the frozen index's embeddings of the blocks
     (`retrieved_block_emb`), so the objective's gradient reaches the question tower only; with
     `train_document_tower`, against the live document tower's embeddings of the blocks
     (`document_ids`...), so it reaches both towers."""
     question_emb = self.embed_questions(params, batch, rng)  # [Q, proj]
-    if not self.train_document_tower:
-      return relevance_scores(question_emb, batch["retrieved_block_emb"][:, :self.reader_beam])
+    if not self.train_document_tower:  # [Q, scored_beam]
+      return relevance_scores(question_emb, batch["retrieved_block_emb"][:, :self.scored_beam])
     if batch["document_ids"].shape[1] != self.reader_beam:
       raise ValueError(f"the batch carries {batch['document_ids'].shape[1]} blocks per question "
                        f"for the document tower, the model reads reader_beam="
@@ -438,7 +459,7 @@ class FidReaderModel(ParamsFromBoxedInit):
     target_top = jnp.argmax(preferred, axis=-1)  # [Q]
     retriever_top = jnp.argmax(scores, axis=-1)  # [Q]
     answered = question_weights > 0  # [Q]
-    holds_answer = batch["retriever_correct"][:, :self.reader_beam] > 0  # [Q, K]
+    holds_answer = batch["retriever_correct"][:, :self.scored_beam] > 0  # [Q, scored_beam]
 
     def count(flags: Array) -> Array:
       return jnp.sum(flags.astype(jnp.float32))

@@ -202,6 +202,35 @@ def test_the_fid_job_builds_its_model_schema_and_resumable_batches(objective, do
       np.testing.assert_array_equal(batch[key], expected[key])
 
 
+def test_the_answer_blocks_control_scores_the_first_blocks_of_the_beam(tmp_path):
+  """With `objective_beam` the batches carry the frozen index's embeddings of the beam's first
+  `objective_beam` blocks, not only of the `reader_beam` read; more than the beam is refused."""
+  ctx = _ctx(tmp_path)
+  settings = dict(task="toy_qa", reader="fid", reader_beam=2, reader_len=64, retriever_beam=6,
+                  fid=jobs.finetune.fid_config(decoder_layers=1, max_answer_length=8),
+                  retriever_objective="answer_blocks")
+  job = jobs.FinetuneJob(**settings, objective_beam=5)
+  job.configure(ctx)
+  model = job.build_model(ctx)
+  assert (model.scored_beam, model.reader_beam) == (5, 2)
+  spec = job.abstract_batch(ctx, model)
+  assert spec["retrieved_block_emb"].shape == (2, 5, ctx.model_config.proj_size)
+  retriever = FakeRetriever(job.store.num_blocks)
+  retriever.block_emb = np.arange(job.store.num_blocks, dtype=np.float32)[:, None].repeat(8, 1)
+  batches = job.build_batches(ctx, model)
+  batches.set_retriever(retriever)
+  batch = next(batches)
+  assert batch["retrieved_block_emb"].shape == (2, 5, 8)
+  # FakeRetriever ranks blocks (length, length + 1, ...) for a question of that many tokens.
+  lengths = batch["question_mask"].sum(-1)
+  expected = (lengths[:, None] + np.arange(5)[None]) % job.store.num_blocks  # [Q, 5] block ids
+  np.testing.assert_array_equal(batch["retrieved_block_emb"][..., 0], expected)
+  too_wide = jobs.FinetuneJob(**settings, objective_beam=7)
+  too_wide.configure(ctx)
+  with pytest.raises(ValueError, match="the objective scores the first 7 blocks of a beam of 6"):
+    too_wide.build_batches(ctx, too_wide.build_model(ctx))
+
+
 def test_the_fid_job_warm_starts_its_encoder_from_a_bert(tmp_path):
   ctx = _ctx(tmp_path)
   job = jobs.FinetuneJob(task="toy_qa", reader="fid")

@@ -224,6 +224,33 @@ def test_loss_is_the_answer_loss_plus_the_objective_on_numpy_scores(params, obje
     assert float(means["target_top_answer"]) == 0.5
 
 
+def test_answer_blocks_over_the_beam_scores_blocks_the_reader_does_not_read(params):
+  """objective_beam=4: the whole beam of `hand_batch` is scored, so the second question, whose
+  answer is only in its 4th block (not read), gets a target too."""
+  model = fid_qa.FidReaderModel(REALM, FID, reader_beam=K, retriever_objective="answer_blocks",
+                                objective_temperature=TEMPERATURE, objective_beam=4)
+  batch = hand_batch()
+  _, aux = jax.jit(model.loss_fn)(params, batch, None)
+  question_emb = np.asarray(RealmRetriever(REALM).apply(
+      {"params": params["retriever"]}, batch["question_ids"], batch["question_type_ids"],
+      batch["question_mask"], method=RealmRetriever.embed_queries))
+  scores = np.einsum("qp,qkp->qk", question_emb, batch["retrieved_block_emb"])  # [Q, 4]
+  log_q = _np_log_softmax(scores / TEMPERATURE)
+  tokens = (batch["answer_mask"] * batch["example_mask"][:, None]).sum(-1)  # [3, 2, 0]
+  # Question 0: uniform over its blocks 1 and 2; question 1: all on its block 3.
+  rows = np.array([-np.log(2) - log_q[0, 1:3].mean(), -log_q[1, 3], 0.0])
+  np.testing.assert_allclose(aux["objective_loss_sum"], (rows * tokens).sum(), rtol=1e-5)
+  means = model.summarize(aux)
+  # Both answered questions' target tops hold an answer; the retriever's top, over 4 blocks.
+  assert float(means["target_top_answer"]) == 1.0
+  holds = batch["retriever_correct"][:2]
+  np.testing.assert_allclose(means["retriever_top_answer"],
+                             holds[np.arange(2), scores[:2].argmax(-1)].mean())
+  grads = jax.grad(lambda p: model.loss_fn(p, batch, None)[1]["objective_loss_sum"])(params)
+  assert any(np.any(leaf) for leaf in jax.tree.leaves(grads["retriever"]["query_embedder"]))
+  assert not any(np.any(leaf) for leaf in jax.tree.leaves(grads["fid"]))
+
+
 @pytest.fixture(scope="module")
 def answer_grads(params):
   """The gradient of the reader's answer loss alone (no objective)."""
@@ -290,6 +317,12 @@ def _ctx(tmp_path):
     (dict(reader="fid", retriever_objective="emdr2", candidates="bm25"),
      "candidates='bm25' has none to train"),
     (dict(retriever_objective="none"), "'none' is the FiD reader's"),
+    (dict(reader="fid", retriever_objective="adist", objective_beam=20),
+     "objective_beam=20 scores blocks the reader does not read: only "
+     "retriever_objective='answer_blocks'"),
+    (dict(reader="fid", retriever_objective="answer_blocks", objective_beam=3),
+     r"objective_beam=3 scores fewer blocks than the reader reads \(reader_beam=5\)"),
+    (dict(objective_beam=20), "FinetuneJob.objective_beam is the FiD reader's"),
 ])
 def test_finetune_job_refuses_what_does_not_fit_in_one_line(setting, match, tmp_path):
   job = jobs.FinetuneJob(**{"task": "toy_qa", **setting})
