@@ -17,8 +17,8 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           an answer string, a target that no reader has to learn
   answer_blocks_beam
           the control scoring the first 100 blocks of the beam, not only the 5 read
-          (`FinetuneJob.objective_beam=100`, the whole toy beam): whether seeing only the read
-          blocks is what loses retrieval
+          (`answer_blocks_beam.objective_beam=100`, the whole toy beam): whether seeing only
+          the read blocks is what loses retrieval
   adist_lr_0.1, answer_blocks_lr_0.1
           the same with `FinetuneJob.retriever_lr_scale=0.1`: the question tower at a tenth of
           the reader's learning rate (the bench's: the same)
@@ -30,9 +30,10 @@ live question tower: recall@5 as training goes), `train/retriever_top_answer` (t
 retriever's top block holds an answer) and `train/target_top_answer` (the same for the
 objective's target); and how many distinct blocks the test questions' top blocks are (of the
 1,000 questions' predictions: how far the question tower collapsed towards a few blocks). The
-zero-shot recall@5 they all start from is the bench's (its `recall@5_zero_shot`). A target that picks answer blocks less often than the retriever does
-teaches the retriever to miss; a control that keeps its recall with a perfect target says the
-optimisation itself is not what loses it.
+zero-shot recall@5 they all start from is the bench's (its `recall@5_zero_shot`). A target
+that picks answer blocks less often than the retriever does teaches the retriever to miss; a
+control that keeps its recall with a perfect target says the optimisation itself is not what
+loses it.
 
 Cells are kept in bench/results/atlas_controls/seed<s>_<row>.json with bench/atlas.py's FiD
 fingerprint (the bench's rows' cells too: their training logs do not outlive `--out`).
@@ -75,7 +76,7 @@ CONTROLS = (
               "adist", bindings=(SLOW,)),
     atlas.Row("answer_blocks_beam", "answer blocks (control) over the beam's first 100 blocks",
               "fid", atlas.ATLAS_GIN, "answer_blocks",
-              bindings=("FinetuneJob.objective_beam=100",)),
+              bindings=("answer_blocks_beam.objective_beam=100",)),
     atlas.Row("answer_blocks_lr_0.1", "answer blocks (control), question tower at lr x 0.1",
               "fid", atlas.ATLAS_GIN, "answer_blocks", bindings=(SLOW,)),
 )

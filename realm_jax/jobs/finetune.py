@@ -69,6 +69,16 @@ def fid_config(**fields: Any) -> FidSettings:
 
 
 @gin.configurable
+def answer_blocks_beam(objective_beam: Optional[int] = None) -> Optional[int]:
+  """`FidReaderModel.objective_beam` of the FiD reader's "answer_blocks" control
+  (`--gin.answer_blocks_beam.objective_beam=100`: its objective scores the beam's first 100
+  blocks, not only the `reader_beam` read; None: those). A gin setting of its own, not a
+  FinetuneJob field: a control for one experiment stays out of the settings that every
+  fine-tuning's bench fingerprint resolves (`bench/ablations.fingerprint`)."""
+  return objective_beam
+
+
+@gin.configurable
 @dataclasses.dataclass
 class FinetuneJob(IndexJob):
   """OpenQAModel on a QA task (toy_qa, nq_open, web_questions, curated_trec) or your own QA
@@ -114,9 +124,7 @@ class FinetuneJob(IndexJob):
       FiD reader: "none" (it only retrieves) or Atlas's "adist", "emdr2", "pdist", "loop" over
       the K read blocks against the frozen index (`models.fid_qa`), or "answer_blocks", a
       control that distils the read blocks holding an answer string; "marginal" has no
-      counterpart there.
-    objective_beam: with the FiD reader's "answer_blocks" control, the first this many blocks
-      of the beam are scored by its objective, not only the `reader_beam` read (None: those). None (the default): the reader's own, "marginal" for the extractive
+      counterpart there. None (the default): the reader's own, "marginal" for the extractive
       reader, "none" for FiD.
     candidates: where each question's beam comes from: 'index' (the run's published index,
       searched with the live question tower: ORQA, REALM) or 'bm25' (Okapi BM25 over the
@@ -165,7 +173,6 @@ class FinetuneJob(IndexJob):
   few_shot: Optional[int] = None
   few_shot_seed: int = 0
   retriever_objective: Optional[str] = None
-  objective_beam: Optional[int] = None
 
   name = "finetune"
 
@@ -290,10 +297,12 @@ class FinetuneJob(IndexJob):
       raise ConfigError(f"FinetuneJob.reader={self.reader!r}; expected one of "
                         f"{', '.join(READERS)}")
     if self.reader != "fid":
-      for name in ("fid", "objective_beam"):
-        if getattr(self, name) is not None:
-          raise ConfigError(f"FinetuneJob.{name} is the FiD reader's: set "
-                            f"FinetuneJob.reader='fid' too (or leave {name} unset)")
+      if self.fid is not None:
+        raise ConfigError("FinetuneJob.fid is the FiD reader's: set FinetuneJob.reader='fid' "
+                          "too (or leave fid unset)")
+      if answer_blocks_beam() is not None:
+        raise ConfigError("answer_blocks_beam.objective_beam is the FiD reader's answer_blocks "
+                          "control: set FinetuneJob.reader='fid' too (or leave it unset)")
       return
     from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
     try:
@@ -323,7 +332,7 @@ class FinetuneJob(IndexJob):
             objective_temperature=self.objective_temperature,
             closed_book=self.candidates == "none",
             train_document_tower=self.train_document_tower, document_beam=self.document_beam,
-            objective_beam=self.objective_beam)
+            objective_beam=answer_blocks_beam())
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:

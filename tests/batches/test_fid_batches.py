@@ -4,6 +4,7 @@ one answer's target tokens, on a hand-worked example; the batch source resumes e
 
 import json
 
+import gin
 import jax
 import numpy as np
 import pytest
@@ -202,15 +203,17 @@ def test_the_fid_job_builds_its_model_schema_and_resumable_batches(objective, do
       np.testing.assert_array_equal(batch[key], expected[key])
 
 
-def test_the_answer_blocks_control_scores_the_first_blocks_of_the_beam(tmp_path):
+def test_the_answer_blocks_control_scores_the_first_blocks_of_the_beam(tmp_path, clean_gin):
   """With `objective_beam` the batches carry the frozen index's embeddings of the beam's first
   `objective_beam` blocks, not only of the `reader_beam` read; more than the beam is refused."""
+  del clean_gin
   ctx = _ctx(tmp_path)
   settings = dict(task="toy_qa", reader="fid", reader_beam=2, reader_len=64, retriever_beam=6,
                   fid=jobs.finetune.fid_config(decoder_layers=1, max_answer_length=8),
                   retriever_objective="answer_blocks")
-  job = jobs.FinetuneJob(**settings, objective_beam=5)
+  job = jobs.FinetuneJob(**settings)
   job.configure(ctx)
+  gin.bind_parameter("answer_blocks_beam.objective_beam", 5)
   model = job.build_model(ctx)
   assert (model.scored_beam, model.reader_beam) == (5, 2)
   spec = job.abstract_batch(ctx, model)
@@ -225,10 +228,9 @@ def test_the_answer_blocks_control_scores_the_first_blocks_of_the_beam(tmp_path)
   lengths = batch["question_mask"].sum(-1)
   expected = (lengths[:, None] + np.arange(5)[None]) % job.store.num_blocks  # [Q, 5] block ids
   np.testing.assert_array_equal(batch["retrieved_block_emb"][..., 0], expected)
-  too_wide = jobs.FinetuneJob(**settings, objective_beam=7)
-  too_wide.configure(ctx)
+  gin.bind_parameter("answer_blocks_beam.objective_beam", 7)
   with pytest.raises(ValueError, match="the objective scores the first 7 blocks of a beam of 6"):
-    too_wide.build_batches(ctx, too_wide.build_model(ctx))
+    job.build_batches(ctx, job.build_model(ctx))
 
 
 def test_the_fid_job_warm_starts_its_encoder_from_a_bert(tmp_path):

@@ -10,6 +10,7 @@ objective's gradient reaches the question tower only; `FinetuneJob` refuses what
 import dataclasses
 import functools
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -317,14 +318,26 @@ def _ctx(tmp_path):
     (dict(reader="fid", retriever_objective="emdr2", candidates="bm25"),
      "candidates='bm25' has none to train"),
     (dict(retriever_objective="none"), "'none' is the FiD reader's"),
-    (dict(reader="fid", retriever_objective="adist", objective_beam=20),
-     "objective_beam=20 scores blocks the reader does not read: only "
-     "retriever_objective='answer_blocks'"),
-    (dict(reader="fid", retriever_objective="answer_blocks", objective_beam=3),
-     r"objective_beam=3 scores fewer blocks than the reader reads \(reader_beam=5\)"),
-    (dict(objective_beam=20), "FinetuneJob.objective_beam is the FiD reader's"),
 ])
 def test_finetune_job_refuses_what_does_not_fit_in_one_line(setting, match, tmp_path):
+  job = jobs.FinetuneJob(**{"task": "toy_qa", **setting})
+  with pytest.raises(ConfigError, match=match) as error:
+    job.configure(_ctx(tmp_path))
+  assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("setting, objective_beam, match", [
+    (dict(reader="fid", retriever_objective="adist"), 20,
+     "objective_beam=20 scores blocks the reader does not read: only "
+     "retriever_objective='answer_blocks'"),
+    (dict(reader="fid", retriever_objective="answer_blocks"), 3,
+     r"objective_beam=3 scores fewer blocks than the reader reads \(reader_beam=5\)"),
+    (dict(), 20, "answer_blocks_beam.objective_beam is the FiD reader's answer_blocks control"),
+])
+def test_the_answer_blocks_beam_is_a_gin_setting_checked_in_one_line(setting, objective_beam,
+                                                                     match, tmp_path, clean_gin):
+  del clean_gin
+  gin.bind_parameter("answer_blocks_beam.objective_beam", objective_beam)
   job = jobs.FinetuneJob(**{"task": "toy_qa", **setting})
   with pytest.raises(ConfigError, match=match) as error:
     job.configure(_ctx(tmp_path))
