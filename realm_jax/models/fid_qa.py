@@ -450,7 +450,7 @@ class FidReaderModel(ParamsFromBoxedInit):
     answered questions whose target's preferred block, and whose retriever's top block, holds
     an answer (per answered question, not per question with an answer's block read: a batch
     with none read would have no value, and the trainer averages the steps' values)."""
-    scores = self.retrieval_scores(params, batch, rng)  # [Q, K]
+    scores = self.retrieval_scores(params, batch, rng)  # [Q, scored_beam]
     question_weights = jnp.sum(weights, axis=-1)  # [Q] counted tokens, 0 for padding
     _, aux = _RETRIEVER_LOSSES[self.retriever_objective](
         scores, targets, question_weights, temperature=self.objective_temperature)
@@ -578,7 +578,7 @@ def summarize(aux: dict) -> dict[str, Array]:
   add up to `loss`), and per answered question `retriever_agreement` (the retriever's top
   block is the target's top block), `target_top_answer` and `retriever_top_answer` (the
   target's preferred block, and the retriever's top block, holds an answer: each at most the
-  share with an answer's block among the K read)."""
+  share with an answer's block among the blocks the objective scores, the K read by default)."""
 
   def ratio(numerator: str, denominator: str) -> Array:
     den = aux[denominator]
