@@ -2,7 +2,7 @@ r"""Why the Atlas bench's objective rows lose retrieval: controls that train the
 against the frozen index with a target right by construction, and with a tenth of the learning
 rate, beside the bench's own objective rows.
 
-  python bench/atlas_controls.py [--out /tmp/atlas_bench] [--seeds 2] [--write]
+  python bench/atlas_controls.py [--out /tmp/atlas_bench] [--seeds 2] [--only ROW ...] [--write]
 
 Every row is a FiD fine-tuning on all toy QA training questions from the seed's REALM
 pretraining, against the frozen index built from it, in bench/atlas.py's `--out` (whose
@@ -158,8 +158,9 @@ def check_pretraining(layout: atlas.Layout, recipe_fingerprint: str) -> None:
 
 
 def run(out: str, seeds: Sequence[int], settings: atlas.Settings, cells: str,
-        bench_cells: str) -> dict[str, dict[int, dict]]:
-  """{row: {seed: cell}} of every row made, read or kept (module docstring)."""
+        bench_cells: str, only: Sequence[str] = ()) -> dict[str, dict[int, dict]]:
+  """{row: {seed: cell}} of every row (or of those in `only`) made, read or kept (module
+  docstring)."""
   options = atlas.cell_options(
       toy_bert_sha256=atlas._toy_bert_sha256(settings.toy_bert),  # pylint: disable=protected-access
       ict_from_bert=settings.ict_from_bert, pretrain_steps=settings.pretrain_steps,
@@ -173,6 +174,8 @@ def run(out: str, seeds: Sequence[int], settings: atlas.Settings, cells: str,
     check_pretraining(layout, prints["recipe"])
     shared = atlas._recipe(layout.shared, settings)  # pylint: disable=protected-access
     for row in ROWS:
+      if only and row.name not in only:
+        continue
       path = cell_path(cells, seed, row.name)
       cell = ablations.load_cell(path, fid_fingerprint)
       if cell is not None:
@@ -215,11 +218,13 @@ def table(results: Mapping[str, Mapping[int, dict]]) -> str:
   return "\n".join(lines)
 
 
-def markdown(results: Mapping[str, Mapping[int, dict]], seeds: Sequence[int]) -> str:
+def markdown(results: Mapping[str, Mapping[int, dict]], seeds: Sequence[int],
+             only: Sequence[str] = ()) -> str:
   zero_shot = sorted({round(cell[atlas.RECALL], 3) for by_seed in results.values()
                       for cell in by_seed.values() if ablations.finite(cell.get(atlas.RECALL))})
   return "\n\n".join([
-      f"`python bench/atlas_controls.py --seeds {' '.join(map(str, seeds))} --write` (its "
+      f"`python bench/atlas_controls.py --seeds {' '.join(map(str, seeds))}"
+      + (f" --only {' '.join(only)}" if only else "") + " --write` (its "
       "module docstring says what each row and column is; the cells are kept in "
       "bench/results/atlas_controls/). Every row fine-tunes the FiD reader on all 2,000 toy QA "
       "training questions from the seed's REALM pretraining, with its question tower trained "
@@ -237,6 +242,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                            "bench's runs (default %(default)s)")
   parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS),
                       help=f"seeds (default: {' '.join(map(str, DEFAULT_SEEDS))})")
+  parser.add_argument("--only", nargs="*", default=(), choices=[row.name for row in ROWS],
+                      metavar="ROW", help="only these rows (of: %(choices)s)")
   parser.add_argument("--bench_cells", default=atlas.DEFAULT_CELLS,
                       help="bench/atlas.py's kept cells (default: "
                            f"{os.path.relpath(atlas.DEFAULT_CELLS, REPO)})")
@@ -254,8 +261,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   settings = atlas.Settings(store=realm_jax_tasks.toy_block_store_dir(), toy_bert=args.toy_bert)
   results = run(os.path.abspath(args.out), tuple(args.seeds), settings, args.cells,
-                args.bench_cells)
-  body = markdown(results, args.seeds)
+                args.bench_cells, tuple(args.only))
+  body = markdown(results, args.seeds, args.only)
   print("\n" + body, flush=True)
   if args.write:
     report.write_section(SECTION, body)

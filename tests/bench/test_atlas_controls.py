@@ -106,6 +106,9 @@ def test_controls_are_made_bench_rows_read_and_every_cell_kept(tmp_path, monkeyp
   again = controls.run(str(out), (2,), settings, str(cells), str(bench_cells))
   assert made == [] and again == results
   assert "answer blocks (control): kept in" in capsys.readouterr().out
+  # --only: those rows alone.
+  assert set(controls.run(str(out), (2,), settings, str(cells), str(bench_cells),
+                          only=("adist", "answer_blocks"))) == {"adist", "answer_blocks"}
 
 
 def test_a_seed_without_its_pretraining_of_these_gins_is_refused(tmp_path, monkeypatch):
@@ -129,7 +132,9 @@ def test_the_table_has_the_rows_measured_in_order_mean_and_sd_over_seeds():
                             "recall@5_zero_shot": 0.511, **_shares(0.6, after)}
   results = {"answer_blocks": {2: cell(0.10, 0.6), 1: cell(0.12, 0.8)},
              "adist": {2: cell(0.03, 0.02)}}
-  text = controls.markdown(results, (1, 2))
+  text = controls.markdown(results, (1, 2), only=("adist", "answer_blocks"))
+  assert text.startswith("`python bench/atlas_controls.py --seeds 1 2 --only adist "
+                         "answer_blocks --write`")
   lines = text.splitlines()
   rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
   # ADist (the bench's) before the control; 0.10 and 0.12: mean 0.110, sample sd 0.014.
