@@ -37,8 +37,9 @@ def test_the_controls_train_all_questions_with_their_objective_and_learning_rate
                                    pretraining_checkpoint=CKPT,
                                    init_checkpoint=CKPT))["fine-tuning"]
   assert not any("retriever_lr_scale" in arg for arg in train)
-  # The bench's rows come first, in its order, and none of the controls is one of them.
-  assert [r.name for r in controls.ROWS[:4]] == list(atlas.OBJECTIVES)
+  # The bench's rows come first (the frozen reference, then its objectives, in its order), and
+  # none of the controls is one of them.
+  assert [r.name for r in controls.ROWS[:5]] == ["fid", *atlas.OBJECTIVES]
   assert not set(controls.CONTROL_NAMES) & set(atlas.ROW_BY_NAME)
 
 
@@ -92,6 +93,7 @@ def test_controls_are_made_bench_rows_read_and_every_cell_kept(tmp_path, monkeyp
   settings = atlas.Settings(store="/store")
   results = controls.run(str(out), (2,), settings, str(cells), str(bench_cells))
   assert made == list(controls.CONTROL_NAMES)
+  # No kept cell of the frozen reference: left out.
   assert set(results) == {"adist", *controls.CONTROL_NAMES}
   assert results["adist"][2]["retriever_top_answer_last"] == 0.2
   assert results["answer_blocks"][2]["retriever_top_answer_last"] == 0.9
@@ -100,11 +102,13 @@ def test_controls_are_made_bench_rows_read_and_every_cell_kept(tmp_path, monkeyp
   assert "FiD reader + EMDR²: no finished run" not in said
   assert "logged no train/target_top_answer (made before it was logged); left out" in said
   assert "FiD reader + PDist (perplexity distillation): no finished run" in said
-  # Again: every cell kept, nothing made, nothing read from the runs.
+  # Again: every cell kept as it was written, nothing made, nothing read from the runs.
   made.clear()
   logged.clear()
+  written = {path.name: path.stat().st_mtime_ns for path in cells.iterdir()}
   again = controls.run(str(out), (2,), settings, str(cells), str(bench_cells))
   assert made == [] and again == results
+  assert {path.name: path.stat().st_mtime_ns for path in cells.iterdir()} == written
   assert "answer blocks (control): kept in" in capsys.readouterr().out
   # --only: those rows alone.
   assert set(controls.run(str(out), (2,), settings, str(cells), str(bench_cells),
@@ -130,17 +134,20 @@ def test_a_seed_without_its_pretraining_of_these_gins_is_refused(tmp_path, monke
 def test_the_table_has_the_rows_measured_in_order_mean_and_sd_over_seeds():
   cell = lambda em, after: {"qa_em": em, "recall@5_finetuned": after,  # noqa: E731
                             "recall@5_zero_shot": 0.511, **_shares(0.6, after)}
-  results = {"answer_blocks": {2: cell(0.10, 0.6), 1: cell(0.12, 0.8)},
-             "adist": {2: cell(0.03, 0.02)}}
+  results = {"answer_blocks": {2: {**cell(0.10, 0.6), "distinct_top_blocks": 16},
+                               1: {**cell(0.12, 0.8), "distinct_top_blocks": 19}},
+             "adist": {2: cell(0.03, 0.02)}, "fid": {2: cell(0.11, 0.48)}}
   text = controls.markdown(results, (1, 2), only=("adist", "answer_blocks"))
   assert text.startswith("`python bench/atlas_controls.py --seeds 1 2 --only adist "
                          "answer_blocks --write`")
   lines = text.splitlines()
   rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
-  # ADist (the bench's) before the control; 0.10 and 0.12: mean 0.110, sample sd 0.014.
-  assert rows[0].startswith("| FiD reader + ADist (attention distillation) | 0.030 | 0.020 |")
-  assert rows[1].startswith("| answer blocks (control) | 0.110 ± 0.014 | 0.700 ± 0.141 |")
-  assert rows[1].endswith("| 1, 2 |")
+  # The frozen reference, ADist (the bench's), then the control; 0.10 and 0.12: mean 0.110,
+  # sample sd 0.014; 16 and 19 distinct blocks: 18 ± 2 (17.5 and 2.1 at no decimals).
+  assert rows[0].startswith("| FiD reader, query tower frozen ('none') | 0.110 | 0.480 |")
+  assert rows[1].startswith("| FiD reader + ADist (attention distillation) | 0.030 | 0.020 |")
+  assert rows[2].startswith("| answer blocks (control) | 0.110 ± 0.014 | 0.700 ± 0.141 |")
+  assert rows[2].endswith("| 18 ± 2 | 1, 2 |")
   assert "Zero-shot test recall@5 of that index: 0.511." in text
 
 
