@@ -266,7 +266,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       help=f"write the table into the section {SECTION!r} of docs/benchmarks.md")
   ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args(argv)
-  args.bench_cells = os.path.abspath(args.bench_cells)
+  # Before parse_cell_flags moves to the repository root.
+  args.out, args.bench_cells = os.path.abspath(args.out), os.path.abspath(args.bench_cells)
   args.toy_bert, args.cells = ablations.parse_cell_flags(parser, args)
   return args
 
@@ -275,8 +276,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   settings = atlas.Settings(store=realm_jax_tasks.toy_block_store_dir(), toy_bert=args.toy_bert)
-  results = run(os.path.abspath(args.out), tuple(args.seeds), settings, args.cells,
-                args.bench_cells, tuple(args.only))
+  results = run(args.out, tuple(args.seeds), settings, args.cells, args.bench_cells,
+                tuple(args.only))
   body = markdown(results, args.seeds, args.only)
   print("\n" + body, flush=True)
   if args.write:

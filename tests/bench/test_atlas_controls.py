@@ -157,3 +157,10 @@ def test_distinct_top_blocks_counts_the_first_retrieved_block_of_each_question(t
              for ids in ([3, 1], [3, 2], [5, 3], [], [1])]
   path.write_text("".join(json.dumps(r) + "\n" for r in records))
   assert controls.distinct_top_blocks(str(path)) == 3  # 3, 5 and 1
+
+
+def test_relative_paths_are_read_from_where_the_command_runs(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  args = controls.parse_args(["--out", "runs", "--bench_cells", "bench", "--cells", "cells"])
+  assert (args.out, args.bench_cells, args.cells) == tuple(
+      str(tmp_path / name) for name in ("runs", "bench", "cells"))
