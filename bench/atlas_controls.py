@@ -1,6 +1,6 @@
 r"""Why the Atlas bench's objective rows lose retrieval: controls that train the question tower
-against the frozen index with a target right by construction, and with a tenth of the learning
-rate, beside the bench's own objective rows.
+against the frozen index with a target right by construction (over the K read blocks, or over
+the beam's first 100), and with a tenth of the learning rate, beside the bench's own rows.
 
   python bench/atlas_controls.py [--out /tmp/atlas_bench] [--seeds 2] [--only ROW ...] [--write]
 
@@ -10,7 +10,6 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
 
   fid     the reference, the bench's FiD row with its question tower frozen: its kept cell's
           test EM and recall alone (it trains no question tower, so logs no shares)
-
   adist, emdr2, pdist, loop
           the bench's objective rows (experiments/atlas_toy_finetune.gin), read from their runs
           when bench/atlas.py has made them: nothing is trained here for them
@@ -24,7 +23,7 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           the read blocks is what loses retrieval
   adist_lr_0.1, answer_blocks_lr_0.1
           the same with `FinetuneJob.retriever_lr_scale=0.1`: the question tower at a tenth of
-          the reader's learning rate (the bench's: the same)
+          the reader's learning rate (the bench's rows train it at the reader's own)
 
 Columns: test EM and test recall@5 after fine-tuning (the checkpoint dev picked); and from the
 training log, the means over the first and the last 100 steps of `train/reader_any_correct`
@@ -41,7 +40,7 @@ loses it.
 Cells are kept in bench/results/atlas_controls/seed<s>_<row>.json with bench/atlas.py's FiD
 fingerprint (the bench's rows' cells too: their training logs do not outlive `--out`).
 `--write` puts the table into the section "Atlas's objectives against the frozen index:
-controls" of docs/benchmarks.md; the reading is written there by hand.
+controls" of docs/benchmarks.md; what it isolates is read in docs/results.md (Atlas).
 """
 
 from __future__ import annotations
