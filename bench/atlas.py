@@ -412,6 +412,14 @@ def fingerprints(options: dict) -> dict[str, str]:
   return {"recipe": fingerprint(options, RECIPE_GINS), "fid": fingerprint(options)}
 
 
+def settings_fingerprints(settings: Settings) -> dict[str, str]:
+  """`fingerprints` of the cells made with `settings` (their `cell_options`)."""
+  return fingerprints(cell_options(
+      toy_bert_sha256=_toy_bert_sha256(settings.toy_bert), ict_from_bert=settings.ict_from_bert,
+      pretrain_steps=settings.pretrain_steps, finetune_steps=settings.finetune_steps,
+      pretext_steps=settings.pretext_steps))
+
+
 def row_fingerprint(row: str, prints: Mapping[str, str]) -> str:
   """The fingerprint of `row`'s cells among `fingerprints`."""
   return prints["recipe" if ROW_BY_NAME[row].reader in RECIPE_READERS else "fid"]
@@ -622,11 +630,7 @@ def run(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int
         settings: Settings, cells: str = DEFAULT_CELLS) -> dict[tuple[str, str], dict[int, dict]]:
   """{(row, size): {seed: cell}}, every cell of `plan` made or reused (module docstring)."""
   os.makedirs(out, exist_ok=True)
-  options = cell_options(
-      toy_bert_sha256=_toy_bert_sha256(settings.toy_bert), ict_from_bert=settings.ict_from_bert,
-      pretrain_steps=settings.pretrain_steps, finetune_steps=settings.finetune_steps,
-      pretext_steps=settings.pretext_steps)
-  prints = fingerprints(options)
+  prints = settings_fingerprints(settings)
   settings = settings._replace(fid_fingerprint=prints["fid"])
   planned = plan(rows, sizes, seeds)
   results: dict[tuple[str, str], dict[int, dict]] = {}

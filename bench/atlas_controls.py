@@ -165,11 +165,7 @@ def run(out: str, seeds: Sequence[int], settings: atlas.Settings, cells: str,
         bench_cells: str, only: Sequence[str] = ()) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of every row (or of those in `only`) made, read or kept (module
   docstring)."""
-  options = atlas.cell_options(
-      toy_bert_sha256=atlas._toy_bert_sha256(settings.toy_bert),  # pylint: disable=protected-access
-      ict_from_bert=settings.ict_from_bert, pretrain_steps=settings.pretrain_steps,
-      finetune_steps=settings.finetune_steps, pretext_steps=settings.pretext_steps)
-  prints = atlas.fingerprints(options)
+  prints = atlas.settings_fingerprints(settings)
   fid_fingerprint = prints["fid"]
   settings = settings._replace(fid_fingerprint=fid_fingerprint)
   results: dict[str, dict[int, dict]] = {}

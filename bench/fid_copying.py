@@ -107,13 +107,11 @@ def cell_path(cells: str, seed: int, row: str, size: str) -> str:
   return os.path.join(cells, f"seed{seed}_{row}_{size}.json")
 
 
-def row_fingerprints(rows: Sequence[str], toy_bert: str | None) -> dict[str, str]:
-  """{row: bench/atlas.py's fingerprint of the row's cells}: what a kept summary was read from."""
+def row_fingerprints(rows: Sequence[str], store: str, toy_bert: str | None) -> dict[str, str]:
+  """{row: bench/atlas.py's fingerprint of the row's cells, made with its default settings}:
+  what a kept summary was read from."""
   from bench import atlas  # pylint: disable=import-outside-toplevel
-  options = atlas.cell_options(
-      toy_bert_sha256=atlas._toy_bert_sha256(toy_bert),  # pylint: disable=protected-access
-      ict_from_bert=False, pretrain_steps=None, finetune_steps=None, pretext_steps=None)
-  prints = atlas.fingerprints(options)
+  prints = atlas.settings_fingerprints(atlas.Settings(store=store, toy_bert=toy_bert))
   return {row: atlas.row_fingerprint(row, prints) for row in rows}
 
 
@@ -167,11 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   toy_bert, cells = ablations.parse_cell_flags(parser, args)
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   from realm_jax.data import block_store as block_store_lib  # pylint: disable=import-outside-toplevel
-  store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
+  store_dir = realm_jax_tasks.toy_block_store_dir()
+  store = block_store_lib.BlockStore.open(store_dir, verify="fast")
   def block_text(block_id: int) -> str:
     return f"{store.title(block_id)} {store.body(block_id)}"
-  summaries, missing = collect(out, args.rows, args.sizes, args.seeds,
-                               block_text, cells, row_fingerprints(args.rows, toy_bert))
+  summaries, missing = collect(out, args.rows, args.sizes, args.seeds, block_text, cells,
+                               row_fingerprints(args.rows, store_dir, toy_bert))
   for line in missing:
     print(f"fid_copying: no predictions for {line}", file=sys.stderr)
   if not summaries:
