@@ -314,22 +314,21 @@ class FidReaderModel(ParamsFromBoxedInit):
       raise ValueError("train_document_tower=True with retriever_objective='none': nothing "
                        "trains the document tower (the FiD loss has no path to the retrieval "
                        "scores); choose 'adist', 'emdr2', 'pdist' or 'loop'")
-    if self.document_beam is not None:
-      if not self.train_document_tower:
-        raise ValueError(f"document_beam={self.document_beam} re-ranks with the live document "
-                         f"tower: set train_document_tower=True (with the tower frozen the "
-                         f"index's ranking is already exact)")
-      if self.document_beam < self.reader_beam:
-        raise ValueError(f"document_beam={self.document_beam} re-ranks fewer blocks than the "
-                         f"reader reads (reader_beam={self.reader_beam})")
-    if self.objective_beam is not None:
-      if self.retriever_objective != "answer_blocks" or self.train_document_tower:
-        raise ValueError(f"objective_beam={self.objective_beam} scores blocks the reader does "
-                         f"not read: only retriever_objective='answer_blocks' has targets there "
-                         f"(its target needs no reader), with the document tower frozen")
-      if self.objective_beam < self.reader_beam:
-        raise ValueError(f"objective_beam={self.objective_beam} scores fewer blocks than the "
-                         f"reader reads (reader_beam={self.reader_beam})")
+    if self.document_beam is not None and not self.train_document_tower:
+      raise ValueError(f"document_beam={self.document_beam} re-ranks with the live document "
+                       f"tower: set train_document_tower=True (with the tower frozen the "
+                       f"index's ranking is already exact)")
+    if self.objective_beam is not None and (self.retriever_objective != "answer_blocks"
+                                            or self.train_document_tower):
+      raise ValueError(f"objective_beam={self.objective_beam} scores blocks the reader does "
+                       f"not read: only retriever_objective='answer_blocks' has targets there "
+                       f"(its target needs no reader), with the document tower frozen")
+    # Both widen what the reader reads: the first of the beam, then more of it.
+    for name, verb in (("document_beam", "re-ranks"), ("objective_beam", "scores")):
+      beam = getattr(self, name)
+      if beam is not None and beam < self.reader_beam:
+        raise ValueError(f"{name}={beam} {verb} fewer blocks than the reader reads "
+                         f"(reader_beam={self.reader_beam})")
 
   @property
   def train_question_tower(self) -> bool:
