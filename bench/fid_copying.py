@@ -126,10 +126,15 @@ def collect(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence
       for seed in seeds:
         path = predictions_path(out, seed, row, size)
         kept_path = cell_path(cells, seed, row, size)
+        kept = ablations.load_cell(kept_path, prints[row])
         if os.path.exists(path):
-          summaries[(row, size, seed)] = summarize(read_predictions(path), block_text)
-          ablations.save_cell(kept_path, summaries[(row, size, seed)], prints[row])
-        elif (kept := ablations.load_cell(kept_path, prints[row])) is not None:
+          summary = summarize(read_predictions(path), block_text)
+          # Kept again only when it changed: a cell read back keeps its commit and date.
+          as_kept = json.dumps(summary, sort_keys=True)  # NaN too compares equal as text
+          if kept is None or json.dumps(kept, sort_keys=True) != as_kept:
+            ablations.save_cell(kept_path, summary, prints[row])
+          summaries[(row, size, seed)] = summary
+        elif kept is not None:
           summaries[(row, size, seed)] = kept
         else:
           missing.append(f"{row} {size} seed {seed} ({path})")
