@@ -822,6 +822,12 @@ def _mean(rows: Mapping[str, Mapping[int, dict]], row: str, key: str) -> Optiona
   return float(np.mean(values)) if values else None
 
 
+def _every_seed_beyond_two_se(d: ablations.PairedDifference, sign: int) -> bool:
+  """Every seed's difference has `sign` and the mean exceeds two standard errors."""
+  return (d.all_agree and sign * d.mean > 0 and ablations.finite(d.standard_error)
+          and sign * d.mean > 2 * d.standard_error)
+
+
 def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
   """What the figures say, in numbers, and what the toy scale cannot show."""
   size = sorted_sizes(sizes)[-1]
@@ -833,17 +839,23 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
     out.append(f"Mean test EM with {size_title(size)}: " + ", ".join(
         f"{name} {m:.3f}" for name, m in means.items())
                + f"; the best, {means[best]:.3f}: {ROW_BY_NAME[best].label}.")
+  fewest = sorted_sizes(sizes)[0]
+  few = {name: m for name in MAIN_ROWS
+         if (m := _mean(rows, name, em_key(fewest))) is not None}
+  if fewest != size and few:
+    out.append(f"Few-shot, Atlas's claim: mean test EM with {size_title(fewest)}: " + ", ".join(
+        f"{name} {m:.3f}" for name, m in few.items()) + ".")
   stats = {(c.a, c.b, k): d for c, k, _, d in comparison_stats(rows, sizes)}
   objectives = [(o, stats[o, "fid", key]) for o in OBJECTIVES if (o, "fid", key) in stats]
   if objectives:
-    held = [o for o, d in objectives if d.all_agree and d.mean > 0
-            and ablations.finite(d.standard_error)
-            and d.mean > 2 * d.standard_error]
+    better = [o for o, d in objectives if _every_seed_beyond_two_se(d, +1)]
+    worse = [o for o, d in objectives if _every_seed_beyond_two_se(d, -1)]
+    held = " and ".join(filter(None, [better and f"{', '.join(better)} better",
+                                      worse and f"{', '.join(worse)} worse"]))
     out.append("Training the query tower against the frozen index, against leaving it frozen ("
                + ", ".join(f"{o} {d.mean:+.3f}" for o, d in objectives) + " EM): "
-               + (f"{', '.join(held)} better in every seed beyond two standard errors."
-                  if held else "no objective is better in every seed beyond two standard "
-                  "errors."))
+               + (f"{held} in every seed, beyond two standard errors." if held
+                  else "no objective differs in every seed beyond two standard errors."))
     tuned = [(o, stats[o, "fid", RECALL_TUNED]) for o in OBJECTIVES
              if (o, "fid", RECALL_TUNED) in stats]
     if tuned:

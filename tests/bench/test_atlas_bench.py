@@ -366,6 +366,25 @@ def test_the_markdown_has_both_tables_the_comparisons_and_a_reading_of_the_toy_s
   reading = text.split("Reading:", 1)[1]
   assert "the best, 0.220: REALM's extractive reader." in reading
   assert "adist +0.013 EM" in reading and "What the toy scale cannot show" in reading
+  # ADist minus none, all: +0.01, +0.01, +0.02 (mean 0.0133, se 0.0033).
+  assert "(adist +0.013 EM): adist better in every seed, beyond two standard errors." in reading
+  # 64 questions: only fid (0.01 x 3) and adist (0.01, 0.02, 0.00) have cells.
+  assert "- Few-shot, Atlas's claim: mean test EM with 64 questions: fid 0.010, adist 0.010." \
+      in reading
+
+
+def test_the_reading_names_an_objective_worse_in_every_seed_and_one_that_is_neither():
+  results = _results()
+  results.update({("emdr2", "all"): {s: _cell(em) for s, em in enumerate((0.02, 0.01, 0.02))},
+                  ("pdist", "all"): {s: _cell(em) for s, em in enumerate((0.04, 0.01, 0.04))}})
+  reading = atlas.reading(atlas.by_row(results), ("64", "all"))
+  # EMDR² minus none: -0.01, -0.01, -0.02; PDist: +0.01, -0.01, 0.00, neither way.
+  assert ("(adist +0.013, emdr2 -0.013, pdist +0.000 EM): adist better and emdr2 worse in every "
+          "seed, beyond two standard errors.") in reading
+  del results[("adist", "all")], results[("emdr2", "all")]
+  reading = atlas.reading(atlas.by_row(results), ("64", "all"))
+  assert ("(pdist +0.000 EM): no objective differs in every seed beyond two standard errors."
+          in reading)
 
 
 # ---------------------------------------------------------------------------- fingerprint
