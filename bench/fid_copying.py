@@ -83,8 +83,13 @@ def summarize(records: Sequence[Mapping], block_text: Callable[[int], str]) -> d
                for r in records]
   correct = [r["correct"] for r in records]
   year = [is_year_question(r["question"]) for r in records]
-  return {"questions": len(records), "em": share(correct), "copied": share(is_copied),
-          "copied_wrong": share([c for c, ok in zip(is_copied, correct) if not ok]),
+  # A reader that read no block (the closed book) copies nothing by definition: n/a, not 0%.
+  read_blocks = any(b >= 0 for r in records for b in r["block_ids"])
+  nan = float("nan")
+  return {"questions": len(records), "em": share(correct),
+          "copied": share(is_copied) if read_blocks else nan,
+          "copied_wrong": (share([c for c, ok in zip(is_copied, correct) if not ok])
+                           if read_blocks else nan),
           "year_questions": sum(year),
           "em_year": share([ok for ok, y in zip(correct, year) if y]),
           "em_other": share([ok for ok, y in zip(correct, year) if not y])}
@@ -142,14 +147,22 @@ def collect(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence
 
 
 def table(summaries: Mapping[tuple[str, str, int], dict]) -> str:
-  """One markdown line per (row, size, seed)."""
-  lines = ["| row | questions | seed | test EM | copied from a retrieved block | copied, "
-           "among the wrong | EM, year questions | EM, other questions |",
-           "|---|---|---|---|---|---|---|---|"]
+  """One markdown line per (row, size): mean ± sample standard deviation over its seeds (n/a
+  where undefined), in the order first read."""
+  by_cell: dict[tuple[str, str], dict[int, dict]] = {}
   for (row, size, seed), s in summaries.items():
-    lines.append(f"| {row} | {size} | {seed} | {s['em']:.3f} | {s['copied']:.1%} | "
-                 f"{s['copied_wrong']:.1%} | {s['em_year']:.3f} ({s['year_questions']}) | "
-                 f"{s['em_other']:.3f} |")
+    by_cell.setdefault((row, size), {})[seed] = s
+  years = sorted({s["year_questions"] for s in summaries.values()})
+  lines = ["| row | questions | test EM | copied from a retrieved block (%) | copied, among "
+           f"the wrong (%) | EM, year questions ({', '.join(map(str, years))}) | EM, other "
+           "questions | seeds |",
+           "|---|---|---|---|---|---|---|---|"]
+  for (row, size), by_seed in by_cell.items():
+    def cell(key: str, scale: float = 1.0, digits: int = 3) -> str:
+      return ablations.mean_sd_cell([s[key] * scale for s in by_seed.values()], digits)
+    lines.append(f"| {row} | {size} | {cell('em')} | {cell('copied', 100, 1)} | "
+                 f"{cell('copied_wrong', 100, 1)} | {cell('em_year')} | {cell('em_other')} | "
+                 f"{', '.join(map(str, sorted(by_seed)))} |")
   return "\n".join(lines)
 
 

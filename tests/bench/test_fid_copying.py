@@ -55,6 +55,27 @@ def test_summarize_by_hand():
   assert (s["em_year"], s["em_other"]) == (0.5, 0.5)
   none_wrong = fid_copying.summarize(records[:1], BLOCKS.__getitem__)
   assert math.isnan(none_wrong["copied_wrong"]) and math.isnan(none_wrong["em_other"])
+  # The closed book reads no block (only padding): copying is undefined, not 0.
+  closed = fid_copying.summarize([{**r, "block_ids": [-1]} for r in records],
+                                 BLOCKS.__getitem__)
+  assert math.isnan(closed["copied"]) and math.isnan(closed["copied_wrong"])
+  assert closed["em"] == 0.5
+
+
+def test_the_table_is_mean_and_sd_over_seeds_per_row_and_size():
+  def summary(em, copied, year=212):
+    return {"questions": 1000, "em": em, "copied": copied, "copied_wrong": copied,
+            "year_questions": year, "em_year": em, "em_other": em}
+  nan = float("nan")
+  lines = fid_copying.table({("fid", "all", 0): summary(0.10, 0.50),
+                             ("fid", "all", 2): summary(0.12, 0.60),
+                             ("closed_book", "64", 1): summary(0.02, nan)}).splitlines()
+  assert lines[0].startswith("| row | questions | test EM | copied from a retrieved block (%) |")
+  assert "EM, year questions (212) |" in lines[0]
+  # 0.10 and 0.12: mean 0.110, sample sd 0.0141; 50% and 60%: 55.0 ± 7.1.
+  assert lines[2] == "| fid | all | 0.110 ± 0.014 | 55.0 ± 7.1 | 55.0 ± 7.1 | 0.110 ± 0.014 | " \
+      "0.110 ± 0.014 | 0, 2 |"
+  assert lines[3] == "| closed_book | 64 | 0.020 | n/a | n/a | 0.020 | 0.020 | 1 |"
 
 
 def test_a_bad_record_names_its_file_and_line(tmp_path):
