@@ -21,6 +21,11 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           the control scoring the first 100 blocks of the beam, not only the 5 read
           (`answer_blocks_beam.objective_beam=100`, the whole toy beam): whether seeing only
           the read blocks is what loses retrieval
+  answer_blocks_beam_read_targets
+          the same 100 blocks scored, but only the 5 read can be targets
+          (`answer_blocks_beam.targets_in_read_blocks=True`): the questions trained and their
+          targets are answer_blocks', the other 95 blocks only negatives; whether what keeps
+          retrieval is the other blocks' scores or the targets they add
   adist_lr_0.1, answer_blocks_lr_0.1
           the same with `FinetuneJob.retriever_lr_scale=0.1`: the question tower at a tenth of
           the reader's learning rate (the bench's rows train it at the reader's own)
@@ -79,6 +84,11 @@ CONTROLS = (
     atlas.Row("answer_blocks_beam", "answer blocks (control) over the beam's first 100 blocks",
               "fid", atlas.ATLAS_GIN, "answer_blocks",
               bindings=("answer_blocks_beam.objective_beam=100",)),
+    atlas.Row("answer_blocks_beam_read_targets",
+              "answer blocks (control) over the beam's first 100 blocks, targets among the 5 "
+              "read", "fid", atlas.ATLAS_GIN, "answer_blocks",
+              bindings=("answer_blocks_beam.objective_beam=100",
+                        "answer_blocks_beam.targets_in_read_blocks=True")),
     atlas.Row("answer_blocks_lr_0.1", "answer blocks (control), question tower at lr x 0.1",
               "fid", atlas.ATLAS_GIN, "answer_blocks", bindings=(SLOW,)),
 )

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import gin
 
@@ -68,14 +68,23 @@ def fid_config(**fields: Any) -> FidSettings:
   return FidSettings(tuple(sorted(fields.items())))
 
 
+class AnswerBlocksBeam(NamedTuple):
+  """What `answer_blocks_beam` binds: `FidReaderModel.objective_beam` and
+  `targets_in_read_blocks`."""
+  objective_beam: Optional[int]
+  targets_in_read_blocks: bool
+
+
 @gin.configurable
-def answer_blocks_beam(objective_beam: Optional[int] = None) -> Optional[int]:
-  """`FidReaderModel.objective_beam` of the FiD reader's "answer_blocks" control
-  (`--gin.answer_blocks_beam.objective_beam=100`: its objective scores the beam's first 100
-  blocks, not only the `reader_beam` read; None: those). A gin setting of its own, not a
-  FinetuneJob field: a control for one experiment stays out of the settings that every
+def answer_blocks_beam(objective_beam: Optional[int] = None,
+                       targets_in_read_blocks: bool = False) -> AnswerBlocksBeam:
+  """`FidReaderModel.objective_beam` and `targets_in_read_blocks` of the FiD reader's
+  "answer_blocks" control (`--gin.answer_blocks_beam.objective_beam=100`: its objective scores
+  the beam's first 100 blocks, not only the `reader_beam` read; None: those; with
+  `targets_in_read_blocks`, only the read ones can be targets). A gin setting of its own, not
+  FinetuneJob fields: a control for one experiment stays out of the settings that every
   fine-tuning's bench fingerprint resolves (`bench/ablations.fingerprint`)."""
-  return objective_beam
+  return AnswerBlocksBeam(objective_beam, targets_in_read_blocks)
 
 
 @gin.configurable
@@ -300,9 +309,9 @@ class FinetuneJob(IndexJob):
       if self.fid is not None:
         raise ConfigError("FinetuneJob.fid is the FiD reader's: set FinetuneJob.reader='fid' "
                           "too (or leave fid unset)")
-      if answer_blocks_beam() is not None:
-        raise ConfigError("answer_blocks_beam.objective_beam is the FiD reader's answer_blocks "
-                          "control: set FinetuneJob.reader='fid' too (or leave it unset)")
+      if answer_blocks_beam() != AnswerBlocksBeam(None, False):
+        raise ConfigError("answer_blocks_beam is the FiD reader's answer_blocks control: set "
+                          "FinetuneJob.reader='fid' too (or leave it unset)")
       return
     from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
     try:
@@ -332,7 +341,7 @@ class FinetuneJob(IndexJob):
             objective_temperature=self.objective_temperature,
             closed_book=self.candidates == "none",
             train_document_tower=self.train_document_tower, document_beam=self.document_beam,
-            objective_beam=answer_blocks_beam())
+            **answer_blocks_beam()._asdict())
       except ValueError as e:
         raise ConfigError(f"FinetuneJob: {e}") from e
     try:

@@ -36,6 +36,9 @@ loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict
            no reader, so it may score more of the beam than the K read (`objective_beam`: the
            first L blocks of the beam, a question with an answer among them has a target),
            which tells whether seeing only the K read blocks is what loses retrieval.
+           `targets_in_read_blocks` keeps the beam's other blocks scored but never a target
+           (the questions trained and their targets are those of the K read): it tells the
+           other blocks' scores, as negatives, from the targets they add.
   Whatever the objective, the logs say how often its target's preferred block and the
   retriever's top block hold an answer (`summarize`): a target worse at it than the retriever
   teaches the retriever to miss.
@@ -283,6 +286,8 @@ class FidReaderModel(ParamsFromBoxedInit):
       over-retrieval with re-ranking, `index.rerank`); None: no re-ranking.
     objective_beam: with "answer_blocks", the objective scores the first this many blocks of
       the beam (>= K; the batch's `retrieved_block_emb` carries them); None: the K read.
+    targets_in_read_blocks: with `objective_beam`, only the K read blocks can be the target's
+      (the others count as holding no answer: scored as negatives only).
   """
 
   config: RealmConfig
@@ -294,6 +299,7 @@ class FidReaderModel(ParamsFromBoxedInit):
   train_document_tower: bool = False
   document_beam: int | None = None
   objective_beam: int | None = None
+  targets_in_read_blocks: bool = False
 
   # What the batch source and the predictor ask every open-QA model.
   generative = True
@@ -323,6 +329,10 @@ class FidReaderModel(ParamsFromBoxedInit):
       raise ValueError(f"objective_beam={self.objective_beam} scores blocks the reader does "
                        f"not read: only retriever_objective='answer_blocks' has targets there "
                        f"(its target needs no reader), with the document tower frozen")
+    if self.targets_in_read_blocks and (self.objective_beam or 0) <= self.reader_beam:
+      raise ValueError(f"targets_in_read_blocks=True leaves the blocks beyond the K read as "
+                       f"negatives: set objective_beam above reader_beam={self.reader_beam} "
+                       f"(got {self.objective_beam})")
     # Both widen what the reader reads: the first of the beam, then more of it.
     for name, verb in (("document_beam", "re-ranks"), ("objective_beam", "scores")):
       beam = getattr(self, name)
@@ -406,6 +416,8 @@ class FidReaderModel(ParamsFromBoxedInit):
       return attention
     if self.retriever_objective == "answer_blocks":
       holds_answer = batch["retriever_correct"][:, :self.scored_beam] > 0  # [Q, L]
+      if self.targets_in_read_blocks:  # the blocks beyond the K read: negatives only
+        holds_answer &= (jnp.arange(self.scored_beam) < self.reader_beam)[None, :]
       return jnp.where(holds_answer, 0.0, -jnp.inf)
     fixed = jax.lax.stop_gradient
     decodes = (fid_lib.left_out_log_likelihoods if self.retriever_objective == "loop"

@@ -252,6 +252,32 @@ def test_answer_blocks_over_the_beam_scores_blocks_the_reader_does_not_read(para
   assert not any(np.any(leaf) for leaf in jax.tree.leaves(grads["fid"]))
 
 
+def test_targets_in_read_blocks_score_the_beam_but_target_only_the_read(params):
+  """objective_beam=4 with targets_in_read_blocks: the 4th block is scored (a negative) but
+  never a target, so the second question, whose answer is only there, has no objective."""
+  model = fid_qa.FidReaderModel(REALM, FID, reader_beam=K, retriever_objective="answer_blocks",
+                                objective_temperature=TEMPERATURE, objective_beam=4,
+                                targets_in_read_blocks=True)
+  batch = hand_batch()
+  assert batch["retriever_correct"][1, 3] and not batch["retriever_correct"][1, :K].any()
+  _, aux = jax.jit(model.loss_fn)(params, batch, None)
+  question_emb = np.asarray(RealmRetriever(REALM).apply(
+      {"params": params["retriever"]}, batch["question_ids"], batch["question_type_ids"],
+      batch["question_mask"], method=RealmRetriever.embed_queries))
+  scores = np.einsum("qp,qkp->qk", question_emb, batch["retrieved_block_emb"])  # [Q, 4]
+  log_q = _np_log_softmax(scores / TEMPERATURE)  # normalised over all 4 scored blocks
+  tokens = (batch["answer_mask"] * batch["example_mask"][:, None]).sum(-1)
+  # Question 0: uniform over its read blocks 1 and 2, against all four; question 1: none.
+  expected = (-np.log(2) - log_q[0, 1:3].mean()) * tokens[0]
+  np.testing.assert_allclose(aux["objective_loss_sum"], expected, rtol=1e-5)
+  targets = np.asarray(model.objective_targets(params, batch))
+  assert np.isneginf(targets[:, K:]).all() and np.isneginf(targets[1]).all()
+  with pytest.raises(ValueError, match=r"set objective_beam above reader_beam=3 \(got 3\)"):
+    fid_qa.FidReaderModel(REALM, FID, reader_beam=K, retriever_objective="answer_blocks",
+                          objective_temperature=TEMPERATURE, objective_beam=K,
+                          targets_in_read_blocks=True)
+
+
 @pytest.fixture(scope="module")
 def answer_grads(params):
   """The gradient of the reader's answer loss alone (no objective)."""
@@ -332,7 +358,7 @@ def test_finetune_job_refuses_what_does_not_fit_in_one_line(setting, match, tmp_
      "retriever_objective='answer_blocks'"),
     (dict(reader="fid", retriever_objective="answer_blocks"), 3,
      r"objective_beam=3 scores fewer blocks than the reader reads \(reader_beam=5\)"),
-    (dict(), 20, "answer_blocks_beam.objective_beam is the FiD reader's answer_blocks control"),
+    (dict(), 20, "answer_blocks_beam is the FiD reader's answer_blocks control"),
 ])
 def test_the_answer_blocks_beam_is_a_gin_setting_checked_in_one_line(setting, objective_beam,
                                                                      match, tmp_path, clean_gin):
@@ -342,6 +368,20 @@ def test_the_answer_blocks_beam_is_a_gin_setting_checked_in_one_line(setting, ob
   with pytest.raises(ConfigError, match=match) as error:
     job.configure(_ctx(tmp_path))
   assert "\n" not in str(error.value)
+
+
+def test_the_answer_blocks_beam_reaches_the_model(tmp_path, clean_gin):
+  del clean_gin
+  gin.bind_parameter("answer_blocks_beam.objective_beam", 20)
+  gin.bind_parameter("answer_blocks_beam.targets_in_read_blocks", True)
+  job = jobs.FinetuneJob(task="toy_qa", reader="fid", retriever_objective="answer_blocks",
+                         objective_temperature=0.25)
+  model = job.build_model(_ctx(tmp_path))
+  assert (model.objective_beam, model.targets_in_read_blocks, model.scored_beam) == (20, True, 20)
+  gin.clear_config()
+  gin.bind_parameter("answer_blocks_beam.targets_in_read_blocks", True)
+  with pytest.raises(ConfigError, match="answer_blocks_beam is the FiD reader's"):
+    jobs.FinetuneJob(task="toy_qa").configure(_ctx(tmp_path))
 
 
 @pytest.mark.parametrize("objective", [None, "none", "adist", "answer_blocks"])
