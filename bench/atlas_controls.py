@@ -26,9 +26,10 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           (`answer_blocks_beam.targets_in_read_blocks=True`): the questions trained and their
           targets are answer_blocks', the other 95 blocks only negatives; whether what keeps
           retrieval is the other blocks' scores or the targets they add
-  adist_lr_0.1, answer_blocks_lr_0.1
+  adist_lr_0.1, emdr2_lr_0.1, answer_blocks_lr_0.1
           the same with `FinetuneJob.retriever_lr_scale=0.1`: the question tower at a tenth of
-          the reader's learning rate (the bench's rows train it at the reader's own)
+          the reader's learning rate (the bench's rows train it at the reader's own, 5e-4, which
+          the fresh decoder needs; a tenth is near Atlas's 4e-5 for both)
 
 Columns: test EM and test recall@5 after fine-tuning (the checkpoint dev picked); and from the
 training log, the means over the first and the last 100 steps of `train/reader_any_correct`
@@ -81,6 +82,8 @@ CONTROLS = (
               "answer_blocks"),
     atlas.Row("adist_lr_0.1", "ADist, question tower at lr x 0.1", "fid", atlas.ATLAS_GIN,
               "adist", bindings=(SLOW,)),
+    atlas.Row("emdr2_lr_0.1", "EMDR², question tower at lr x 0.1", "fid", atlas.ATLAS_GIN,
+              "emdr2", bindings=(SLOW,)),
     atlas.Row("answer_blocks_beam", "answer blocks (control) over the beam's first 100 blocks",
               "fid", atlas.ATLAS_GIN, "answer_blocks",
               bindings=("answer_blocks_beam.objective_beam=100",)),
