@@ -10,9 +10,11 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
 
   fid     the reference, the bench's FiD row with its question tower frozen: its kept cell's
           test EM and recall alone (it trains no question tower, so logs no shares)
-  adist, emdr2, pdist, loop
-          the bench's objective rows (experiments/atlas_toy_finetune.gin), read from their runs
-          when bench/atlas.py has made them: nothing is trained here for them
+  adist, emdr2, pdist, loop, and each with _lr_0.1
+          the bench's objective rows (experiments/atlas_toy_finetune.gin), the question tower
+          at the reader's learning rate (5e-4, which the fresh decoder needs) or at a tenth
+          (`FinetuneJob.retriever_lr_scale=0.1`, near Atlas's 4e-5 for both towers), read from
+          their runs when bench/atlas.py has made them: nothing is trained here for them
   answer_blocks
           the control objective (`retriever_objective='answer_blocks'`, realm_jax/models/
           fid_qa.py): PDist's KL towards the uniform distribution over the read blocks that hold
@@ -26,10 +28,9 @@ pretraining, against the frozen index built from it, in bench/atlas.py's `--out`
           (`answer_blocks_beam.targets_in_read_blocks=True`): the questions trained and their
           targets are answer_blocks', the other 95 blocks only negatives; whether what keeps
           retrieval is the other blocks' scores or the targets they add
-  adist_lr_0.1, emdr2_lr_0.1, answer_blocks_lr_0.1
-          the same with `FinetuneJob.retriever_lr_scale=0.1`: the question tower at a tenth of
-          the reader's learning rate (the bench's rows train it at the reader's own, 5e-4, which
-          the fresh decoder needs; a tenth is near Atlas's 4e-5 for both)
+  answer_blocks_lr_0.1
+          the control with the question tower at a tenth of the reader's learning rate, as the
+          bench's _lr_0.1 rows
 
 Columns: test EM and test recall@5 after fine-tuning (the checkpoint dev picked); and from the
 training log, the means over the first and the last 100 steps of `train/reader_any_correct`
@@ -76,14 +77,9 @@ DEFAULT_SEEDS = (2,)
 # The logged shares, each averaged over the first and the last this many steps.
 WINDOW = atlas.AGREEMENT_WINDOW
 LOGGED = ("reader_any_correct", "retriever_top_answer", "target_top_answer")
-SLOW = "FinetuneJob.retriever_lr_scale=0.1"
 CONTROLS = (
     atlas.Row("answer_blocks", "answer blocks (control)", "fid", atlas.ATLAS_GIN,
               "answer_blocks"),
-    atlas.Row("adist_lr_0.1", "ADist, question tower at lr x 0.1", "fid", atlas.ATLAS_GIN,
-              "adist", bindings=(SLOW,)),
-    atlas.Row("emdr2_lr_0.1", "EMDR², question tower at lr x 0.1", "fid", atlas.ATLAS_GIN,
-              "emdr2", bindings=(SLOW,)),
     atlas.Row("answer_blocks_beam", "answer blocks (control) over the beam's first 100 blocks",
               "fid", atlas.ATLAS_GIN, "answer_blocks",
               bindings=("answer_blocks_beam.objective_beam=100",)),
@@ -93,11 +89,11 @@ CONTROLS = (
               bindings=("answer_blocks_beam.objective_beam=100",
                         "answer_blocks_beam.targets_in_read_blocks=True")),
     atlas.Row("answer_blocks_lr_0.1", "answer blocks (control), question tower at lr x 0.1",
-              "fid", atlas.ATLAS_GIN, "answer_blocks", bindings=(SLOW,)),
+              "fid", atlas.ATLAS_GIN, "answer_blocks", bindings=(atlas.SLOW,)),
 )
 REFERENCE = "fid"
-ROWS = (atlas.ROW_BY_NAME[REFERENCE], *(atlas.ROW_BY_NAME[o] for o in atlas.OBJECTIVES),
-        *CONTROLS)
+ROWS = (atlas.ROW_BY_NAME[REFERENCE],
+        *(atlas.ROW_BY_NAME[o] for o in (*atlas.OBJECTIVES, *atlas.SLOW_OBJECTIVES)), *CONTROLS)
 CONTROL_NAMES = tuple(row.name for row in CONTROLS)
 
 

@@ -35,10 +35,10 @@ def test_the_plan_makes_the_pretraining_cell_first_then_every_row_at_every_size(
   # The extractive row's own few-shot cells after its all-questions cell, made once.
   assert atlas.plan(("extractive",), ("256", "64"), (3,)) == [
       (3, "extractive", "all"), (3, "extractive", "64"), (3, "extractive", "256")]
-  # Everything: 9 main rows (extractive, fid, 4 objectives, two pretexts, closed book) x 3
-  # sizes, the base among them, + Contriever's one cell.
+  # Everything: 13 main rows (extractive, fid, 4 objectives at two learning rates, two
+  # pretexts, closed book) x 3 sizes, the base among them, + Contriever's one cell.
   everything = atlas.plan((), atlas.DEFAULT_SIZES, (0,))
-  assert len(everything) == 9 * 3 + 1 and len(set(everything)) == len(everything)
+  assert len(everything) == 13 * 3 + 1 and len(set(everything)) == len(everything)
   assert [row for _, row, _ in everything[1:4]] == ["extractive", "extractive", "fid"]
 
 
@@ -73,6 +73,20 @@ def test_an_objective_rows_cell_builds_its_index_fine_tunes_few_shot_and_evaluat
                       "--gin.RUN_DIR='/o/seed1/realm/adist_64'",
                       "--gin.evaluate_main.split='test'",
                       "--gin.evaluate_main.output='/o/seed1/realm/adist_64/eval/adist_64_test.jsonl'"]
+
+
+def test_the_slow_objective_rows_add_a_tenth_of_the_learning_rate_to_the_objectives_command():
+  layout = atlas.Layout("/o/seed2")
+  commands = dict(atlas.cell_commands(atlas.ROW_BY_NAME["emdr2_lr_0.1"], "all", 2, layout,
+                                      "/store", pretraining_checkpoint=CKPT,
+                                      init_checkpoint=CKPT))
+  assert commands["fine-tuning"][3:] == [
+      "--gin_file=gin_configs/experiments/atlas_toy_finetune.gin",
+      "--gin.RUN_DIR='/o/seed2/realm/emdr2_lr_0.1_all'", f"--gin.INIT_CHECKPOINT='{CKPT}'",
+      "--gin.train_main.seed=2", "--gin.FinetuneJob.retriever_objective='emdr2'",
+      "--gin.FinetuneJob.retriever_lr_scale=0.1"]
+  assert [r for r in atlas.MAIN_ROWS if r.endswith("_lr_0.1")] == [
+      "adist_lr_0.1", "emdr2_lr_0.1", "pdist_lr_0.1", "loop_lr_0.1"]
 
 
 def test_the_frozen_fid_row_the_pretext_row_and_the_closed_book_differ_where_they_should():
@@ -382,9 +396,13 @@ def test_the_reading_names_an_objective_worse_in_every_seed_and_one_that_is_neit
   assert ("(adist +0.013, emdr2 -0.013, pdist +0.000 EM): adist better and emdr2 worse in every "
           "seed, beyond two standard errors.") in reading
   del results[("adist", "all")], results[("emdr2", "all")]
+  # The slow rows read on a line of their own: EMDR² at lr x 0.1 minus none +0.02 x 3.
+  results[("emdr2_lr_0.1", "all")] = {s: _cell(em) for s, em in enumerate((0.05, 0.04, 0.06))}
   reading = atlas.reading(atlas.by_row(results), ("64", "all"))
-  assert ("(pdist +0.000 EM): no objective differs in every seed beyond two standard errors."
-          in reading)
+  assert ("reader's learning rate, against leaving it frozen (pdist +0.000 EM): no objective "
+          "differs in every seed beyond two standard errors.") in reading
+  assert ("at a tenth of it, against leaving it frozen (emdr2_lr_0.1 +0.020 EM): emdr2_lr_0.1 "
+          "better in every seed") in reading
 
 
 # ---------------------------------------------------------------------------- fingerprint

@@ -37,9 +37,10 @@ def test_the_controls_train_all_questions_with_their_objective_and_learning_rate
                                    pretraining_checkpoint=CKPT,
                                    init_checkpoint=CKPT))["fine-tuning"]
   assert not any("retriever_lr_scale" in arg for arg in train)
-  # The bench's rows come first (the frozen reference, then its objectives, in its order), and
-  # none of the controls is one of them.
-  assert [r.name for r in controls.ROWS[:5]] == ["fid", *atlas.OBJECTIVES]
+  # The bench's rows come first (the frozen reference, then its objectives at both learning
+  # rates, in its order), and none of the controls is one of them.
+  assert [r.name for r in controls.ROWS[:9]] == ["fid", *atlas.OBJECTIVES,
+                                                 *atlas.SLOW_OBJECTIVES]
   assert not set(controls.CONTROL_NAMES) & set(atlas.ROW_BY_NAME)
 
 
