@@ -269,12 +269,17 @@ def paired(rows: Mapping[str, Mapping[int, dict]], a: str, b: str, key: str
                                   [rows[b][s][key] for s in seeds])
 
 
+def beyond_two_standard_errors(d: PairedDifference) -> bool:
+  """|mean| exceeds twice its standard error (never with one seed: no standard error)."""
+  return finite(d.standard_error) and abs(d.mean) > 2 * d.standard_error
+
+
 def direction_verdict(d: PairedDifference) -> str:
   """Whether a difference bears out a direction that predicts it positive: "holds in every
   seed" when every per-seed difference is positive, "beyond two standard errors" when the mean
   exceeds twice its standard error."""
   every = d.all_agree and d.mean > 0
-  beyond = finite(d.standard_error) and d.mean > 2 * d.standard_error
+  beyond = d.mean > 0 and beyond_two_standard_errors(d)
   if every and beyond:
     return "holds in every seed, beyond two standard errors"
   if every:
@@ -291,7 +296,7 @@ def direction_verdict(d: PairedDifference) -> str:
 def two_sided_verdict(d: PairedDifference) -> str:
   """For a comparison that predicts no sign: whether every seed agrees and whether |mean|
   exceeds two standard errors."""
-  beyond = finite(d.standard_error) and abs(d.mean) > 2 * d.standard_error
+  beyond = beyond_two_standard_errors(d)
   if d.all_agree and beyond:
     return "same sign in every seed, beyond two standard errors"
   if d.all_agree:

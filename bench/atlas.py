@@ -834,12 +834,6 @@ def _mean(rows: Mapping[str, Mapping[int, dict]], row: str, key: str) -> Optiona
   return float(np.mean(values)) if values else None
 
 
-def _every_seed_beyond_two_se(d: ablations.PairedDifference, sign: int) -> bool:
-  """Every seed's difference has `sign` and the mean exceeds two standard errors."""
-  return (d.all_agree and sign * d.mean > 0 and ablations.finite(d.standard_error)
-          and sign * d.mean > 2 * d.standard_error)
-
-
 def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
   """What the figures say, in numbers, and what the toy scale cannot show."""
   size = sorted_sizes(sizes)[-1]
@@ -863,13 +857,15 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
     objectives = [(o, stats[o, "fid", key]) for o in names if (o, "fid", key) in stats]
     if not objectives:
       continue
-    better = [o for o, d in objectives if _every_seed_beyond_two_se(d, +1)]
-    worse = [o for o, d in objectives if _every_seed_beyond_two_se(d, -1)]
-    held = " and ".join(filter(None, [better and f"{', '.join(better)} better",
-                                      worse and f"{', '.join(worse)} worse"]))
+    held = [(o, d) for o, d in objectives
+            if d.all_agree and ablations.beyond_two_standard_errors(d)]
+    better = [o for o, d in held if d.mean > 0]
+    worse = [o for o, d in held if d.mean < 0]
+    verdict = " and ".join(filter(None, [better and f"{', '.join(better)} better",
+                                         worse and f"{', '.join(worse)} worse"]))
     out.append(f"Training the query tower against the frozen index {rate}, against leaving "
                "it frozen (" + ", ".join(f"{o} {d.mean:+.3f}" for o, d in objectives) + " EM): "
-               + (f"{held} in every seed, beyond two standard errors." if held
+               + (f"{verdict} in every seed, beyond two standard errors." if verdict
                   else "no objective differs in every seed beyond two standard errors."))
     tuned = [(o, stats[o, "fid", RECALL_TUNED]) for o in names
              if (o, "fid", RECALL_TUNED) in stats]

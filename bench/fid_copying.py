@@ -146,6 +146,11 @@ def collect(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence
   return summaries, missing
 
 
+def _over_seeds(by_seed: Mapping[int, dict], key: str, scale: float = 1.0,
+                digits: int = 3) -> str:
+  return ablations.mean_sd_cell([s[key] * scale for s in by_seed.values()], digits)
+
+
 def table(summaries: Mapping[tuple[str, str, int], dict]) -> str:
   """One markdown line per (row, size): mean ± sample standard deviation over its seeds (n/a
   where undefined), in the order first read."""
@@ -158,10 +163,10 @@ def table(summaries: Mapping[tuple[str, str, int], dict]) -> str:
            "questions | seeds |",
            "|---|---|---|---|---|---|---|---|"]
   for (row, size), by_seed in by_cell.items():
-    def cell(key: str, scale: float = 1.0, digits: int = 3) -> str:
-      return ablations.mean_sd_cell([s[key] * scale for s in by_seed.values()], digits)
-    lines.append(f"| {row} | {size} | {cell('em')} | {cell('copied', 100, 1)} | "
-                 f"{cell('copied_wrong', 100, 1)} | {cell('em_year')} | {cell('em_other')} | "
+    lines.append(f"| {row} | {size} | {_over_seeds(by_seed, 'em')} | "
+                 f"{_over_seeds(by_seed, 'copied', 100, 1)} | "
+                 f"{_over_seeds(by_seed, 'copied_wrong', 100, 1)} | "
+                 f"{_over_seeds(by_seed, 'em_year')} | {_over_seeds(by_seed, 'em_other')} | "
                  f"{', '.join(map(str, sorted(by_seed)))} |")
   return "\n".join(lines)
 

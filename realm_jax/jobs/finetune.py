@@ -70,9 +70,9 @@ def fid_config(**fields: Any) -> FidSettings:
 
 class AnswerBlocksBeam(NamedTuple):
   """What `answer_blocks_beam` binds: `FidReaderModel.objective_beam` and
-  `targets_in_read_blocks`."""
-  objective_beam: Optional[int]
-  targets_in_read_blocks: bool
+  `targets_in_read_blocks` (the defaults: unset)."""
+  objective_beam: Optional[int] = None
+  targets_in_read_blocks: bool = False
 
 
 @gin.configurable
@@ -309,7 +309,7 @@ class FinetuneJob(IndexJob):
       if self.fid is not None:
         raise ConfigError("FinetuneJob.fid is the FiD reader's: set FinetuneJob.reader='fid' "
                           "too (or leave fid unset)")
-      if answer_blocks_beam() != AnswerBlocksBeam(None, False):
+      if answer_blocks_beam() != AnswerBlocksBeam():
         raise ConfigError("answer_blocks_beam is the FiD reader's answer_blocks control: set "
                           "FinetuneJob.reader='fid' too (or leave it unset)")
       return
