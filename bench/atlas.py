@@ -13,10 +13,15 @@ fine-tunes, read against the frozen index built from it):
                makes its REALM row
   fid          the FiD reader, query tower frozen (`retriever_objective` 'none'):
                experiments/toy_finetune_fid.gin
+  fid_again    the same fine-tuned again with fine-tuning seed s + 1000 (the same few-shot
+               sample): the fine-tuning noise every difference between rows is read against
   adist, emdr2, pdist, loop
                the FiD reader with the query tower trained by that Atlas objective against the
                frozen index: experiments/atlas_toy_finetune.gin with
                --gin.FinetuneJob.retriever_objective='<objective>'
+  adist_lr_0.1, emdr2_lr_0.1, pdist_lr_0.1, loop_lr_0.1
+               the same with the question tower at a tenth of the reader's learning rate
+               (--gin.FinetuneJob.retriever_lr_scale=0.1)
   pretext      the FiD reader and the query tower warm-started from Atlas's MLM pretext
                (experiments/atlas_toy_pretext.gin, ADist, one run per seed from the REALM
                pretraining checkpoint, its checkpoint picked on the pretext's dev EM), then
@@ -126,7 +131,9 @@ class Row(NamedTuple):
   fine-tuning gin (FiD rows); objective: the FiD reader's `retriever_objective` binding (None:
   the gin's); warm_start: what the fine-tuning starts from, 'pretraining' (the seed's REALM
   pretraining checkpoint) or a `PRETEXTS` entry (the seed's Atlas pretext checkpoint);
-  bindings: more gin bindings of the fine-tuning (bench/atlas_controls.py's rows)."""
+  bindings: more gin bindings of the fine-tuning (bench/atlas_controls.py's rows);
+  finetune_seed_offset: added to the seed of the fine-tuning alone (its few-shot sample keeps
+  the seed's): the fine-tuning noise row."""
   name: str
   label: str
   reader: str
@@ -134,6 +141,7 @@ class Row(NamedTuple):
   objective: Optional[str] = None
   warm_start: str = "pretraining"
   bindings: tuple[str, ...] = ()
+  finetune_seed_offset: int = 0
 
 
 OBJECTIVES = ("adist", "emdr2", "pdist", "loop")
@@ -148,6 +156,11 @@ SLOW_OBJECTIVES = {f"{o}_lr_0.1": o for o in OBJECTIVES}
 ROWS = (
     Row("extractive", "REALM's extractive reader", "extractive", FINETUNE_GIN),
     Row("fid", "FiD reader, query tower frozen ('none')", "fid", FID_GIN),
+    # The noise that every difference between rows is read against: two fine-tunings of one
+    # pretraining on one few-shot sample.
+    Row("fid_again", f"FiD reader, query tower frozen, fine-tuned again (fine-tuning seed + "
+        f"{ablations.REFIT_SEED_OFFSET})", "fid", FID_GIN,
+        finetune_seed_offset=ablations.REFIT_SEED_OFFSET),
     *(Row(o, f"FiD reader + {OBJECTIVE_NAMES[o]}", "fid", ATLAS_GIN, o) for o in OBJECTIVES),
     *(Row(name, f"FiD reader + {OBJECTIVE_NAMES[o]}, question tower at lr x 0.1", "fid",
           ATLAS_GIN, o, bindings=(SLOW,)) for name, o in SLOW_OBJECTIVES.items()),
@@ -168,6 +181,8 @@ PRETEXTS = {"pretext": ("atlas_pretext", ()),
                                ("FinetuneJob.retriever_objective='none'",
                                 "FinetuneJob.retriever_lr_scale=0.0"), ", query tower frozen")}
 MAIN_ROWS = tuple(row.name for row in ROWS if row.reader != "contriever")
+# The fine-tuning noise row: read as noise, not as a method (`reading`).
+NOISE_ROW = "fid_again"
 BASE_ROW = "extractive"
 # The cell that makes the seed's REALM pretraining (the recipe's REALM row); every other cell of
 # the main table fine-tunes that pretraining.
@@ -281,7 +296,8 @@ def finetune_command(row: Row, size: str, seed: int, run_dir: str, init_checkpoi
   return recipe_lib.python_module(
       "realm_jax.train", f"--gin_file={row.gin}",
       *_gin(f"RUN_DIR='{run_dir}'", f"INIT_CHECKPOINT='{init_checkpoint}'",
-            f"train_main.seed={seed}", *objective, *row.bindings, *few_shot_bindings(size, seed),
+            f"train_main.seed={seed + row.finetune_seed_offset}", *objective, *row.bindings,
+            *few_shot_bindings(size, seed),
             *steps_bindings(finetune_steps)))
 
 
@@ -834,23 +850,44 @@ def _mean(rows: Mapping[str, Mapping[int, dict]], row: str, key: str) -> Optiona
   return float(np.mean(values)) if values else None
 
 
+def noise_line(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
+  """The fine-tuning noise at each size: the FiD reader fine-tuned again minus itself, paired
+  (`ablations.format_difference`) with the standard deviation of the difference; "" before
+  two seeds of both rows."""
+  parts = []
+  for size in sorted_sizes(sizes):
+    pair = ablations.paired(rows, NOISE_ROW, "fid", em_key(size))
+    if pair is not None and len(pair[0]) >= 2:
+      seeds, d = pair
+      parts.append(f"{size_title(size)} {ablations.format_difference(seeds, d)}, standard "
+                   f"deviation {ablations.difference_std(d):.3f}")
+  if not parts:
+    return ""
+  return ("Fine-tuning noise, the FiD reader fine-tuned again minus itself (test EM): "
+          + "; ".join(parts) + ". A difference between two rows within about twice that "
+          "standard deviation is what two fine-tunings of one pretraining differ by.")
+
+
 def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
   """What the figures say, in numbers, and what the toy scale cannot show."""
   size = sorted_sizes(sizes)[-1]
   key = em_key(size)
   out = []
-  means = {name: m for name in MAIN_ROWS if (m := _mean(rows, name, key)) is not None}
+  methods = [name for name in MAIN_ROWS if name != NOISE_ROW]
+  means = {name: m for name in methods if (m := _mean(rows, name, key)) is not None}
   if means:
     best = max(means, key=means.get)
     out.append(f"Mean test EM with {size_title(size)}: " + ", ".join(
         f"{name} {m:.3f}" for name, m in means.items())
                + f"; the best, {means[best]:.3f}: {ROW_BY_NAME[best].label}.")
   fewest = sorted_sizes(sizes)[0]
-  few = {name: m for name in MAIN_ROWS
-         if (m := _mean(rows, name, em_key(fewest))) is not None}
+  few = {name: m for name in methods if (m := _mean(rows, name, em_key(fewest))) is not None}
   if fewest != size and few:
     out.append(f"Few-shot, Atlas's claim: mean test EM with {size_title(fewest)}: " + ", ".join(
         f"{name} {m:.3f}" for name, m in few.items()) + ".")
+  noise = noise_line(rows, sizes)
+  if noise:
+    out.append(noise)
   stats = {(c.a, c.b, k): d for c, k, _, d in comparison_stats(rows, sizes)}
   for names, rate in ((OBJECTIVES, "at the reader's learning rate"),
                       (tuple(SLOW_OBJECTIVES), "at a tenth of it")):
@@ -923,7 +960,8 @@ def markdown(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str],
       "kept in bench/results/atlas/ with their commit and date). Every row fine-tunes the "
       "seed's REALM pretraining (toy_pretrain.gin from the seed's ICT) against the frozen "
       "index built from it: REALM's extractive reader (toy_finetune.gin), the FiD reader "
-      "(toy_finetune_fid.gin) with its query tower frozen or trained by one of Atlas's "
+      "(toy_finetune_fid.gin) with its query tower frozen (and again with fine-tuning seed "
+      f"+ {ablations.REFIT_SEED_OFFSET}: the fine-tuning noise) or trained by one of Atlas's "
       "objectives (atlas_toy_finetune.gin), at the reader's learning rate (5e-4, what the "
       "fresh toy decoder needs) or at a tenth of it (`FinetuneJob.retriever_lr_scale=0.1`, "
       "5e-5, near the 4e-5 of Atlas's fine-tuning scripts), the FiD reader warm-started from "

@@ -35,10 +35,10 @@ def test_the_plan_makes_the_pretraining_cell_first_then_every_row_at_every_size(
   # The extractive row's own few-shot cells after its all-questions cell, made once.
   assert atlas.plan(("extractive",), ("256", "64"), (3,)) == [
       (3, "extractive", "all"), (3, "extractive", "64"), (3, "extractive", "256")]
-  # Everything: 13 main rows (extractive, fid, 4 objectives at two learning rates, two
-  # pretexts, closed book) x 3 sizes, the base among them, + Contriever's one cell.
+  # Everything: 14 main rows (extractive, fid and its noise row, 4 objectives at two learning
+  # rates, two pretexts, closed book) x 3 sizes, the base among them, + Contriever's one cell.
   everything = atlas.plan((), atlas.DEFAULT_SIZES, (0,))
-  assert len(everything) == 13 * 3 + 1 and len(set(everything)) == len(everything)
+  assert len(everything) == 14 * 3 + 1 and len(set(everything)) == len(everything)
   assert [row for _, row, _ in everything[1:4]] == ["extractive", "extractive", "fid"]
 
 
@@ -87,6 +87,38 @@ def test_the_slow_objective_rows_add_a_tenth_of_the_learning_rate_to_the_objecti
       "--gin.FinetuneJob.retriever_lr_scale=0.1"]
   assert [r for r in atlas.MAIN_ROWS if r.endswith("_lr_0.1")] == [
       "adist_lr_0.1", "emdr2_lr_0.1", "pdist_lr_0.1", "loop_lr_0.1"]
+
+
+def test_the_noise_row_changes_the_fine_tuning_seed_alone():
+  layout = atlas.Layout("/o/seed1")
+  commands = dict(atlas.cell_commands(atlas.ROW_BY_NAME["fid_again"], "64", 1, layout, "/store",
+                                      pretraining_checkpoint=CKPT, init_checkpoint=CKPT))
+  # The same gin, index and few-shot sample (few_shot_seed = the seed) as the fid row.
+  assert commands["fine-tuning"][3:] == [
+      "--gin_file=gin_configs/experiments/toy_finetune_fid.gin",
+      "--gin.RUN_DIR='/o/seed1/realm/fid_again_64'", f"--gin.INIT_CHECKPOINT='{CKPT}'",
+      "--gin.train_main.seed=1001", "--gin.FinetuneJob.few_shot=64",
+      "--gin.FinetuneJob.few_shot_seed=1"]
+  assert commands["frozen index"][-1] == f"--gin.build_index_main.checkpoint_dir='{CKPT}'"
+
+
+def test_the_noise_line_reads_the_noise_row_against_fid_and_stays_out_of_the_best():
+  results = _results()
+  # fid on all: 0.03, 0.02, 0.04; again: 0.04, 0.02, 0.02 -> +0.01, 0.00, -0.02: mean -0.0033,
+  # sd 0.01528, se 0.00882.
+  results[("fid_again", "all")] = {s: _cell(em) for s, em in enumerate((0.04, 0.02, 0.02))}
+  # Only one seed at 64: no line for it.
+  results[("fid_again", "64")] = {0: _cell(0.9)}
+  rows = atlas.by_row(results)
+  assert atlas.noise_line(rows, ("64", "all")) == (
+      "Fine-tuning noise, the FiD reader fine-tuned again minus itself (test EM): all questions "
+      "-0.003 ± 0.009 (seeds 0, 1, 2: +0.010, +0.000, -0.020), standard deviation 0.015. A "
+      "difference between two rows within about twice that standard deviation is what two "
+      "fine-tunings of one pretraining differ by.")
+  reading = atlas.reading(rows, ("64", "all"))
+  assert "- Fine-tuning noise, the FiD reader fine-tuned again" in reading
+  assert "fid_again" not in reading  # its 0.9 at 64 is no method's EM
+  assert atlas.noise_line(atlas.by_row(_results()), ("64", "all")) == ""
 
 
 def test_the_frozen_fid_row_the_pretext_row_and_the_closed_book_differ_where_they_should():
