@@ -95,8 +95,9 @@ cell whose fingerprint differs is run again. A fine-tuning row's cell is reused 
 REALM cell whose pretraining it fine-tuned (each records its pretraining's `pretraining_id`, a
 digest of the trained values): when one must be made and `--out` no longer holds that pretraining,
 it is made again, and the kept cells stay if the remake trained the same values (a toy pretraining
-is deterministic), else REALM's cell is made again with the fine-tunings. The fingerprint does not
-cover the code: after a change that alters results, start over with `--fresh_cells`.
+is deterministic on one CPU model; XLA compiles for the host's instruction set, so another model
+trains other values), else REALM's cell is made again with the fine-tunings. The fingerprint does
+not cover the code: after a change that alters results, start over with `--fresh_cells`.
 `--finetune_steps N` (with its own `--cells` directory) fine-tunes the pretrainings `--out` holds
 again, N steps each, into directories of their own (`<row>_<N>steps`): it makes no ICT or
 pretraining run again.
@@ -115,7 +116,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -401,6 +402,26 @@ def load_cell(path: str, expected_fingerprint: str) -> dict | None:
   return summary
 
 
+def cells_machines(paths_by_seed: Mapping[int, Iterable[str]]) -> Optional[str]:
+  """The machines kept cells were measured on, for a section's stamp: "<machine>" when they
+  share one, else "<machine> (seeds 0, 1); <other> (seed 3)" in order of first seed; None when
+  no cell names one. paths_by_seed: {seed: the seed's cell files} (missing files skipped)."""
+  seeds_by_machine: dict[str, list[int]] = {}
+  for seed in sorted(paths_by_seed):
+    for path in paths_by_seed[seed]:
+      try:
+        with open(path, encoding="utf-8") as f:
+          machine = json.load(f).get("machine")
+      except (OSError, ValueError):
+        continue
+      if machine and seed not in seeds_by_machine.setdefault(machine, []):
+        seeds_by_machine[machine].append(seed)
+  if len(seeds_by_machine) <= 1:
+    return next(iter(seeds_by_machine), None)
+  return "; ".join(f"{machine} ({'seed' if len(seeds) == 1 else 'seeds'} "
+                   f"{', '.join(map(str, seeds))})" for machine, seeds in seeds_by_machine.items())
+
+
 def save_cell(path: str, summary: dict, cell_fingerprint: str) -> None:
   """Writes a finished cell (atomically: a crash leaves the old file or none)."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -470,9 +491,11 @@ PRETRAINING_ID_FILE = "PARAMS_VALUES_SHA256.json"
 def pretraining_id(run_dir: str) -> Optional[str]:
   """Which pretraining `run_dir` holds: the sha256 of its last checkpoint's parameter values, or
   None when it has not finished. A toy pretraining made again from the same seed, gins and code
-  trains the same values (seed 0's REALM row and bench/methods.py's marginal row, made on
-  different days, agree to every digit), so the cells of a pretraining made in one sitting stay
-  paired with those of its remake in the next. Computed once per finished run and kept beside
+  on the same CPU model trains the same values (seed 0's REALM row and bench/methods.py's
+  marginal row, made on different days, agree to every digit), so the cells of a pretraining
+  made in one sitting stay paired with those of its remake in the next. On another CPU model it
+  does not: XLA compiles for the host's instruction set (capping it at AVX2 on one machine
+  changes the values after 20 ICT steps), and the remake's cells are paired with it alone. Computed once per finished run and kept beside
   its TRAINING_DONE."""
   from realm_jax import checkpoints, fileio  # pylint: disable=import-outside-toplevel
   try:

@@ -1047,7 +1047,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   body = markdown(by_row(results), args.sizes, args.seeds)
   print("\n" + body, flush=True)
   if args.write:
-    report.write_section(SECTION, body)
+    # Stamped with the machines the kept cells were measured on, not only this one.
+    cells_by_seed = {seed: [cell_path(args.cells, seed, row, size)
+                            for (row, size), by_seed in results.items() if seed in by_seed]
+                     for seed in args.seeds}
+    report.write_section(SECTION, body, host=ablations.cells_machines(cells_by_seed))
   return 0
 
 

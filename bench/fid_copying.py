@@ -205,7 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           + table(summaries))
   print(body)
   if args.write:
-    report.write_section(SECTION, body)
+    # Stamped with the machines its kept summaries were read on, not only this one.
+    cells_by_seed = {seed: [cell_path(cells, seed, row, size) for row, size, s in summaries
+                            if s == seed] for seed in args.seeds}
+    report.write_section(SECTION, body, host=ablations.cells_machines(cells_by_seed))
   return 0
 
 

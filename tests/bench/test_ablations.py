@@ -506,3 +506,18 @@ def test_another_fine_tuning_length_keeps_the_pretrainings_and_fine_tunes_beside
   ablations.claim_runs_dir(str(out / "seed0"), ablations.runs_fingerprint(
       {**options, "finetune_steps": 900}))
   assert (out / "seed0" / "realm" / "pretrain" / "TRAINING_DONE").exists()
+
+
+def test_cells_machines_names_each_machine_with_its_seeds(tmp_path):
+  def cell(name, machine):
+    path = tmp_path / name
+    path.write_text(json.dumps({"summary": {}, "machine": machine}))
+    return str(path)
+  amd, intel = "AMD EPYC, 2 cores, 24 GiB", "Intel Xeon, 2 cores, 24 GiB"
+  one_machine = {0: [cell("a", amd), cell("b", amd)], 1: [cell("c", amd)]}
+  assert ablations.cells_machines(one_machine) == amd
+  mixed = {3: [cell("d", intel), str(tmp_path / "missing")], 0: [cell("e", amd)],
+           1: [cell("f", amd), cell("g", intel)]}
+  # In order of first seed; a seed whose cells were made on both is under both.
+  assert ablations.cells_machines(mixed) == f"{amd} (seeds 0, 1); {intel} (seeds 1, 3)"
+  assert ablations.cells_machines({0: [str(tmp_path / "missing")]}) is None
