@@ -737,9 +737,20 @@ def main_columns(sizes: Sequence[str]) -> list[str]:
   return [*(em_key(s) for s in sorted_sizes(sizes)), RECALL, RECALL_TUNED, AGREEMENT]
 
 
+def seeds_cell(by_seed: Mapping[int, dict], sizes: Sequence[str]) -> str:
+  """The seeds a row's EM columns average: "0, 1, 2" when every measured size has the same,
+  else each size's ("64: 0, 1, 2; all: 0, 1, 2, 3"), so that a mean over other seeds shows."""
+  def seeds(size: str) -> str:
+    return ", ".join(str(s) for s in sorted(by_seed) if by_seed[s].get(em_key(size)) is not None)
+  measured = [(size, seeds(size)) for size in sorted_sizes(sizes) if seeds(size)]
+  if len({listed for _, listed in measured}) <= 1:
+    return measured[0][1] if measured else ""
+  return "; ".join(f"{size}: {listed}" for size, listed in measured)
+
+
 def table(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
   """The main table: a row per measured row (the table's order), mean ± sample standard
-  deviation over the seeds, n/a where undefined."""
+  deviation over the seeds (`seeds_cell` names them), n/a where undefined."""
   columns = main_columns(sizes)
   lines = ["| row | " + " | ".join(column_title(c) for c in columns) + " | seeds | minutes |",
            "|---" * (len(columns) + 3) + "|"]
@@ -750,7 +761,7 @@ def table(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
     values = [_mean_sd([f.get(c) for f in figures]) for c in columns]
     minutes = sum(f["minutes"] for f in figures) / len(figures)
     lines.append(f"| {ROW_BY_NAME[name].label} | " + " | ".join(values)
-                 + f" | {len(figures)} | {minutes:.1f} |")
+                 + f" | {seeds_cell(rows[name], sizes)} | {minutes:.1f} |")
   lines.extend(_not_dev_picked(rows))
   return "\n".join(lines)
 
@@ -771,9 +782,10 @@ def warm_start_table(rows: Mapping[str, Mapping[int, dict]]) -> str:
   lines = ["| warm start | " + " | ".join(
       column_title(c) + (" (extractive reader)" if c == em_key(ALL) else "") for c in columns)
            + " | seeds |", "|---" * (len(columns) + 2) + "|"]
+  paired = sorted(rows["contriever"])  # ICT's seeds beyond these would compare other seeds
   for name, label in ((BASE_ROW, "ICT (toy_ict.gin)"),
                       ("contriever", "Contriever-style (contriever_toy.gin)")):
-    figures = list(rows.get(name, {}).values())
+    figures = [rows.get(name, {})[s] for s in paired if s in rows.get(name, {})]
     if figures:
       lines.append(f"| {label} | " + " | ".join(_mean_sd([f.get(c) for f in figures])
                                                 for c in columns) + f" | {len(figures)} |")
@@ -877,7 +889,8 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
   means = {name: m for name in methods if (m := _mean(rows, name, key)) is not None}
   if means:
     best = max(means, key=means.get)
-    out.append(f"Mean test EM with {size_title(size)}: " + ", ".join(
+    out.append(f"Mean test EM with {size_title(size)}, each over its row's seeds (the table's "
+               "seeds column; rows are compared by the paired differences above): " + ", ".join(
         f"{name} {m:.3f}" for name, m in means.items())
                + f"; the best, {means[best]:.3f}: {ROW_BY_NAME[best].label}.")
   fewest = sorted_sizes(sizes)[0]

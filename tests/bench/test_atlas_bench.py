@@ -344,9 +344,22 @@ def test_the_table_in_the_rows_order_mean_and_sample_sd_na_where_undefined():
   assert extractive[1:3] == ["n/a", "0.220 ± 0.020"]
   assert fid[1:6] == ["0.010 ± 0.000", "0.030 ± 0.010", "0.460 ± 0.000", "0.460 ± 0.000", "n/a"]
   # Agreement 0.5, 0.6, 0.7: 0.600 ± 0.100; minutes: two cells of 2 minutes per seed.
-  assert adist[5:] == ["0.600 ± 0.100", "3", "4.0 |"]
+  assert adist[5:] == ["0.600 ± 0.100", "0, 1, 2", "4.0 |"]
+  assert extractive[6] == "0, 1, 2"  # its only measured size
   assert closed[3:5] == ["n/a", "n/a"]
   assert len(lines) == 6  # every cell dev-picked: no note
+
+
+def test_the_seeds_column_names_each_sizes_seeds_when_they_differ():
+  results = _results()
+  results["fid", "all"][3] = {**results["fid", "all"][0], "qa_em": 0.51}
+  rows = atlas.by_row(results)
+  assert atlas.seeds_cell(rows["fid"], ("64", "all")) == "64: 0, 1, 2; all: 0, 1, 2, 3"
+  assert atlas.seeds_cell(rows["adist"], ("64", "all")) == "0, 1, 2"
+  # The all-questions mean is over the four seeds: 0.03, 0.02, 0.04 and 0.51.
+  fid = [line for line in atlas.table(rows, ("64", "all")).splitlines()
+         if line.startswith("| FiD reader, query tower frozen")][0].split(" | ")
+  assert fid[2].startswith("0.150 ± ") and fid[6] == "64: 0, 1, 2; all: 0, 1, 2, 3"
 
 
 def test_the_table_names_a_cell_evaluated_on_a_checkpoint_dev_did_not_pick():
@@ -400,6 +413,10 @@ def test_the_warm_start_table_and_its_comparison():
                           "every seed")
   # Only all questions' EM (Contriever has no few-shot cell) and the two recalls.
   assert len(text.splitlines()) == 3
+  # A seed without the Contriever row stays out of the ICT row: the two rows pair.
+  results = _results()
+  results["extractive", "all"][3] = {**results["extractive", "all"][0], "qa_em": 0.9}
+  assert atlas.warm_start_table(atlas.by_row(results)).splitlines()[2] == lines[2]
   del rows["contriever"]
   assert atlas.warm_start_table(rows) == ""
 
