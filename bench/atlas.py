@@ -3,7 +3,7 @@ Atlas's retriever objectives, after Atlas's pretext and closed-book, few-shot an
 seed; and the ICT warm start against the Contriever-style one.
 
   python bench/atlas.py [--out /tmp/atlas_bench] [--seeds 0 1 2] [--only ROW ...]
-      [--sizes 64 256 all] [--write] [--cells bench/results/atlas]
+      [--sizes 64 256 all] [--write] [--kept_only] [--cells bench/results/atlas]
 
 Rows (every one a fine-tuning of the seed's REALM pretraining, the checkpoint REALM's own row
 fine-tunes, read against the frozen index built from it):
@@ -65,7 +65,8 @@ configure: the recipe's gins for the extractive and Contriever rows (so an edit 
 keeps them, and the seed's shared runs), all of this bench's gins for the others (`fingerprints`).
 A later run reuses the cells whose fingerprint matches, and, as bench/ablations.py does, those
 of the REALM pretraining in `--out` alone (the cell "extractive_all" made it; a cell of another
-pretraining is made again). `--write` puts the tables, the comparisons and a reading into the
+pretraining is made again); `--kept_only` makes nothing and reads the kept cells alone
+(`kept_results`). `--write` puts the tables, the comparisons and a reading into the
 section "Atlas on the toy world" of docs/benchmarks.md. Every run's command is printed
 (`atlas: $ ...`), with the recipe's stage lines.
 """
@@ -650,6 +651,31 @@ def make_cell(row: Row, size: str, seed: int, layout: Layout, shared: recipe_lib
   return cell
 
 
+def kept_results(rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int],
+                 settings: Settings, cells: str = DEFAULT_CELLS
+                 ) -> dict[tuple[str, str], dict[int, dict]]:
+  """`run`'s {(row, size): {seed: cell}} from the kept cells alone, making nothing: a cell not
+  kept is left out, and so is a fine-tuning cell of another pretraining than its seed's kept
+  REALM cell (it would pair with nothing); each is said. For writing the section where the
+  runs are gone, or where a seed holds some rows only."""
+  prints = settings_fingerprints(settings)
+  results: dict[tuple[str, str], dict[int, dict]] = {}
+  for seed, row, size in plan(rows, sizes, seeds):
+    path = cell_path(cells, seed, row, size)
+    cell = ablations.load_cell(path, row_fingerprint(row, prints))
+    what = f"{PROG}: seed {seed}: {ROW_BY_NAME[row].label}, {size_title(size)}"
+    if cell is None:
+      print(f"{what}: not kept in {path}; left out", flush=True)
+      continue
+    if row in MAIN_ROWS and cell_name(row, size) != BASE_CELL:
+      base = results.get((BASE_ROW, ALL), {}).get(seed)  # `plan` puts it first
+      if base is None or base.get("pretraining") != cell.get("pretraining"):
+        print(f"{what}: not of the seed's kept REALM pretraining; left out", flush=True)
+        continue
+    results.setdefault((row, size), {})[seed] = cell
+  return results
+
+
 def run(out: str, rows: Sequence[str], sizes: Sequence[str], seeds: Sequence[int],
         settings: Settings, cells: str = DEFAULT_CELLS) -> dict[tuple[str, str], dict[int, dict]]:
   """{(row, size): {seed: cell}}, every cell of `plan` made or reused (module docstring)."""
@@ -965,12 +991,15 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
 
 
 def markdown(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str],
-             seeds: Sequence[int]) -> str:
+             seeds: Sequence[int], *, kept_only: bool = False) -> str:
   minutes = sum(f["minutes"] for by_seed in rows.values() for f in by_seed.values())
   parts = [
       f"`python bench/atlas.py --seeds {' '.join(map(str, seeds))} --sizes "
-      f"{' '.join(sorted_sizes(sizes))} --write` ({minutes:.0f} min of runs; the cells are "
-      "kept in bench/results/atlas/ with their commit and date). Every row fine-tunes the "
+      f"{' '.join(sorted_sizes(sizes))} --write{' --kept_only' if kept_only else ''}` "
+      f"({minutes:.0f} min of runs; the cells are kept in bench/results/atlas/ with their "
+      "commit, date and machine"
+      + ("; written from them alone, each cell made without `--kept_only`" if kept_only else "")
+      + "). Every row fine-tunes the "
       "seed's REALM pretraining (toy_pretrain.gin from the seed's ICT) against the frozen "
       "index built from it: REALM's extractive reader (toy_finetune.gin), the FiD reader "
       "(toy_finetune_fid.gin) with its query tower frozen (and again with fine-tuning seed "
@@ -1035,6 +1064,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                            f"{' '.join(DEFAULT_SIZES)})")
   parser.add_argument("--write", action="store_true",
                       help=f"write the section {SECTION!r} of docs/benchmarks.md")
+  parser.add_argument("--kept_only", action="store_true",
+                      help="make nothing: the tables from the kept cells alone, leaving out "
+                           "(and naming) the cells not kept; to write the section where the "
+                           "runs are gone or a seed holds some rows only")
   parser.add_argument("--pretrain_steps", type=int, default=None,
                       help="REALM pretraining steps (default: the recipe's)")
   parser.add_argument("--finetune_steps", type=int, default=None,
@@ -1055,9 +1088,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   settings = Settings(store=realm_jax_tasks.toy_block_store_dir(), toy_bert=args.toy_bert,
                       ict_from_bert=args.ict_from == "bert", pretrain_steps=args.pretrain_steps,
                       finetune_steps=args.finetune_steps, pretext_steps=args.pretext_steps)
-  results = run(os.path.abspath(args.out), tuple(args.only), args.sizes, tuple(args.seeds),
-                settings, cells=args.cells)
-  body = markdown(by_row(results), args.sizes, args.seeds)
+  if args.kept_only:
+    results = kept_results(tuple(args.only), args.sizes, tuple(args.seeds), settings,
+                           cells=args.cells)
+  else:
+    results = run(os.path.abspath(args.out), tuple(args.only), args.sizes, tuple(args.seeds),
+                  settings, cells=args.cells)
+  body = markdown(by_row(results), args.sizes, args.seeds, kept_only=args.kept_only)
   print("\n" + body, flush=True)
   if args.write:
     # Stamped with the machines the kept cells were measured on, not only this one.

@@ -290,6 +290,34 @@ def test_cells_are_kept_reused_and_only_the_missing_made(tmp_path, monkeypatch, 
   assert made == ["pretraining", (0, "extractive", "all"), (0, "fid", "64"), (0, "fid", "all")]
 
 
+def test_kept_results_make_nothing_and_leave_out_what_would_not_pair(tmp_path, monkeypatch,
+                                                                      capsys):
+  monkeypatch.setattr(atlas, "make_cell", lambda *a, **k: pytest.fail("made a cell"))
+  settings = atlas.Settings(store=str(tmp_path / "store"))
+  prints = atlas.settings_fingerprints(settings)
+  cells = str(tmp_path / "cells")
+
+  def keep(seed, row, size, pretraining):
+    ablations.save_cell(atlas.cell_path(cells, seed, row, size), _cell(0.1, pretraining),
+                        atlas.row_fingerprint(row, prints))
+
+  keep(0, "extractive", "all", "p")
+  keep(0, "fid", "64", "p")
+  keep(0, "fid", "all", "q")  # fine-tuned another pretraining than seed 0's REALM cell
+  keep(0, "contriever", "all", "c")  # a pretraining of its own
+  keep(1, "fid", "64", "p")  # no REALM cell for seed 1 to pair with
+  results = atlas.kept_results(("fid", "contriever"), ("64", "all"), (0, 1), settings,
+                               cells=cells)
+  assert {key: sorted(by_seed) for key, by_seed in results.items()} == {
+      ("extractive", "all"): [0], ("fid", "64"): [0], ("contriever", "all"): [0]}
+  said = capsys.readouterr().out
+  assert "seed 0: FiD reader, query tower frozen ('none'), all questions: not of the seed's " \
+         "kept REALM pretraining; left out" in said
+  assert "seed 1: REALM's extractive reader, all questions: not kept in" in said
+  assert "seed 1: FiD reader, query tower frozen ('none'), 64 questions: not of the seed's" in said
+  assert not os.path.exists(tmp_path / "runs")
+
+
 # ---------------------------------------------------------------------------- the report
 
 
