@@ -455,7 +455,14 @@ def test_the_markdown_has_both_tables_the_comparisons_and_a_reading_of_the_toy_s
                          "(42 min of runs;")  # 7 (row, size) x 3 seeds, 2 minutes each
   assert "| ICT (toy_ict.gin) |" in text and "Paired differences" in text
   reading = text.split("Reading:", 1)[1]
-  assert "the best, 0.220: REALM's extractive reader." in reading
+  assert "the best over the seeds every row holds (0, 1, 2), 0.220: REALM's extractive " \
+         "reader." in reading
+  # A fourth seed of one row alone changes its mean, not which row is best.
+  results = _results()
+  results["fid", "all"][3] = {**results["fid", "all"][0], "qa_em": 0.99}
+  reading = atlas.reading(atlas.by_row(results), ("64", "all"))
+  assert "fid 0.270" in reading  # (0.03 + 0.02 + 0.04 + 0.99) / 4
+  assert "(0, 1, 2), 0.220: REALM's extractive reader." in reading
   assert "adist +0.013 EM" in reading and "What the toy scale cannot show" in reading
   # ADist minus none, all: +0.01, +0.01, +0.02 (mean 0.0133, se 0.0033).
   assert "(adist +0.013 EM): adist better in every seed, beyond two standard errors." in reading
