@@ -495,8 +495,8 @@ def pretraining_id(run_dir: str) -> Optional[str]:
   marginal row, made on different days, agree to every digit), so the cells of a pretraining
   made in one sitting stay paired with those of its remake in the next. On another CPU model it
   does not: XLA compiles for the host's instruction set (capping it at AVX2 on one machine
-  changes the values after 20 ICT steps), and the remake's cells are paired with it alone. Computed once per finished run and kept beside
-  its TRAINING_DONE."""
+  changes the values after 20 ICT steps), and the remake's cells are paired with it alone.
+  Computed once per finished run and kept beside its TRAINING_DONE."""
   from realm_jax import checkpoints, fileio  # pylint: disable=import-outside-toplevel
   try:
     with open(os.path.join(run_dir, checkpoints.TRAINING_DONE), encoding="utf-8") as f:
