@@ -763,15 +763,20 @@ def main_columns(sizes: Sequence[str]) -> list[str]:
   return [*(em_key(s) for s in sorted_sizes(sizes)), RECALL, RECALL_TUNED, AGREEMENT]
 
 
+def seeds_with(by_seed: Mapping[int, dict], key: str) -> set[int]:
+  """The seeds whose figures (of one row) hold a finite `key`."""
+  return {s for s, f in by_seed.items() if ablations.finite(f.get(key))}
+
+
 def seeds_cell(by_seed: Mapping[int, dict], sizes: Sequence[str]) -> str:
   """The seeds a row's EM columns average: "0, 1, 2" when every measured size has the same,
   else each size's ("64: 0, 1, 2; all: 0, 1, 2, 3"), so that a mean over other seeds shows."""
-  def seeds(size: str) -> str:
-    return ", ".join(str(s) for s in sorted(by_seed) if by_seed[s].get(em_key(size)) is not None)
-  measured = [(size, seeds(size)) for size in sorted_sizes(sizes) if seeds(size)]
-  if len({listed for _, listed in measured}) <= 1:
+  listed = [(size, ", ".join(map(str, sorted(seeds_with(by_seed, em_key(size))))))
+            for size in sorted_sizes(sizes)]
+  measured = [(size, seeds) for size, seeds in listed if seeds]
+  if len({seeds for _, seeds in measured}) <= 1:
     return measured[0][1] if measured else ""
-  return "; ".join(f"{size}: {listed}" for size, listed in measured)
+  return "; ".join(f"{size}: {seeds}" for size, seeds in measured)
 
 
 def table(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str:
@@ -882,9 +887,6 @@ def comparisons(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str],
       f"{verdict(c, d)}" for c, key, seeds, d in comparison_stats(rows, sizes, which))
 
 
-def seeds_with(rows: Mapping[str, Mapping[int, dict]], row: str, key: str) -> set[int]:
-  """The seeds whose figures of `row` hold a finite `key`."""
-  return {s for s, f in rows.get(row, {}).items() if ablations.finite(f.get(key))}
 
 
 def _mean(rows: Mapping[str, Mapping[int, dict]], row: str, key: str) -> Optional[float]:
@@ -920,7 +922,7 @@ def reading(rows: Mapping[str, Mapping[int, dict]], sizes: Sequence[str]) -> str
   means = {name: m for name in methods if (m := _mean(rows, name, key)) is not None}
   if means:
     # The best is picked over the seeds every row holds, so that no row wins by its seeds.
-    shared = set.intersection(*(seeds_with(rows, name, key) for name in means))
+    shared = set.intersection(*(seeds_with(rows[name], key) for name in means))
     on_shared = {name: float(np.mean([rows[name][s][key] for s in shared])) for name in means}
     best = max(on_shared, key=on_shared.get) if shared else None
     out.append(f"Mean test EM with {size_title(size)}, each over its row's seeds (the table's "
