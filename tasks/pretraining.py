@@ -88,12 +88,14 @@ def _records(block_store: PathOrFn, pretrain_records: PathOrFn | None,
   """(REALM-schema record, source uid) pairs.
 
   With `pretrain_records` (JSONL/TFRecord with precomputed spans) the text is X and has no source
-  block; without, X is the corpus itself (REALM's Wikipedia setting): every block's body is
-  annotated and its own uid is the source to exclude from retrieval (REALM_SPEC 12).
+  block, unless a record names its block (`salient_spans.SOURCE_UID`: the corpus annotated once
+  by `salient_spans.annotate_blocks`); without, X is the corpus itself (REALM's Wikipedia
+  setting): every block's body is annotated and its own uid is the source to exclude from
+  retrieval (REALM_SPEC 12).
   """
   if pretrain_records is not None:
     for record in salient_spans.read_precomputed(_resolve(pretrain_records)):
-      yield record, 0
+      yield record, record.get(salient_spans.SOURCE_UID, 0)
     return
   store = block_store_lib.BlockStore.open(_resolve(block_store), verify="fast")
   spans = salient_spans.get_annotator(annotator)

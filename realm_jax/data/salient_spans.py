@@ -49,6 +49,9 @@ Span = tuple[int, int]  # (byte_start, byte_limit) into text.encode("utf-8")
 RECORD_FIELDS = ("title", "text", "sentence_byte_start", "sentence_byte_limit",
                  "span_byte_start", "span_byte_limit")
 _TEXT_FIELDS = ("title", "text")
+# Optional: the uid of the BlockStore block whose body the record is (X = Z with spans computed
+# once, `annotate_blocks`): REALM excludes it from the query's candidates (REALM_SPEC 12).
+SOURCE_UID = "source_uid"
 _OFFSET_FIELDS = RECORD_FIELDS[2:]
 
 
@@ -355,6 +358,11 @@ class UnionAnnotator(Annotator):
     # within each part, so only cross-part conflicts are decided.
     return resolve_overlaps(s for a in self.annotators for s in a.annotate(text))
 
+  def annotate_batch(self, texts: Sequence[str]) -> list[list[Span]]:
+    # Each part over the whole batch: spaCy's `nlp.pipe` is several times faster than per text.
+    parts = [a.annotate_batch(texts) for a in self.annotators]  # [annotators][texts]
+    return [resolve_overlaps(s for part in parts for s in part[i]) for i in range(len(texts))]
+
 
 ANNOTATORS: dict[str, Callable[..., Annotator]] = {
     "dates": DateAnnotator,
@@ -374,6 +382,32 @@ def get_annotator(name: str, **kwargs) -> Annotator:
 
 
 # ----------------------------------------------------------------------------- records
+
+
+def annotate_blocks(store, annotator: Annotator | str, *, batch_size: int = 256,
+                    progress: Callable[[str], None] | None = None) -> Iterator[dict[str, Any]]:
+  """Precomputed-schema records of every block of a BlockStore (`store`), each with its
+  block's `SOURCE_UID`: the corpus as its own pretraining text X (REALM's Wikipedia setting),
+  its spans computed once rather than at every pass over the task. `progress` gets a line with
+  the rate and ETA after each batch."""
+  import time  # pylint: disable=g-import-not-at-top
+  from realm_jax import progress as progress_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(annotator, str):
+    annotator = get_annotator(annotator)
+  start = time.monotonic()
+  for begin in range(0, store.num_blocks, batch_size):
+    block_ids = range(begin, min(begin + batch_size, store.num_blocks))
+    bodies = [store.body(i) for i in block_ids]
+    for block_id, body, spans in zip(block_ids, bodies, annotator.annotate_batch(bodies)):
+      sentences = split_sentences(body)
+      yield {"title": store.title(block_id), "text": body,
+             "sentence_byte_start": [s for s, _ in sentences],
+             "sentence_byte_limit": [l for _, l in sentences],
+             "span_byte_start": [s for s, _ in spans], "span_byte_limit": [l for _, l in spans],
+             SOURCE_UID: int(store.uids[block_id])}
+    if progress is not None:
+      progress(progress_lib.line("salient spans: blocks", block_ids.stop, store.num_blocks,
+                                 time.monotonic() - start, unit="blocks"))
 
 
 def annotate_record(title: str, text: str, annotator: Annotator | str) -> dict[str, Any]:
@@ -466,7 +500,8 @@ def validate_record(record: Any, *, path: str = "<record>",
     path, record_number: where it came from, for error messages.
 
   Returns:
-    The record with exactly `RECORD_FIELDS`: str title/text, lists of Python ints.
+    The record with exactly `RECORD_FIELDS`: str title/text, lists of Python ints; and
+    `SOURCE_UID` (an int) where the record has one.
 
   Raises:
     RecordError: naming path, record number and field.
@@ -503,6 +538,12 @@ def validate_record(record: Any, *, path: str = "<record>",
         fail(field, "bad_type", f"element {i} is {v!r}, not an integer")
     out[field] = [int(v) for v in values]
 
+  if record.get(SOURCE_UID) is not None:
+    uid = record[SOURCE_UID]
+    if isinstance(uid, bool) or not hasattr(uid, "__index__") or not 0 <= int(uid) < 2**64:
+      fail(SOURCE_UID, "bad_type", f"expected a block uid (an integer in [0, 2**64)), got "
+                                   f"{uid!r}")
+    out[SOURCE_UID] = int(uid)
   data = out["text"].encode("utf-8")
   for kind in ("sentence", "span"):
     starts, limits = out[f"{kind}_byte_start"], out[f"{kind}_byte_limit"]
