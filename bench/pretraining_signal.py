@@ -23,43 +23,32 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from realm_jax import checkpoints  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from bench import world_statistics as world_bench  # noqa: E402
 # pylint: disable-next=wrong-import-position
 from realm_jax.data import block_store as block_store_lib  # noqa: E402
-from realm_jax.data import masking  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import salient_spans  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import toy_world  # noqa: E402  pylint: disable=wrong-import-position
-from realm_jax.index import retrieval  # noqa: E402  pylint: disable=wrong-import-position
-from realm_jax.index import store as store_lib  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable-next=wrong-import-position
+from realm_jax.data import world_statistics as world_lib  # noqa: E402
 
 
 def masked_queries(num_queries: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
   """(query_ids, query_mask [N, QUERY_LEN], titles) of the first passages of the toy world's X
-  that give a salient-span query, passage i masked with rng seed i."""
+  that give a salient-span query, passage i masked with rng seed i
+  (`world_statistics.masked_span_queries`)."""
   path = os.path.join(toy_world.toy_world_dir(), toy_world.PRETRAIN_FILE)
-  ids, masks, titles = [], [], []
-  for i, record in enumerate(salient_spans.read_precomputed(path)):
-    if len(titles) == num_queries:
-      break
-    query = masking.make_masked_query(record, strategy="salient_span",
-                                      rng=np.random.default_rng([i]))
-    if query is not None:
-      ids.append(query.query_ids)
-      masks.append(query.query_mask)
-      titles.append(record["title"])
-  return np.stack(ids), np.stack(masks), titles
+  queries = world_lib.masked_span_queries(salient_spans.read_precomputed(path),
+                                          num_queries=num_queries)
+  return (np.stack([q.query.query_ids for q in queries]),
+          np.stack([q.query.query_mask for q in queries]), [q.title for q in queries])
 
 
 def own_document_ranks(index_dir: str, num_queries: int, k: int) -> dict[str, float]:
   """{"in_top_k", "first", "queries"}: how often a block of the passage's own document is among
   the top `k` of the index (its own query tower, as pretraining searches), and first."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
-  loaded = store_lib.load_index(index_dir, verify=False)
-  # The checkpoint the index was built from: its query tower and model config.
-  step_dir = loaded.manifest["checkpoint"]
-  params, config, _ = checkpoints.restore_params(os.path.dirname(os.path.dirname(step_dir)),
-                                                 int(os.path.basename(step_dir)))
-  retriever = retrieval.IndexRetriever(loaded, params, config)
+  retriever = world_bench.load_retriever(index_dir)
   store = block_store_lib.BlockStore.open(realm_jax_tasks.toy_block_store_dir(), verify="fast")
   query_ids, query_mask, titles = masked_queries(num_queries)
   _, block_ids = retriever.retrieve(query_ids, query_mask, k=k)  # [N, k]
