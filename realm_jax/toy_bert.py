@@ -9,6 +9,12 @@ exactly like a user's real BERT.
 
   python -m realm_jax.toy_bert --work_dir /tmp/toy_bert [--out DIR] [--copy_steps N] [--steps N]
       [--distract_steps N]
+  python -m realm_jax.toy_bert --world wiki --work_dir /tmp/wiki_bert
+
+`--world wiki` builds the wiki world's English BERT instead (the same shape, shipped in
+`realm_jax/data/assets/wiki_bert/`): copying (`experiments/wiki_bert_copy.gin`) and English
+(`experiments/wiki_bert.gin`) on the wiki world's train articles (realm_jax_tasks.wiki),
+measured on its test articles, which it never reads (docs/wiki_world.md).
 
 runs three `mlm` train jobs, each continuing from the last checkpoint of the one before:
 copying (`experiments/toy_bert_copy.gin`, in `<work_dir>/copy`), reading
@@ -42,24 +48,44 @@ GIN_FILE = "gin_configs/experiments/toy_bert.gin"
 COPY_GIN_FILE = "gin_configs/experiments/toy_bert_copy.gin"
 DISTRACT_GIN_FILE = "gin_configs/experiments/toy_bert_distract.gin"
 SHIPPED_DIR = data.TOY_BERT_DIR
+# Each world's phases: (gin file, run name under --work_dir); the shipped directory.
+PHASES = {"toy": ((COPY_GIN_FILE, "copy"), (GIN_FILE, "run"), (DISTRACT_GIN_FILE, "distract")),
+          "wiki": (("gin_configs/experiments/wiki_bert_copy.gin", "copy"),
+                   ("gin_configs/experiments/wiki_bert.gin", "run"))}
+SHIPPED_DIRS = {"toy": data.TOY_BERT_DIR, "wiki": data.WIKI_BERT_DIR}
 # sha256 of the shipped model.safetensors, as the rebuild command prints it (docs/toy_bert.md).
 SHIPPED_SHA256 = "1b0deeca906b1754870f965cecda44ec806cf338ba9fb29322f0777889f95e17"
+# sha256 of the English BERT's model.safetensors, as the rebuild command prints it.
+WIKI_SHIPPED_SHA256 = "c7902f0157cdac9b2bf31796276fa961301edaddc6e942e1e91742f059d70cbb"
+SHIPPED_SHA256S = {"toy": SHIPPED_SHA256, "wiki": WIKI_SHIPPED_SHA256}
+DOCS = {"toy": "toy_bert.md", "wiki": "wiki_world.md"}
 # Shapes of the held-out examples: the toy BERT's training rows (toy_bert.gin's task).
 QUERY_LEN = 64
 READER_LEN = 64 + 128
 MAX_MASKS = 10
 
 
+def heldout_world(world: str = "toy", seed: Optional[int] = None) -> tuple[str, str]:
+  """(BlockStore, salient-span records) of the held-out sentences: the toy BERT's held-out
+  reading world (`seed`, default `realm_jax_tasks.toy.TOY_BERT_HELDOUT_SEED`), or the wiki
+  world's test articles, which the English BERT never reads."""
+  from realm_jax_tasks import toy  # pylint: disable=g-import-not-at-top
+  from realm_jax_tasks import wiki  # pylint: disable=g-import-not-at-top
+  if world == "wiki":
+    return wiki.heldout_world()
+  return toy.reading_world(toy.TOY_BERT_HELDOUT_SEED if seed is None else seed)
+
+
 def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
-                     context: str = "own") -> dict[str, np.ndarray]:
-  """`num_examples` salient-span reading examples of the held-out reading world, stacked.
+                     context: str = "own", world: str = "toy") -> dict[str, np.ndarray]:
+  """`num_examples` salient-span reading examples of the held-out sentences, stacked.
 
   Args:
     num_examples: how many (the first passages of the world, one masked span each).
-    seed: the reading world (default: `realm_jax_tasks.toy.TOY_BERT_HELDOUT_SEED`, which the
-      toy BERT never reads in training).
+    seed: the toy reading world (`heldout_world`).
     context: "own" (the block stating the span), "distractor" (another document's block) or
       "null" (no block); the same masked sentences in each.
+    world: "toy" or "wiki" (`heldout_world`).
 
   Returns:
     input_ids, type_ids, input_mask [N, READER_LEN]; mlm_positions, mlm_targets, mlm_weights
@@ -68,8 +94,7 @@ def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
   from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.batches import reading  # pylint: disable=g-import-not-at-top
   from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
-  from realm_jax_tasks import toy  # pylint: disable=g-import-not-at-top
-  store_dir, records_path = toy.reading_world(toy.TOY_BERT_HELDOUT_SEED if seed is None else seed)
+  store_dir, records_path = heldout_world(world, seed)
   store = block_store_lib.BlockStore.open(store_dir, verify="fast")
   title_blocks = reading.blocks_by_title(store)
   examples = []
@@ -125,16 +150,17 @@ def reading_accuracy(encoder_params: Any, config: Any, examples: dict[str, np.nd
           "span_accuracy": float(span_right.mean()), "examples": int(num)}
 
 
-def measure(directory: str, num_examples: int = 1000) -> dict[str, Any]:
-  """Reading accuracy of the BertForMaskedLM in `directory`: with the block that states the
-  masked span, without context (the null document), and beside another document's block."""
+def measure(directory: str, num_examples: int = 1000, world: str = "toy") -> dict[str, Any]:
+  """Reading accuracy of the BertForMaskedLM in `directory` on `world`'s held-out sentences:
+  with the block that states the masked span, without context (the null document), and beside
+  another document's block."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   config, params, _ = hf.load_checkpoint(directory)
   result = {"sha256": weights_sha256(directory)}
   for name, context in (("with_context", "own"), ("without_context", "null"),
                         ("with_distractor", "distractor")):
-    result[name] = reading_accuracy(params, config, heldout_examples(num_examples,
-                                                                     context=context))
+    result[name] = reading_accuracy(params, config, heldout_examples(
+        num_examples, context=context, world=world))
   return result
 
 
@@ -166,15 +192,16 @@ def _train(gin_file: str, run_dir: str, steps: Optional[int], bindings: Sequence
 
 def build(work_dir: str, out: str, *, steps: Optional[int] = None,
           copy_steps: Optional[int] = None, distract_steps: Optional[int] = None,
-          bindings: Sequence[str] = ()) -> str:
-  """Trains (or resumes) the toy BERT's three phases, copying in `<work_dir>/copy`, reading in
-  `<work_dir>/run` and reading among distractors in `<work_dir>/distract` (each from the one
-  before's last checkpoint), and writes the last to `out`."""
+          bindings: Sequence[str] = (), world: str = "toy") -> str:
+  """Trains (or resumes) the phases of `world`'s BERT (`PHASES`; the toy BERT's: copying in
+  `<work_dir>/copy`, reading in `<work_dir>/run` and reading among distractors in
+  `<work_dir>/distract`), each from the one before's last checkpoint, and writes the last to
+  `out`. `copy_steps`, `steps`, `distract_steps`: the phases' lengths, in that order."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
   work_dir = os.path.abspath(work_dir)
-  phases = ((COPY_GIN_FILE, "copy", copy_steps), (GIN_FILE, "run", steps),
-            (DISTRACT_GIN_FILE, "distract", distract_steps))
+  phases = [(gin_file, name, phase_steps) for (gin_file, name), phase_steps
+            in zip(PHASES[world], (copy_steps, steps, distract_steps))]
   warm_start = []  # the first phase starts from its gin's initialisation
   for gin_file, name, phase_steps in phases:
     run_dir = os.path.join(work_dir, name)
@@ -191,9 +218,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--work_dir", default="/tmp/toy_bert",
                       help="the three phases' runs (resumable): <work_dir>/copy, run, distract "
                            "(default %(default)s)")
-  parser.add_argument("--out", default=SHIPPED_DIR,
+  parser.add_argument("--world", choices=sorted(PHASES), default="toy",
+                      help="which BERT: the toy world's toy BERT (default), or the wiki world's "
+                           "English BERT, trained on its train articles (the `wiki` extra)")
+  parser.add_argument("--out", default=None,
                       help="where config.json + model.safetensors go (default: the shipped "
-                           "realm_jax/data/assets/toy_bert)")
+                           "realm_jax/data/assets/toy_bert, or wiki_bert with --world wiki)")
   parser.add_argument("--copy_steps", type=int, default=None,
                       help="steps of the first phase, copying (default: NUM_STEPS of "
                            f"{COPY_GIN_FILE})")
@@ -201,12 +231,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help=f"steps of the second phase, reading (default: NUM_STEPS of {GIN_FILE})")
   parser.add_argument("--distract_steps", type=int, default=None,
                       help="steps of the third phase, reading among distractors (default: "
-                           f"NUM_STEPS of {DISTRACT_GIN_FILE})")
+                           f"NUM_STEPS of {DISTRACT_GIN_FILE}; the toy BERT's only)")
   parser.add_argument("--measure_only", action="store_true",
                       help="only measure the reading accuracy of --out")
   parser.add_argument("--examples", type=int, default=1000,
                       help="held-out examples for the reading accuracy (default %(default)s)")
   args, gin_args = parser.parse_known_args(argv)
+  args.out = args.out or SHIPPED_DIRS[args.world]
+  if args.distract_steps is not None and len(PHASES[args.world]) < 3:
+    parser.error(f"--distract_steps: the {args.world} world's BERT has no third phase")
   for flag, path in (("--work_dir", args.work_dir), ("--out", args.out)):
     if os.path.exists(path) and not os.path.isdir(path):
       parser.error(f"{flag} {path} is a file; give a directory (created if missing)")
@@ -218,9 +251,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.monotonic()
     if not args.measure_only:
       build(args.work_dir, args.out, steps=args.steps, copy_steps=args.copy_steps,
-            distract_steps=args.distract_steps, bindings=gin_args)
+            distract_steps=args.distract_steps, bindings=gin_args, world=args.world)
       print(f"{PROG}: wrote {args.out} in {(time.monotonic() - start) / 60:.1f} min", flush=True)
-    result = measure(args.out, args.examples)
+    result = measure(args.out, args.examples, args.world)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -11,6 +11,8 @@
     mlm_toy_reading                    the toy BERT's reading examples (experiments/toy_bert.gin)
     toy_qa                                                                 open-QA
     atlas_pretext_toy        Atlas's MLM pretext for the FiD reader (tasks/atlas.py)
+  wiki world (the `wiki` extra; generated and cached on first use, see realm_jax.data.wiki):
+    mlm_wiki_copy, mlm_wiki_reading    the English BERT's phases (experiments/wiki_bert*.gin)
   benchmarks (files under $REALM_JAX_QA_DATA/<name>/, see realm_jax.data.qa_datasets):
     nq_open, web_questions, curated_trec
 
@@ -34,11 +36,13 @@ from realm_jax_tasks.pretraining import (MASKING_STRATEGIES,  # noqa: E402
                                          register_corpus_for_task, register_pretraining_tasks)
 from realm_jax_tasks.toy import (TOY_BLOCK_LEN, TOY_TASKS, register_toy_tasks,  # noqa: E402
                                  toy_block_store_dir)
+from realm_jax_tasks.wiki import WIKI_TASKS, register_wiki_tasks  # noqa: E402
 from realm_jax_tasks.atlas import (register_atlas_pretext_task,  # noqa: E402
                                    register_toy_pretext_task)
 
 register_toy_tasks()
+register_wiki_tasks()
 TOY_PRETEXT_TASK = register_toy_pretext_task()  # atlas_pretext_toy (tasks/atlas.py)
 register_benchmark_tasks()
 
-ALL_TASKS = TOY_TASKS + (TOY_PRETEXT_TASK,) + BENCHMARK_TASKS
+ALL_TASKS = TOY_TASKS + (TOY_PRETEXT_TASK,) + WIKI_TASKS + BENCHMARK_TASKS

@@ -39,6 +39,9 @@ DRY_RUNS = {
     "toy_bert": ["--gin_file=gin_configs/experiments/toy_bert.gin"],
     "toy_bert_copy": ["--gin_file=gin_configs/experiments/toy_bert_copy.gin"],
     "toy_bert_distract": ["--gin_file=gin_configs/experiments/toy_bert_distract.gin"],
+    # The wiki world's English BERT (the toy model's shape).
+    "english_bert": ["--gin_file=gin_configs/experiments/wiki_bert.gin"],
+    "english_bert_copy": ["--gin_file=gin_configs/experiments/wiki_bert_copy.gin"],
     "runs_mlm": ["--gin_file=gin_configs/models/tiny.gin", "--gin_file=gin_configs/runs/mlm.gin",
                  "--gin.TASK='mlm_toy'", "--gin.BATCH_SIZE=8", "--gin.NUM_STEPS=10",
                  "--gin.train_main.mesh_shape=(4, 2)"],
@@ -98,6 +101,7 @@ DRY_RUNS = {
 }
 JOBS = {"toy_ict": "ict", "toy_model": "ict", "runs_ict": "ict", "wiki_ict": "ict",
         "toy_bert": "mlm", "toy_bert_copy": "mlm", "toy_bert_distract": "mlm",
+        "english_bert": "mlm", "english_bert_copy": "mlm",
         "runs_mlm": "mlm", "toy_retromae": "retromae", "runs_retromae": "retromae",
         "toy_retro": "retro", "runs_retro": "retro", "contriever_toy": "contriever"}
 

@@ -4,3 +4,5 @@ shipped toy BERT (transformers' BertForMaskedLM files; `realm_jax.toy_bert` buil
 import os
 
 TOY_BERT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "toy_bert")
+# The English BERT of the wiki world (realm_jax.toy_bert --world wiki, docs/wiki_world.md).
+WIKI_BERT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "wiki_bert")
