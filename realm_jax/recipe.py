@@ -3,6 +3,7 @@ your own corpus and questions.
 
   python -m realm_jax.recipe [--out /tmp/realm_toy] [--fresh] [--bert shipped|none|DIR]
       [--ict_from random|bert]
+  python -m realm_jax.recipe --world wiki [--out /tmp/realm_wiki] [--bert shipped|none|DIR] ...
   python -m realm_jax.recipe --documents docs.jsonl --questions qa/ [--out /tmp/realm_own]
       [--max_block_len N] [--ict_remove_probability P] [--ict_steps N] [--pretrain_steps N]
       [--finetune_steps N] [--ict_lr R] [--pretrain_lr R] [--finetune_lr R] [--bert DIR] ...
@@ -82,7 +83,12 @@ before anything trains, with one line naming the file (and record and field) of 
                                 BERT larger than the toy model: memory)
   6. evaluation                 each of the three on the test questions
 
-and ends with a table of recall at every cut-off (1, 5, 20, 100, clipped to the corpus) of
+The wiki world (`--world wiki`; docs/wiki_world.md) is such a corpus and its questions, made
+from English Wikipedia's Vital Articles leads (realm_jax.data.wiki, the `wiki` extra): the same
+stages, the salient spans spaCy's entities and the date patterns computed once over the
+BlockStore, the English BERT (realm_jax/data/assets/wiki_bert) by default.
+
+The own-data and wiki runs end with a table of recall at every cut-off (1, 5, 20, 100, clipped to the corpus) of
 BM25, the warm start, the pretrained retriever and the three fine-tuned systems, with their
 test EM; pretraining's own figures; a line saying plainly whether pretraining improved the
 retriever's dev recall over the warm start; and the settings chosen from the data. Run again
@@ -303,23 +309,25 @@ def describe_bert(directory: Optional[str], ict_from_bert: bool) -> str:
           f"{config.num_heads} heads, intermediate {config.intermediate_size}): {towers}")
 
 
-def toy_bert_dir(choice: str) -> Optional[str]:
-  """`--bert`: 'shipped' (realm_jax/data/assets/toy_bert), 'none' (None: random weights)
-  or a transformers BERT directory (BertForMaskedLM, or BertModel, whose MLM head then starts
-  fresh); ValueError when it has no weights, an unreadable config.json, or another WordPiece
-  vocabulary than the one the corpus is tokenised with."""
+def toy_bert_dir(choice: str, world: str = "toy") -> Optional[str]:
+  """`--bert`: 'shipped' (the world's: realm_jax/data/assets/toy_bert, or wiki_bert for the
+  wiki world), 'none' (None: random weights) or a transformers BERT directory
+  (BertForMaskedLM, or BertModel, whose MLM head then starts fresh); ValueError when it has no
+  weights, an unreadable config.json, or another WordPiece vocabulary than the one the corpus
+  is tokenised with."""
   from realm_jax import toy_bert  # pylint: disable=g-import-not-at-top
   from realm_jax.data import vocab  # pylint: disable=g-import-not-at-top
-  directory = {"shipped": toy_bert.SHIPPED_DIR, "none": None}.get(choice, choice)
+  directory = {"shipped": toy_bert.SHIPPED_DIRS[world], "none": None}.get(choice, choice)
   if directory is None:
     return None
   if not os.path.isfile(os.path.join(directory, "model.safetensors")):
     raise ValueError(f"--bert {choice}: no model.safetensors in {directory}")
   sha256 = toy_bert.weights_sha256(directory) if choice == "shipped" else None
-  if sha256 is not None and sha256 != toy_bert.SHIPPED_SHA256:
+  expected = toy_bert.SHIPPED_SHA256S[world]
+  if sha256 is not None and sha256 != expected:
     raise ValueError(f"--bert shipped: {directory}/model.safetensors has sha256 {sha256}, "
-                     f"not the shipped {toy_bert.SHIPPED_SHA256} (docs/toy_bert.md); a "
-                     f"partial checkout? `python -m realm_jax.toy_bert` rebuilds it")
+                     f"not the shipped {expected} (docs/{toy_bert.DOCS[world]}); a partial "
+                     f"checkout? `python -m realm_jax.toy_bert --world {world}` rebuilds it")
   try:
     bert_config(directory)
   except (OSError, ValueError, KeyError) as e:
@@ -963,15 +971,26 @@ class OwnDataRecipe(Recipe):
                       "--pretrain_steps": list(pretrain_bindings),
                       "--finetune_steps": list(finetune_bindings)}
     self.settings: dict = {}  # what `prepare` chose, and why
+    self.span_statistics: dict = {}  # `prepare`'s: how often a masked span is stated elsewhere
+
+  def span_records(self) -> Optional[str]:
+    """The pretraining text's salient spans computed once (None here: the pretraining task
+    annotates your blocks as it reads them, with the dependency-free "union" annotator)."""
+    return None
+
+  def make_span_records(self) -> None:
+    """Computes `span_records` once the BlockStore is built (nothing to do here)."""
 
   def data_bindings(self, child: str) -> tuple[str, ...]:
     """Each kind of child pointed at your corpus (the tasks `OWN_CORPUS` names, registered by
     the child over the BlockStore) and your questions (their path as the task)."""
     store = f"'{self.store}'"
+    records = self.span_records()
     return {
         "ict": (f"TASK='ict_{OWN_CORPUS}'", f"BLOCK_STORE={store}",
                 f"IctJob.ict_remove_probability={self.ict_remove_probability}"),
-        "pretrain": (f"TASK='realm_{OWN_CORPUS}_salient_span'", f"BLOCK_STORE={store}"),
+        "pretrain": (f"TASK='realm_{OWN_CORPUS}_salient_span'", f"BLOCK_STORE={store}",
+                     *([] if records is None else [f"PretrainJob.pretrain_records='{records}'"])),
         "finetune": (f"TASK='{self.questions}'", f"BLOCK_STORE={store}",
                      f"FinetuneJob.reader_len={self.max_block_len + READER_QUESTION_ROOM}"),
         "evaluate": (f"TASK='{self.questions}'", f"evaluate_main.block_store={store}"),
@@ -1033,7 +1052,26 @@ class OwnDataRecipe(Recipe):
                           self.min_answerable)
     print("\n".join(lines) or f"{PROG}: every question has an answer somewhere in the corpus",
           flush=True)
+    from realm_jax.data import world_statistics  # pylint: disable=g-import-not-at-top
+    self.make_span_records()
+    redundancy = self._span_redundancy(store)
+    self.span_statistics = {"span_share": redundancy.span_share,
+                            "sentence_share": redundancy.sentence_share,
+                            "spans": redundancy.spans,
+                            "line": world_statistics.warning_line(redundancy)}
+    print(f"{PROG}: {self.span_statistics['line']}", flush=True)
     store.close()
+
+  def _span_redundancy(self, store):
+    """How often a masked salient span of the pretraining text is stated in another article's
+    block (`world_statistics.span_redundancy`, a SpanRedundancy): what bounds what REALM's
+    retrieval can add."""
+    from realm_jax.data import salient_spans  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import world_statistics  # pylint: disable=g-import-not-at-top
+    records = self.span_records()
+    return world_statistics.span_redundancy(
+        store, salient_spans.read_precomputed(records) if records is not None
+        else salient_spans.annotate_blocks(store, "union"))
 
   def _dry_runs(self, bert: Optional[str]) -> None:
     """Each training child's configuration checked by its own `--dry_run`, side by side: the
@@ -1169,6 +1207,7 @@ class OwnDataRecipe(Recipe):
     dev = {row: metrics(path) for row, path in dev_recall.items()}
     return {
         "documents": self.documents, "questions": self.questions, "settings": self.settings,
+        "span_redundancy": self.span_statistics,
         "bert": describe_bert(self.toy_bert, self.ict_from_bert),
         "verdict": pretraining_verdict(dev["warm_start"], dev["pretrained"], step),
         "answer_metric": "regex_match" if open_qa.qa_path(self.questions)[0] else "exact_match",
@@ -1185,6 +1224,43 @@ class OwnDataRecipe(Recipe):
         "mean_staleness_steps": sum(staleness) / len(staleness) if staleness else float("nan"),
         "stage_seconds": self.times,
     }
+
+
+# ------------------------------------------------------------------------------ the wiki world
+
+WIKI_OUT = "/tmp/realm_wiki"
+
+
+class WikiRecipe(OwnDataRecipe):
+  """The own-data recipe's stages on the wiki world (`python -m realm_jax.recipe --world wiki`,
+  realm_jax.data.wiki): the Vital Articles' leads as the corpus Z and as the pretraining text X
+  (the paper's Wikipedia setting), their questions, and by default the English BERT. Its salient
+  spans are spaCy's entities and the date patterns (the `entities` extra), computed once over
+  the BlockStore, each record naming its block, which REALM excludes from the candidates."""
+
+  def __init__(self, out: str, *, world: str, **kwargs):
+    """Args: out: the output directory; world: the wiki world's directory
+    (`wiki.world_dir`); kwargs: as OwnDataRecipe's, but the documents and questions."""
+    super().__init__(out, documents=os.path.join(world, "docs.jsonl"),
+                     questions=os.path.join(world, "qa"), **kwargs)
+
+  def span_records(self) -> Optional[str]:
+    """`<out>/store-spans.jsonl` (`wiki.span_records`), made by `prepare`."""
+    return f"{self.store}-spans.jsonl"
+
+  def make_span_records(self) -> None:
+    """The BlockStore's salient spans, computed once (spaCy reads every block: about 100
+    blocks a second on 2 cores), with a progress line every 10 s."""
+    from realm_jax import progress  # pylint: disable=g-import-not-at-top
+    from realm_jax.data import wiki  # pylint: disable=g-import-not-at-top
+    throttle = progress.Throttle(interval_s=10.0, stream=sys.stdout)
+
+    def annotate():
+      wiki.span_records(self.store, progress=throttle)
+      throttle.finish()
+
+    self.stage("0 salient spans of the BlockStore (spaCy's entities and the date patterns)",
+               os.path.exists(self.span_records()), annotate)
 
 
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -1232,7 +1308,7 @@ def format_own_table(summary: dict, wall_seconds: float) -> str:
       ("index refreshes picked up during pretraining", f"{summary['refreshes']:.0f}"),
       ("mean index staleness (steps)", f"{summary['mean_staleness_steps']:.1f}"),
       ("wall time", f"{wall_seconds / 60:.1f} min")])
-  lines += ["", summary["verdict"]]
+  lines += ["", summary["verdict"], summary["span_redundancy"]["line"]]
   lines += [f"bert: {summary['bert']}"]
   lines += [f"{name}: {setting['value']:g} ({setting['why']})"
             for name, setting in summary["settings"].items()]
@@ -1261,9 +1337,15 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   settings of your data need them)."""
   parser = argparse.ArgumentParser(prog=f"python -m realm_jax.{PROG}", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--world", choices=("toy", "wiki"), default="toy",
+                      help="what the recipe runs on: the embedded toy world (default), or the "
+                           "wiki world, real English Wikipedia (the Vital Articles' leads and "
+                           "questions about them, realm_jax.data.wiki; the `wiki` and "
+                           "`entities` extras), with its English BERT; --documents and "
+                           "--questions run it on your own data instead")
   parser.add_argument("--out", default=None,
-                      help=f"output directory (default {DEFAULT_OUT}; with --documents "
-                           f"{OWN_OUT})")
+                      help=f"output directory (default {DEFAULT_OUT}; with --world wiki "
+                           f"{WIKI_OUT}; with --documents {OWN_OUT})")
   parser.add_argument("--fresh", action="store_true", help="delete --out first")
   parser.add_argument("--bert", "--toy_bert", dest="toy_bert", default="shipped",
                       help="the BERT every tower starts from: 'shipped' (default: the toy BERT "
@@ -1325,7 +1407,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   args = parser.parse_args(argv)
   if (args.documents is None) != (args.questions is None):
     parser.error("--documents and --questions go together: your corpus and its questions")
-  if args.documents is None:
+  if args.world == "wiki" and args.documents is not None:
+    parser.error("--world wiki and --documents: the wiki world is a corpus and questions "
+                 "already; give one or the other")
+  own_data = args.documents is not None or args.world == "wiki"
+  if not own_data:
     given = [flag for flag, value in (("--max_block_len", args.max_block_len),
                                       ("--ict_remove_probability", args.ict_remove_probability),
                                       ("--documents_format", args.documents_format != "jsonl"),
@@ -1334,12 +1420,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
              if value not in (None, False)]
     if given:
       parser.error(f"{', '.join(given)}: settings of your own corpus, which --documents and "
-                   f"--questions give")
+                   f"--questions (or --world wiki) give")
   try:
-    args.bert = toy_bert_dir(args.toy_bert)
+    args.bert = toy_bert_dir(args.toy_bert, args.world)
   except ValueError as e:
     parser.error(str(e))
-  args.out = args.out or (DEFAULT_OUT if args.documents is None else OWN_OUT)
+  args.out = args.out or (WIKI_OUT if args.world == "wiki" else
+                          DEFAULT_OUT if args.documents is None else OWN_OUT)
   if os.path.exists(args.out) and not os.path.isdir(args.out):
     parser.error(f"--out {args.out} is a file; give a directory (created if missing)")
   if args.documents is not None:
@@ -1369,21 +1456,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   def run() -> int:
     start = time.monotonic()
-    if args.documents is None:
+    own_settings = dict(toy_bert=args.bert, ict_from_bert=args.ict_from == "bert",
+                        max_block_len=args.max_block_len,
+                        ict_remove_probability=args.ict_remove_probability,
+                        min_answerable=args.min_answerable, **bindings)
+    if args.world == "wiki":
+      from realm_jax.data import wiki  # pylint: disable=g-import-not-at-top
+      print(f"{PROG}: the wiki world (generated on first use from {wiki.PACKAGE}) ...",
+            flush=True)
+      recipe = WikiRecipe(args.out, world=wiki.world_dir(), **own_settings)
+    elif args.documents is None:
       import realm_jax_tasks  # pylint: disable=g-import-not-at-top
       print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)
       recipe = Recipe(args.out, realm_jax_tasks.toy_block_store_dir(), toy_bert=args.bert,
                       ict_from_bert=args.ict_from == "bert", **bindings)
     else:
       recipe = OwnDataRecipe(args.out, documents=args.documents, questions=args.questions,
-                             documents_format=args.documents_format, toy_bert=args.bert,
-                             ict_from_bert=args.ict_from == "bert",
-                             max_block_len=args.max_block_len,
-                             ict_remove_probability=args.ict_remove_probability,
-                             min_answerable=args.min_answerable, **bindings)
+                             documents_format=args.documents_format, **own_settings)
     summary = recipe.run()
     wall = time.monotonic() - start
-    table = (format_table if args.documents is None else format_own_table)(summary, wall)
+    table = (format_own_table if isinstance(recipe, OwnDataRecipe) else format_table)(summary,
+                                                                                      wall)
     summary["wall_seconds"] = wall
     with open(os.path.join(recipe.out, "summary.json"), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=2)
@@ -1395,8 +1488,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
   # A stage that fails raises RuntimeError naming it and its log, bad input an InputError
   # naming the file: one line, no traceback.
+  from realm_jax.data import wiki  # pylint: disable=g-import-not-at-top
   return gin_utils.run_command(PROG, run, interrupted="run the same command to resume",
-                               expected=(RuntimeError, InputError), describe=gin_utils.one_line)
+                               expected=(RuntimeError, InputError, wiki.WikiDataError),
+                               describe=gin_utils.one_line)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,25 @@ def test_flags_are_checked_together(argv, expected, capsys):
   assert expected in capsys.readouterr().err
 
 
+def test_the_wiki_world_is_a_corpus_and_questions_of_its_own(capsys):
+  args = recipe.parse_args(["--world", "wiki", "--bert", "none", "--pretrain_steps", "40"])
+  assert args.out == recipe.WIKI_OUT and args.max_block_len is None
+  with pytest.raises(SystemExit):
+    recipe.parse_args(["--world", "wiki", "--documents", "d", "--questions", "q"])
+  assert "--world wiki and --documents" in capsys.readouterr().err
+
+
+def test_the_wiki_recipe_pretrains_on_its_spacy_spans(tmp_path):
+  run = recipe.WikiRecipe(str(tmp_path / "out"), world="/world", toy_bert=None)
+  run.max_block_len, run.ict_remove_probability = 192, 0.9
+  assert run.documents == "/world/docs.jsonl" and run.questions == "/world/qa"
+  assert (f"PretrainJob.pretrain_records='{tmp_path}/out/store-spans.jsonl'"
+          in run.data_bindings("pretrain"))
+  own = recipe.OwnDataRecipe(str(tmp_path / "own"), documents="/d.jsonl", questions="/qa")
+  own.max_block_len, own.ict_remove_probability = 192, 0.9
+  assert not any("pretrain_records" in b for b in own.data_bindings("pretrain"))
+
+
 def test_flags_name_files_absolutely_and_pick_the_own_output_directory(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   args = recipe.parse_args(["--documents", "docs.jsonl", "--questions", "regex:qa",
@@ -337,6 +356,8 @@ def _summary(before_dev, after_dev, regex=False):
       "retrieval_utility": {"first": 0.13, "chosen": 0.2, "last": 0.04},
       "refreshes": 4.0, "mean_staleness_steps": 41.0,
       "bert": recipe.describe_bert(None, False),
+      "span_redundancy": {"span_share": 0.2, "sentence_share": 0.3, "spans": 10,
+                          "line": "WARNING: salient spans stated in another article: ..."},
       "settings": {"max_block_len": {"value": 160, "why": "chosen from the documents: ..."}}}
 
 
@@ -359,6 +380,7 @@ def test_table_has_bm25_beside_the_dense_retrievers_at_every_cut_off():
   assert ("Pretraining did not improve retrieval over the warm start: dev recall@1 0.100 -> "
           "0.100, recall@5 0.400 -> 0.300") in table
   assert "max_block_len: 160 (chosen from the documents: ...)" in table
+  assert "WARNING: salient spans stated in another article: ..." in lines
   assert "bert: none (every tower from random weights of the toy model's shape)" in table
   regex = recipe.format_own_table(_summary((0.1,) * 4, (0.2,) * 4, regex=True), 60)
   assert "test regex match" in regex.splitlines()[0]
