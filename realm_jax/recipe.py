@@ -323,7 +323,7 @@ def toy_bert_dir(choice: str, world: str = "toy") -> Optional[str]:
   if not os.path.isfile(os.path.join(directory, "model.safetensors")):
     raise ValueError(f"--bert {choice}: no model.safetensors in {directory}")
   sha256 = toy_bert.weights_sha256(directory) if choice == "shipped" else None
-  expected = toy_bert.SHIPPED_SHA256S[world]
+  expected = toy_bert.shipped_sha256(world)
   if sha256 is not None and sha256 != expected:
     raise ValueError(f"--bert shipped: {directory}/model.safetensors has sha256 {sha256}, "
                      f"not the shipped {expected} (docs/{toy_bert.DOCS[world]}); a partial "
@@ -1349,7 +1349,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   parser.add_argument("--fresh", action="store_true", help="delete --out first")
   parser.add_argument("--bert", "--toy_bert", dest="toy_bert", default="shipped",
                       help="the BERT every tower starts from: 'shipped' (default: the toy BERT "
-                           "in realm_jax/data/assets/toy_bert, docs/toy_bert.md), 'none' "
+                           "in realm_jax/data/assets/toy_bert, docs/toy_bert.md; with --world "
+                           "wiki the English BERT in realm_jax/data/assets/wiki_bert, "
+                           "docs/wiki_world.md), 'none' "
                            "(random weights of the toy model's shape) or a transformers BERT "
                            "directory (config.json, model.safetensors, and vocab.txt if any "
                            "must be BERT uncased's), whose config.json sizes every tower, e.g. "

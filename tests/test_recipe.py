@@ -63,6 +63,11 @@ def test_toy_bert_choice_checks_the_shipped_weights(tmp_path, monkeypatch):
   monkeypatch.setattr(toy_bert, "SHIPPED_SHA256", "0" * 64)
   with pytest.raises(ValueError, match="sha256 .* not the shipped 0000"):
     recipe.toy_bert_dir("shipped")
+  # The wiki world's shipped BERT is the English one, checked by its own hash.
+  assert recipe.toy_bert_dir("shipped", "wiki") == toy_bert.SHIPPED_DIRS["wiki"]
+  monkeypatch.setattr(toy_bert, "WIKI_SHIPPED_SHA256", "1" * 64)
+  with pytest.raises(ValueError, match="not the shipped 1111.*toy_bert --world wiki"):
+    recipe.toy_bert_dir("shipped", "wiki")
 
 
 def test_ict_starts_from_random_weights_unless_asked_to_start_from_the_bert(tmp_path,
