@@ -34,7 +34,6 @@ import inspect
 import io
 import json
 import os
-import random
 import re
 import sys
 import contextlib
@@ -206,14 +205,8 @@ def topic_records() -> Iterator[dict]:
 
 def split_modules(modules: Sequence[str], seed: int) -> dict[str, str]:
   """{module: split}: a seeded shuffle cut 80/10/10 (by module, so test modules are unseen)."""
-  order = sorted(modules)
-  random.Random(f"python_docs:{seed}").shuffle(order)
-  splits, start = {}, 0
-  for i, (split, fraction) in enumerate(_SPLITS):
-    stop = len(order) if i == len(_SPLITS) - 1 else start + round(fraction * len(order))
-    splits.update({module: split for module in order[start:stop]})
-    start = stop
-  return splits
+  from realm_jax.data import qa_datasets  # pylint: disable=g-import-not-at-top
+  return qa_datasets.seeded_split(modules, _SPLITS, f"python_docs:{seed}")
 
 
 def _write_jsonl(path: str, records: Sequence[dict]) -> None:

@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import os
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, overload
 
@@ -813,4 +814,19 @@ def load_benchmark_from_tfds(name: str, data_dir: str | None = None, *, check_si
   splits = {"train": train, "dev": dev, "test": test}
   if check_sizes:
     check_split_sizes(name, splits, origin=f"tfds:{spec.tfds_name}")
+  return splits
+
+
+def seeded_split(names: Sequence[str], fractions: Sequence[tuple[str, float]],
+                 key: str) -> dict[str, str]:
+  """{name: split}: the sorted names shuffled by `random.Random(key)` and cut in order by
+  `fractions` ((split, share) pairs; the last split takes the remainder). How the generated
+  question sets split by module or by article, so no unit is asked about in two splits."""
+  order = sorted(names)
+  random.Random(key).shuffle(order)
+  splits, start = {}, 0
+  for i, (split, fraction) in enumerate(fractions):
+    stop = len(order) if i == len(fractions) - 1 else start + round(fraction * len(order))
+    splits.update({name: split for name in order[start:stop]})
+    start = stop
   return splits
