@@ -346,6 +346,7 @@ def toy_bert_dir(choice: str, world: str = "toy") -> Optional[str]:
 
 
 DEFAULT_FINETUNE_NAME = "finetune"
+DEFAULT_PRETRAIN_STEPS = 400  # toy_pretrain.gin's NUM_STEPS
 
 
 def qa_eval_name(finetune_name: str = DEFAULT_FINETUNE_NAME) -> str:
@@ -958,6 +959,7 @@ class OwnDataRecipe(Recipe):
     self.questions = questions
     self.max_block_len = max_block_len
     self.ict_remove_probability = ict_remove_probability
+    self.ict_remove_why = "as given"
     self.min_answerable = min_answerable
     self.bm25_reader = os.path.join(self.out, "bm25_reader")
     # What the user asked for, by the flags that ask it, recorded: a resumed run must ask for
@@ -1043,7 +1045,7 @@ class OwnDataRecipe(Recipe):
     fileio.write_json_atomically(self._settings_path(), {"arguments": self.arguments})
     print(f"{PROG}: {store.num_blocks:,} blocks of at most {store.max_block_len} wordpieces",
           flush=True)
-    why = "as given"
+    why = self.ict_remove_why
     if self.ict_remove_probability is None:
       self.ict_remove_probability, why = choose_ict_remove_probability(sentence_counts(store))
     self.settings["ict_remove_probability"] = {"value": self.ict_remove_probability, "why": why}
@@ -1229,6 +1231,17 @@ class OwnDataRecipe(Recipe):
 # ------------------------------------------------------------------------------ the wiki world
 
 WIKI_OUT = "/tmp/realm_wiki"
+# The wiki world's own settings, each chosen on its dev questions' recall@5
+# (docs/wiki_world.md#the-recipe-on-the-wiki-world): ICT keeps the query sentence in its block
+# half the time (a toy-sized ICT from random weights learns the words a description shares with
+# its article's lead; at ORQA's 0.9 it learns too little of them), and REALM pretraining holds
+# the retriever still for the first half of its steps, while the encoder learns to read the
+# blocks (before that, the retriever's updates follow a reader that reads nothing).
+WIKI_ICT_REMOVE_PROBABILITY = 0.5
+WIKI_RETRIEVER_FROZEN_SHARE = 0.5
+# Its run lengths, where they differ from the toy gins': the wiki world is 4x the toy BlockStore
+# and the recipe should take 15 minutes on 2 cores.
+WIKI_STEPS = {"pretrain": 200, "finetune": 150}
 
 
 class WikiRecipe(OwnDataRecipe):
@@ -1238,11 +1251,31 @@ class WikiRecipe(OwnDataRecipe):
   spans are spaCy's entities and the date patterns (the `entities` extra), computed once over
   the BlockStore, each record naming its block, which REALM excludes from the candidates."""
 
-  def __init__(self, out: str, *, world: str, **kwargs):
+  def __init__(self, out: str, *, world: str, pretrain_steps: int = DEFAULT_PRETRAIN_STEPS,
+               **kwargs):
     """Args: out: the output directory; world: the wiki world's directory
-    (`wiki.world_dir`); kwargs: as OwnDataRecipe's, but the documents and questions."""
+    (`wiki.world_dir`); pretrain_steps: REALM pretraining's steps (the retriever is held for
+    the first `WIKI_RETRIEVER_FROZEN_SHARE` of them); kwargs: as OwnDataRecipe's, but the
+    documents and questions; ict_remove_probability None is `WIKI_ICT_REMOVE_PROBABILITY`."""
+    chosen = kwargs.get("ict_remove_probability") is None
+    if chosen:
+      kwargs["ict_remove_probability"] = WIKI_ICT_REMOVE_PROBABILITY
     super().__init__(out, documents=os.path.join(world, "docs.jsonl"),
                      questions=os.path.join(world, "qa"), **kwargs)
+    if chosen:
+      self.ict_remove_why = ("the wiki world's, chosen on its dev recall@5 "
+                             "(docs/wiki_world.md); --ict_remove_probability sets it")
+    self.frozen_retriever_steps = int(pretrain_steps * WIKI_RETRIEVER_FROZEN_SHARE)
+    self.settings["freeze_retriever_steps"] = {
+        "value": self.frozen_retriever_steps,
+        "why": f"the wiki world's: the first {WIKI_RETRIEVER_FROZEN_SHARE:g} of pretraining's "
+               f"{pretrain_steps} steps"}
+
+  def data_bindings(self, child: str) -> tuple[str, ...]:
+    """OwnDataRecipe's, and REALM pretraining's retriever held for its first steps."""
+    held = ((f"PretrainJob.freeze_retriever_steps={self.frozen_retriever_steps}",)
+            if child == "pretrain" else ())
+    return super().data_bindings(child) + held
 
   def span_records(self) -> Optional[str]:
     """`<out>/store-spans.jsonl` (`wiki.span_records`), made by `prepare`."""
@@ -1388,7 +1421,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="the probability that ICT removes its query sentence from the block "
                         "(default: chosen from the BlockStore, ORQA's 0.9 or the highest tenth "
                         "below it at which one-sentence blocks, which ICT cannot use without "
-                        "their sentence, stay within 10%% of the corpus)")
+                        "their sentence, stay within 10%% of the corpus; with --world wiki "
+                        f"{WIKI_ICT_REMOVE_PROBABILITY:g}, the wiki world's)")
   own.add_argument("--min_answerable", type=_probability, default=DEFAULT_MIN_ANSWERABLE,
                    help="stop before anything trains when less than this share of a split's "
                         "questions has an answer anywhere in the corpus (default %(default)s: "
@@ -1399,10 +1433,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
       "fewer steps try the pipeline in minutes, and a pretrained BERT of real size wants the "
       "smaller rates of its papers, e.g. ORQA's ICT 1e-4, REALM's pretraining 3e-5)")
   for child, what, default, rate in (("ict", "ICT", 400, 1e-3),
-                                     ("pretrain", "REALM pretraining", 400, 3e-4),
+                                     ("pretrain", "REALM pretraining", DEFAULT_PRETRAIN_STEPS,
+                                      3e-4),
                                      ("finetune", "each fine-tuning", 300, 3e-4)):
     steps.add_argument(f"--{child}_steps", type=_positive(int),
-                       help=f"{what} steps (default {default}), with a checkpoint every "
+                       help=f"{what} steps (default {default}"
+                            + (f"; with --world wiki {WIKI_STEPS[child]}" if child in WIKI_STEPS
+                               else "") + "), with a checkpoint every "
                             f"1/{CHECKPOINTS_PER_RUN[child]} of them as the toy gin has it")
     steps.add_argument(f"--{child}_lr", type=_positive(float),
                        help=f"{what}'s peak learning rate (default {rate:g})")
@@ -1427,6 +1464,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args.bert = toy_bert_dir(args.toy_bert, args.world)
   except ValueError as e:
     parser.error(str(e))
+  if args.world == "wiki":
+    for child, steps in WIKI_STEPS.items():
+      if getattr(args, f"{child}_steps") is None:
+        setattr(args, f"{child}_steps", steps)
   args.out = args.out or (WIKI_OUT if args.world == "wiki" else
                           DEFAULT_OUT if args.documents is None else OWN_OUT)
   if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -1466,7 +1507,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       from realm_jax.data import wiki  # pylint: disable=g-import-not-at-top
       print(f"{PROG}: the wiki world (generated on first use from {wiki.PACKAGE}) ...",
             flush=True)
-      recipe = WikiRecipe(args.out, world=wiki.world_dir(), **own_settings)
+      recipe = WikiRecipe(args.out, world=wiki.world_dir(),
+                          pretrain_steps=args.pretrain_steps,
+                          **own_settings)
     elif args.documents is None:
       import realm_jax_tasks  # pylint: disable=g-import-not-at-top
       print(f"{PROG}: the toy world and its BlockStore (generated on first use) ...", flush=True)

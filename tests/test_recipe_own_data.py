@@ -50,17 +50,31 @@ def test_flags_are_checked_together(argv, expected, capsys):
 def test_the_wiki_world_is_a_corpus_and_questions_of_its_own(capsys):
   args = recipe.parse_args(["--world", "wiki", "--bert", "none", "--pretrain_steps", "40"])
   assert args.out == recipe.WIKI_OUT and args.max_block_len is None
+  # Its own run lengths where none is given; the toy world keeps its gins'.
+  assert (args.ict_steps, args.pretrain_steps, args.finetune_steps) == (None, 40, 150)
+  assert recipe.parse_args(["--bert", "none"]).finetune_steps is None
   with pytest.raises(SystemExit):
     recipe.parse_args(["--world", "wiki", "--documents", "d", "--questions", "q"])
   assert "--world wiki and --documents" in capsys.readouterr().err
 
 
 def test_the_wiki_recipe_pretrains_on_its_spacy_spans(tmp_path):
-  run = recipe.WikiRecipe(str(tmp_path / "out"), world="/world", toy_bert=None)
-  run.max_block_len, run.ict_remove_probability = 192, 0.9
+  run = recipe.WikiRecipe(str(tmp_path / "out"), world="/world", toy_bert=None,
+                          pretrain_steps=200)
+  # The wiki world's ICT keeps its query sentence half the time, unless one is given.
+  assert run.ict_remove_probability == 0.5 and "wiki world" in run.ict_remove_why
+  run.max_block_len = 192
   assert run.documents == "/world/docs.jsonl" and run.questions == "/world/qa"
   assert (f"PretrainJob.pretrain_records='{tmp_path}/out/store-spans.jsonl'"
           in run.data_bindings("pretrain"))
+  # The retriever is held for the first half of pretraining, and only there.
+  assert "PretrainJob.freeze_retriever_steps=100" in run.data_bindings("pretrain")
+  assert not any("freeze" in b for b in run.data_bindings("finetune"))
+  given = recipe.WikiRecipe(str(tmp_path / "given"), world="/world", toy_bert=None,
+                            ict_remove_probability=0.9, pretrain_steps=40)
+  assert given.ict_remove_probability == 0.9 and given.ict_remove_why == "as given"
+  given.max_block_len = 192
+  assert "PretrainJob.freeze_retriever_steps=20" in given.data_bindings("pretrain")
   own = recipe.OwnDataRecipe(str(tmp_path / "own"), documents="/d.jsonl", questions="/qa")
   own.max_block_len, own.ict_remove_probability = 192, 0.9
   assert not any("pretrain_records" in b for b in own.data_bindings("pretrain"))

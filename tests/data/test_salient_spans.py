@@ -126,6 +126,10 @@ def test_entities_annotator_with_spacy():
   # "In München, " is 13 bytes (ü is 2): Angela Merkel is bytes 13..26.
   assert (13, 26) in spans
   assert annotator.annotate_batch([text, text]) == [spans, spans]
+  # Two worker processes find the same spans, in the texts' order.
+  other = "Paris is the capital of France."
+  workers = ss.get_annotator("entities", n_process=2)
+  assert workers.annotate_batch([text, other, text]) == [spans, annotator.annotate(other), spans]
 
 
 # ----------------------------------------------------------------------------- records
