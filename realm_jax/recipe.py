@@ -86,7 +86,9 @@ before anything trains, with one line naming the file (and record and field) of 
 The wiki world (`--world wiki`; docs/wiki_world.md) is such a corpus and its questions, made
 from English Wikipedia's Vital Articles leads (realm_jax.data.wiki, the `wiki` extra): the same
 stages, the salient spans spaCy's entities and the date patterns computed once over the
-BlockStore, the English BERT (realm_jax/data/assets/wiki_bert) by default.
+BlockStore, the English BERT (realm_jax/data/assets/wiki_bert) by default, and the wiki
+world's settings (`WIKI_*` below): ICT's removal probability 0.5, the retriever held for the
+first half of pretraining, 200 pretraining and 150 fine-tuning steps.
 
 The own-data and wiki runs end with a table of recall at every cut-off (1, 5, 20, 100, clipped to the corpus) of
 BM25, the warm start, the pretrained retriever and the three fine-tuned systems, with their

@@ -363,7 +363,9 @@ def span_records(store_dir: str, progress=None) -> str:
   if os.path.exists(path):
     return path
   store = block_store_lib.BlockStore.open(store_dir, verify="fast")
-  # spaCy on every core (its workers start once per call: 1,024 blocks a call).
+  # spaCy on every core (its workers start once per call: 1,024 blocks a call). The forked
+  # workers never tokenize: no warning from the tokenizers library about its threads.
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   annotator = salient_spans.UnionAnnotator([
       salient_spans.get_annotator(name, **({"n_process": os.cpu_count() or 1}
                                            if name == "entities" else {}))
