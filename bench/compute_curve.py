@@ -1,6 +1,7 @@
 r"""REALM minus the ORQA-style baseline as pretraining grows: the compute curve.
 
-  python bench/compute_curve.py [--multiples 1 4 16] [--seeds 0 1 2] [--report_only] [--write]
+  python bench/compute_curve.py [--world toy|wiki] [--multiples 1 4 16] [--seeds 0 1 2]
+      [--report_only] [--write]
 
 The paper pretrains 200k steps at batch 512; the toy recipe 400 steps at batch 8, where REALM ties
 the ORQA-style baseline. This bench moves pretraining compute alone: for each multiple m of the
@@ -10,6 +11,14 @@ fine-tuning and evaluation are the recipe's at every length. Each cell is one of
 bench/ablations.py's (`ablations.run`, rows "realm" and "orqa"), kept per length in
 `bench/results/compute_curve/toy_<steps>/` and reused; the 1x cells are the Table 2 bench's own
 (bench/results/ablations/), the same runs. Seeds: those asked for at every length, and 0-4 at 1x.
+
+The wiki world (`--world wiki`, docs/wiki_world.md): the wiki recipe (`recipe.WikiRecipe`, its
+English BERT and settings, the retriever held for the first half of every length) with 1x its
+200 pretraining steps. Per seed one ICT warm start, one ORQA-style baseline and one BM25 reader
+are shared by every length; each length adds a REALM pretraining, its fine-tuning and
+evaluation. A cell (`<cells>/wiki_<steps>/seed<s>.json`) holds both rows of one seed and
+length, and the reading of REALM's encoder at the checkpoint it fine-tunes
+(`toy_bert.measure` on 300 held-out test-article sentences).
 
 Per length: REALM minus the baseline, paired by seed (mean ± standard error, each seed's value,
 whether every seed agrees), on test EM and on zero-shot test recall@5, and REALM's retrieval
@@ -22,9 +31,11 @@ the runs under --out.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
-from typing import Mapping, Optional, Sequence
+import time
+from typing import Callable, Mapping, Optional, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -38,7 +49,8 @@ DEFAULT_SEEDS = (0, 1, 2)
 ONE_X_SEEDS = (0, 1, 2, 3, 4)
 ROWS = ("realm", "orqa")
 CELLS = os.path.join(REPO, "bench", "results", "compute_curve")
-SECTION = "REALM against the ORQA-style baseline as pretraining grows (toy world)"
+SECTIONS = {world: f"REALM against the ORQA-style baseline as pretraining grows ({world} world)"
+            for world in ("toy", "wiki")}
 
 
 def steps_of(multiple: int) -> int:
@@ -88,9 +100,11 @@ def make_rows(multiple: int, seeds: Sequence[int], out: str, toy_bert: Optional[
                        toy_bert=toy_bert, cells=cells_dir(multiple, cells))
 
 
-def curve_line(multiple: int, rows: Mapping[str, Mapping[int, dict]]) -> list[str]:
-  """One length's row of the table: steps, seeds, REALM - baseline on EM and recall@5, REALM's
-  utility and masked-span accuracy."""
+def curve_line(multiple: int, rows: Mapping[str, Mapping[int, dict]],
+               steps: Optional[int] = None) -> list[str]:
+  """One length's row of the table: steps (default: the toy world's), seeds, REALM - baseline
+  on EM and recall@5, REALM's utility, masked-span accuracy and reading (mean over seeds)."""
+  steps = steps_of(multiple) if steps is None else steps
   cells = []
   for key in (ablations.EM, ablations.RECALL):
     pair = ablations.paired(rows, "realm", "orqa", key)
@@ -103,63 +117,196 @@ def curve_line(multiple: int, rows: Mapping[str, Mapping[int, dict]]) -> list[st
   realm = rows.get("realm", {})
   for key in ("retrieval_utility", "mlm_accuracy"):
     cells.append(ablations.mean_sd_cell([cell.get(key) for cell in realm.values()]))
-  return [f"{steps_of(multiple):,} ({multiple}x)", str(len(realm)), *cells]
+  readings = [cell["reading"] for cell in realm.values() if cell.get("reading")]
+  cells.append(" / ".join(f"{sum(r[key] for r in readings) / len(readings):.3f}"
+                          for key in READING) if readings else "n/a")
+  return [f"{steps:,} ({multiple}x)", str(len(realm)), *cells]
 
 
-def table(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]]) -> str:
+def table(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]],
+          steps: Callable[[int], int] = steps_of) -> str:
+  """The curve: a row per length (`steps` turns a multiple into pretraining steps)."""
   header = ["pretraining steps", "REALM seeds", "REALM - baseline, test EM",
             "REALM - baseline, zero-shot test recall@5", "REALM's retrieval utility",
-            "REALM's masked-span accuracy"]
+            "REALM's masked-span accuracy",
+            "REALM's encoder reading: stating block / null / another block"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for multiple in sorted(rows_by_multiple):
-    lines.append("| " + " | ".join(curve_line(multiple, rows_by_multiple[multiple])) + " |")
+    lines.append("| " + " | ".join(curve_line(multiple, rows_by_multiple[multiple],
+                                              steps(multiple))) + " |")
   return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- the wiki world
+
+READING_SENTENCES = 300
+# The encoder's masked-wordpiece accuracy beside the stating block, with the null document and
+# beside another document's block (`toy_bert.measure`'s keys).
+READING = ("with_context", "without_context", "with_distractor")
+
+
+def wiki_steps(multiple: int) -> int:
+  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
+  return recipe_lib.WIKI_STEPS["pretrain"] * multiple
+
+
+def wiki_options(multiple: int) -> dict:
+  """What a wiki cell is fingerprinted with besides the gins: the English BERT, the world's
+  questions and text (its manifest), the wiki recipe's settings and the length."""
+  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(wiki.world_dir(), "manifest.json"), encoding="utf-8") as f:
+    manifest = f.read()
+  return {"wiki_bert_sha256": toy_bert.shipped_sha256("wiki"),
+          "world_manifest": hashlib.sha256(manifest.encode()).hexdigest(),
+          "ict_remove_probability": recipe_lib.WIKI_ICT_REMOVE_PROBABILITY,
+          "retriever_frozen_share": recipe_lib.WIKI_RETRIEVER_FROZEN_SHARE,
+          "finetune_steps": recipe_lib.WIKI_STEPS["finetune"],
+          "pretrain_steps": wiki_steps(multiple), "reading_sentences": READING_SENTENCES,
+          "eval_split": ablations.EVAL_SPLIT}
+
+
+def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS) -> str:
+  return os.path.join(cells, f"wiki_{wiki_steps(multiple)}", f"seed{seed}.json")
+
+
+def wiki_recipe(multiple: int, seed: int, out: str):
+  """The wiki recipe of one seed and length under `out`: its own pretraining, fine-tuning and
+  evaluations; the BlockStore and its spans shared by every seed, the ICT warm start, the
+  ORQA-style baseline and the BM25 reader shared by every length of the seed."""
+  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  seed_dir = os.path.join(out, f"seed{seed}")
+  seeded = [f"train_main.seed={seed}"]
+  run = recipe_lib.WikiRecipe(
+      os.path.join(seed_dir, f"steps{wiki_steps(multiple)}"), world=wiki.world_dir(),
+      toy_bert=recipe_lib.toy_bert_dir("shipped", "wiki"), pretrain_steps=wiki_steps(multiple),
+      warm_start_bindings=seeded,
+      pretrain_bindings=recipe_lib.step_bindings("pretrain", wiki_steps(multiple)) + seeded,
+      finetune_bindings=recipe_lib.step_bindings(
+          "finetune", recipe_lib.WIKI_STEPS["finetune"]) + seeded)
+  run.store = os.path.join(out, "store")
+  run.bert = os.path.join(out, "bert")
+  run.ict, run.orqa, run.bm25_reader = (os.path.join(seed_dir, name)
+                                        for name in ("ict", "orqa", "bm25_reader"))
+  return run
+
+
+def encoder_reading(run_dir: str, step: int, world: str,
+                    num_sentences: int = READING_SENTENCES) -> dict:
+  """The reading (`toy_bert.measure`: held-out sentences beside the stating block, the null
+  document and another document's block) of a pretraining checkpoint's encoder."""
+  import tempfile  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints, toy_bert  # pylint: disable=import-outside-toplevel
+  from realm_jax.convert import hf  # pylint: disable=import-outside-toplevel
+  params, config, _ = checkpoints.restore_params(run_dir, step)
+  with tempfile.TemporaryDirectory() as directory:
+    hf.write_bert_mlm(directory, params["encoder"], config.bert)
+    measured = toy_bert.measure(directory, num_sentences, world)
+  return {name: measured[name]["wordpiece_accuracy"] for name in READING}
+
+
+def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
+  """One seed and length of the wiki world: REALM's row and the baseline's, as
+  `ablations.paired` reads them, from the wiki recipe's summary."""
+  utility = summary["retrieval_utility"]["last"]
+  return {
+      "realm": {ablations.EM: summary["qa"]["realm"]["exact_match"],
+                ablations.RECALL: summary["recall"]["pretrained"]["recall@5"],
+                "retrieval_utility": utility, "mlm_accuracy": summary["mlm_accuracy_realm"],
+                "reading": reading},
+      "orqa": {ablations.EM: summary["qa"]["orqa"]["exact_match"],
+               ablations.RECALL: summary["recall"]["warm_start"]["recall@5"]},
+      "bm25_reader_em": summary["qa"]["bm25_reader"]["exact_match"],
+      "pretrain_checkpoint": summary["pretrain_checkpoint"], "minutes": minutes,
+      "recipe": summary}
+
+
+def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
+              make: bool = True) -> dict[str, dict[int, dict]]:
+  """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`)."""
+  fingerprint = ablations.fingerprint(wiki_options(multiple))
+  rows: dict[str, dict[int, dict]] = {}
+  for seed in seeds:
+    path = wiki_cell_path(multiple, seed, cells)
+    cell = ablations.load_cell(path, fingerprint)
+    if cell is None and make:
+      print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple)} steps ...",
+            flush=True)
+      start = time.monotonic()
+      run = wiki_recipe(multiple, seed, out)
+      summary = run.run()
+      step = summary["pretrain_checkpoint"]["step"]
+      cell = wiki_cell(summary, encoder_reading(run.pretrain, step, "wiki"),
+                       (time.monotonic() - start) / 60)
+      ablations.save_cell(path, cell, fingerprint)
+    if cell is not None:
+      for name in ROWS:
+        rows.setdefault(name, {})[seed] = cell[name]
+  return rows
 
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--world", choices=("toy", "wiki"), default="toy",
+                      help="the toy world (default; 1x = 400 steps) or the wiki world (1x = its "
+                           "recipe's 200)")
   parser.add_argument("--multiples", nargs="+", type=int, default=DEFAULT_MULTIPLES,
-                      help="pretraining lengths as multiples of the toy recipe's 400 steps "
+                      help="pretraining lengths as multiples of the world's recipe's "
                            "(default: %(default)s)")
   parser.add_argument("--seeds", nargs="+", type=int, default=DEFAULT_SEEDS,
                       help="seeds at every length (default: %(default)s; 0-4 at 1x as well)")
-  parser.add_argument("--out", default="/tmp/realm_compute_curve",
-                      help="run directories (default %(default)s)")
+  parser.add_argument("--out", default=None,
+                      help="run directories (default /tmp/realm_compute_curve/<world>)")
   parser.add_argument("--cells", default=CELLS,
-                      help="where the cells of lengths past 1x are kept (default: "
-                           f"{os.path.relpath(CELLS, REPO)})")
+                      help="where the cells are kept, a directory per world and length "
+                           f"(default: {os.path.relpath(CELLS, REPO)}; the toy world's 1x cells "
+                           "are bench/ablations.py's)")
   parser.add_argument("--report_only", action="store_true",
                       help="make nothing: the table of the kept cells")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the table into docs/benchmarks.md ({SECTION!r})")
+                      help="write the table into docs/benchmarks.md (a section per world)")
   args = parser.parse_args()
   if any(m < 1 for m in args.multiples):
     parser.error("--multiples: positive integers")
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
+  out = os.path.abspath(args.out or os.path.join("/tmp/realm_compute_curve", args.world))
   os.chdir(REPO)  # the recipe's children run from the repository root
   rows_by_multiple = {}
   for multiple in sorted(set(args.multiples)):
     seeds = seeds_at(multiple, args.seeds)
-    rows_by_multiple[multiple] = (kept_rows(multiple, seeds, toy_bert, cells) if args.report_only
-                                  else make_rows(multiple, seeds, os.path.abspath(args.out),
-                                                 toy_bert, cells))
-  text = table(rows_by_multiple)
+    if args.world == "wiki":
+      rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
+                                             make=not args.report_only)
+    elif args.report_only:
+      rows_by_multiple[multiple] = kept_rows(multiple, seeds, toy_bert, cells)
+    else:
+      rows_by_multiple[multiple] = make_rows(multiple, seeds, out, toy_bert, cells)
+  text = table(rows_by_multiple, wiki_steps if args.world == "wiki" else steps_of)
   print("\n" + text)
   if args.write:
-    machines = ablations.cells_machines({
-        seed: [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json") for name in ROWS]
-        for m in rows_by_multiple for seed in seeds_at(m, args.seeds)})
-    body = (f"Toy world, `python bench/compute_curve.py --write` on {machines}: REALM's row of "
-            "bench/ablations.py pretrained for 1x, 4x and 16x the recipe's 400 steps, the "
-            "ORQA-style baseline beside it from the same seed's ICT warm start; the warm start, "
-            "fine-tuning and evaluation are the recipe's at every length. Differences are REALM "
-            "minus the baseline, paired by seed: mean ± standard error (each seed's value). EM "
-            "and zero-shot recall@5 on toy QA test; fine-tuning picks its checkpoint on dev.\n\n"
-            + text)
-    report.write_section(SECTION, body)
+    paths = {seed: ([wiki_cell_path(m, seed, cells)] if args.world == "wiki" else
+                    [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json")
+                     for name in ROWS])
+             for m in rows_by_multiple for seed in seeds_at(m, args.seeds)}
+    what = ("REALM's row of bench/ablations.py pretrained for 1x, 4x and 16x the recipe's 400 "
+            "steps, the ORQA-style baseline beside it from the same seed's ICT warm start"
+            if args.world == "toy" else
+            "the wiki recipe (docs/wiki_world.md) with 1x, 4x and 16x its 200 pretraining "
+            "steps, the retriever held for the first half of each, the ORQA-style baseline "
+            "and its ICT warm start shared by the lengths of a seed")
+    body = (f"`python bench/compute_curve.py --world {args.world} --write` on "
+            f"{ablations.cells_machines(paths)}: {what}; the warm start, fine-tuning and "
+            "evaluation are the recipe's at every length. Differences are REALM minus the "
+            "baseline, paired by seed: mean ± standard error (each seed's value). EM and "
+            "zero-shot recall@5 on the test questions; fine-tuning picks its checkpoint on "
+            "dev. Reading: masked-wordpiece accuracy of REALM's encoder on held-out sentences "
+            "(`toy_bert.measure`).\n\n" + text)
+    report.write_section(SECTIONS[args.world], body)
   return 0
 
 

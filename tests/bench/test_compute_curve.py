@@ -50,3 +50,43 @@ def test_kept_rows_read_only_current_cells(tmp_path, monkeypatch):
         {"summary": _cell(0.2, 0.5), "fingerprint": fingerprint}))
   rows = compute_curve.kept_rows(4, (0, 1), None, str(tmp_path))
   assert set(rows) == {"realm"} and set(rows["realm"]) == {0}
+
+
+def test_encoder_reading_of_a_run_is_the_bert_it_holds(tmp_path):
+  """A run whose checkpoint holds the shipped toy BERT reads as that BERT does, measured on the
+  transformers files directly (`toy_bert.measure`)."""
+  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
+  from realm_jax.convert import hf  # pylint: disable=import-outside-toplevel
+  hf.write_checkpoint(toy_bert.SHIPPED_DIR, str(tmp_path / "run"))
+  reading = compute_curve.encoder_reading(str(tmp_path / "run"), 0, "toy", num_sentences=24)
+  direct = toy_bert.measure(toy_bert.SHIPPED_DIR, 24, "toy")
+  assert reading == {key: direct[key]["wordpiece_accuracy"] for key in compute_curve.READING}
+
+
+def test_a_wiki_cell_pairs_the_rows_of_one_recipe_run():
+  summary = {"qa": {"realm": {"exact_match": 0.037}, "orqa": {"exact_match": 0.034},
+                    "bm25_reader": {"exact_match": 0.148}},
+             "recall": {"pretrained": {"recall@5": 0.151}, "warm_start": {"recall@5": 0.168}},
+             "retrieval_utility": {"first": 0.04, "chosen": 0.04, "last": 0.03},
+             "mlm_accuracy_realm": 0.12, "pretrain_checkpoint": {"step": 40}}
+  reading = {"with_context": 0.11, "without_context": 0.08, "with_distractor": 0.09}
+  cell = compute_curve.wiki_cell(summary, reading, minutes=20.0)
+  rows = {name: {0: cell[name]} for name in compute_curve.ROWS}
+  line = compute_curve.curve_line(1, rows, compute_curve.wiki_steps(1))
+  assert line[0] == "200 (1x)"
+  assert line[2].startswith("+0.003 ± n/a (seeds 0: +0.003)")
+  assert line[3].startswith("-0.017 ± n/a")
+  assert line[-1] == "0.110 / 0.080 / 0.090"
+
+
+def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkeypatch):
+  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(wiki, "world_dir", lambda seed=0: "/world")
+  four, one = (compute_curve.wiki_recipe(m, 3, str(tmp_path)) for m in (4, 1))
+  assert four.ict == one.ict == str(tmp_path / "seed3" / "ict")
+  assert four.orqa == one.orqa and four.bm25_reader == one.bm25_reader
+  assert four.store == one.store == str(tmp_path / "store")
+  assert four.pretrain == str(tmp_path / "seed3" / "steps800" / "pretrain") != one.pretrain
+  assert "NUM_STEPS=800" in four.pretrain_bindings
+  assert "train_main.seed=3" in four.pretrain_bindings + four.warm_start_bindings
+  assert four.frozen_retriever_steps == 400
