@@ -145,12 +145,17 @@ READING_SENTENCES = 300
 READING = ("with_context", "without_context", "with_distractor")
 
 
-def wiki_steps(multiple: int) -> int:
+# --smoke: the whole of a wiki cell at a tiny size (the script checked, on a CPU, in minutes).
+SMOKE_STEPS = {"ict": 8, "pretrain": 4, "finetune": 4, "reading": 16}
+
+
+def wiki_steps(multiple: int, smoke: bool = False) -> int:
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
-  return recipe_lib.WIKI_STEPS["pretrain"] * multiple
+  base = SMOKE_STEPS["pretrain"] if smoke else recipe_lib.WIKI_STEPS["pretrain"]
+  return base * multiple
 
 
-def wiki_options(multiple: int) -> dict:
+def wiki_options(multiple: int, smoke: bool = False) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the English BERT, the world's
   questions and text (its manifest), the wiki recipe's settings and the length."""
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
@@ -163,15 +168,15 @@ def wiki_options(multiple: int) -> dict:
           "ict_remove_probability": recipe_lib.WIKI_ICT_REMOVE_PROBABILITY,
           "retriever_frozen_share": recipe_lib.WIKI_RETRIEVER_FROZEN_SHARE,
           "finetune_steps": recipe_lib.WIKI_STEPS["finetune"],
-          "pretrain_steps": wiki_steps(multiple), "reading_sentences": READING_SENTENCES,
-          "eval_split": ablations.EVAL_SPLIT}
+          "pretrain_steps": wiki_steps(multiple, smoke), "reading_sentences": READING_SENTENCES,
+          "eval_split": ablations.EVAL_SPLIT, **({"smoke": SMOKE_STEPS} if smoke else {})}
 
 
-def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS) -> str:
-  return os.path.join(cells, f"wiki_{wiki_steps(multiple)}", f"seed{seed}.json")
+def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False) -> str:
+  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}", f"seed{seed}.json")
 
 
-def wiki_recipe(multiple: int, seed: int, out: str):
+def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False):
   """The wiki recipe of one seed and length under `out`: its own pretraining, fine-tuning and
   evaluations; the BlockStore and its spans shared by every seed, the ICT warm start, the
   ORQA-style baseline and the BM25 reader shared by every length of the seed."""
@@ -179,13 +184,15 @@ def wiki_recipe(multiple: int, seed: int, out: str):
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
   seed_dir = os.path.join(out, f"seed{seed}")
   seeded = [f"train_main.seed={seed}"]
+  steps = wiki_steps(multiple, smoke)
+  finetune = SMOKE_STEPS["finetune"] if smoke else recipe_lib.WIKI_STEPS["finetune"]
   run = recipe_lib.WikiRecipe(
-      os.path.join(seed_dir, f"steps{wiki_steps(multiple)}"), world=wiki.world_dir(),
-      toy_bert=recipe_lib.toy_bert_dir("shipped", "wiki"), pretrain_steps=wiki_steps(multiple),
-      warm_start_bindings=seeded,
-      pretrain_bindings=recipe_lib.step_bindings("pretrain", wiki_steps(multiple)) + seeded,
-      finetune_bindings=recipe_lib.step_bindings(
-          "finetune", recipe_lib.WIKI_STEPS["finetune"]) + seeded)
+      os.path.join(seed_dir, f"steps{steps}"), world=wiki.world_dir(),
+      toy_bert=recipe_lib.toy_bert_dir("shipped", "wiki"), pretrain_steps=steps,
+      warm_start_bindings=(recipe_lib.step_bindings("ict", SMOKE_STEPS["ict"]) if smoke
+                           else []) + seeded,
+      pretrain_bindings=recipe_lib.step_bindings("pretrain", steps) + seeded,
+      finetune_bindings=recipe_lib.step_bindings("finetune", finetune) + seeded)
   run.store = os.path.join(out, "store")
   run.bert = os.path.join(out, "bert")
   run.ict, run.orqa, run.bm25_reader = (os.path.join(seed_dir, name)
@@ -224,22 +231,23 @@ def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
 
 
 def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
-              make: bool = True) -> dict[str, dict[int, dict]]:
+              make: bool = True, smoke: bool = False) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`)."""
-  fingerprint = ablations.fingerprint(wiki_options(multiple))
+  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke))
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
-    path = wiki_cell_path(multiple, seed, cells)
+    path = wiki_cell_path(multiple, seed, cells, smoke)
     cell = ablations.load_cell(path, fingerprint)
     if cell is None and make:
-      print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple)} steps ...",
+      print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps ...",
             flush=True)
       start = time.monotonic()
-      run = wiki_recipe(multiple, seed, out)
+      run = wiki_recipe(multiple, seed, out, smoke)
       summary = run.run()
       step = summary["pretrain_checkpoint"]["step"]
-      cell = wiki_cell(summary, encoder_reading(run.pretrain, step, "wiki"),
-                       (time.monotonic() - start) / 60)
+      reading = encoder_reading(run.pretrain, step, "wiki",
+                                SMOKE_STEPS["reading"] if smoke else READING_SENTENCES)
+      cell = wiki_cell(summary, reading, (time.monotonic() - start) / 60)
       ablations.save_cell(path, cell, fingerprint)
     if cell is not None:
       for name in ROWS:
@@ -268,9 +276,15 @@ def main() -> int:
                       help="make nothing: the table of the kept cells")
   parser.add_argument("--write", action="store_true",
                       help="write the table into docs/benchmarks.md (a section per world)")
+  parser.add_argument("--smoke", action="store_true",
+                      help="the wiki world's cells at a tiny size (ICT 8 steps, 1x = 4 "
+                           "pretraining steps, fine-tuning 4, reading 16 sentences): the bench "
+                           "itself checked; its cells go to --cells, nothing is written")
   args = parser.parse_args()
   if any(m < 1 for m in args.multiples):
     parser.error("--multiples: positive integers")
+  if args.smoke and (args.world != "wiki" or args.write or args.cells == CELLS):
+    parser.error("--smoke: with --world wiki and a --cells of its own, never --write")
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
@@ -281,12 +295,13 @@ def main() -> int:
     seeds = seeds_at(multiple, args.seeds)
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
-                                             make=not args.report_only)
+                                             make=not args.report_only, smoke=args.smoke)
     elif args.report_only:
       rows_by_multiple[multiple] = kept_rows(multiple, seeds, toy_bert, cells)
     else:
       rows_by_multiple[multiple] = make_rows(multiple, seeds, out, toy_bert, cells)
-  text = table(rows_by_multiple, wiki_steps if args.world == "wiki" else steps_of)
+  text = table(rows_by_multiple, (lambda m: wiki_steps(m, args.smoke)) if args.world == "wiki"
+               else steps_of)
   print("\n" + text)
   if args.write:
     paths = {seed: ([wiki_cell_path(m, seed, cells)] if args.world == "wiki" else
@@ -306,7 +321,11 @@ def main() -> int:
             "zero-shot recall@5 on the test questions; fine-tuning picks its checkpoint on "
             "dev. Reading: masked-wordpiece accuracy of REALM's encoder on held-out sentences "
             "(`toy_bert.measure`).\n\n" + text)
-    report.write_section(SECTIONS[args.world], body)
+    import jax  # pylint: disable=import-outside-toplevel
+    device = jax.devices()[0]
+    # Cells made on an accelerator get a section of their own, named after it.
+    report.write_section(SECTIONS[args.world], body,
+                         accelerator=None if device.platform == "cpu" else device.device_kind)
   return 0
 
 
