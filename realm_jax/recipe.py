@@ -1241,8 +1241,8 @@ WIKI_OUT = "/tmp/realm_wiki"
 # blocks (before that, the retriever's updates follow a reader that reads nothing).
 WIKI_ICT_REMOVE_PROBABILITY = 0.5
 WIKI_RETRIEVER_FROZEN_SHARE = 0.5
-# Its run lengths, where they differ from the toy gins': the wiki world is 4x the toy BlockStore
-# and the recipe should take 15 minutes on 2 cores.
+# Its run lengths, where they differ from the toy gins': halved for time (the whole recipe takes
+# 25 minutes on 2 cores with them, docs/wiki_world.md).
 WIKI_STEPS = {"pretrain": 200, "finetune": 150}
 
 
