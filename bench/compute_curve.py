@@ -202,15 +202,11 @@ def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False):
 
 def encoder_reading(run_dir: str, step: int, world: str,
                     num_sentences: int = READING_SENTENCES) -> dict:
-  """The reading (`toy_bert.measure`: held-out sentences beside the stating block, the null
-  document and another document's block) of a pretraining checkpoint's encoder."""
-  import tempfile  # pylint: disable=import-outside-toplevel
+  """The reading (`toy_bert.measure_params`: held-out sentences beside the stating block, the
+  null document and another document's block) of a pretraining checkpoint's encoder."""
   from realm_jax import checkpoints, toy_bert  # pylint: disable=import-outside-toplevel
-  from realm_jax.convert import hf  # pylint: disable=import-outside-toplevel
   params, config, _ = checkpoints.restore_params(run_dir, step)
-  with tempfile.TemporaryDirectory() as directory:
-    hf.write_bert_mlm(directory, params["encoder"], config.bert)
-    measured = toy_bert.measure(directory, num_sentences, world)
+  measured = toy_bert.measure_params(params["encoder"], config, num_sentences, world)
   return {name: measured[name]["wordpiece_accuracy"] for name in READING}
 
 

@@ -160,12 +160,19 @@ def measure(directory: str, num_examples: int = 1000, world: str = "toy") -> dic
   another document's block."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   config, params, _ = hf.load_checkpoint(directory)
-  result = {"sha256": weights_sha256(directory)}
-  for name, context in (("with_context", "own"), ("without_context", "null"),
-                        ("with_distractor", "distractor")):
-    result[name] = reading_accuracy(params, config, heldout_examples(
-        num_examples, context=context, world=world))
-  return result
+  return {"sha256": weights_sha256(directory),
+          **measure_params(params, config, num_examples, world)}
+
+
+def measure_params(encoder_params: Any, config: Any, num_examples: int = 1000,
+                   world: str = "toy") -> dict[str, Any]:
+  """`measure` of an encoder already in memory (`{"bert", "mlm_head"}`, e.g. a pretraining
+  checkpoint's "encoder"): {"with_context", "without_context", "with_distractor"}, each
+  `reading_accuracy`'s."""
+  return {name: reading_accuracy(encoder_params, config, heldout_examples(
+      num_examples, context=context, world=world))
+          for name, context in (("with_context", "own"), ("without_context", "null"),
+                                ("with_distractor", "distractor"))}
 
 
 def weights_sha256(directory: str) -> str:
