@@ -75,9 +75,7 @@ def step_row(json_path: str) -> dict:
   from bench import paper_rehearsal  # pylint: disable=import-outside-toplevel
   with open(json_path, encoding="utf-8") as f:
     r = json.load(f)
-  args = paper_rehearsal._parser().parse_args(  # pylint: disable=protected-access
-      [x for k, v in r["args"].items() if v is not None and k not in ("work", "json")
-       for x in ((f"--{k}",) if v is True else () if v is False else (f"--{k}", str(v)))])
+  args = paper_rehearsal.args_from_json(r)
   try:
     a = paper_rehearsal.analyse(r, args)
   except SystemExit as e:  # too few trainer records: the run stopped before it stepped enough

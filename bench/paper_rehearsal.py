@@ -57,7 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
@@ -590,6 +590,15 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
+def args_from_json(r: dict, argv: Sequence[str] = ()) -> argparse.Namespace:
+  """A kept run's arguments (its --json's "args"), `argv`'s flags taking precedence."""
+  argv = list(argv)
+  return _parser().parse_args(argv + [x for k, v in r["args"].items()
+                                      if k not in ("work", "json", "write", "from_json")
+                                      and v is not None and f"--{k}" not in argv
+                                      for x in (f"--{k}", str(v))])
+
+
 def main(argv: Optional[list[str]] = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   if argv[:1] == ["trainer"]:  # the trainer process: train_main with SyntheticPretrainJob known
@@ -601,10 +610,7 @@ def main(argv: Optional[list[str]] = None) -> int:
   if args.from_json:
     with open(args.from_json, encoding="utf-8") as f:
       r = json.load(f)
-    args = parser.parse_args(argv + [x for k, v in r["args"].items()
-                                     if k not in ("work", "json", "write", "from_json")
-                                     and v is not None and f"--{k}" not in argv
-                                     for x in (f"--{k}", str(v))])
+    args = args_from_json(r, argv)
   elif not args.work:
     parser.error("--work is required (or --from_json)")
   else:
