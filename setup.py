@@ -27,6 +27,11 @@ INSTALL_REQUIRES = [
     "tokenizers==0.20.3",
 ]
 
+# The benches' plots (bench/compute_curve.py writes docs/compute_curve.png).
+BENCH_REQUIRES = [
+    "matplotlib==3.11.2",
+]
+
 # The parity peers. torch is pinned exactly: this CPU build is what the test machines carry,
 # and any looser requirement pulls several GB of CUDA wheels.
 TEST_REQUIRES = [
@@ -39,6 +44,8 @@ TEST_REQUIRES = [
     "nbclient==0.11.0",
     "nbformat==5.11.1",
     "ipykernel==7.4.0",
+    # The plots are tested too.
+    *BENCH_REQUIRES,
 ]
 
 # Salient-span entity annotation with spaCy (REALM's own tagger was never released);
@@ -72,5 +79,5 @@ setuptools.setup(
                              "data/assets/wiki_bert/*"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES, "entities": ENTITIES_REQUIRES,
-                    "wiki": WIKI_REQUIRES},
+                    "wiki": WIKI_REQUIRES, "bench": BENCH_REQUIRES},
 )

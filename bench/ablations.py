@@ -710,6 +710,29 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
   return rows
 
 
+def realm_pretraining(out: str, seed: int, *, pretrain_steps: int | None,
+                      toy_bert: str | None = None) -> str:
+  """The run directory of one seed's REALM pretraining under `out` (as `run` lays it out),
+  made when missing (its ICT warm start too): for a bench that reads the pretrained model itself
+  where `run` kept only its cells."""
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
+  store = realm_jax_tasks.toy_block_store_dir()
+  options = cell_options(
+      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
+      ict_from_bert=False, pretrain_steps=pretrain_steps, finetune_steps=None)
+  seed_out = os.path.join(out, f"seed{seed}")
+  claim_runs_dir(seed_out, runs_fingerprint(options))
+  shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
+                             baseline=False)
+  recipe = _cell_recipe(ROW_BY_NAME[BASE], seed, seed_out, shared, store,
+                        pretrain_steps=pretrain_steps, finetune_steps=None, toy_bert=toy_bert,
+                        ict_from_bert=False)
+  if not recipe.trained(recipe.pretrain):
+    recipe.run_pretraining()
+  return recipe.pretrain
+
+
 # ---------------------------------------------------------------------------- the report
 
 

@@ -20,9 +20,14 @@ evaluation. A cell (`<cells>/wiki_<steps>/seed<s>.json`) holds both rows of one 
 length, and the reading of REALM's encoder at the checkpoint it fine-tunes
 (`toy_bert.measure` on 300 held-out test-article sentences).
 
+The toy world's reading is measured on each seed's REALM pretraining under --out at its last
+checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_reading.json`; at
+1x, where the Table 2 bench keeps cells alone, the pretraining is made again from the seed.
+
 Per length: REALM minus the baseline, paired by seed (mean ± standard error, each seed's value,
 whether every seed agrees), on test EM and on zero-shot test recall@5, and REALM's retrieval
-utility and masked-span accuracy at its last pretraining checkpoint (mean ± standard deviation).
+utility and masked-span accuracy at its last pretraining checkpoint (mean ± standard deviation)
+and its reading (mean). `--write` adds the plot of both worlds (docs/compute_curve.png).
 A cell is made in about 4 + 4m minutes on 2 cores (a 16x REALM pretraining is about an hour); run
 it in the background: every finished cell is kept, and a stopped run resumes from the cells and
 the runs under --out.
@@ -49,6 +54,12 @@ DEFAULT_SEEDS = (0, 1, 2)
 ONE_X_SEEDS = (0, 1, 2, 3, 4)
 ROWS = ("realm", "orqa")
 CELLS = os.path.join(REPO, "bench", "results", "compute_curve")
+# The reading: held-out sentences per context (`toy_bert.measure_params`).
+READING_SENTENCES = 300
+# The encoder's masked-wordpiece accuracy beside the stating block, with the null document and
+# beside another document's block (`toy_bert.measure`'s keys).
+READING = ("with_context", "without_context", "with_distractor")
+PLOT = os.path.join(REPO, "docs", "compute_curve.png")
 SECTIONS = {world: f"REALM against the ORQA-style baseline as pretraining grows ({world} world)"
             for world in ("toy", "wiki")}
 
@@ -74,13 +85,18 @@ def pretrain_steps_option(multiple: int) -> Optional[int]:
   return None if multiple == 1 else steps_of(multiple)
 
 
+def toy_options(multiple: int, toy_bert: Optional[str]) -> dict:
+  """`ablations.cell_options` of one length of the toy world."""
+  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
+  return ablations.cell_options(
+      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
+      ict_from_bert=False, pretrain_steps=pretrain_steps_option(multiple), finetune_steps=None)
+
+
 def kept_rows(multiple: int, seeds: Sequence[int], toy_bert: Optional[str],
               cells: str = CELLS) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of the kept, current cells of one length (nothing is made)."""
-  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
-  options = ablations.cell_options(
-      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
-      ict_from_bert=False, pretrain_steps=pretrain_steps_option(multiple), finetune_steps=None)
+  options = toy_options(multiple, toy_bert)
   rows: dict[str, dict[int, dict]] = {}
   for name in ROWS:
     fingerprint = ablations.row_fingerprint(ablations.ROW_BY_NAME[name], options)
@@ -98,6 +114,47 @@ def make_rows(multiple: int, seeds: Sequence[int], out: str, toy_bert: Optional[
   return ablations.run(os.path.join(out, f"toy_{steps_of(multiple)}"), ROWS, seeds=tuple(seeds),
                        pretrain_steps=pretrain_steps_option(multiple), finetune_steps=None,
                        toy_bert=toy_bert, cells=cells_dir(multiple, cells))
+
+
+def reading_path(multiple: int, seed: int, cells: str = CELLS) -> str:
+  """Where the reading of one toy REALM pretraining is kept (1x too: the Table 2 bench keeps no
+  pretrained model to read)."""
+  return os.path.join(cells, f"toy_{steps_of(multiple)}", f"seed{seed}_reading.json")
+
+
+def toy_readings(multiple: int, seeds: Sequence[int], out: str, toy_bert: Optional[str],
+                 cells: str = CELLS, make: bool = True) -> dict[int, dict]:
+  """{seed: reading cell} of one length of the toy world: the reading of REALM's encoder at its
+  last pretraining checkpoint (the one its fine-tuning starts from), measured on the run under
+  `out` (`ablations.realm_pretraining`: made again when missing, as at 1x) and kept."""
+  fingerprint = ablations.fingerprint({**toy_options(multiple, toy_bert),
+                                       "reading_sentences": READING_SENTENCES})
+  readings = {}
+  for seed in seeds:
+    path = reading_path(multiple, seed, cells)
+    cell = ablations.load_cell(path, fingerprint)
+    if cell is None and make:
+      from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+      print(f"compute_curve: toy world, seed {seed}, {steps_of(multiple)} steps: the encoder's "
+            "reading ...", flush=True)
+      run_dir = ablations.realm_pretraining(os.path.join(out, f"toy_{steps_of(multiple)}"), seed,
+                                            pretrain_steps=pretrain_steps_option(multiple),
+                                            toy_bert=toy_bert)
+      step = checkpoints.latest_checkpoint_step(run_dir)
+      cell = {"reading": encoder_reading(run_dir, step, "toy"), "step": step,
+              "pretraining": ablations.pretraining_id(run_dir)}
+      ablations.save_cell(path, cell, fingerprint)
+    if cell is not None:
+      readings[seed] = cell
+  return readings
+
+
+def with_readings(rows: Mapping[str, Mapping[int, dict]],
+                  readings: Mapping[int, dict]) -> dict[str, dict[int, dict]]:
+  """`rows` with each REALM cell given its seed's kept reading (as a wiki cell holds one)."""
+  realm = {seed: {**cell, "reading": readings[seed]["reading"]} if seed in readings else cell
+           for seed, cell in rows.get("realm", {}).items()}
+  return {**rows, "realm": realm} if realm else dict(rows)
 
 
 def curve_line(multiple: int, rows: Mapping[str, Mapping[int, dict]],
@@ -118,8 +175,11 @@ def curve_line(multiple: int, rows: Mapping[str, Mapping[int, dict]],
   for key in ("retrieval_utility", "mlm_accuracy"):
     cells.append(ablations.mean_sd_cell([cell.get(key) for cell in realm.values()]))
   readings = [cell["reading"] for cell in realm.values() if cell.get("reading")]
-  cells.append(" / ".join(f"{sum(r[key] for r in readings) / len(readings):.3f}"
-                          for key in READING) if readings else "n/a")
+  reading = (" / ".join(f"{sum(r[key] for r in readings) / len(readings):.3f}" for key in READING)
+             if readings else "n/a")
+  if readings and len(readings) < len(realm):
+    reading += f" ({len(readings)} seeds)"
+  cells.append(reading)
   return [f"{steps:,} ({multiple}x)", str(len(realm)), *cells]
 
 
@@ -139,10 +199,6 @@ def table(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]],
 
 # ---------------------------------------------------------------------------- the wiki world
 
-READING_SENTENCES = 300
-# The encoder's masked-wordpiece accuracy beside the stating block, with the null document and
-# beside another document's block (`toy_bert.measure`'s keys).
-READING = ("with_context", "without_context", "with_distractor")
 
 
 # --smoke: the whole of a wiki cell at a tiny size (the script checked, on a CPU, in minutes).
@@ -251,6 +307,70 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
   return rows
 
 
+# ---------------------------------------------------------------------------- the plot
+
+
+def curve_points(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]],
+                 steps: Callable[[int], int], key: str) -> list[tuple[int, float, float, int]]:
+  """[(pretraining steps, mean paired REALM - baseline difference of `key`, its standard error
+  (NaN for one seed), seeds)] of the lengths that have a pair, by steps."""
+  points = []
+  for multiple in sorted(rows_by_multiple):
+    pair = ablations.paired(rows_by_multiple[multiple], "realm", "orqa", key)
+    if pair is not None:
+      seeds, difference = pair
+      points.append((steps(multiple), difference.mean, difference.standard_error, len(seeds)))
+  return points
+
+
+def kept_curve(world: str, cells: str, toy_bert: Optional[str],
+               multiples: Sequence[int] = DEFAULT_MULTIPLES) -> dict[int, dict]:
+  """{multiple: rows} of a world's kept cells (seeds 0-4, nothing made), the toy world's
+  REALM cells with their readings."""
+  curve = {}
+  for multiple in multiples:
+    if world == "wiki":
+      curve[multiple] = wiki_rows(multiple, ONE_X_SEEDS, "", cells, make=False)
+    else:
+      curve[multiple] = with_readings(
+          kept_rows(multiple, ONE_X_SEEDS, toy_bert, cells),
+          toy_readings(multiple, ONE_X_SEEDS, "", toy_bert, cells, make=False))
+  return curve
+
+
+def plot(curves: Mapping[str, Mapping[int, dict]], path: str = PLOT) -> None:
+  """The curve as a PNG: REALM minus the baseline on test EM and on zero-shot test recall@5
+  against pretraining steps (log axis), a line per world, error bars of one standard error."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+  steps = {"toy": steps_of, "wiki": wiki_steps}
+  figure, axes = pyplot.subplots(1, 2, figsize=(10, 4))
+  for ax, (key, what) in zip(axes, ((ablations.EM, "test EM"),
+                                    (ablations.RECALL, "zero-shot test recall@5"))):
+    for world, curve in curves.items():
+      points = curve_points(curve, steps[world], key)
+      if points:
+        x, mean, se, _ = zip(*points)
+        ax.errorbar(x, mean, yerr=[0.0 if e != e else e for e in se], marker="o", capsize=4,
+                    label=f"{world} world (1x = {steps[world](1)} steps)")
+    ax.axhline(0.0, color="gray", linewidth=0.8)
+    ax.set_xscale("log")
+    ticks = sorted({x for world, curve in curves.items()
+                    for x, *_ in curve_points(curve, steps[world], key)})
+    ax.set_xticks(ticks, [f"{x:,}" for x in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("REALM pretraining steps (log)")
+    ax.set_ylabel(f"REALM - ORQA-style, {what}")
+    ax.legend()
+  figure.suptitle("REALM minus the ORQA-style baseline as pretraining grows "
+                  "(mean over paired seeds ± one standard error)", fontsize=10)
+  figure.tight_layout()
+  # No software version or date in the file: the same cells make the same bytes.
+  figure.savefig(path, dpi=100, metadata={"Software": None})
+  pyplot.close(figure)
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,7 +391,9 @@ def main() -> int:
   parser.add_argument("--report_only", action="store_true",
                       help="make nothing: the table of the kept cells")
   parser.add_argument("--write", action="store_true",
-                      help="write the table into docs/benchmarks.md (a section per world)")
+                      help="write the table into docs/benchmarks.md (a section per world) "
+                           "and, on a CPU, the plot of both worlds' kept cells "
+                           "(docs/compute_curve.png)")
   parser.add_argument("--smoke", action="store_true",
                       help="the wiki world's cells at a tiny size (ICT 8 steps, 1x = 4 "
                            "pretraining steps, fine-tuning 4, reading 16 sentences): the bench "
@@ -292,10 +414,12 @@ def main() -> int:
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
                                              make=not args.report_only, smoke=args.smoke)
-    elif args.report_only:
-      rows_by_multiple[multiple] = kept_rows(multiple, seeds, toy_bert, cells)
     else:
-      rows_by_multiple[multiple] = make_rows(multiple, seeds, out, toy_bert, cells)
+      rows = (kept_rows(multiple, seeds, toy_bert, cells) if args.report_only
+              else make_rows(multiple, seeds, out, toy_bert, cells))
+      readings = toy_readings(multiple, args.seeds, out, toy_bert, cells,
+                              make=not args.report_only)
+      rows_by_multiple[multiple] = with_readings(rows, readings)
   text = table(rows_by_multiple, (lambda m: wiki_steps(m, args.smoke)) if args.world == "wiki"
                else steps_of)
   print("\n" + text)
@@ -322,6 +446,9 @@ def main() -> int:
     # Cells made on an accelerator get a section of their own, named after it.
     report.write_section(SECTIONS[args.world], body,
                          accelerator=None if device.platform == "cpu" else device.device_kind)
+    if device.platform == "cpu":
+      plot({world: kept_curve(world, cells, toy_bert) for world in ("toy", "wiki")})
+      print(f"compute_curve: wrote {os.path.relpath(PLOT, REPO)}")
   return 0
 
 

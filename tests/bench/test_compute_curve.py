@@ -90,3 +90,45 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   assert "NUM_STEPS=800" in four.pretrain_bindings
   assert "train_main.seed=3" in four.pretrain_bindings + four.warm_start_bindings
   assert four.frozen_retriever_steps == 400
+
+
+def test_a_toy_realm_cell_takes_its_seeds_reading_and_the_table_counts_them():
+  rows = {"realm": {0: _cell(0.2, 0.5), 1: _cell(0.3, 0.4)},
+          "orqa": {0: _cell(0.1, 0.5), 1: _cell(0.1, 0.5)}}
+  readings = {1: {"reading": {"with_context": 0.3, "without_context": 0.1,
+                              "with_distractor": 0.2}}, 7: {"reading": {}}}
+  joined = compute_curve.with_readings(rows, readings)
+  assert "reading" not in joined["realm"][0] and "reading" not in rows["realm"][1]
+  assert joined["realm"][1]["reading"]["with_context"] == 0.3
+  assert set(joined["realm"]) == {0, 1} and joined["orqa"] == rows["orqa"]
+  # One of two REALM seeds was read: the mean over it, and the count said.
+  assert compute_curve.curve_line(4, joined)[-1] == "0.300 / 0.100 / 0.200 (1 seeds)"
+
+
+def test_kept_readings_are_read_only_when_current(tmp_path, monkeypatch):
+  monkeypatch.setattr(ablations, "fingerprint", lambda options: f"fp-{options['pretrain_steps']}")
+  for seed, fingerprint in ((0, "fp-1600"), (1, "fp-400")):
+    path = compute_curve.reading_path(4, seed, str(tmp_path))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump({"summary": {"reading": {"with_context": 0.5}}, "fingerprint": fingerprint}, f)
+  assert compute_curve.reading_path(4, 0, "/c") == "/c/toy_1600/seed0_reading.json"
+  # A missing reading is not made when `make` is off; seed 1's is of another length.
+  readings = compute_curve.toy_readings(4, (0, 1, 2), "/nowhere", None, str(tmp_path), make=False)
+  assert list(readings) == [0]
+
+
+def test_curve_points_and_the_plot():
+  rows = lambda em_diffs: {"realm": {s: _cell(0.2 + d, 0.5) for s, d in enumerate(em_diffs)},
+                           "orqa": {s: _cell(0.2, 0.5) for s in range(len(em_diffs))}}
+  curve = {1: rows([0.1, 0.3]), 4: rows([-0.2]), 16: {}}
+  points = compute_curve.curve_points(curve, compute_curve.steps_of, ablations.EM)
+  # Differences +0.1, +0.3: mean 0.2, sample std 0.1414, over sqrt(2): 0.1; one seed has no SE.
+  assert [(x, round(m, 6), n) for x, m, _, n in points] == [(400, 0.2, 2), (1600, -0.2, 1)]
+  assert abs(points[0][2] - 0.1) < 1e-9 and points[1][2] != points[1][2]
+  import tempfile  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory() as directory:
+    path = os.path.join(directory, "curve.png")
+    compute_curve.plot({"toy": curve, "wiki": {1: rows([0.0, 0.1])}}, path)
+    with open(path, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
