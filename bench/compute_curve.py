@@ -7,8 +7,10 @@ The paper pretrains 200k steps at batch 512; the toy recipe 400 steps at batch 8
 the ORQA-style baseline. This bench moves pretraining compute alone: for each multiple m of the
 toy recipe's pretraining (400 steps), REALM's row of bench/ablations.py is made with 400 x m
 steps, and the ORQA-style baseline beside it from the same seed's ICT warm start; the warm start,
-fine-tuning and evaluation are the recipe's at every length. Each cell is one of
-bench/ablations.py's (`ablations.run`, rows "realm" and "orqa"), kept per length in
+fine-tuning and evaluation are the recipe's at every length. REALM's retriever fine-tuned with
+the BERT reader (Table 2's mixed row) splits REALM minus the baseline into the retriever's part
+and the encoder's. Each cell is one of bench/ablations.py's (`ablations.run`, rows "realm",
+"orqa" and "realm_retriever_bert_encoder"), kept per length in
 `bench/results/compute_curve/toy_<steps>/` and reused; the 1x cells are the Table 2 bench's own
 (bench/results/ablations/), the same runs. Seeds: those asked for at every length, and 0-4 at 1x.
 
@@ -52,7 +54,10 @@ TOY_STEPS = 400  # experiments/toy_pretrain.gin's NUM_STEPS: the 1x of the axis
 DEFAULT_MULTIPLES = (1, 4, 16)
 DEFAULT_SEEDS = (0, 1, 2)
 ONE_X_SEEDS = (0, 1, 2, 3, 4)
-ROWS = ("realm", "orqa")
+# REALM, the ORQA-style baseline, and REALM's retriever with the BERT reader (Table 2's mixed row):
+# with it, REALM minus the baseline splits into the retriever's part and the encoder's.
+MIXED = "realm_retriever_bert_encoder"
+ROWS = ("realm", "orqa", MIXED)
 CELLS = os.path.join(REPO, "bench", "results", "compute_curve")
 # The reading: held-out sentences per context (`toy_bert.measure_params`).
 READING_SENTENCES = 300
@@ -160,11 +165,14 @@ def with_readings(rows: Mapping[str, Mapping[int, dict]],
 def curve_line(multiple: int, rows: Mapping[str, Mapping[int, dict]],
                steps: Optional[int] = None) -> list[str]:
   """One length's row of the table: steps (default: the toy world's), seeds, REALM - baseline
-  on EM and recall@5, REALM's utility, masked-span accuracy and reading (mean over seeds)."""
+  on EM and recall@5, that EM difference's two parts (the retriever's: the mixed row - baseline;
+  the encoder's: REALM - the mixed row), REALM's utility, masked-span accuracy and reading (mean
+  over seeds)."""
   steps = steps_of(multiple) if steps is None else steps
   cells = []
-  for key in (ablations.EM, ablations.RECALL):
-    pair = ablations.paired(rows, "realm", "orqa", key)
+  for a, b, key in (("realm", "orqa", ablations.EM), ("realm", "orqa", ablations.RECALL),
+                    (MIXED, "orqa", ablations.EM), ("realm", MIXED, ablations.EM)):
+    pair = ablations.paired(rows, a, b, key)
     if pair is None:
       cells.append("n/a")
       continue
@@ -187,7 +195,10 @@ def table(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]],
           steps: Callable[[int], int] = steps_of) -> str:
   """The curve: a row per length (`steps` turns a multiple into pretraining steps)."""
   header = ["pretraining steps", "REALM seeds", "REALM - baseline, test EM",
-            "REALM - baseline, zero-shot test recall@5", "REALM's retrieval utility",
+            "REALM - baseline, zero-shot test recall@5",
+            "of which REALM's retriever: REALM retriever + BERT reader - baseline, test EM",
+            "of which REALM's encoder: REALM - REALM retriever + BERT reader, test EM",
+            "REALM's retrieval utility",
             "REALM's masked-span accuracy",
             "REALM's encoder reading: stating block / null / another block"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -303,7 +314,8 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
       ablations.save_cell(path, cell, fingerprint)
     if cell is not None:
       for name in ROWS:
-        rows.setdefault(name, {})[seed] = cell[name]
+        if name in cell:
+          rows.setdefault(name, {})[seed] = cell[name]
   return rows
 
 

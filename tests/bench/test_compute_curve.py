@@ -36,9 +36,16 @@ def test_the_table_pairs_realm_with_the_baseline_seed_by_seed():
                                           "seed agrees"]
   # Recall differences 0 and -0.1: no agreement (a zero difference has no sign).
   assert line[3] == "-0.050 ± 0.050 (seeds 0, 1: +0.000, -0.100)"
-  assert line[4] == "0.200 ± 0.141"  # utility: mean ± sample std of REALM's
+  # Without the mixed row, the EM difference has no parts.
+  assert line[4:6] == ["n/a", "n/a"]
+  assert line[6] == "0.200 ± 0.141"  # utility: mean ± sample std of REALM's
+  # With it: the retriever's part (mixed - baseline) and the encoder's (REALM - mixed).
+  rows[compute_curve.MIXED] = {0: _cell(0.15, 0.5), 1: _cell(0.1, 0.4)}
+  line = compute_curve.curve_line(4, rows)
+  assert line[4] == "+0.025 ± 0.025 (seeds 0, 1: +0.050, +0.000)"
+  assert line[5] == "+0.125 ± 0.075 (seeds 0, 1: +0.050, +0.200); every seed agrees"
   table = compute_curve.table({4: rows, 16: {}})
-  assert table.splitlines()[-1].startswith("| 6,400 (16x) | 0 | n/a | n/a |")
+  assert table.splitlines()[-1].startswith("| 6,400 (16x) | 0 | n/a | n/a | n/a | n/a |")
 
 
 def test_kept_rows_read_only_current_cells(tmp_path, monkeypatch):
@@ -71,7 +78,7 @@ def test_a_wiki_cell_pairs_the_rows_of_one_recipe_run():
              "mlm_accuracy_realm": 0.12, "pretrain_checkpoint": {"step": 40}}
   reading = {"with_context": 0.11, "without_context": 0.08, "with_distractor": 0.09}
   cell = compute_curve.wiki_cell(summary, reading, minutes=20.0)
-  rows = {name: {0: cell[name]} for name in compute_curve.ROWS}
+  rows = {name: {0: cell[name]} for name in compute_curve.ROWS if name in cell}
   line = compute_curve.curve_line(1, rows, compute_curve.wiki_steps(1))
   assert line[0] == "200 (1x)"
   assert line[2].startswith("+0.003 ± n/a (seeds 0: +0.003)")
