@@ -18,9 +18,10 @@ The wiki world (`--world wiki`, docs/wiki_world.md): the wiki recipe (`recipe.Wi
 English BERT and settings, the retriever held for the first half of every length) with 1x its
 200 pretraining steps. Per seed one ICT warm start, one ORQA-style baseline and one BM25 reader
 are shared by every length; each length adds a REALM pretraining, its fine-tuning and
-evaluation. A cell (`<cells>/wiki_<steps>/seed<s>.json`) holds both rows of one seed and
-length, and the reading of REALM's encoder at the checkpoint it fine-tunes
-(`toy_bert.measure` on 300 held-out test-article sentences).
+evaluation, and the mixed row's fine-tuning of the same pretraining. A cell
+(`<cells>/wiki_<steps>/seed<s>.json`) holds the three rows of one seed and length, and the
+reading of REALM's encoder at the checkpoint it fine-tunes (`toy_bert.measure` on 300 held-out
+test-article sentences).
 
 The toy world's reading is measured on each seed's REALM pretraining under --out at its last
 checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_reading.json`; at
@@ -243,10 +244,14 @@ def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = F
   return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}", f"seed{seed}.json")
 
 
-def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False):
+MIXED_SLOT = "finetune_bert_reader"  # the wiki recipe's fine-tuning slot of the mixed row
+
+
+def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False):
   """The wiki recipe of one seed and length under `out`: its own pretraining, fine-tuning and
   evaluations; the BlockStore and its spans shared by every seed, the ICT warm start, the
-  ORQA-style baseline and the BM25 reader shared by every length of the seed."""
+  ORQA-style baseline and the BM25 reader shared by every length of the seed. `mixed`: its
+  REALM fine-tuning slot is the mixed row's instead (REALM's retriever, the BERT reader)."""
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
   seed_dir = os.path.join(out, f"seed{seed}")
@@ -259,7 +264,8 @@ def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False):
       warm_start_bindings=(recipe_lib.step_bindings("ict", SMOKE_STEPS["ict"]) if smoke
                            else []) + seeded,
       pretrain_bindings=recipe_lib.step_bindings("pretrain", steps) + seeded,
-      finetune_bindings=recipe_lib.step_bindings("finetune", finetune) + seeded)
+      finetune_bindings=recipe_lib.step_bindings("finetune", finetune) + seeded,
+      **({"finetune_name": MIXED_SLOT, "finetune_reader": "bert"} if mixed else {}))
   run.store = os.path.join(out, "store")
   run.bert = os.path.join(out, "bert")
   run.ict, run.orqa, run.bm25_reader = (os.path.join(seed_dir, name)
@@ -311,6 +317,14 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
       reading = encoder_reading(run.pretrain, step, "wiki",
                                 SMOKE_STEPS["reading"] if smoke else READING_SENTENCES)
       cell = wiki_cell(summary, reading, (time.monotonic() - start) / 60)
+      ablations.save_cell(path, cell, fingerprint)
+    if cell is not None and MIXED not in cell and make:
+      print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps: "
+            "REALM's retriever with the BERT reader ...", flush=True)
+      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True).run()
+      cell = {**cell, MIXED: {ablations.EM: summary["qa"]["realm"]["exact_match"],
+                              ablations.RECALL: summary["recall"]["pretrained"]["recall@5"]},
+              "recipe_mixed": summary}
       ablations.save_cell(path, cell, fingerprint)
     if cell is not None:
       for name in ROWS:
@@ -422,7 +436,8 @@ def main() -> int:
   os.chdir(REPO)  # the recipe's children run from the repository root
   rows_by_multiple = {}
   for multiple in sorted(set(args.multiples)):
-    seeds = seeds_at(multiple, args.seeds)
+    # A smoke run makes the seeds asked for alone (no 0-4 at 1x).
+    seeds = tuple(sorted(set(args.seeds))) if args.smoke else seeds_at(multiple, args.seeds)
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
                                              make=not args.report_only, smoke=args.smoke)

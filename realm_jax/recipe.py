@@ -945,17 +945,21 @@ class OwnDataRecipe(Recipe):
                ict_remove_probability: Optional[float] = None,
                min_answerable: float = DEFAULT_MIN_ANSWERABLE,
                warm_start_bindings: Sequence[str] = (), pretrain_bindings: Sequence[str] = (),
-               finetune_bindings: Sequence[str] = ()):
+               finetune_bindings: Sequence[str] = (), finetune_name: str = DEFAULT_FINETUNE_NAME,
+               finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain"):
     """Args: out: the output directory (its BlockStore in `<out>/store`); documents: the
     corpus (`build_corpus --input`, an absolute path for files); questions: your QA files
     (`absolute_questions`); documents_format: `build_corpus --source`; toy_bert, ict_from_bert,
-    the bindings: as Recipe's; max_block_len, ict_remove_probability: None to choose them from
-    the data; min_answerable: the least share of a split's questions whose answers must occur
-    in the corpus."""
+    the bindings, REALM's fine-tuning slot (finetune_name, finetune_retriever, finetune_reader):
+    as Recipe's; max_block_len, ict_remove_probability: None to choose them from the data;
+    min_answerable: the least share of a split's questions whose answers must occur in the
+    corpus."""
     out = os.path.abspath(out)
     super().__init__(out, os.path.join(out, "store"), toy_bert=toy_bert,
                      ict_from_bert=ict_from_bert, warm_start_bindings=warm_start_bindings,
-                     pretrain_bindings=pretrain_bindings, finetune_bindings=finetune_bindings)
+                     pretrain_bindings=pretrain_bindings, finetune_bindings=finetune_bindings,
+                     finetune_name=finetune_name, finetune_retriever=finetune_retriever,
+                     finetune_reader=finetune_reader)
     self.documents = documents
     self.documents_format = documents_format
     self.questions = questions
@@ -1145,23 +1149,28 @@ class OwnDataRecipe(Recipe):
     print(f"{PROG}: fine-tuning starts from pretraining checkpoint {step} ({why}), as REALM "
           f"picks it: by retrieval utility, not the last ({_latest_step(self.pretrain)})",
           flush=True)
-    pretrained = self._pretrain_checkpoint()
-    self.stage("4 frozen indexes for fine-tuning (REALM's from that checkpoint, the ORQA-style "
-               "baseline's from the warm start)",
+    # REALM's fine-tuning slot: the chosen checkpoint (REALM), or the mix `finetune_retriever`
+    # and `finetune_reader` ask for (Table 2's mixed rows), in files of its own.
+    retriever, reader_bindings = self._finetune_starts()
+    slot = "" if self.finetune_name == DEFAULT_FINETUNE_NAME else f"_{self.finetune_name}"
+    self.stage("4 frozen indexes for fine-tuning (REALM's from its retriever's checkpoint, the "
+               "ORQA-style baseline's from the warm start)",
                all(store_lib.latest_index_step(d) is not None for d in (self.finetune, self.orqa)),
                lambda: run_children([
                    self._index_child(run_dir, checkpoint, f"index_{name}.log")
-                   for run_dir, checkpoint, name in ((self.finetune, pretrained, "finetune"),
+                   for run_dir, checkpoint, name in ((self.finetune, retriever,
+                                                      self.finetune_name),
                                                      (self.orqa, ict, "finetune_orqa"))
                    if store_lib.latest_index_step(run_dir) is None]))
     # The REALM fine-tuning's frozen index is the chosen checkpoint's: recall after pretraining.
-    after = {split: self._recall_child(f"after_{split}", 0, split, self.finetune, pretrained)
+    after = {split: self._recall_child(f"after{slot}_{split}", 0, split, self.finetune,
+                                       retriever)
              for split in ("dev", "test")}
     self._stage_children("  recall after pretraining (that checkpoint's index; dev, test)",
                          list(after.values()))
     baseline_reader = (f"ENCODER_CHECKPOINT={_quoted(bert)}",)
     # (run directory, INIT_CHECKPOINT, log, bindings, evaluation name, evaluate's bindings)
-    runs = [(self.finetune, pretrained, "finetune", (), "realm", ()),
+    runs = [(self.finetune, retriever, self.finetune_name, reader_bindings, f"realm{slot}", ()),
             (self.orqa, ict, "finetune_orqa", baseline_reader, "orqa", ()),
             (self.bm25_reader, ict, "finetune_bm25", self._bm25_reader_bindings(bert),
              "bm25_reader", ("evaluate_main.candidates='bm25'",))]
@@ -1177,7 +1186,8 @@ class OwnDataRecipe(Recipe):
     return self.own_summary({"bm25": bm25[1], "warm_start": before["test"][1],
                              "pretrained": after["test"][1]},
                             {"warm_start": before["dev"][1], "pretrained": after["dev"][1]},
-                            {name: metrics for name, (_, metrics) in evaluations.items()})
+                            {"realm" if name == f"realm{slot}" else name: metrics
+                             for name, (_, metrics) in evaluations.items()})
 
   def _stage_children(self, name: str, children: Sequence[tuple[tuple[list[str], str], str]]
                       ) -> None:

@@ -274,13 +274,11 @@ def test_fine_tuning_starts_from_the_best_pretraining_checkpoint_not_the_last(tm
   assert run.pretrain_choice() == (400, "latest")
 
 
-def test_own_data_stages_point_every_child_at_the_data_and_add_bm25(tmp_path, monkeypatch):
+def _recorded_run(run, ict, monkeypatch):
+  """`run.run()` with every child recorded instead of run: (commands, the indexes built, what
+  `own_summary` was given)."""
   from realm_jax.index import store as store_lib  # pylint: disable=import-outside-toplevel
-  out = tmp_path / "out"
-  run = recipe.OwnDataRecipe(str(out), documents="/d.jsonl", questions="regex:/qa",
-                             finetune_bindings=["NUM_STEPS=7"])
   _finished_pretraining(run.pretrain, (80, 400), best=80)
-  ict = str(tmp_path / "ict_ckpt")
   commands, trained, indexes = [], set(), {}
 
   def prepare():
@@ -303,7 +301,15 @@ def test_own_data_stages_point_every_child_at_the_data_and_add_bm25(tmp_path, mo
   monkeypatch.setattr(recipe, "run_child", lambda cmd, log: record(cmd))
   monkeypatch.setattr(recipe, "run_children", lambda children: [record(c) for c, _ in children])
   monkeypatch.setattr(store_lib, "latest_index_step", indexes.get)
-  recall, dev_recall, qa = run.run()
+  return commands, indexes, run.run()
+
+
+def test_own_data_stages_point_every_child_at_the_data_and_add_bm25(tmp_path, monkeypatch):
+  out = tmp_path / "out"
+  run = recipe.OwnDataRecipe(str(out), documents="/d.jsonl", questions="regex:/qa",
+                             finetune_bindings=["NUM_STEPS=7"])
+  ict = str(tmp_path / "ict_ckpt")
+  commands, indexes, (recall, dev_recall, qa) = _recorded_run(run, ict, monkeypatch)
 
   def by_run(run_dir):
     return [c for c in commands if f"--gin.RUN_DIR='{run_dir}'" in c]
@@ -341,6 +347,29 @@ def test_own_data_stages_point_every_child_at_the_data_and_add_bm25(tmp_path, mo
   assert recall == {name: f"{out}/eval/recall_{file}.metrics.json" for name, file in (
       ("bm25", "bm25_test"), ("warm_start", "before_test"), ("pretrained", "after_test"))}
   assert dev_recall["pretrained"] == f"{out}/eval/recall_after_dev.metrics.json"
+  assert set(qa) == {"realm", "orqa", "bm25_reader"}
+
+
+def test_a_mixed_fine_tuning_slot_has_its_reader_and_files_of_its_own(tmp_path, monkeypatch):
+  """Table 2's "REALM retriever + baseline encoder" on your data: the chosen checkpoint's
+  retriever and index, the BERT reader, in a slot beside REALM's whose files it leaves alone."""
+  out = tmp_path / "out"
+  run = recipe.OwnDataRecipe(str(out), documents="/d.jsonl", questions="/qa",
+                             finetune_name="finetune_bert_reader", finetune_reader="bert")
+  commands, _, (recall, dev_recall, qa) = _recorded_run(run, str(tmp_path / "ict"), monkeypatch)
+  best = f"{run.pretrain}/checkpoints/80"
+  assert run.finetune == f"{out}/finetune_bert_reader"
+  index, _, _, finetune, evaluate = [c for c in commands
+                                     if f"--gin.RUN_DIR='{run.finetune}'" in c]
+  assert f"--gin.build_index_main.checkpoint_dir='{best}'" in index
+  assert {f"--gin.INIT_CHECKPOINT='{best}'",
+          "--gin.ENCODER_CHECKPOINT='/bert/checkpoints/0'"} <= set(finetune)
+  assert f"--gin.evaluate_main.output='{out}/eval/realm_finetune_bert_reader_test.jsonl'" in (
+      evaluate)
+  assert recall["pretrained"] == (
+      f"{out}/eval/recall_after_finetune_bert_reader_test.metrics.json")
+  assert dev_recall["warm_start"] == f"{out}/eval/recall_before_dev.metrics.json"
+  assert qa["realm"] == f"{out}/eval/realm_finetune_bert_reader_test.metrics.json"
   assert set(qa) == {"realm", "orqa", "bm25_reader"}
 
 

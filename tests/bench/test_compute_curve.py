@@ -139,3 +139,33 @@ def test_curve_points_and_the_plot():
     compute_curve.plot({"toy": curve, "wiki": {1: rows([0.0, 0.1])}}, path)
     with open(path, "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
+  """A wiki cell kept before the mixed row existed keeps its rows, and the mixed row (REALM's
+  retriever, the BERT reader: the recipe's mixed slot) is made once and added to it."""
+  summary = {"qa": {"realm": {"exact_match": 0.05}}, "recall": {"pretrained": {"recall@5": 0.2}}}
+  made = []
+
+  class FakeRecipe:
+    def __init__(self, mixed):
+      self.mixed = mixed
+
+    def run(self):
+      made.append(self.mixed)
+      return summary
+
+  monkeypatch.setattr(compute_curve, "wiki_options", lambda multiple, smoke=False: {"m": multiple})
+  monkeypatch.setattr(compute_curve, "wiki_recipe",
+                      lambda multiple, seed, out, smoke=False, mixed=False: FakeRecipe(mixed))
+  fingerprint = ablations.fingerprint({"m": 1})
+  path = compute_curve.wiki_cell_path(1, 0, str(tmp_path))
+  ablations.save_cell(path, {"realm": _cell(0.04, 0.17), "orqa": _cell(0.03, 0.17)}, fingerprint)
+  kept = compute_curve.wiki_rows(1, (0,), "/out", str(tmp_path), make=False)
+  assert set(kept) == {"realm", "orqa"} and not made
+  rows = compute_curve.wiki_rows(1, (0,), "/out", str(tmp_path))
+  assert made == [True]
+  assert rows[compute_curve.MIXED][0] == {ablations.EM: 0.05, ablations.RECALL: 0.2}
+  assert rows["realm"][0] == _cell(0.04, 0.17)
+  compute_curve.wiki_rows(1, (0,), "/out", str(tmp_path))
+  assert made == [True]  # kept with it now
