@@ -39,7 +39,6 @@ the runs under --out.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import sys
 import time
@@ -50,6 +49,7 @@ sys.path.insert(0, REPO)
 
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
 from bench import report  # noqa: E402  pylint: disable=wrong-import-position
+from bench import wiki_runs  # noqa: E402  pylint: disable=wrong-import-position
 
 TOY_STEPS = 400  # experiments/toy_pretrain.gin's NUM_STEPS: the 1x of the axis
 DEFAULT_MULTIPLES = (1, 4, 16)
@@ -213,64 +213,29 @@ def table(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]],
 
 
 
-# --smoke: the whole of a wiki cell at a tiny size (the script checked, on a CPU, in minutes).
-SMOKE_STEPS = {"ict": 8, "pretrain": 4, "finetune": 4, "reading": 16}
-
-
 def wiki_steps(multiple: int, smoke: bool = False) -> int:
-  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
-  base = SMOKE_STEPS["pretrain"] if smoke else recipe_lib.WIKI_STEPS["pretrain"]
-  return base * multiple
+  return wiki_runs.recipe_steps("pretrain", smoke) * multiple
 
 
 def wiki_options(multiple: int, smoke: bool = False) -> dict:
-  """What a wiki cell is fingerprinted with besides the gins: the English BERT, the world's
-  questions and text (its manifest), the wiki recipe's settings and the length."""
-  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
-  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
-  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
-  with open(os.path.join(wiki.world_dir(), "manifest.json"), encoding="utf-8") as f:
-    manifest = f.read()
-  return {"wiki_bert_sha256": toy_bert.shipped_sha256("wiki"),
-          "world_manifest": hashlib.sha256(manifest.encode()).hexdigest(),
-          "ict_remove_probability": recipe_lib.WIKI_ICT_REMOVE_PROBABILITY,
-          "retriever_frozen_share": recipe_lib.WIKI_RETRIEVER_FROZEN_SHARE,
-          "finetune_steps": recipe_lib.WIKI_STEPS["finetune"],
-          "pretrain_steps": wiki_steps(multiple, smoke), "reading_sentences": READING_SENTENCES,
-          "eval_split": ablations.EVAL_SPLIT, **({"smoke": SMOKE_STEPS} if smoke else {})}
+  """What a wiki cell is fingerprinted with besides the gins: the world's options
+  (`wiki_runs.world_options`), the length and the reading's size."""
+  return {**wiki_runs.world_options(smoke), "pretrain_steps": wiki_steps(multiple, smoke),
+          "reading_sentences": READING_SENTENCES}
 
 
 def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False) -> str:
   return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}", f"seed{seed}.json")
 
 
-MIXED_SLOT = "finetune_bert_reader"  # the wiki recipe's fine-tuning slot of the mixed row
-
-
 def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False):
-  """The wiki recipe of one seed and length under `out`: its own pretraining, fine-tuning and
-  evaluations; the BlockStore and its spans shared by every seed, the ICT warm start, the
-  ORQA-style baseline and the BM25 reader shared by every length of the seed. `mixed`: its
-  REALM fine-tuning slot is the mixed row's instead (REALM's retriever, the BERT reader)."""
-  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
-  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
-  seed_dir = os.path.join(out, f"seed{seed}")
-  seeded = [f"train_main.seed={seed}"]
+  """The wiki recipe of one seed and length under `out` (`wiki_runs.recipe`: `seed<s>/steps<N>`,
+  1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
+  (REALM's retriever, the BERT reader), as the Table 2 bench names it."""
   steps = wiki_steps(multiple, smoke)
-  finetune = SMOKE_STEPS["finetune"] if smoke else recipe_lib.WIKI_STEPS["finetune"]
-  run = recipe_lib.WikiRecipe(
-      os.path.join(seed_dir, f"steps{steps}"), world=wiki.world_dir(),
-      toy_bert=recipe_lib.toy_bert_dir("shipped", "wiki"), pretrain_steps=steps,
-      warm_start_bindings=(recipe_lib.step_bindings("ict", SMOKE_STEPS["ict"]) if smoke
-                           else []) + seeded,
-      pretrain_bindings=recipe_lib.step_bindings("pretrain", steps) + seeded,
-      finetune_bindings=recipe_lib.step_bindings("finetune", finetune) + seeded,
-      **({"finetune_name": MIXED_SLOT, "finetune_reader": "bert"} if mixed else {}))
-  run.store = os.path.join(out, "store")
-  run.bert = os.path.join(out, "bert")
-  run.ict, run.orqa, run.bm25_reader = (os.path.join(seed_dir, name)
-                                        for name in ("ict", "orqa", "bm25_reader"))
-  return run
+  return wiki_runs.recipe(out, seed, f"steps{steps}", pretrain_steps=steps, smoke=smoke,
+                          **({"finetune_name": MIXED, "finetune_reader": "bert"} if mixed
+                             else {}))
 
 
 def encoder_reading(run_dir: str, step: int, world: str,
@@ -315,7 +280,7 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
       summary = run.run()
       step = summary["pretrain_checkpoint"]["step"]
       reading = encoder_reading(run.pretrain, step, "wiki",
-                                SMOKE_STEPS["reading"] if smoke else READING_SENTENCES)
+                                wiki_runs.SMOKE_STEPS["reading"] if smoke else READING_SENTENCES)
       cell = wiki_cell(summary, reading, (time.monotonic() - start) / 60)
       ablations.save_cell(path, cell, fingerprint)
     if cell is not None and MIXED not in cell and make:
@@ -409,7 +374,9 @@ def main() -> int:
   parser.add_argument("--seeds", nargs="+", type=int, default=DEFAULT_SEEDS,
                       help="seeds at every length (default: %(default)s; 0-4 at 1x as well)")
   parser.add_argument("--out", default=None,
-                      help="run directories (default /tmp/realm_compute_curve/<world>)")
+                      help="run directories (default /tmp/realm_compute_curve/toy for the toy "
+                           f"world, {wiki_runs.DEFAULT_OUT} for the wiki world's, shared with "
+                           "bench/ablations.py --world wiki)")
   parser.add_argument("--cells", default=CELLS,
                       help="where the cells are kept, a directory per world and length "
                            f"(default: {os.path.relpath(CELLS, REPO)}; the toy world's 1x cells "
@@ -432,7 +399,8 @@ def main() -> int:
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
-  out = os.path.abspath(args.out or os.path.join("/tmp/realm_compute_curve", args.world))
+  out = os.path.abspath(args.out or ("/tmp/realm_compute_curve/toy" if args.world == "toy"
+                                     else wiki_runs.DEFAULT_OUT))
   os.chdir(REPO)  # the recipe's children run from the repository root
   rows_by_multiple = {}
   for multiple in sorted(set(args.multiples)):

@@ -88,8 +88,13 @@ def test_a_wiki_cell_pairs_the_rows_of_one_recipe_run():
 
 def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkeypatch):
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  from bench import wiki_runs  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(wiki, "world_dir", lambda seed=0: "/world")
+  monkeypatch.setattr(wiki_runs, "world_options", lambda smoke=False: {"world": "options"})
   four, one = (compute_curve.wiki_recipe(m, 3, str(tmp_path)) for m in (4, 1))
+  # The seed's directory is claimed for the world's options before anything runs in it.
+  with open(tmp_path / "seed3.fingerprint", encoding="utf-8") as f:
+    assert f.read().strip() == ablations.fingerprint({"world": "options"})
   assert four.ict == one.ict == str(tmp_path / "seed3" / "ict")
   assert four.orqa == one.orqa and four.bm25_reader == one.bm25_reader
   assert four.store == one.store == str(tmp_path / "store")
@@ -97,6 +102,10 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   assert "NUM_STEPS=800" in four.pretrain_bindings
   assert "train_main.seed=3" in four.pretrain_bindings + four.warm_start_bindings
   assert four.frozen_retriever_steps == 400
+  # The mixed row: a slot of the same pretraining, named as the Table 2 bench names it.
+  mixed = compute_curve.wiki_recipe(1, 3, str(tmp_path), mixed=True)
+  assert mixed.pretrain == one.pretrain and mixed.finetune_reader == "bert"
+  assert mixed.finetune == str(tmp_path / "seed3" / "steps200" / compute_curve.MIXED)
 
 
 def test_a_toy_realm_cell_takes_its_seeds_reading_and_the_table_counts_them():
