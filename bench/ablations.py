@@ -1,7 +1,14 @@
-r"""The paper's Table 2 on the toy world: every row with several seeds, compared seed by seed.
+r"""The paper's Table 2 on the toy world and the wiki world: every row with several seeds,
+compared seed by seed.
 
-  python bench/ablations.py [--out /tmp/realm_ablations] [--write] [--only ROW ...]
-      [--seeds 0 1 2 3 4] [--pretrain_steps N] [--finetune_steps N]
+  python bench/ablations.py [--world toy|wiki] [--out /tmp/realm_ablations] [--write]
+      [--only ROW ...] [--seeds 0 1 2 3 4] [--pretrain_steps N] [--finetune_steps N]
+
+The wiki world (`--world wiki`): the rows of `WIKI_ROWS`, each the wiki recipe
+(`recipe.WikiRecipe`: its English BERT, settings and steps) with the row's change, laid out by
+bench/wiki_runs.py (REALM's run is the compute curve's 1x); its cells in
+bench/results/ablations_wiki/. What follows describes the toy world; the wiki world's rows
+differ only in their recipe.
 
 A row is the toy recipe (`realm_jax.recipe.Recipe`: pretraining with the index builder alongside,
 a frozen index, open-QA fine-tuning on toy QA train, evaluation) with one change, repeated for
@@ -124,6 +131,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench import report  # noqa: E402  pylint: disable=wrong-import-position
+from bench import wiki_runs  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax import recipe as recipe_lib  # noqa: E402  pylint: disable=wrong-import-position
 
 # The split the tables report. Fine-tuning selects its checkpoint on dev (runs/finetune.gin).
@@ -184,12 +192,23 @@ ROWS = (
 ROW_BY_NAME = {row.name: row for row in ROWS}
 # The rows that fine-tune the REALM row's pretraining.
 FINETUNINGS = tuple(row.name for row in ROWS if not row.pretrains)
+# The rows of the wiki world (`--world wiki`): the paper's, the null document, no ICT and the
+# noise row. Its recipe holds the retriever for the first half of every pretraining already.
+WIKI_ROWS = ("realm", "realm_retriever_bert_encoder", "ict_retriever_realm_encoder", "orqa",
+             "random_token", "random_span", "stale_30x", "no_null", "no_ict", "realm_refit")
 
 EM, RECALL = "qa_em", "recall@5_zero_shot"
 COLUMNS = ((EM, "toy QA test EM"), (RECALL, "zero-shot recall@5 (test)"),
            ("mlm_accuracy", "masked-span accuracy"), ("retrieval_utility", "retrieval utility"),
            ("refreshes", "refreshes"))
 COLUMN_TITLES = dict(COLUMNS)
+# The wiki world's: its questions are the wiki world's (docs/wiki_world.md), its BERT English.
+WIKI_COLUMN_TITLES = {**COLUMN_TITLES, EM: "wiki QA test EM"}
+BERT_NAMES = {"toy": "the toy BERT", "wiki": "the English BERT"}
+
+
+def column_titles(world: str = "toy") -> dict[str, str]:
+  return WIKI_COLUMN_TITLES if world == "wiki" else COLUMN_TITLES
 
 
 class Direction(NamedTuple):
@@ -640,14 +659,86 @@ def _cell_recipe(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, 
                            **kwargs)
 
 
-def _make_cell(row: Row, seed: int, recipe: recipe_lib.Recipe) -> dict:
+# ---------------------------------------------------------------------------- the wiki world
+
+
+def wiki_cell_options() -> dict:
+  """What the wiki world's cells are fingerprinted with besides the gins."""
+  return {**wiki_runs.world_options(EVAL_SPLIT),
+          "pretrain_steps": wiki_runs.recipe_steps("pretrain")}
+
+
+def wiki_seed_dir(out: str, seed: int, smoke: bool = False) -> str:
+  """`wiki_runs.seed_dir`, claimed for the world's options (`claim_runs_dir`)."""
+  path = wiki_runs.seed_dir(out, seed)
+  claim_runs_dir(path, fingerprint(wiki_runs.world_options(EVAL_SPLIT, smoke)))
+  return path
+
+
+def wiki_base_run() -> str:
+  """REALM's run under a wiki seed's directory: the compute curve's 1x, the same run."""
+  return f"steps{wiki_runs.recipe_steps('pretrain')}"
+
+
+def wiki_row_kwargs(row: Row) -> dict:
+  """A row's recipe arguments on the wiki world: its pretraining tasks the own corpus's
+  (`realm_own_*`), a fine-tuning row's slot named after it."""
+  kwargs = {key: value for key, value in row.kwargs.items() if key != "ict"}
+  kwargs["pretrain_bindings"] = [binding.replace("'realm_toy_", f"'realm_{recipe_lib.OWN_CORPUS}_")
+                                 for binding in kwargs.get("pretrain_bindings", [])]
+  if not row.pretrains and row.name != "orqa":
+    kwargs["finetune_name"] = row.name
+  return kwargs
+
+
+def _wiki_cell_recipe(row: Row, seed: int, out: str):
+  """The wiki recipe of one cell (`wiki_runs.recipe`): the ORQA-style baseline is REALM's run,
+  which fine-tunes it beside REALM; "no ICT" starts from an untrained ICT run of its own."""
+  wiki_seed_dir(out, seed)
+  kwargs = wiki_row_kwargs(row)
+  name = run_name(row) if row.pretrains and row.name != BASE else wiki_base_run()
+  steps = wiki_runs.recipe_steps("pretrain")
+  if row.kwargs.get("ict") == "untrained":
+    shared = wiki_runs.recipe(out, seed, wiki_base_run(), pretrain_steps=steps)
+    shared.prepare()  # the BlockStore and the settings ICT reads
+    kwargs["ict_dir"] = _untrained_ict(shared, seed)
+  return wiki_runs.recipe(out, seed, name, pretrain_steps=steps, **kwargs)
+
+
+def wiki_cell_summary(row: Row, summary: dict, *, minutes: float, qa_checkpoint: str,
+                      pretraining: Optional[str]) -> dict:
+  """`cell_summary` from the wiki recipe's summary: the row's EM is its fine-tuning slot's (the
+  baseline's for "orqa"), its zero-shot recall that slot's retriever's (the warm start's for the
+  baseline); the pretraining columns at the checkpoint the recipe fine-tunes, by retrieval
+  utility, the utility at the last."""
+  own = row.pretrains
+  orqa = row.name == "orqa"
+  return {
+      EM: summary["qa"]["orqa" if orqa else "realm"]["exact_match"],
+      RECALL: summary["recall"]["warm_start" if orqa else "pretrained"]["recall@5"],
+      "mlm_accuracy": summary["mlm_accuracy_realm"] if own else math.nan,
+      "retrieval_utility": summary["retrieval_utility"]["last"] if own else math.nan,
+      "refreshes": summary["refreshes"] if own else math.nan,
+      "qa_checkpoint": qa_checkpoint, "pretraining": pretraining, "minutes": minutes,
+      "recipe": summary,
+  }
+
+
+def _make_cell(row: Row, seed: int, recipe: recipe_lib.Recipe, world: str = "toy") -> dict:
   """Runs one cell's recipe (stages already done are skipped) and returns its cell."""
   print(f"\nablations: seed {seed}: {row.label} ...", flush=True)
   start = time.monotonic()
   summary = recipe.run()
-  cell = cell_summary(row, summary, minutes=(time.monotonic() - start) / 60,
-                      qa_checkpoint=evaluated_checkpoint(recipe.qa_metrics_path()),
-                      pretraining=pretraining_id(recipe.pretrain))
+  minutes = (time.monotonic() - start) / 60
+  if world == "wiki":
+    cell = wiki_cell_summary(
+        row, summary, minutes=minutes, pretraining=pretraining_id(recipe.pretrain),
+        qa_checkpoint=evaluated_checkpoint(recipe.qa_metrics_path(
+            "orqa" if row.name == "orqa" else "realm")))
+  else:
+    cell = cell_summary(row, summary, minutes=minutes,
+                        qa_checkpoint=evaluated_checkpoint(recipe.qa_metrics_path()),
+                        pretraining=pretraining_id(recipe.pretrain))
   if not dev_picked(cell):
     print(f"ablations: seed {seed}: {row.label}: the evaluation did not read the checkpoint "
           f"dev picked ({cell['qa_checkpoint']})", flush=True)
@@ -656,19 +747,27 @@ def _make_cell(row: Row, seed: int, recipe: recipe_lib.Recipe) -> dict:
 
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
         finetune_steps: int | None, toy_bert: str | None = None,
-        ict_from_bert: bool = False, cells: str = DEFAULT_CELLS) -> dict[str, dict[int, dict]]:
+        ict_from_bert: bool = False, cells: str = DEFAULT_CELLS,
+        world: str = "toy") -> dict[str, dict[int, dict]]:
   """{row name: {seed: cell}}. Finished cells are kept in `cells` and reused (see the module
-  docstring); REALM's row is measured too when a row that fine-tunes its pretraining is."""
+  docstring); REALM's row is measured too when a row that fine-tunes its pretraining is. `world`
+  'wiki': the rows of `WIKI_ROWS` on the wiki world (`wiki_runs`, the recipe's steps, its
+  English BERT: the step and BERT arguments must be left as they are)."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
-  store = realm_jax_tasks.toy_block_store_dir()
+  wiki = world == "wiki"
+  if wiki and (pretrain_steps, finetune_steps, toy_bert, ict_from_bert) != (None, None, None,
+                                                                            False):
+    raise ValueError("the wiki world's rows take the wiki recipe's steps and English BERT")
+  store = None if wiki else realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
-  options = cell_options(
+  options = wiki_cell_options() if wiki else cell_options(
       toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
       ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps, finetune_steps=finetune_steps)
   seed_runs_fingerprint = runs_fingerprint(options)
   fingerprints = {row.name: row_fingerprint(row, options) for row in ROWS}
-  wanted = [row.name for row in ROWS if not only or row.name in only]
+  wanted = [row.name for row in ROWS if (not only or row.name in only)
+            and (not wiki or row.name in WIKI_ROWS)]
   # The fine-tuning rows are compared with REALM's, whose pretraining they fine-tune.
   needed = {*wanted, *([BASE] if set(wanted) & set(FINETUNINGS) else [])}
   rows: dict[str, dict[int, dict]] = {}
@@ -677,21 +776,28 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := load_cell(path(name), fingerprints[name])) is not None}
-    base_pretrain = os.path.join(seed_out, BASE, "pretrain")
-    family = family_cells_to_make(BASE, FINETUNINGS, wanted, kept, pretraining_id(base_pretrain))
-    if family or needed - set(kept):
-      # Something is made: not from runs of other gins or code.
+    base_pretrain = (os.path.join(wiki_runs.seed_dir(out, seed), wiki_base_run(), "pretrain")
+                     if wiki else os.path.join(seed_out, BASE, "pretrain"))
+    finetunings = tuple(name for name in FINETUNINGS if not wiki or name in WIKI_ROWS)
+    family = family_cells_to_make(BASE, finetunings, wanted, kept, pretraining_id(base_pretrain))
+    if (family or needed - set(kept)) and not wiki:
+      # Something is made: not from runs of other gins or code (a wiki recipe claims its own).
       claim_runs_dir(seed_out, seed_runs_fingerprint)
-    # After the claim: a Recipe makes its directories when built, and the claim may remove them.
-    shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
-                               ict_from_bert=ict_from_bert, baseline=False)
-    recipe = lambda row: _cell_recipe(  # noqa: E731
-        row, seed, seed_out, shared, store, pretrain_steps=pretrain_steps,
-        finetune_steps=finetune_steps, toy_bert=toy_bert, ict_from_bert=ict_from_bert)
+    if wiki:
+      recipe = lambda row: _wiki_cell_recipe(row, seed, out)  # noqa: E731
+      make_pretraining = lambda: recipe(ROW_BY_NAME[BASE]).run()  # noqa: E731
+    else:
+      # After the claim: a Recipe makes its directories when built, and the claim may remove
+      # them.
+      shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
+                                 ict_from_bert=ict_from_bert, baseline=False)
+      recipe = lambda row: _cell_recipe(  # noqa: E731
+          row, seed, seed_out, shared, store, pretrain_steps=pretrain_steps,
+          finetune_steps=finetune_steps, toy_bert=toy_bert, ict_from_bert=ict_from_bert)
+      make_pretraining = lambda: recipe(ROW_BY_NAME[BASE]).run_pretraining()  # noqa: E731
     if family:
       # Planned again: the claim may have removed the pretraining the kept cells read.
-      family = plan_family(BASE, FINETUNINGS, wanted, kept, base_pretrain,
-                           lambda: recipe(ROW_BY_NAME[BASE]).run_pretraining())
+      family = plan_family(BASE, finetunings, wanted, kept, base_pretrain, make_pretraining)
     for row in ROWS:
       if row.name not in needed:
         continue
@@ -704,7 +810,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       if row.name in kept:
         print(f"ablations: seed {seed}: {row.label}: the kept cell is not of the REALM "
               f"pretraining the seed's fine-tuning rows read; made again", flush=True)
-      cell = _make_cell(row, seed, recipe(row))
+      cell = _make_cell(row, seed, recipe(row), world)
       save_cell(path(row.name), cell, fingerprints[row.name])
       rows.setdefault(row.name, {})[seed] = cell
   return rows
@@ -748,9 +854,10 @@ def mean_sd_cell(values: Sequence[Optional[float]], digits: int = 3) -> str:
   return f"{np.mean(values):,.{digits}f} ± {np.std(values, ddof=1):,.{digits}f}"
 
 
-def table(rows: Mapping[str, Mapping[int, dict]]) -> str:
+def table(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") -> str:
   """The rows measured, in the paper's order, as a Markdown table."""
-  lines = ["| row | " + " | ".join(title for _, title in COLUMNS) + " | minutes |",
+  titles = column_titles(world)
+  lines = ["| row | " + " | ".join(titles[key] for key, _ in COLUMNS) + " | minutes |",
            "|---" * (len(COLUMNS) + 2) + "|"]
   for row in ROWS:
     if row.name not in rows:
@@ -782,7 +889,7 @@ def direction_stats(rows: Mapping[str, Mapping[int, dict]]
   return out
 
 
-def comparisons(rows: Mapping[str, Mapping[int, dict]]) -> str:
+def comparisons(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") -> str:
   """One line per direction and column: the mean paired difference ± its standard error, the
   per-seed differences and the verdict (`direction_verdict`)."""
   stats = {(direction.says, key): (seeds, d) for direction, key, seeds, d in direction_stats(rows)}
@@ -792,7 +899,7 @@ def comparisons(rows: Mapping[str, Mapping[int, dict]]) -> str:
       continue
     where = "" if direction.paper else " (beside the paper)"
     for key in (EM, RECALL):
-      title = COLUMN_TITLES[key]
+      title = column_titles(world)[key]
       if key == RECALL and direction.same_retriever:
         lines.append(f"* {direction.says}{where}, {title}: one retriever, equal by construction")
       elif (direction.says, key) in stats:
@@ -802,7 +909,7 @@ def comparisons(rows: Mapping[str, Mapping[int, dict]]) -> str:
   return "\n".join(lines)
 
 
-def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
+def noise_line(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") -> str:
   """The fine-tuning noise ("REALM fine-tuned again" minus REALM, test EM: mean ± standard
   error and the standard deviation of the difference) next to the smallest effect of the
   paper's directions on test EM that it must resolve; "" before both rows are measured with two seeds."""
@@ -811,8 +918,9 @@ def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
     return ""
   seeds, d = pair
   sd = difference_std(d)
+  em_title = column_titles(world)[EM]
   text = (f"Fine-tuning noise: REALM's pretraining fine-tuned again with fine-tuning seed "
-          f"s + {REFIT_SEED_OFFSET}, minus REALM, {COLUMN_TITLES[EM]}: "
+          f"s + {REFIT_SEED_OFFSET}, minus REALM, {em_title}: "
           f"{format_difference(seeds, d)}; standard deviation of the difference {sd:.3f} (one "
           f"fine-tuning's own spread about {sd / math.sqrt(2):.3f}, if the two are independent).")
   effects = [(direction, e) for direction, key, _, e in direction_stats(rows)
@@ -820,7 +928,7 @@ def noise_line(rows: Mapping[str, Mapping[int, dict]]) -> str:
   if effects:
     direction, e = min(effects, key=lambda item: abs(item[1].mean))
     se = f"{e.standard_error:.3f}" if finite(e.standard_error) else "n/a"
-    text += (f" The smallest direction effect on {COLUMN_TITLES[EM]}, {direction.says}: "
+    text += (f" The smallest direction effect on {em_title}, {direction.says}: "
              f"{e.mean:+.3f} ± {se}")
     text += (f", {abs(e.mean) / sd:.1f} times the noise's standard deviation." if sd > 0
              else ".")
@@ -855,7 +963,7 @@ def factorial_effects(rows: Mapping[str, Mapping[int, dict]], key: str = EM
   return seeds, {name: paired_difference(list(e), list(zero)) for name, e in effects.items()}
 
 
-def factorial_lines(rows: Mapping[str, Mapping[int, dict]]) -> str:
+def factorial_lines(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") -> str:
   """`factorial_effects` on test EM, one line each, and beside the retriever's effect the
   change in zero-shot recall@5 its pretraining made (REALM's retriever minus ICT's); "" before
   the four rows share a seed."""
@@ -863,14 +971,15 @@ def factorial_lines(rows: Mapping[str, Mapping[int, dict]]) -> str:
   if found is None:
     return ""
   seeds, effects = found
+  bert = BERT_NAMES[world]
   titles = {"total": "REALM minus the ORQA-style baseline",
             "retriever": "of which REALM's retriever (against ICT's, mean over both encoders)",
-            "encoder": "of which REALM's encoder (against the toy BERT, mean over both "
+            "encoder": f"of which REALM's encoder (against {bert}, mean over both "
                        "retrievers)",
             "interaction": "interaction (the retriever's effect with REALM's encoder minus "
-                           "with the toy BERT, halved)"}
-  lines = [f"REALM against the ORQA-style baseline, {COLUMN_TITLES[EM]}, split by its 2 x 2 "
-           "design (retriever: REALM's or ICT's; encoder: REALM's or the toy BERT):"]
+                           f"with {bert}, halved)"}
+  lines = [f"REALM against the ORQA-style baseline, {column_titles(world)[EM]}, split by its "
+           f"2 x 2 design (retriever: REALM's or ICT's; encoder: REALM's or {bert}):"]
   for name in ("total", "retriever", "encoder", "interaction"):
     lines.append(f"* {titles[name]}: {format_difference(seeds, effects[name])}: "
                  f"{two_sided_verdict(effects[name])}")
@@ -916,12 +1025,39 @@ def parse_cell_flags(parser: argparse.ArgumentParser, args) -> tuple[str | None,
 
 
 DEFAULT_SEEDS = (0, 1, 2, 3, 4)
+DEFAULT_OUT = "/tmp/realm_ablations"
+DEFAULT_WIKI_CELLS = os.path.join(REPO, "bench", "results", "ablations_wiki")
+
+
+def write_wiki_section(rows: Mapping[str, Mapping[int, dict]], seeds: Sequence[int], cells: str,
+                       text: str) -> None:
+  """The wiki world's Table 2 section of docs/benchmarks.md."""
+  paths = {seed: [os.path.join(cells, f"seed{seed}_{name}.json") for name in rows]
+           for seed in seeds}
+  body = (
+      f"`python bench/ablations.py --world wiki --write` on {cells_machines(paths)}: the wiki "
+      "recipe (docs/wiki_world.md: the Vital Articles' leads as Z and X, their questions, the "
+      "English BERT, ICT with removal probability "
+      f"{recipe_lib.WIKI_ICT_REMOVE_PROBABILITY:g}, {wiki_runs.recipe_steps('pretrain')} "
+      "pretraining steps with the retriever held for the first "
+      f"{recipe_lib.WIKI_RETRIEVER_FROZEN_SHARE:g} of them, "
+      f"{wiki_runs.recipe_steps('finetune')} fine-tuning steps) with one change per row, "
+      f"seeds {', '.join(map(str, seeds))} "
+      f"({sum(c['minutes'] for r in rows.values() for c in r.values()):.0f} minutes of runs; "
+      f"cells in {os.path.relpath(cells, REPO)}/). The rows' changes are the toy table's, the "
+      "masking rows on the own corpus's tasks (`realm_own_random_token`, "
+      "`realm_own_random_span`). Fine-tuning starts from the pretraining checkpoint with the "
+      "best retrieval utility and picks its own checkpoint by dev EM; EM and zero-shot "
+      "recall@5 are on the test questions. The mixed rows, the ORQA-style baseline and the "
+      "noise row are fine-tunings of REALM's pretraining of the seed, the baseline the one "
+      "REALM's recipe makes beside it. Comparisons as in the toy world's table.\n\n" + text)
+  report.write_section("Ablations on the wiki world (paper Table 2)", body)
 
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--out", default="/tmp/realm_ablations",
+  parser.add_argument("--out", default=DEFAULT_OUT,
                       help="run directories (default %(default)s; keep it until a seed's "
                            "cells are done: the fine-tuning rows read REALM's pretraining)")
   parser.add_argument("--write", action="store_true",
@@ -940,16 +1076,38 @@ def main() -> int:
                       help="fine-tuning steps per row (default: the recipe's)")
   parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
                       help="what ICT's towers start from, as the recipe's --ict_from")
+  parser.add_argument("--world", choices=("toy", "wiki"), default="toy",
+                      help="the toy world (default) or the wiki world (docs/wiki_world.md: its "
+                           "recipe's steps and English BERT, rows: " + ", ".join(WIKI_ROWS)
+                           + f"; --out default {wiki_runs.DEFAULT_OUT}, shared with "
+                           "bench/compute_curve.py, --cells default "
+                           f"{os.path.relpath(DEFAULT_WIKI_CELLS, REPO)})")
   add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args()
+  wiki = args.world == "wiki"
+  if wiki:
+    if (args.pretrain_steps, args.finetune_steps, args.ict_from, args.toy_bert) != (
+        None, None, "random", "shipped"):
+      parser.error("--world wiki: its recipe's steps and English BERT (no --pretrain_steps, "
+                   "--finetune_steps, --ict_from or --toy_bert)")
+    if args.only and not set(args.only) <= set(WIKI_ROWS):
+      parser.error(f"--world wiki measures the rows {', '.join(WIKI_ROWS)}")
+    if args.cells == DEFAULT_CELLS:
+      args.cells = DEFAULT_WIKI_CELLS
+    if args.out == DEFAULT_OUT:
+      args.out = wiki_runs.DEFAULT_OUT
   toy_bert, cells = parse_cell_flags(parser, args)
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
-             toy_bert=toy_bert, ict_from_bert=args.ict_from == "bert", cells=cells)
-  text = "\n\n".join(part for part in (table(rows), comparisons(rows), noise_line(rows),
-                                         factorial_lines(rows)) if part)
+             toy_bert=None if wiki else toy_bert, ict_from_bert=args.ict_from == "bert",
+             cells=cells, world=args.world)
+  text = "\n\n".join(part for part in (table(rows, args.world), comparisons(rows, args.world),
+                                         noise_line(rows, args.world),
+                                         factorial_lines(rows, args.world)) if part)
   print("\n" + text)
-  if args.write:
+  if args.write and wiki:
+    write_wiki_section(rows, args.seeds, cells, text)
+  elif args.write:
     steps = lambda n: "the recipe's" if n is None else str(n)
     flags = "".join(f" --{name} {value}" for name, value in (
         ("pretrain_steps", args.pretrain_steps), ("finetune_steps", args.finetune_steps),

@@ -220,7 +220,8 @@ def wiki_steps(multiple: int, smoke: bool = False) -> int:
 def wiki_options(multiple: int, smoke: bool = False) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the world's options
   (`wiki_runs.world_options`), the length and the reading's size."""
-  return {**wiki_runs.world_options(smoke), "pretrain_steps": wiki_steps(multiple, smoke),
+  return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke),
+          "pretrain_steps": wiki_steps(multiple, smoke),
           "reading_sentences": READING_SENTENCES}
 
 
@@ -233,6 +234,7 @@ def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: 
   1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
   (REALM's retriever, the BERT reader), as the Table 2 bench names it."""
   steps = wiki_steps(multiple, smoke)
+  ablations.wiki_seed_dir(out, seed, smoke)
   return wiki_runs.recipe(out, seed, f"steps{steps}", pretrain_steps=steps, smoke=smoke,
                           **({"finetune_name": MIXED, "finetune_reader": "bert"} if mixed
                              else {}))

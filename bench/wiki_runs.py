@@ -15,8 +15,6 @@ import hashlib
 import os
 from typing import Optional
 
-from bench import ablations
-
 DEFAULT_OUT = "/tmp/realm_wiki_runs"
 # --smoke: a wiki cell at a tiny size (the bench itself checked on a CPU, in minutes).
 SMOKE_STEPS = {"ict": 8, "pretrain": 4, "finetune": 4, "reading": 16}
@@ -28,7 +26,7 @@ def recipe_steps(stage: str, smoke: bool = False) -> int:
   return SMOKE_STEPS[stage] if smoke else recipe_lib.WIKI_STEPS[stage]
 
 
-def world_options(smoke: bool = False) -> dict:
+def world_options(eval_split: str, smoke: bool = False) -> dict:
   """What every wiki cell is fingerprinted with besides the gins and its own lengths: the English
   BERT, the world's questions and text (its manifest), the wiki recipe's settings and the
   report split."""
@@ -42,29 +40,28 @@ def world_options(smoke: bool = False) -> dict:
           "ict_remove_probability": recipe_lib.WIKI_ICT_REMOVE_PROBABILITY,
           "retriever_frozen_share": recipe_lib.WIKI_RETRIEVER_FROZEN_SHARE,
           "finetune_steps": recipe_steps("finetune", smoke),
-          "eval_split": ablations.EVAL_SPLIT, **({"smoke": SMOKE_STEPS} if smoke else {})}
+          "eval_split": eval_split, **({"smoke": SMOKE_STEPS} if smoke else {})}
 
 
-def claim_seed_dir(out: str, seed: int, smoke: bool = False) -> str:
-  """`<out>/seed<s>`, claimed for the world's options (`ablations.claim_runs_dir`: runs of
-  other settings there are removed before anything runs); its path."""
-  seed_dir = os.path.join(out, f"seed{seed}")
-  ablations.claim_runs_dir(seed_dir, ablations.fingerprint(world_options(smoke)))
-  return seed_dir
+def seed_dir(out: str, seed: int) -> str:
+  """`<out>/seed<s>`: one seed's runs (a bench claims it for `world_options` before it runs
+  anything there: `ablations.wiki_seed_dir`)."""
+  return os.path.join(out, f"seed{seed}")
 
 
 def recipe(out: str, seed: int, run_name: str, *, pretrain_steps: int, smoke: bool = False,
            ict_dir: Optional[str] = None, **kwargs):
   """The wiki recipe of one seed's pretraining `<out>/seed<s>/<run_name>`, sharing the store, the
   BERT, the ICT warm start (or `ict_dir`), the baseline and the BM25 reader as the module says.
-  kwargs: WikiRecipe's (the fine-tuning slot, extra pretraining bindings)."""
+  kwargs: WikiRecipe's (the fine-tuning slot, the builder, extra pretraining bindings) and
+  "finetune_seed_offset" (fine-tuning with seed s + offset)."""
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
-  seed_dir = claim_seed_dir(out, seed, smoke)
+  seed_out = seed_dir(out, seed)
   seeded = [f"train_main.seed={seed}"]
   finetune_seed = [f"train_main.seed={seed + kwargs.pop('finetune_seed_offset', 0)}"]
   run = recipe_lib.WikiRecipe(
-      os.path.join(seed_dir, run_name), world=wiki.world_dir(),
+      os.path.join(seed_out, run_name), world=wiki.world_dir(),
       toy_bert=recipe_lib.toy_bert_dir("shipped", "wiki"), pretrain_steps=pretrain_steps,
       warm_start_bindings=(recipe_lib.step_bindings("ict", SMOKE_STEPS["ict"]) if smoke
                            else []) + seeded,
@@ -75,6 +72,6 @@ def recipe(out: str, seed: int, run_name: str, *, pretrain_steps: int, smoke: bo
       **kwargs)
   run.store = os.path.join(out, "store")
   run.bert = os.path.join(out, "bert")
-  run.ict = ict_dir or os.path.join(seed_dir, "ict")
-  run.orqa, run.bm25_reader = (os.path.join(seed_dir, name) for name in ("orqa", "bm25_reader"))
+  run.ict = ict_dir or os.path.join(seed_out, "ict")
+  run.orqa, run.bm25_reader = (os.path.join(seed_out, name) for name in ("orqa", "bm25_reader"))
   return run

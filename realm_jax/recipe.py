@@ -946,12 +946,13 @@ class OwnDataRecipe(Recipe):
                min_answerable: float = DEFAULT_MIN_ANSWERABLE,
                warm_start_bindings: Sequence[str] = (), pretrain_bindings: Sequence[str] = (),
                finetune_bindings: Sequence[str] = (), finetune_name: str = DEFAULT_FINETUNE_NAME,
-               finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain"):
+               finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain",
+               with_builder: bool = True):
     """Args: out: the output directory (its BlockStore in `<out>/store`); documents: the
     corpus (`build_corpus --input`, an absolute path for files); questions: your QA files
     (`absolute_questions`); documents_format: `build_corpus --source`; toy_bert, ict_from_bert,
-    the bindings, REALM's fine-tuning slot (finetune_name, finetune_retriever, finetune_reader):
-    as Recipe's; max_block_len, ict_remove_probability: None to choose them from the data;
+    the bindings, REALM's fine-tuning slot (finetune_name, finetune_retriever, finetune_reader),
+    with_builder: as Recipe's; max_block_len, ict_remove_probability: None to choose them from the data;
     min_answerable: the least share of a split's questions whose answers must occur in the
     corpus."""
     out = os.path.abspath(out)
@@ -959,7 +960,7 @@ class OwnDataRecipe(Recipe):
                      ict_from_bert=ict_from_bert, warm_start_bindings=warm_start_bindings,
                      pretrain_bindings=pretrain_bindings, finetune_bindings=finetune_bindings,
                      finetune_name=finetune_name, finetune_retriever=finetune_retriever,
-                     finetune_reader=finetune_reader)
+                     finetune_reader=finetune_reader, with_builder=with_builder)
     self.documents = documents
     self.documents_format = documents_format
     self.questions = questions
@@ -1143,8 +1144,9 @@ class OwnDataRecipe(Recipe):
     bm25 = self._bm25_recall_child()
     self._stage_children("  recall of BM25 (test) and of the warm start (dev, test)",
                          [bm25, *before.values()])
-    self.stage("3 REALM pretraining + index builder (two processes)", self.trained(self.pretrain),
-               lambda: self._pretrain(bert))
+    self.stage("3 REALM pretraining" + (" + index builder (two processes)" if self.with_builder
+                                         else " (index never refreshed)"),
+               self.trained(self.pretrain), lambda: self._pretrain(bert))
     step, why = self.pretrain_choice()
     print(f"{PROG}: fine-tuning starts from pretraining checkpoint {step} ({why}), as REALM "
           f"picks it: by retrieval utility, not the last ({_latest_step(self.pretrain)})",
@@ -1152,7 +1154,7 @@ class OwnDataRecipe(Recipe):
     # REALM's fine-tuning slot: the chosen checkpoint (REALM), or the mix `finetune_retriever`
     # and `finetune_reader` ask for (Table 2's mixed rows), in files of its own.
     retriever, reader_bindings = self._finetune_starts()
-    slot = "" if self.finetune_name == DEFAULT_FINETUNE_NAME else f"_{self.finetune_name}"
+    slot = self._slot_suffix()
     self.stage("4 frozen indexes for fine-tuning (REALM's from its retriever's checkpoint, the "
                "ORQA-style baseline's from the warm start)",
                all(store_lib.latest_index_step(d) is not None for d in (self.finetune, self.orqa)),
@@ -1188,6 +1190,16 @@ class OwnDataRecipe(Recipe):
                             {"warm_start": before["dev"][1], "pretrained": after["dev"][1]},
                             {"realm" if name == f"realm{slot}" else name: metrics
                              for name, (_, metrics) in evaluations.items()})
+
+  def _slot_suffix(self) -> str:
+    """What REALM's fine-tuning slot adds to its evaluation files' names ("" for REALM's own)."""
+    return "" if self.finetune_name == DEFAULT_FINETUNE_NAME else f"_{self.finetune_name}"
+
+  def qa_metrics_path(self, row: str = "realm") -> str:
+    """The metrics JSON `run` writes for a fine-tuned row ('realm': REALM's fine-tuning slot,
+    'orqa', 'bm25_reader'); its "checkpoint_choice" says which checkpoint was evaluated."""
+    name = f"realm{self._slot_suffix()}" if row == "realm" else row
+    return os.path.join(self.evals, f"{name}_{self.eval_split}.metrics.json")
 
   def _stage_children(self, name: str, children: Sequence[tuple[tuple[list[str], str], str]]
                       ) -> None:

@@ -370,6 +370,7 @@ def test_a_mixed_fine_tuning_slot_has_its_reader_and_files_of_its_own(tmp_path, 
       f"{out}/eval/recall_after_finetune_bert_reader_test.metrics.json")
   assert dev_recall["warm_start"] == f"{out}/eval/recall_before_dev.metrics.json"
   assert qa["realm"] == f"{out}/eval/realm_finetune_bert_reader_test.metrics.json"
+  assert run.qa_metrics_path() == qa["realm"] and run.qa_metrics_path("orqa") == qa["orqa"]
   assert set(qa) == {"realm", "orqa", "bm25_reader"}
 
 

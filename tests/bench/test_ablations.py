@@ -441,7 +441,7 @@ def test_a_stale_runs_dir_is_removed_before_the_seeds_recipes_make_their_directo
 
   monkeypatch.setattr(ablations, "_cell_recipe", cell_recipe)
   monkeypatch.setattr(ablations, "_make_cell",
-                      lambda row, seed, recipe: made.append(recipe) or _cell(0.5))
+                      lambda row, seed, recipe, world: made.append(recipe) or _cell(0.5))
   rows = ablations.run(str(out), ("no_ict",), seeds=(0,), pretrain_steps=None,
                        finetune_steps=None, cells=str(cells))
   assert made == [(ablations.ROW_BY_NAME["no_ict"], 0)] and rows["no_ict"][0]["qa_em"] == 0.5
@@ -521,3 +521,111 @@ def test_cells_machines_names_each_machine_with_its_seeds(tmp_path):
   # In order of first seed; a seed whose cells were made on both is under both.
   assert ablations.cells_machines(mixed) == f"{amd} (seeds 0, 1); {intel} (seeds 1, 3)"
   assert ablations.cells_machines({0: [str(tmp_path / "missing")]}) is None
+
+
+# -- the wiki world
+
+
+@pytest.fixture(name="wiki_world")
+def fixture_wiki_world(monkeypatch):
+  """The wiki world's directory and options without the generated world."""
+  from bench import wiki_runs  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(wiki, "world_dir", lambda seed=0: "/world")
+  monkeypatch.setattr(wiki_runs, "world_options",
+                      lambda eval_split, smoke=False: {"world": "options", "split": eval_split})
+
+
+def test_the_wiki_rows_are_the_toy_rows_on_the_own_corpus(tmp_path, wiki_world):
+  del wiki_world
+  recipe = lambda name: ablations._wiki_cell_recipe(  # pylint: disable=protected-access
+      ablations.ROW_BY_NAME[name], 2, str(tmp_path))
+  seed = tmp_path / "seed2"
+  realm = recipe("realm")
+  assert realm.pretrain == str(seed / "steps200" / "pretrain")  # the compute curve's 1x run
+  assert realm.ict == str(seed / "ict") and realm.orqa == str(seed / "orqa")
+  assert realm.frozen_retriever_steps == 100 and realm.with_builder
+  # The masking rows: their own runs, the own corpus's tasks after the recipe's (gin: last wins).
+  span = recipe("random_span")
+  assert span.pretrain == str(seed / "random_span_v1" / "pretrain")
+  assert span.pretrain_bindings[-1] == "TASK='realm_own_random_span'"
+  assert "TASK='realm_own_random_token'" in recipe("random_token").pretrain_bindings
+  assert not recipe("stale_30x").with_builder
+  assert "PretrainJob.null_document=False" in recipe("no_null").pretrain_bindings
+  # Fine-tunings of REALM's pretraining: slots named after their rows, the baseline REALM's own.
+  mixed = recipe("realm_retriever_bert_encoder")
+  assert mixed.pretrain == realm.pretrain and mixed.finetune_reader == "bert"
+  assert mixed.finetune == str(seed / "steps200" / "realm_retriever_bert_encoder")
+  warm = recipe("ict_retriever_realm_encoder")
+  assert warm.finetune_retriever == "warm_start" and warm.finetune_reader == "pretrain"
+  refit = recipe("realm_refit")
+  assert refit.finetune == str(seed / "steps200" / "realm_refit")
+  assert refit.finetune_bindings[-1] == "train_main.seed=1002"
+  assert realm.finetune_bindings[-1] == "train_main.seed=2"
+  assert recipe("orqa").finetune == realm.finetune
+  # The seed's directory is claimed for the world's options.
+  with open(tmp_path / "seed2.fingerprint", encoding="utf-8") as f:
+    assert f.read().strip() == ablations.fingerprint({"world": "options", "split": "test"})
+
+
+def test_a_wiki_cell_reads_its_slot_and_the_baseline_its_own():
+  summary = {"qa": {"realm": {"exact_match": 0.04}, "orqa": {"exact_match": 0.03}},
+             "recall": {"pretrained": {"recall@5": 0.17}, "warm_start": {"recall@5": 0.16}},
+             "mlm_accuracy_realm": 0.12, "retrieval_utility": {"last": 0.05, "chosen": 0.07},
+             "refreshes": 3.0}
+  cell = lambda name: ablations.wiki_cell_summary(
+      ablations.ROW_BY_NAME[name], summary, minutes=2.0, qa_checkpoint="step 50", pretraining="p")
+  realm, orqa, mixed = cell("realm"), cell("orqa"), cell("realm_retriever_bert_encoder")
+  assert (realm["qa_em"], realm["recall@5_zero_shot"], realm["mlm_accuracy"],
+          realm["retrieval_utility"], realm["refreshes"]) == (0.04, 0.17, 0.12, 0.05, 3.0)
+  assert (orqa["qa_em"], orqa["recall@5_zero_shot"]) == (0.03, 0.16)
+  assert mixed["qa_em"] == 0.04 and math.isnan(mixed["mlm_accuracy"])
+  assert orqa["qa_checkpoint"] == "step 50" and orqa["pretraining"] == "p"
+
+
+def test_the_wiki_world_takes_its_recipes_settings_alone(tmp_path):
+  with pytest.raises(ValueError, match="wiki recipe's steps"):
+    ablations.run(str(tmp_path), (), seeds=(0,), pretrain_steps=100, finetune_steps=None,
+                  world="wiki")
+  assert set(ablations.WIKI_ROWS) <= set(ablations.ROW_BY_NAME)
+  assert "retriever_held" not in ablations.WIKI_ROWS
+
+
+def test_the_wiki_table_runs_each_rows_recipe_once_and_keeps_its_cells(tmp_path, monkeypatch,
+                                                                       wiki_world):
+  del wiki_world
+  made = []
+
+  class FakeWikiRecipe:
+    def __init__(self, row):
+      self.row, self.pretrain = row, str(tmp_path / "pretrain")
+
+    def run(self):
+      made.append(self.row.name)
+      em = {"realm": 0.05, "realm_retriever_bert_encoder": 0.04, "orqa": 0.05}[self.row.name]
+      return {"qa": {"realm": {"exact_match": em}, "orqa": {"exact_match": 0.03}},
+              "recall": {"pretrained": {"recall@5": 0.2}, "warm_start": {"recall@5": 0.1}},
+              "mlm_accuracy_realm": 0.1, "retrieval_utility": {"last": 0.05}, "refreshes": 2.0}
+
+    def qa_metrics_path(self, row="realm"):
+      path = tmp_path / f"{self.row.name}_{row}.json"
+      path.write_text(json.dumps({"checkpoint_step": 9, "checkpoint_choice": "best by "
+                                  "eval/exact_match=0.1 in best.json"}))
+      return str(path)
+
+  monkeypatch.setattr(ablations, "_wiki_cell_recipe", lambda row, seed, out: FakeWikiRecipe(row))
+  monkeypatch.setattr(ablations, "pretraining_id", lambda run_dir: "params abc (step 200)")
+  wanted = ("orqa", "realm_retriever_bert_encoder")
+  rows = ablations.run(str(tmp_path / "out"), wanted, seeds=(0,), pretrain_steps=None,
+                       finetune_steps=None, cells=str(tmp_path / "cells"), world="wiki")
+  assert sorted(made) == ["orqa", "realm", "realm_retriever_bert_encoder"]
+  assert rows["orqa"][0]["qa_em"] == 0.03 and rows["orqa"][0]["recall@5_zero_shot"] == 0.1
+  assert rows["realm_retriever_bert_encoder"][0]["qa_em"] == 0.04
+  assert rows["realm"][0]["qa_em"] == 0.05 and ablations.dev_picked(rows["realm"][0])
+  assert ablations.table(rows, "wiki").startswith("| row | wiki QA test EM |")
+  made.clear()
+  again = ablations.run(str(tmp_path / "out"), wanted, seeds=(0,), pretrain_steps=None,
+                        finetune_steps=None, cells=str(tmp_path / "cells"), world="wiki")
+  assert not made
+  assert {name: c[0]["qa_em"] for name, c in again.items()} == {
+      name: c[0]["qa_em"] for name, c in rows.items()}

@@ -90,7 +90,8 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
   from bench import wiki_runs  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(wiki, "world_dir", lambda seed=0: "/world")
-  monkeypatch.setattr(wiki_runs, "world_options", lambda smoke=False: {"world": "options"})
+  monkeypatch.setattr(wiki_runs, "world_options",
+                      lambda eval_split, smoke=False: {"world": "options"})
   four, one = (compute_curve.wiki_recipe(m, 3, str(tmp_path)) for m in (4, 1))
   # The seed's directory is claimed for the world's options before anything runs in it.
   with open(tmp_path / "seed3.fingerprint", encoding="utf-8") as f:
