@@ -50,7 +50,9 @@ SECTION = "RETRO on the toy world and Python's documentation"
 DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "retro")
 GIN = "gin_configs/experiments/toy_retro.gin"
 FINGERPRINT_GINS = (GIN, "gin_configs/runs/retro.gin")  # and what they include
-CORPORA = ("toy", "pydocs")
+CORPORA = ("toy", "pydocs", "wiki")
+DEFAULT_CORPORA = ("toy", "pydocs")  # SECTION's; the wiki world's has WIKI_SECTION
+WIKI_SECTION = "RETRO on the wiki world"
 ROWS = (("baseline", "decoder without retrieval"),
         ("retro", "RETRO (trained with retrieval)"),
         ("retrofit", "RETRO-fitted baseline (decoder frozen)"),
@@ -64,9 +66,17 @@ CELL_FORMAT = 4  # 2: the filtered evaluation at every threshold; 3: training mi
 # ------------------------------------------------------------------------------ corpora
 
 
+def key_bert(corpus: str) -> str:
+  """The BERT that keys a corpus's chunks: the wiki world's English BERT for its text, the toy
+  BERT for the others."""
+  from realm_jax import data  # pylint: disable=g-import-not-at-top
+  return data.WIKI_BERT_DIR if corpus == "wiki" else data.TOY_BERT_DIR
+
+
 def chunk_database(corpus: str, out: str) -> tuple[str, Optional[str]]:
   """(the corpus's chunk database, the BlockStore it was built over; None: the toy world's,
-  which the evaluation finds itself), built on first use, then reused."""
+  which the evaluation finds itself), built on first use, then reused. The wiki world's text is
+  its documents (the Vital Articles' leads, docs/wiki_world.md)."""
   from realm_jax.index import chunks  # pylint: disable=g-import-not-at-top
   from realm_jax.jobs import retro  # pylint: disable=g-import-not-at-top
   if corpus == "toy":
@@ -74,13 +84,18 @@ def chunk_database(corpus: str, out: str) -> tuple[str, Optional[str]]:
   from realm_jax.data import corpus_build  # pylint: disable=g-import-not-at-top
   from realm_jax.data import python_docs  # pylint: disable=g-import-not-at-top
   from realm_jax.data import sources as sources_lib  # pylint: disable=g-import-not-at-top
-  docs, blocks = os.path.join(out, "pydocs"), os.path.join(out, "pydocs_blocks")
-  if not os.path.exists(docs):
-    python_docs.generate(docs, seed=0)
+  from realm_jax.data import wiki  # pylint: disable=g-import-not-at-top
+  if corpus == "wiki":
+    docs = wiki.world_dir()
+  else:
+    docs = os.path.join(out, "pydocs")
+    if not os.path.exists(docs):
+      python_docs.generate(docs, seed=0)
+  blocks = os.path.join(out, f"{corpus}_blocks")
   if not os.path.exists(blocks):
     corpus_build.build_block_store(sources_lib.JsonlSource(os.path.join(docs, "docs.jsonl")),
                                    blocks)
-  return retro.cached_chunk_database(blocks, chunks.TOY_CHUNK_LEN), blocks
+  return retro.cached_chunk_database(blocks, chunks.TOY_CHUNK_LEN, key_bert(corpus)), blocks
 
 
 def database_identity(path: str) -> dict:
@@ -397,6 +412,18 @@ def reading(results: dict, corpora: Sequence[str]) -> str:
   return "\n".join(out)
 
 
+def keys_description(corpora: Sequence[str]) -> str:
+  """Which BERT keys the chunks of `corpora`, for the section's first paragraph."""
+  toy = [c for c in corpora if c != "wiki"]
+  parts = ([f"the chunk keys of {'both corpora' if len(toy) == 2 else 'the ' + toy[0]} from "
+            "the shipped toy BERT, which has read only the toy world's generated text"]
+           if toy else [])
+  if "wiki" in corpora:
+    parts.append("the wiki world's chunk keys from its English BERT (realm_jax/data/assets/"
+                 "wiki_bert, trained on the wiki world's train articles)")
+  return "; ".join(parts)
+
+
 def markdown(results: dict, corpora: Sequence[str], seeds: Sequence[int]) -> str:
   cells = [c for by_seed in results.values() for c in by_seed.values()]
   minutes = sum(c["minutes"] for c in cells)
@@ -407,9 +434,8 @@ def markdown(results: dict, corpora: Sequence[str], seeds: Sequence[int]) -> str
       f"bench/results/retro/ with their commit and date). Each row is "
       f"gin_configs/experiments/toy_retro.gin (decoder of 4 layers, width 128, CCA in layers 2 "
       f"and 4, a one-layer neighbour encoder, Adam's epsilon 1e-8, m = 16, sequences of 2 "
-      f"chunks, k = 2 neighbours of 32 tokens; the chunk keys "
-      f"of both corpora from the shipped toy BERT, which has read only the toy world's "
-      f"generated text) trained "
+      f"chunks, k = 2 neighbours of 32 tokens; {keys_description(corpora)}) "
+      f"trained "
       f"{first.get('step', '?')} steps; evaluated on {EVAL_SEQUENCES} held-out sequences (the "
       f"last 5% of each corpus's documents: never trained on, never retrieved) with the "
       f"training's k. Bits per byte count the UTF-8 bytes of the targets' detokenised text "
@@ -441,7 +467,9 @@ def markdown(results: dict, corpora: Sequence[str], seeds: Sequence[int]) -> str
 def main(argv: Optional[Sequence[str]] = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--corpora", nargs="+", choices=CORPORA, default=list(CORPORA))
+  parser.add_argument("--corpora", nargs="+", choices=CORPORA, default=list(DEFAULT_CORPORA),
+                      help="corpora (default: %(default)s; 'wiki', the wiki world's text, "
+                           "alone has a section of its own)")
   parser.add_argument("--out", default="/tmp/retro_bench",
                       help="run directories and the Python-docs corpus (resumable)")
   parser.add_argument("--steps", type=int, default=None,
@@ -450,11 +478,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--write", action="store_true",
                       help=f"write the section {SECTION!r} of docs/benchmarks.md")
   args = parser.parse_args(argv)
+  if args.write and "wiki" in args.corpora and args.corpora != ["wiki"]:
+    parser.error(f"--write: 'wiki' alone ({WIKI_SECTION!r}), or the others ({SECTION!r})")
   results = run(os.path.abspath(args.out), args.corpora, args.seeds, args.steps, args.cells)
   body = markdown(results, args.corpora, args.seeds)
   print("\n" + body, flush=True)
   if args.write:
-    report.write_section(SECTION, body)
+    report.write_section(WIKI_SECTION if args.corpora == ["wiki"] else SECTION, body)
   return 0
 
 

@@ -56,24 +56,27 @@ def toy_chunk_database(chunk_len: int) -> str:
   return cached_chunk_database(realm_jax_tasks.toy_block_store_dir(), chunk_len)
 
 
-def cached_chunk_database(store_path: str, chunk_len: int) -> str:
+def cached_chunk_database(store_path: str, chunk_len: int, key_bert: Optional[str] = None) -> str:
   """`<store_path>-retro<chunk_len>`, the BlockStore's chunk database keyed by the shipped toy
-  BERT: opened if it is there, else built once and published."""
+  BERT (or by `key_bert`, a transformers BERT directory: `...-retro<chunk_len>-<its name>`):
+  opened if it is there, else built once and published."""
   from realm_jax import data  # pylint: disable=g-import-not-at-top
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax.data import block_store as block_store_lib  # pylint: disable=g-import-not-at-top
   from realm_jax.index import chunks  # pylint: disable=g-import-not-at-top
-  dest = f"{store_path}-retro{chunk_len}"
+  key_bert = key_bert or data.TOY_BERT_DIR
+  dest = f"{store_path}-retro{chunk_len}" + (
+      "" if key_bert == data.TOY_BERT_DIR else f"-{os.path.basename(os.path.normpath(key_bert))}")
   try:
     chunks.ChunkDatabase.open(dest, verify="fast")
     return dest
   except chunks.ChunkDatabaseError:
     pass
-  config, params, _ = hf.load_checkpoint(data.TOY_BERT_DIR)
+  config, params, _ = hf.load_checkpoint(key_bert)
   store = block_store_lib.BlockStore.open(store_path, verify="fast")
   try:
     chunks.build_chunk_database(store, dest, params, config.bert, chunk_len=chunk_len,
-                                model=data.TOY_BERT_DIR, overwrite=os.path.exists(dest))
+                                model=key_bert, overwrite=os.path.exists(dest))
   except chunks.ChunkDatabaseError:
     # Another process published the same database first (same input, same keys): use it.
     chunks.ChunkDatabase.open(dest, verify="fast")

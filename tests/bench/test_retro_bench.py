@@ -114,3 +114,44 @@ def test_training_minutes_read_the_trainers_last_line_in_either_duration_form(tm
             f"INFO {run_dir}: trained to step 300 in {progress.format_duration(seconds)}\n")
   assert retro_bench.training_minutes(run_dir) == pytest.approx(minutes)
   assert retro_bench.training_minutes(str(tmp_path / "missing")) == 0.0
+
+
+def test_the_wiki_worlds_chunks_are_keyed_by_its_english_bert(tmp_path, monkeypatch):
+  """The wiki world's chunk database: its documents' text, each chunk's key the English BERT's
+  last hidden states averaged over the chunk, checked against transformers' BertModel."""
+  import json  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from realm_jax import data  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  from realm_jax.index import chunks  # pylint: disable=import-outside-toplevel
+  world = tmp_path / "world"
+  world.mkdir()
+  with open(world / "docs.jsonl", "w", encoding="utf-8") as f:
+    for title, text in (("Ada Lovelace", "Ada Lovelace was an English mathematician born in "
+                         "London in 1815, known for her work on the Analytical Engine."),
+                        ("Paris", "Paris is the capital and largest city of France.")):
+      f.write(json.dumps({"id": title, "title": title, "text": text}) + "\n")
+  monkeypatch.setattr(wiki, "world_dir", lambda seed=0: str(world))
+  path, blocks = retro_bench.chunk_database("wiki", str(tmp_path / "out"))
+  assert blocks == str(tmp_path / "out" / "wiki_blocks") and path.endswith("-retro16-wiki_bert")
+  db = chunks.ChunkDatabase.open(path)
+  assert db.manifest["keys"]["model"] == data.WIKI_BERT_DIR and db.num_chunks >= 2
+  model = transformers.BertModel.from_pretrained(data.WIKI_BERT_DIR).eval()
+  for i in range(db.num_chunks):
+    n = int(db.chunk_lengths[i])
+    ids = np.r_[vocab_lib.CLS_ID, db.chunk_tokens[i, :n], vocab_lib.SEP_ID][None]
+    with torch.no_grad():
+      hidden = model(torch.tensor(ids.astype(np.int64))).last_hidden_state[0, 1:n + 1]
+    np.testing.assert_allclose(db.keys[i], hidden.mean(0).numpy(), rtol=1e-4, atol=1e-4)
+  assert retro_bench.key_bert("toy") == data.TOY_BERT_DIR
+
+
+def test_the_keys_paragraph_names_each_corporas_bert():
+  assert retro_bench.keys_description(["toy", "pydocs"]) == (
+      "the chunk keys of both corpora from the shipped toy BERT, which has read only the toy "
+      "world's generated text")
+  assert retro_bench.keys_description(["wiki"]).startswith(
+      "the wiki world's chunk keys from its English BERT")
