@@ -691,7 +691,7 @@ def wiki_row_kwargs(row: Row) -> dict:
   return kwargs
 
 
-def _wiki_cell_recipe(row: Row, seed: int, out: str):
+def wiki_cell_recipe(row: Row, seed: int, out: str):
   """The wiki recipe of one cell (`wiki_runs.recipe`): the ORQA-style baseline is REALM's run,
   which fine-tunes it beside REALM; "no ICT" starts from an untrained ICT run of its own."""
   wiki_seed_dir(out, seed)
@@ -784,7 +784,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       # Something is made: not from runs of other gins or code (a wiki recipe claims its own).
       claim_runs_dir(seed_out, seed_runs_fingerprint)
     if wiki:
-      recipe = lambda row: _wiki_cell_recipe(row, seed, out)  # noqa: E731
+      recipe = lambda row: wiki_cell_recipe(row, seed, out)  # noqa: E731
       make_pretraining = lambda: recipe(ROW_BY_NAME[BASE]).run()  # noqa: E731
     else:
       # After the claim: a Recipe makes its directories when built, and the claim may remove

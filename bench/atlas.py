@@ -4,6 +4,13 @@ seed; and the ICT warm start against the Contriever-style one.
 
   python bench/atlas.py [--out /tmp/atlas_bench] [--seeds 0 1 2] [--only ROW ...]
       [--sizes 64 256 all] [--write] [--kept_only] [--cells bench/results/atlas]
+  python bench/atlas.py --world wiki [--seeds 0 1 2] [--write]
+
+The wiki world (`--world wiki`): REALM's extractive reader, the FiD reader with retrieval and
+the same reader closed-book, on all of the wiki world's questions, from the seed's REALM
+pretraining of the wiki recipe (bench/wiki_runs.py: the compute curve's 1x run), the toy FiD gins
+pointed at its questions and BlockStore; cells in bench/results/atlas_wiki/, section "Atlas on
+the wiki world". The rest of this docstring describes the toy world.
 
 Rows (every one a fine-tuning of the seed's REALM pretraining, the checkpoint REALM's own row
 fine-tunes, read against the frozen index built from it):
@@ -88,6 +95,7 @@ if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
+from bench import wiki_runs  # noqa: E402  pylint: disable=wrong-import-position
 from bench import report  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax import recipe as recipe_lib  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -1088,14 +1096,159 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       help="Atlas pretext steps (default: atlas_toy_pretext.gin's)")
   parser.add_argument("--ict_from", choices=("random", "bert"), default="random",
                       help="what the warm starts' towers start from, as the recipe's --ict_from")
+  parser.add_argument("--world", choices=("toy", "wiki"), default="toy",
+                      help="the toy world (default) or the wiki world: the rows "
+                           f"{', '.join(WIKI_ROWS)} on all questions (--out default "
+                           f"{wiki_runs.DEFAULT_OUT}, shared with the compute curve and the "
+                           f"Table 2 bench; --cells default "
+                           f"{os.path.relpath(DEFAULT_WIKI_CELLS, REPO)})")
   ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args(argv)
+  if args.world == "wiki":
+    if (args.only or args.sizes != list(DEFAULT_SIZES) or args.kept_only
+        or args.ict_from != "random" or args.toy_bert != "shipped"
+        or any((args.pretrain_steps, args.finetune_steps, args.pretext_steps))):
+      parser.error("--world wiki: its rows on all questions with the wiki recipe's settings "
+                   "(no --only, --sizes, --kept_only, --ict_from, --toy_bert or steps)")
+    if args.cells == DEFAULT_CELLS:
+      args.cells = DEFAULT_WIKI_CELLS
+    if args.out == DEFAULT_OUT:
+      args.out = wiki_runs.DEFAULT_OUT
   args.toy_bert, args.cells = ablations.parse_cell_flags(parser, args)
   return args
 
 
+# ---------------------------------------------------------------------------- the wiki world
+
+WIKI_SECTION = "Atlas on the wiki world"
+DEFAULT_WIKI_CELLS = os.path.join(REPO, "bench", "results", "atlas_wiki")
+# REALM's own fine-tuning, the FiD reader with retrieval and without, on all the questions.
+WIKI_ROWS = (BASE_ROW, "fid", "closed_book")
+WIKI_PAIRS = (("fid", "closed_book"), (BASE_ROW, "closed_book"), (BASE_ROW, "fid"))
+
+
+class WikiLayout(Layout):
+  """A wiki seed's runs (`wiki_runs`): REALM's is the compute curve's 1x run, the FiD rows' run
+  directories beside its fine-tunings."""
+  __slots__ = ()
+
+  @property
+  def realm(self) -> str:
+    return os.path.join(self.seed_out, ablations.wiki_base_run())
+
+
+def wiki_fingerprint(row: str) -> str:
+  """A wiki cell's: the wiki world's options and every gin this bench reads, with the row."""
+  return fingerprint({**ablations.wiki_cell_options(), "bench": "atlas",
+                      "cell_format": CELL_FORMAT, "row": row})
+
+
+def wiki_cell_commands(row: Row, seed: int, layout: Layout, base: recipe_lib.Recipe
+                       ) -> list[tuple[str, list[str]]]:
+  """`cell_commands` of a FiD or closed-book row on the wiki world: the toy FiD gins pointed at
+  the wiki recipe's questions and BlockStore (`base`, prepared), and its reader length for the
+  FiD reader's passages (the closed book keeps its question-only length)."""
+  finetune = [b for b in base.bindings("finetune")
+              if not (row.reader == "closed_book" and b.startswith("FinetuneJob.reader_len="))]
+  extra = {"fine-tuning": _gin(*finetune), "evaluation": _gin(*base.bindings("evaluate"))}
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  chosen = checkpoints.checkpoint_path(base.pretrain, base.pretrain_choice()[0])
+  commands = cell_commands(row, ALL, seed, layout, base.store, pretraining_checkpoint=chosen,
+                           init_checkpoint=chosen)
+  return [(stage, cmd + extra.get(stage, [])) for stage, cmd in commands]
+
+
+def wiki_cell(row: Row, seed: int, out: str) -> dict:
+  """One cell on the wiki world: REALM's row from its recipe (made or resumed, as the compute
+  curve's 1x and the Table 2 bench make it), a FiD row from its commands."""
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
+  start = time.monotonic()
+  base = ablations.wiki_cell_recipe(ablations.ROW_BY_NAME[ablations.BASE], seed, out)
+  summary = base.run()  # also prepares `base` (its settings) for the FiD rows' bindings
+  pretraining = ablations.pretraining_id(base.pretrain)
+  if row.name == BASE_ROW:
+    qa = base.qa_metrics_path()
+    return {EM: summary["qa"]["realm"]["exact_match"],
+            RECALL_TUNED: summary["qa"]["realm"].get("recall@5"),
+            "qa_checkpoint": ablations.evaluated_checkpoint(qa), "pretraining": pretraining,
+            "minutes": (time.monotonic() - start) / 60}
+  layout = WikiLayout(wiki_runs.seed_dir(out, seed))
+  run_dir = layout.run_dir(row.name, ALL)
+  ablations.claim_runs_dir(run_dir, wiki_fingerprint(row.name))
+  output = layout.eval_output(row.name, ALL)
+  if not os.path.exists(metrics_path(output)):
+    for stage, cmd in wiki_cell_commands(row, seed, layout, base):
+      if stage == "fine-tuning" and checkpoints.training_done(run_dir):
+        continue
+      if stage == "frozen index" and os.path.isdir(os.path.join(run_dir, "index")):
+        continue
+      _run(f"{cell_name(row.name, ALL)}_{stage.replace(' ', '_')}", cmd, base)
+  metrics = _metrics(metrics_path(output))
+  return {EM: metrics["metrics"]["exact_match"],
+          RECALL_TUNED: None if row.reader == "closed_book" else _recall5(metrics),
+          "qa_checkpoint": ablations.evaluated_checkpoint(metrics_path(output)),
+          "pretraining": pretraining, "minutes": (time.monotonic() - start) / 60}
+
+
+def run_wiki(out: str, seeds: Sequence[int], cells: str) -> dict[str, dict[int, dict]]:
+  """{row: {seed: cell}} of `WIKI_ROWS`, each made or reused."""
+  rows: dict[str, dict[int, dict]] = {}
+  for seed in seeds:
+    for name in WIKI_ROWS:
+      path = cell_path(cells, seed, name, ALL)
+      cell = ablations.load_cell(path, wiki_fingerprint(name))
+      if cell is None:
+        print(f"{PROG}: wiki world, seed {seed}: {ROW_BY_NAME[name].label} ...", flush=True)
+        cell = wiki_cell(ROW_BY_NAME[name], seed, out)
+        ablations.save_cell(path, cell, wiki_fingerprint(name))
+      rows.setdefault(name, {})[seed] = cell
+  return rows
+
+
+def wiki_markdown(rows: Mapping[str, Mapping[int, dict]], seeds: Sequence[int]) -> str:
+  """The wiki world's section: its table, the paired differences and their provenance."""
+  lines = ["| row | wiki QA test EM, all questions | test recall@5 after fine-tuning | seeds | "
+           "minutes |", "|---|---|---|---|---|"]
+  for name in WIKI_ROWS:
+    if name in rows:
+      cells = list(rows[name].values())
+      lines.append(f"| {ROW_BY_NAME[name].label} | {_mean_sd([c[EM] for c in cells])} | "
+                   f"{_mean_sd([c.get(RECALL_TUNED) for c in cells])} | "
+                   f"{', '.join(map(str, sorted(rows[name])))} | "
+                   f"{sum(c['minutes'] for c in cells) / len(cells):.1f} |")
+  differences = []
+  for a, b in WIKI_PAIRS:
+    pair = ablations.paired(rows, a, b, EM)
+    if pair is not None:
+      d = pair[1]
+      agree = "every seed agrees" if d.all_agree else "the seeds do not agree"
+      differences.append(f"* {ROW_BY_NAME[a].label} minus {ROW_BY_NAME[b].label}, test EM: "
+                         f"{ablations.format_difference(*pair)}; {agree}, "
+                         f"{ablations.two_sided_verdict(d)}")
+  return "\n".join([
+      f"`python bench/atlas.py --world wiki --seeds {' '.join(map(str, seeds))} --write`: on "
+      "the wiki world (docs/wiki_world.md), every row a fine-tuning of the seed's REALM "
+      "pretraining (the wiki recipe's, from its checkpoint with the best retrieval utility: the "
+      "compute curve's 1x run), on all the training questions: REALM's extractive reader (the "
+      "recipe's own fine-tuning), the FiD reader of experiments/toy_finetune_fid.gin with the "
+      "frozen index of that checkpoint, and the same reader closed-book "
+      "(experiments/atlas_toy_closed_book.gin), both pointed at the wiki world's questions and "
+      "BlockStore. Fine-tuning picks its checkpoint on dev EM; EM on the test questions. Cells "
+      f"in {os.path.relpath(DEFAULT_WIKI_CELLS, REPO)}/; mean ± standard deviation over the "
+      "seeds.", "", *lines, "", "Paired differences:", "", *differences])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
   args = parse_args(argv)
+  if args.world == "wiki":
+    rows = run_wiki(os.path.abspath(args.out), args.seeds, args.cells)
+    body = wiki_markdown(rows, args.seeds)
+    print("\n" + body, flush=True)
+    if args.write:
+      paths = {seed: [cell_path(args.cells, seed, name, ALL) for name in rows]
+               for seed in args.seeds}
+      report.write_section(WIKI_SECTION, body, host=ablations.cells_machines(paths))
+    return 0
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   settings = Settings(store=realm_jax_tasks.toy_block_store_dir(), toy_bert=args.toy_bert,
                       ict_from_bert=args.ict_from == "bert", pretrain_steps=args.pretrain_steps,

@@ -538,7 +538,7 @@ def fixture_wiki_world(monkeypatch):
 
 def test_the_wiki_rows_are_the_toy_rows_on_the_own_corpus(tmp_path, wiki_world):
   del wiki_world
-  recipe = lambda name: ablations._wiki_cell_recipe(  # pylint: disable=protected-access
+  recipe = lambda name: ablations.wiki_cell_recipe(  # pylint: disable=protected-access
       ablations.ROW_BY_NAME[name], 2, str(tmp_path))
   seed = tmp_path / "seed2"
   realm = recipe("realm")
@@ -613,7 +613,7 @@ def test_the_wiki_table_runs_each_rows_recipe_once_and_keeps_its_cells(tmp_path,
                                   "eval/exact_match=0.1 in best.json"}))
       return str(path)
 
-  monkeypatch.setattr(ablations, "_wiki_cell_recipe", lambda row, seed, out: FakeWikiRecipe(row))
+  monkeypatch.setattr(ablations, "wiki_cell_recipe", lambda row, seed, out: FakeWikiRecipe(row))
   monkeypatch.setattr(ablations, "pretraining_id", lambda run_dir: "params abc (step 200)")
   wanted = ("orqa", "realm_retriever_bert_encoder")
   rows = ablations.run(str(tmp_path / "out"), wanted, seeds=(0,), pretrain_steps=None,

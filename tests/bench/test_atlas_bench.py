@@ -559,3 +559,55 @@ def test_cell_options_name_the_world_the_split_and_the_steps():
                                finetune_steps=30, pretext_steps=None)
   assert options["eval_split"] == "test" and options["finetune_steps"] == 30
   assert options["bench"] == "atlas" and "toy_world_generator_version" in options
+
+
+# -- the wiki world
+
+
+class _WikiBase:
+  """What the wiki cells read of the seed's REALM recipe: its bindings, store and checkpoint."""
+  store, pretrain = "/w/store", "/w/seed0/steps200/pretrain"
+
+  def bindings(self, child):
+    return {"finetune": ("TASK='/world/qa'", "BLOCK_STORE='/w/store'",
+                         "FinetuneJob.reader_len=224"),
+            "evaluate": ("TASK='/world/qa'", "evaluate_main.block_store='/w/store'")}[child]
+
+  def pretrain_choice(self):
+    return 80, "best by eval/retrieval/utility"
+
+
+def test_the_wiki_fid_rows_are_the_toy_gins_pointed_at_the_wiki_world():
+  layout = atlas.WikiLayout("/w/seed0")
+  assert layout.run_dir("fid", "all") == "/w/seed0/steps200/fid_all"
+  fid = dict(atlas.wiki_cell_commands(atlas.ROW_BY_NAME["fid"], 0, layout, _WikiBase()))
+  chosen = "/w/seed0/steps200/pretrain/checkpoints/80"
+  assert f"--gin.build_index_main.checkpoint_dir='{chosen}'" in fid["frozen index"]
+  assert "--gin.BLOCK_STORE='/w/store'" in fid["frozen index"]
+  finetune = fid["fine-tuning"]
+  assert f"--gin_file={atlas.FID_GIN}" in finetune
+  assert f"--gin.INIT_CHECKPOINT='{chosen}'" in finetune
+  # The wiki world's task after the gin's own (gin: the last binding wins).
+  assert finetune[-3:] == ["--gin.TASK='/world/qa'", "--gin.BLOCK_STORE='/w/store'",
+                           "--gin.FinetuneJob.reader_len=224"]
+  assert fid["evaluation"][-2:] == ["--gin.TASK='/world/qa'",
+                                    "--gin.evaluate_main.block_store='/w/store'"]
+  closed = dict(atlas.wiki_cell_commands(atlas.ROW_BY_NAME["closed_book"], 0, layout,
+                                         _WikiBase()))
+  assert "frozen index" not in closed
+  # The closed book reads the question alone: its gin's reader length stays.
+  assert not any("reader_len" in a for a in closed["fine-tuning"])
+  assert "--gin.evaluate_main.candidates='none'" in closed["evaluation"]
+
+
+def test_the_wiki_section_pairs_fid_with_the_closed_book_seed_by_seed():
+  cell = lambda em, recall=None: {"qa_em": em, "recall@5_finetuned": recall, "minutes": 2.0}
+  rows = {"extractive": {0: cell(0.04, 0.2), 1: cell(0.05, 0.2)},
+          "fid": {0: cell(0.10, 0.3), 1: cell(0.08, 0.3)},
+          "closed_book": {0: cell(0.02), 1: cell(0.03)}}
+  text = atlas.wiki_markdown(rows, (0, 1))
+  # FiD minus the closed book: +0.08, +0.05: mean 0.065, sample std 0.0212, over sqrt(2): 0.015.
+  assert ("FiD reader, query tower frozen ('none') minus FiD reader, closed book (no "
+          "retrieval), test EM: +0.065 ± 0.015 (seeds 0, 1: +0.080, +0.050); every seed "
+          "agrees") in text
+  assert "| FiD reader, closed book (no retrieval) | 0.025 ± 0.007 | n/a | 0, 1 | 2.0 |" in text
