@@ -212,7 +212,6 @@ def table(rows_by_multiple: Mapping[int, Mapping[str, Mapping[int, dict]]],
 # ---------------------------------------------------------------------------- the wiki world
 
 
-
 def wiki_steps(multiple: int, smoke: bool = False) -> int:
   return wiki_runs.recipe_steps("pretrain", smoke) * multiple
 
