@@ -662,10 +662,10 @@ def _cell_recipe(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, 
 # ---------------------------------------------------------------------------- the wiki world
 
 
-def wiki_cell_options() -> dict:
+def wiki_cell_options(smoke: bool = False) -> dict:
   """What the wiki world's cells are fingerprinted with besides the gins."""
-  return {**wiki_runs.world_options(EVAL_SPLIT),
-          "pretrain_steps": wiki_runs.recipe_steps("pretrain")}
+  return {**wiki_runs.world_options(EVAL_SPLIT, smoke),
+          "pretrain_steps": wiki_runs.recipe_steps("pretrain", smoke)}
 
 
 def wiki_seed_dir(out: str, seed: int, smoke: bool = False) -> str:
@@ -675,9 +675,9 @@ def wiki_seed_dir(out: str, seed: int, smoke: bool = False) -> str:
   return path
 
 
-def wiki_base_run() -> str:
+def wiki_base_run(smoke: bool = False) -> str:
   """REALM's run under a wiki seed's directory: the compute curve's 1x, the same run."""
-  return f"steps{wiki_runs.recipe_steps('pretrain')}"
+  return f"steps{wiki_runs.recipe_steps('pretrain', smoke)}"
 
 
 def wiki_row_kwargs(row: Row) -> dict:
@@ -691,18 +691,20 @@ def wiki_row_kwargs(row: Row) -> dict:
   return kwargs
 
 
-def wiki_cell_recipe(row: Row, seed: int, out: str):
+def wiki_cell_recipe(row: Row, seed: int, out: str, smoke: bool = False):
   """The wiki recipe of one cell (`wiki_runs.recipe`): the ORQA-style baseline is REALM's run,
-  which fine-tunes it beside REALM; "no ICT" starts from an untrained ICT run of its own."""
-  wiki_seed_dir(out, seed)
+  which fine-tunes it beside REALM; "no ICT" starts from an untrained ICT run of its own.
+  `smoke`: at `wiki_runs.SMOKE_STEPS`."""
+  wiki_seed_dir(out, seed, smoke)
   kwargs = wiki_row_kwargs(row)
-  name = run_name(row) if row.pretrains and row.name != BASE else wiki_base_run()
-  steps = wiki_runs.recipe_steps("pretrain")
+  name = run_name(row) if row.pretrains and row.name != BASE else wiki_base_run(smoke)
+  steps = wiki_runs.recipe_steps("pretrain", smoke)
   if row.kwargs.get("ict") == "untrained":
-    shared = wiki_runs.recipe(out, seed, wiki_base_run(), pretrain_steps=steps)
+    shared = wiki_runs.recipe(out, seed, wiki_base_run(smoke), pretrain_steps=steps,
+                              smoke=smoke)
     shared.prepare()  # the BlockStore and the settings ICT reads
     kwargs["ict_dir"] = _untrained_ict(shared, seed)
-  return wiki_runs.recipe(out, seed, name, pretrain_steps=steps, **kwargs)
+  return wiki_runs.recipe(out, seed, name, pretrain_steps=steps, smoke=smoke, **kwargs)
 
 
 def wiki_cell_summary(row: Row, summary: dict, *, minutes: float, qa_checkpoint: str,
@@ -748,11 +750,12 @@ def _make_cell(row: Row, seed: int, recipe: recipe_lib.Recipe, world: str = "toy
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
         finetune_steps: int | None, toy_bert: str | None = None,
         ict_from_bert: bool = False, cells: str = DEFAULT_CELLS,
-        world: str = "toy") -> dict[str, dict[int, dict]]:
+        world: str = "toy", smoke: bool = False) -> dict[str, dict[int, dict]]:
   """{row name: {seed: cell}}. Finished cells are kept in `cells` and reused (see the module
   docstring); REALM's row is measured too when a row that fine-tunes its pretraining is. `world`
   'wiki': the rows of `WIKI_ROWS` on the wiki world (`wiki_runs`, the recipe's steps, its
-  English BERT: the step and BERT arguments must be left as they are)."""
+  English BERT: the step and BERT arguments must be left as they are; `smoke`: its cells at
+  `wiki_runs.SMOKE_STEPS`, the bench itself checked)."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
   wiki = world == "wiki"
@@ -761,7 +764,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     raise ValueError("the wiki world's rows take the wiki recipe's steps and English BERT")
   store = None if wiki else realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
-  options = wiki_cell_options() if wiki else cell_options(
+  options = wiki_cell_options(smoke) if wiki else cell_options(
       toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
       ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps, finetune_steps=finetune_steps)
   seed_runs_fingerprint = runs_fingerprint(options)
@@ -776,7 +779,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := load_cell(path(name), fingerprints[name])) is not None}
-    base_pretrain = (os.path.join(wiki_runs.seed_dir(out, seed), wiki_base_run(), "pretrain")
+    base_pretrain = (os.path.join(wiki_runs.seed_dir(out, seed), wiki_base_run(smoke), "pretrain")
                      if wiki else os.path.join(seed_out, BASE, "pretrain"))
     finetunings = tuple(name for name in FINETUNINGS if not wiki or name in WIKI_ROWS)
     family = family_cells_to_make(BASE, finetunings, wanted, kept, pretraining_id(base_pretrain))
@@ -784,7 +787,7 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       # Something is made: not from runs of other gins or code (a wiki recipe claims its own).
       claim_runs_dir(seed_out, seed_runs_fingerprint)
     if wiki:
-      recipe = lambda row: wiki_cell_recipe(row, seed, out)  # noqa: E731
+      recipe = lambda row: wiki_cell_recipe(row, seed, out, smoke)  # noqa: E731
       make_pretraining = lambda: recipe(ROW_BY_NAME[BASE]).run()  # noqa: E731
     else:
       # After the claim: a Recipe makes its directories when built, and the claim may remove
@@ -1082,9 +1085,16 @@ def main() -> int:
                            + f"; --out default {wiki_runs.DEFAULT_OUT}, shared with "
                            "bench/compute_curve.py, --cells default "
                            f"{os.path.relpath(DEFAULT_WIKI_CELLS, REPO)})")
+  parser.add_argument("--smoke", action="store_true",
+                      help="with --world wiki: its cells at a tiny size (ICT 8 steps, "
+                           "pretraining 4, fine-tuning 4), every row's path checked in minutes; "
+                           "with an --out and --cells of its own, never --write")
   add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args()
   wiki = args.world == "wiki"
+  if args.smoke and (not wiki or args.write or args.cells == DEFAULT_CELLS
+                     or args.out == DEFAULT_OUT):
+    parser.error("--smoke: with --world wiki, an --out and --cells of its own, never --write")
   if wiki:
     if (args.pretrain_steps, args.finetune_steps, args.ict_from, args.toy_bert) != (
         None, None, "random", "shipped"):
@@ -1100,7 +1110,7 @@ def main() -> int:
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
              toy_bert=None if wiki else toy_bert, ict_from_bert=args.ict_from == "bert",
-             cells=cells, world=args.world)
+             cells=cells, world=args.world, smoke=args.smoke)
   text = "\n\n".join(part for part in (table(rows, args.world), comparisons(rows, args.world),
                                          noise_line(rows, args.world),
                                          factorial_lines(rows, args.world)) if part)

@@ -613,7 +613,8 @@ def test_the_wiki_table_runs_each_rows_recipe_once_and_keeps_its_cells(tmp_path,
                                   "eval/exact_match=0.1 in best.json"}))
       return str(path)
 
-  monkeypatch.setattr(ablations, "wiki_cell_recipe", lambda row, seed, out: FakeWikiRecipe(row))
+  monkeypatch.setattr(ablations, "wiki_cell_recipe",
+                      lambda row, seed, out, smoke=False: FakeWikiRecipe(row))
   monkeypatch.setattr(ablations, "pretraining_id", lambda run_dir: "params abc (step 200)")
   wanted = ("orqa", "realm_retriever_bert_encoder")
   rows = ablations.run(str(tmp_path / "out"), wanted, seeds=(0,), pretrain_steps=None,
