@@ -1184,7 +1184,7 @@ def wiki_cell(row: Row, seed: int, out: str) -> dict:
         continue
       _run(f"{cell_name(row.name, ALL)}_{stage.replace(' ', '_')}", cmd, base)
   metrics = _metrics(metrics_path(output))
-  return {EM: metrics["metrics"]["exact_match"],
+  return {EM: metrics["exact_match"],
           RECALL_TUNED: None if row.reader == "closed_book" else _recall5(metrics),
           "qa_checkpoint": ablations.evaluated_checkpoint(metrics_path(output)),
           "pretraining": pretraining, "minutes": (time.monotonic() - start) / 60}

@@ -611,3 +611,35 @@ def test_the_wiki_section_pairs_fid_with_the_closed_book_seed_by_seed():
           "retrieval), test EM: +0.065 ± 0.015 (seeds 0, 1: +0.080, +0.050); every seed "
           "agrees") in text
   assert "| FiD reader, closed book (no retrieval) | 0.025 ± 0.007 | n/a | 0, 1 | 2.0 |" in text
+
+
+def test_a_wiki_fid_cell_runs_its_commands_once_and_reads_its_evaluation(tmp_path, monkeypatch):
+  base = _WikiBase()
+  base.pretrain = str(tmp_path / "seed0" / "steps200" / "pretrain")
+  base.run = lambda: {"qa": {"realm": {"exact_match": 0.04, "recall@5": 0.17}}}
+  monkeypatch.setattr(atlas.ablations, "wiki_cell_recipe", lambda row, seed, out: base)
+  monkeypatch.setattr(atlas.ablations, "wiki_seed_dir", lambda out, seed: None)
+  monkeypatch.setattr(atlas.ablations, "pretraining_id", lambda run_dir: "params p (step 200)")
+  monkeypatch.setattr(atlas, "wiki_fingerprint", lambda row: f"fp-{row}")
+  stages = []
+
+  def run(name, cmd, realm):
+    stages.append(name)
+    if "realm_jax.evaluate" in cmd:
+      output = next(a for a in cmd if a.startswith("--gin.evaluate_main.output="))
+      path = atlas.metrics_path(output.split("=", 1)[1].strip("'"))
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, "w", encoding="utf-8") as f:
+        json.dump({"metrics": {"exact_match": 0.0065, "recall@5": 0.1677},
+                   "checkpoint_step": 400, "checkpoint_choice": "best by eval/exact_match="
+                   "0.0096 in best.json"}, f)
+
+  monkeypatch.setattr(atlas, "_run", run)
+  cell = atlas.wiki_cell(atlas.ROW_BY_NAME["fid"], 0, str(tmp_path))
+  assert stages == ["fid_all_frozen_index", "fid_all_fine-tuning", "fid_all_evaluation"]
+  assert cell["qa_em"] == 0.0065 and cell["recall@5_finetuned"] == 0.1677
+  assert ablations.dev_picked(cell) and cell["pretraining"] == "params p (step 200)"
+  # Kept evaluation: nothing runs again.
+  stages.clear()
+  assert atlas.wiki_cell(atlas.ROW_BY_NAME["fid"], 0, str(tmp_path))["qa_em"] == 0.0065
+  assert not stages
