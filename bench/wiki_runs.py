@@ -54,12 +54,14 @@ def recipe(out: str, seed: int, run_name: str, *, pretrain_steps: int, smoke: bo
   """The wiki recipe of one seed's pretraining `<out>/seed<s>/<run_name>`, sharing the store, the
   BERT, the ICT warm start (or `ict_dir`), the baseline and the BM25 reader as the module says.
   kwargs: WikiRecipe's (the fine-tuning slot, the builder, extra pretraining bindings) and
-  "finetune_seed_offset" (fine-tuning with seed s + offset)."""
+  "finetune_seed_offset" (the slot's fine-tuning alone with seed s + offset)."""
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
   seed_out = seed_dir(out, seed)
   seeded = [f"train_main.seed={seed}"]
-  finetune_seed = [f"train_main.seed={seed + kwargs.pop('finetune_seed_offset', 0)}"]
+  offset = kwargs.pop("finetune_seed_offset", 0)
+  if offset:  # the slot's fine-tuning alone, with another seed (the noise row)
+    kwargs["slot_bindings"] = [f"train_main.seed={seed + offset}"]
   run = recipe_lib.WikiRecipe(
       os.path.join(seed_out, run_name), world=wiki.world_dir(),
       toy_bert=recipe_lib.toy_bert_dir("shipped", "wiki"), pretrain_steps=pretrain_steps,
@@ -68,7 +70,7 @@ def recipe(out: str, seed: int, run_name: str, *, pretrain_steps: int, smoke: bo
       pretrain_bindings=(recipe_lib.step_bindings("pretrain", pretrain_steps) + seeded
                          + list(kwargs.pop("pretrain_bindings", []))),
       finetune_bindings=(recipe_lib.step_bindings("finetune", recipe_steps("finetune", smoke))
-                         + finetune_seed),
+                         + seeded),
       **kwargs)
   run.store = os.path.join(out, "store")
   run.bert = os.path.join(out, "bert")

@@ -634,12 +634,13 @@ class Recipe:
     return step_dir
 
   def _finetune_child(self, run_dir: str, init_checkpoint: Optional[str], log: str,
-                      *bindings: str) -> tuple[list[str], str]:
+                      *bindings: str, last: Sequence[str] = ()) -> tuple[list[str], str]:
+    """A fine-tuning child: `bindings`, the recipe's, then `last` (which override them)."""
     return (python_module("realm_jax.train", "--gin_file=gin_configs/experiments/toy_finetune.gin",
                           *_gin(f"RUN_DIR='{run_dir}'",
                                 f"INIT_CHECKPOINT={_quoted(init_checkpoint)}",
                                 *bindings, *self.bindings("finetune"),
-                                *self.finetune_bindings)),
+                                *self.finetune_bindings, *last)),
             os.path.join(self.logs, f"{log}.log"))
 
   def _qa_name(self) -> str:
@@ -947,12 +948,13 @@ class OwnDataRecipe(Recipe):
                warm_start_bindings: Sequence[str] = (), pretrain_bindings: Sequence[str] = (),
                finetune_bindings: Sequence[str] = (), finetune_name: str = DEFAULT_FINETUNE_NAME,
                finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain",
-               with_builder: bool = True):
+               with_builder: bool = True, slot_bindings: Sequence[str] = ()):
     """Args: out: the output directory (its BlockStore in `<out>/store`); documents: the
     corpus (`build_corpus --input`, an absolute path for files); questions: your QA files
     (`absolute_questions`); documents_format: `build_corpus --source`; toy_bert, ict_from_bert,
     the bindings, REALM's fine-tuning slot (finetune_name, finetune_retriever, finetune_reader),
-    with_builder: as Recipe's; max_block_len, ict_remove_probability: None to choose them from the data;
+    with_builder: as Recipe's; slot_bindings: more bindings of that slot's fine-tuning alone,
+    last (a bench's: another fine-tuning seed), not recorded with the run's arguments; max_block_len, ict_remove_probability: None to choose them from the data;
     min_answerable: the least share of a split's questions whose answers must occur in the
     corpus."""
     out = os.path.abspath(out)
@@ -968,6 +970,7 @@ class OwnDataRecipe(Recipe):
     self.ict_remove_probability = ict_remove_probability
     self.ict_remove_why = "as given"
     self.min_answerable = min_answerable
+    self.slot_bindings = list(slot_bindings)
     self.bm25_reader = os.path.join(self.out, "bm25_reader")
     # What the user asked for, by the flags that ask it, recorded: a resumed run must ask for
     # the same.
@@ -1178,9 +1181,11 @@ class OwnDataRecipe(Recipe):
              "bm25_reader", ("evaluate_main.candidates='bm25'",))]
     which = "REALM, the ORQA-style baseline and the BM25 reader"
     self.stage(f"5 open-QA fine-tuning ({which})", all(self.trained(run[0]) for run in runs),
-               lambda: self.run_trainings([self._finetune_child(run_dir, init, log, *bindings)
-                                           for run_dir, init, log, bindings, _, _ in runs
-                                           if not self.trained(run_dir)]))
+               lambda: self.run_trainings([
+                   self._finetune_child(run_dir, init, log, *bindings,
+                                        last=self.slot_bindings if run_dir == self.finetune
+                                        else ())
+                   for run_dir, init, log, bindings, _, _ in runs if not self.trained(run_dir)]))
     evaluations = {name: self._evaluate_child(run_dir, name, *bindings)
                    for run_dir, _, _, _, name, bindings in runs}
     self._stage_children(f"6 evaluation on your test questions ({which})",

@@ -355,8 +355,15 @@ def test_a_mixed_fine_tuning_slot_has_its_reader_and_files_of_its_own(tmp_path, 
   retriever and index, the BERT reader, in a slot beside REALM's whose files it leaves alone."""
   out = tmp_path / "out"
   run = recipe.OwnDataRecipe(str(out), documents="/d.jsonl", questions="/qa",
-                             finetune_name="finetune_bert_reader", finetune_reader="bert")
+                             finetune_name="finetune_bert_reader", finetune_reader="bert",
+                             finetune_bindings=["train_main.seed=3"],
+                             slot_bindings=["train_main.seed=1003"])
   commands, _, (recall, dev_recall, qa) = _recorded_run(run, str(tmp_path / "ict"), monkeypatch)
+  # The slot's own bindings come last in its fine-tuning alone, and are no run argument.
+  (orqa_finetune,) = [c for c in commands if f"--gin.RUN_DIR='{run.orqa}'" in c
+                      and c[2] == "realm_jax.train" and "--dry_run" not in c]
+  assert orqa_finetune[-1] == "--gin.train_main.seed=3"
+  assert "slot" not in json.dumps(run.arguments)
   best = f"{run.pretrain}/checkpoints/80"
   assert run.finetune == f"{out}/finetune_bert_reader"
   index, _, _, finetune, evaluate = [c for c in commands
@@ -364,6 +371,7 @@ def test_a_mixed_fine_tuning_slot_has_its_reader_and_files_of_its_own(tmp_path, 
   assert f"--gin.build_index_main.checkpoint_dir='{best}'" in index
   assert {f"--gin.INIT_CHECKPOINT='{best}'",
           "--gin.ENCODER_CHECKPOINT='/bert/checkpoints/0'"} <= set(finetune)
+  assert finetune[-2:] == ["--gin.train_main.seed=3", "--gin.train_main.seed=1003"]
   assert f"--gin.evaluate_main.output='{out}/eval/realm_finetune_bert_reader_test.jsonl'" in (
       evaluate)
   assert recall["pretrained"] == (

@@ -560,8 +560,10 @@ def test_the_wiki_rows_are_the_toy_rows_on_the_own_corpus(tmp_path, wiki_world):
   assert warm.finetune_retriever == "warm_start" and warm.finetune_reader == "pretrain"
   refit = recipe("realm_refit")
   assert refit.finetune == str(seed / "steps200" / "realm_refit")
-  assert refit.finetune_bindings[-1] == "train_main.seed=1002"
-  assert realm.finetune_bindings[-1] == "train_main.seed=2"
+  # The noise row's seed: its slot's fine-tuning alone, the run's recorded arguments REALM's.
+  assert refit.slot_bindings == ["train_main.seed=1002"]
+  assert refit.finetune_bindings == realm.finetune_bindings
+  assert realm.finetune_bindings[-1] == "train_main.seed=2" and not realm.slot_bindings
   assert recipe("orqa").finetune == realm.finetune
   # The seed's directory is claimed for the world's options.
   with open(tmp_path / "seed2.fingerprint", encoding="utf-8") as f:
