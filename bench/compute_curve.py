@@ -420,10 +420,12 @@ def main() -> int:
                else steps_of)
   print("\n" + text)
   if args.write:
-    paths = {seed: ([wiki_cell_path(m, seed, cells)] if args.world == "wiki" else
-                    [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json")
-                     for name in ROWS])
-             for m in rows_by_multiple for seed in seeds_at(m, args.seeds)}
+    paths: dict[int, list[str]] = {}  # {seed: its cell files at every length}
+    for m in rows_by_multiple:
+      for seed in seeds_at(m, args.seeds):
+        paths.setdefault(seed, []).extend(
+            [wiki_cell_path(m, seed, cells)] if args.world == "wiki" else
+            [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json") for name in ROWS])
     what = ("REALM's row of bench/ablations.py pretrained for 1x, 4x and 16x the recipe's 400 "
             "steps, the ORQA-style baseline beside it from the same seed's ICT warm start"
             if args.world == "toy" else
