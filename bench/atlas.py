@@ -1220,11 +1220,9 @@ def wiki_markdown(rows: Mapping[str, Mapping[int, dict]], seeds: Sequence[int]) 
   for a, b in WIKI_PAIRS:
     pair = ablations.paired(rows, a, b, EM)
     if pair is not None:
-      d = pair[1]
-      agree = "every seed agrees" if d.all_agree else "the seeds do not agree"
       differences.append(f"* {ROW_BY_NAME[a].label} minus {ROW_BY_NAME[b].label}, test EM: "
-                         f"{ablations.format_difference(*pair)}; {agree}, "
-                         f"{ablations.two_sided_verdict(d)}")
+                         f"{ablations.format_difference(*pair)}: "
+                         f"{ablations.two_sided_verdict(pair[1])}")
   return "\n".join([
       f"`python bench/atlas.py --world wiki --seeds {' '.join(map(str, seeds))} --write`: on "
       "the wiki world (docs/wiki_world.md), every row a fine-tuning of the seed's REALM "

@@ -608,8 +608,8 @@ def test_the_wiki_section_pairs_fid_with_the_closed_book_seed_by_seed():
   text = atlas.wiki_markdown(rows, (0, 1))
   # FiD minus the closed book: +0.08, +0.05: mean 0.065, sample std 0.0212, over sqrt(2): 0.015.
   assert ("FiD reader, query tower frozen ('none') minus FiD reader, closed book (no "
-          "retrieval), test EM: +0.065 ± 0.015 (seeds 0, 1: +0.080, +0.050); every seed "
-          "agrees") in text
+          "retrieval), test EM: +0.065 ± 0.015 (seeds 0, 1: +0.080, +0.050): same sign in every "
+          "seed, beyond two standard errors") in text
   assert "| FiD reader, closed book (no retrieval) | 0.025 ± 0.007 | n/a | 0, 1 | 2.0 |" in text
 
 
