@@ -954,9 +954,9 @@ class OwnDataRecipe(Recipe):
     (`absolute_questions`); documents_format: `build_corpus --source`; toy_bert, ict_from_bert,
     the bindings, REALM's fine-tuning slot (finetune_name, finetune_retriever, finetune_reader),
     with_builder: as Recipe's; slot_bindings: more bindings of that slot's fine-tuning alone,
-    last (a bench's: another fine-tuning seed), not recorded with the run's arguments; max_block_len, ict_remove_probability: None to choose them from the data;
-    min_answerable: the least share of a split's questions whose answers must occur in the
-    corpus."""
+    last (a bench's: another fine-tuning seed), not recorded with the run's arguments;
+    max_block_len, ict_remove_probability: None to choose them from the data; min_answerable:
+    the least share of a split's questions whose answers must occur in the corpus."""
     out = os.path.abspath(out)
     super().__init__(out, os.path.join(out, "store"), toy_bert=toy_bert,
                      ict_from_bert=ict_from_bert, warm_start_bindings=warm_start_bindings,
