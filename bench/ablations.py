@@ -366,6 +366,15 @@ def cell_options(*, toy_bert_sha256: Optional[str], ict_from_bert: bool,
           "refit_seed_offset": REFIT_SEED_OFFSET, **world_options()}
 
 
+def toy_cell_options(*, toy_bert: Optional[str], ict_from_bert: bool,
+                     pretrain_steps: Optional[int], finetune_steps: Optional[int]) -> dict:
+  """`cell_options` of toy-world runs from the BERT directory `toy_bert` (None: random)."""
+  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
+  return cell_options(
+      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
+      ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps, finetune_steps=finetune_steps)
+
+
 def fingerprint(options: dict, *, gins: Sequence[str] = FINGERPRINT_GINS,
                 excluded: Sequence[str] = FINGERPRINT_EXCLUDED) -> str:
   """sha256 over `options` (the toy BERT's sha256, `world_options()`, steps...) and what the
@@ -659,6 +668,19 @@ def _cell_recipe(row: Row, seed: int, seed_out: str, shared: recipe_lib.Recipe, 
                            **kwargs)
 
 
+def _toy_seed_recipes(seed: int, seed_out: str, store: str, *, pretrain_steps: Optional[int],
+                      finetune_steps: Optional[int], toy_bert: Optional[str],
+                      ict_from_bert: bool) -> Callable[[Row], recipe_lib.Recipe]:
+  """row -> that row's recipe for one seed of the toy world (`_cell_recipe`), all sharing the
+  seed's ICT warm start under `<seed_out>/shared`. Call it after the seed's claim: a Recipe makes
+  its directories when built, and the claim may remove them."""
+  shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
+                             ict_from_bert=ict_from_bert, baseline=False)
+  return lambda row: _cell_recipe(row, seed, seed_out, shared, store,
+                                  pretrain_steps=pretrain_steps, finetune_steps=finetune_steps,
+                                  toy_bert=toy_bert, ict_from_bert=ict_from_bert)
+
+
 # ---------------------------------------------------------------------------- the wiki world
 
 
@@ -757,16 +779,15 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
   English BERT: the step and BERT arguments must be left as they are; `smoke`: its cells at
   `wiki_runs.SMOKE_STEPS`, the bench itself checked)."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
-  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
   wiki = world == "wiki"
   if wiki and (pretrain_steps, finetune_steps, toy_bert, ict_from_bert) != (None, None, None,
                                                                             False):
     raise ValueError("the wiki world's rows take the wiki recipe's steps and English BERT")
   store = None if wiki else realm_jax_tasks.toy_block_store_dir()
   os.makedirs(out, exist_ok=True)
-  options = wiki_cell_options(smoke) if wiki else cell_options(
-      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
-      ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps, finetune_steps=finetune_steps)
+  options = wiki_cell_options(smoke) if wiki else toy_cell_options(
+      toy_bert=toy_bert, ict_from_bert=ict_from_bert, pretrain_steps=pretrain_steps,
+      finetune_steps=finetune_steps)
   seed_runs_fingerprint = runs_fingerprint(options)
   fingerprints = {row.name: row_fingerprint(row, options) for row in ROWS}
   wanted = [row.name for row in ROWS if (not only or row.name in only)
@@ -790,13 +811,9 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
       recipe = lambda row: wiki_cell_recipe(row, seed, out, smoke)  # noqa: E731
       make_pretraining = lambda: recipe(ROW_BY_NAME[BASE]).run()  # noqa: E731
     else:
-      # After the claim: a Recipe makes its directories when built, and the claim may remove
-      # them.
-      shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
-                                 ict_from_bert=ict_from_bert, baseline=False)
-      recipe = lambda row: _cell_recipe(  # noqa: E731
-          row, seed, seed_out, shared, store, pretrain_steps=pretrain_steps,
-          finetune_steps=finetune_steps, toy_bert=toy_bert, ict_from_bert=ict_from_bert)
+      recipe = _toy_seed_recipes(seed, seed_out, store, pretrain_steps=pretrain_steps,
+                                 finetune_steps=finetune_steps, toy_bert=toy_bert,
+                                 ict_from_bert=ict_from_bert)
       make_pretraining = lambda: recipe(ROW_BY_NAME[BASE]).run_pretraining()  # noqa: E731
     if family:
       # Planned again: the claim may have removed the pretraining the kept cells read.
@@ -825,18 +842,13 @@ def realm_pretraining(out: str, seed: int, *, pretrain_steps: int | None,
   made when missing (its ICT warm start too): for a bench that reads the pretrained model itself
   where `run` kept only its cells."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
-  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
-  store = realm_jax_tasks.toy_block_store_dir()
-  options = cell_options(
-      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
-      ict_from_bert=False, pretrain_steps=pretrain_steps, finetune_steps=None)
   seed_out = os.path.join(out, f"seed{seed}")
-  claim_runs_dir(seed_out, runs_fingerprint(options))
-  shared = recipe_lib.Recipe(os.path.join(seed_out, "shared"), store, toy_bert=toy_bert,
-                             baseline=False)
-  recipe = _cell_recipe(ROW_BY_NAME[BASE], seed, seed_out, shared, store,
-                        pretrain_steps=pretrain_steps, finetune_steps=None, toy_bert=toy_bert,
-                        ict_from_bert=False)
+  claim_runs_dir(seed_out, runs_fingerprint(toy_cell_options(
+      toy_bert=toy_bert, ict_from_bert=False, pretrain_steps=pretrain_steps,
+      finetune_steps=None)))
+  recipe = _toy_seed_recipes(seed, seed_out, realm_jax_tasks.toy_block_store_dir(),
+                             pretrain_steps=pretrain_steps, finetune_steps=None,
+                             toy_bert=toy_bert, ict_from_bert=False)(ROW_BY_NAME[BASE])
   if not recipe.trained(recipe.pretrain):
     recipe.run_pretraining()
   return recipe.pretrain

@@ -92,11 +92,10 @@ def pretrain_steps_option(multiple: int) -> Optional[int]:
 
 
 def toy_options(multiple: int, toy_bert: Optional[str]) -> dict:
-  """`ablations.cell_options` of one length of the toy world."""
-  from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
-  return ablations.cell_options(
-      toy_bert_sha256=toy_bert_lib.weights_sha256(toy_bert) if toy_bert else None,
-      ict_from_bert=False, pretrain_steps=pretrain_steps_option(multiple), finetune_steps=None)
+  """`ablations.toy_cell_options` of one length of the toy world."""
+  return ablations.toy_cell_options(toy_bert=toy_bert, ict_from_bert=False,
+                                    pretrain_steps=pretrain_steps_option(multiple),
+                                    finetune_steps=None)
 
 
 def kept_rows(multiple: int, seeds: Sequence[int], toy_bert: Optional[str],
