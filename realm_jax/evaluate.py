@@ -51,6 +51,15 @@ And one without a run:
   (metrics at its .metrics.json); with a RUN_DIR the metrics go next to the retrieval mode's,
   `<run>/predictions/<task>_<split>_bm25.metrics.json`.
 
+And one for the released REALM open-QA models, transformers' `RealmForOpenQA` directories
+(google/realm-orqa-nq-openqa, ...), with flags of its own (`--released DIR --help`), no gin:
+
+  python -m realm_jax.evaluate --released DIR --task nq_open [--split test] [--output PATH]
+
+  The checkpoint's block embeddings are the index (exact search), the reader reads the top 5
+  blocks, the answer is its best span; exact match on the split, written as mode "qa" writes it
+  (`realm_jax.evaluation.released`).
+
 `--dry_run` checks the configuration (mode, task registered and of the right kind, split, block
 store needed, k values) and, if the run directory has checkpoints, that the one to evaluate is
 of this model size (and has a reader for "qa"); it reads no data, writes nothing, and prints one
@@ -70,11 +79,14 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import sys
+import time
 from typing import Any, Optional, Sequence
 
 import gin
 
 from realm_jax import gin_utils
+from realm_jax import progress as progress_lib
 from realm_jax.evaluation import bm25 as bm25_lib
 from realm_jax.evaluation import results
 from realm_jax.gin_utils import ConfigError
@@ -492,7 +504,78 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
               output=output, first_index_checkpoint_dir=first_index_checkpoint_dir)
 
 
-main = evaluate_main.main  # python -m realm_jax.evaluate; returns the exit status
+# ------------------------------------------------------------------------------ released models
+
+
+def _asks_released(args: Sequence[str]) -> bool:
+  """Whether a command line (without the program name) names `--released DIR`."""
+  return any(arg == "--released" or arg.startswith("--released=") for arg in args)
+
+
+def _check_released(args: Any) -> tuple[dict, Any, str, Any, str]:
+  """(config.json, the vocabulary, the task's seqio name, the prediction settings, what is
+  evaluated in words) of the released mode's flags, checked before any weight is read."""
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import released  # pylint: disable=g-import-not-at-top  (TF)
+  released.check_directory(args.released)
+  hf_config = hf.read_config(args.released)
+  released.check_kind(hf.detect_kind(hf_config, args.released), args.released)
+  vocab = released.read_vocabulary(args.released, hf_config)
+  task = released.check_task(args.task, args.split)
+  run = released.settings(hf_config, args.reader_beam)
+  what = (f"released model {args.released} ({run.num_blocks:,} blocks), task "
+          f"{task}/{args.split}, {args.backend} search, reader top {run.reader_beam} of "
+          f"{run.reader_len} wordpieces")
+  return hf_config, vocab, task, run, what
+
+
+def _released(args: Any) -> int:
+  """The released mode after its flags are parsed: everything is checked before the weights
+  (gigabytes) are read, then the model answers the split and the files are written."""
+  from realm_jax.batches import qa_batches  # pylint: disable=g-import-not-at-top  (Orbax)
+  from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
+  from realm_jax.evaluation import released  # pylint: disable=g-import-not-at-top  (TF)
+  _, vocab, task, run, what = _check_released(args)
+  if args.dry_run:
+    print(f"{PROG}: dry run ok ({what}; no weights read, nothing written)", flush=True)
+    return 0
+  log.info("%s", what)
+  start = time.monotonic()
+  config, params, extras = hf.load_checkpoint(args.released, "open_qa")
+  records = released.read_block_records(args.released)  # [num_blocks] bytes
+  log.info("weights and %d block texts read in %s", records.shape[0],
+           progress_lib.format_duration(time.monotonic() - start))
+  store = released.BlockRecords(records, vocab,
+                                os.path.join(args.released, released.BLOCK_RECORDS))
+  examples = qa_batches.qa_task_examples(task, args.split, max_examples=args.max_examples)
+  result = released.evaluate_released(
+      args.released, config, params, extras.pop("block_emb"), store, examples, task=task,
+      split=args.split, run=run, backend=args.backend, batch_size=args.batch_size,
+      k_values=_default("k_values"))
+  results.write(result, args.output, args.released)
+  return 0
+
+
+def released_main(argv: Sequence[str]) -> int:
+  """`python -m realm_jax.evaluate --released DIR ...` (`realm_jax.evaluation.released`);
+  returns the exit status (argparse's 2 for a bad flag, 0 after --help)."""
+  from realm_jax.evaluation import released  # pylint: disable=g-import-not-at-top  (TF)
+  try:
+    args = released.make_parser(f"python -m realm_jax.{PROG}").parse_args(list(argv[1:]))
+  except SystemExit as e:  # --help, or a bad flag (argparse printed why)
+    return int(e.code or 0)
+  gin_utils.setup_logging()
+  return gin_utils.run_command(PROG, lambda: _released(args),
+                               interrupted="nothing partial was written")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """python -m realm_jax.evaluate; returns the exit status: the released mode for a command line
+  naming `--released DIR`, else the gin-configured `evaluate_main`."""
+  argv = list(sys.argv if argv is None else argv)
+  if _asks_released(argv[1:]):
+    return released_main(argv)
+  return evaluate_main.main(argv)
 
 
 if __name__ == "__main__":
