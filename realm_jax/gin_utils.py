@@ -35,7 +35,7 @@ import sys
 import textwrap
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import gin
 from absl import flags
@@ -44,8 +44,9 @@ from realm_jax import fileio
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["ConfigError", "EXPECTED_ERRORS", "HelpRequested", "Interrupted", "REPO_ROOT", "command",
-           "exit_process", "help_text", "one_line", "parse_flags", "parse_gin", "report_error",
+__all__ = ["ConfigError", "EXPECTED_ERRORS", "GinText", "HelpRequested", "Interrupted",
+           "REPO_ROOT", "binding", "binding_flags", "command", "exit_process", "gin_value",
+           "help_text", "one_line", "parse_binding", "parse_flags", "parse_gin", "report_error",
            "resolve_gin_file", "run_command", "run_job", "setup_logging", "split_gin_args"]
 
 HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull")
@@ -91,6 +92,46 @@ def split_gin_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     else:
       rest.append(arg)
   return bindings, rest
+
+
+@dataclasses.dataclass(frozen=True)
+class GinText:
+  """A binding's value as gin text, taken as is: a `KEY=VALUE` given on a command line, a
+  reference (`@fn()`, `%MACRO`) or a placeholder; `gin_value` renders every other value."""
+  text: str
+
+
+def gin_value(value: Any, *, quote: str = "'") -> str:
+  """`value` as gin reads it: a string quoted with `quote` (Python's repr when it holds that
+  quote, a backslash or an unprintable character), GinText as is, anything else (None, bools,
+  numbers, tuples) as its repr."""
+  if isinstance(value, GinText):
+    return value.text
+  if isinstance(value, str) and quote not in value and "\\" not in value and value.isprintable():
+    return f"{quote}{value}{quote}"
+  return repr(value)
+
+
+def binding(name: str, value: Any, *, quote: str = "'") -> str:
+  """One gin binding as `NAME=VALUE` text (`gin_value`): what `--gin.NAME=VALUE` carries."""
+  return f"{name}={gin_value(value, quote=quote)}"
+
+
+def binding_flags(bindings: Iterable[tuple[str, Any]], *, quote: str = "'") -> list[str]:
+  """(name, value) pairs as `--gin.NAME=VALUE` arguments, in order (gin: the last one wins).
+  The one place where a command line's gin bindings are written (`split_gin_args` reads
+  them)."""
+  return [f"--gin.{binding(name, value, quote=quote)}" for name, value in bindings]
+
+
+def parse_binding(text: str) -> tuple[str, GinText]:
+  """A `KEY=VALUE` binding given as text (a flag, a bench's row) as a (KEY, GinText(VALUE))
+  pair, both kept exactly as written; ValueError without a key or an "="."""
+  key, sep, value = text.partition("=")
+  if not sep or not key:
+    raise ValueError(f"{text!r}: expected KEY=VALUE, e.g. NUM_STEPS=1000 or "
+                     "INIT_CHECKPOINT=\"'/mnt/ict/checkpoints/1000'\"")
+  return key, GinText(value)
 
 
 def one_line(error: BaseException) -> str:

@@ -189,10 +189,11 @@ def _train(gin_file: str, run_dir: str, steps: Optional[int], bindings: Sequence
   if checkpoints.training_done(run_dir):
     print(f"{PROG}: {run_dir} is finished; not run again", flush=True)
     return os.path.join(run_dir, "checkpoints", str(checkpoints.latest_checkpoint_step(run_dir)))
-  argv = [f"python -m realm_jax.{PROG}", f"--gin_file={gin_file}", f"--gin.RUN_DIR='{run_dir}'",
-          *bindings]
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+  argv = [f"python -m realm_jax.{PROG}", f"--gin_file={gin_file}",
+          *gin_utils.binding_flags([("RUN_DIR", run_dir)]), *bindings]
   if steps is not None:
-    argv.append(f"--gin.NUM_STEPS={steps}")
+    argv += gin_utils.binding_flags([("NUM_STEPS", steps)])
   code = train.main(argv)
   if code == 130:  # the train job was interrupted (and said so): so is this command
     raise KeyboardInterrupt
@@ -210,6 +211,7 @@ def build(work_dir: str, out: str, *, steps: Optional[int] = None,
   `out`. `copy_steps`, `steps`, `distract_steps`: the phases' lengths, in that order."""
   from realm_jax.convert import hf  # pylint: disable=g-import-not-at-top
   from realm_jax import checkpoints  # pylint: disable=g-import-not-at-top
+  from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
   work_dir = os.path.abspath(work_dir)
   phases = [(gin_file, name, phase_steps) for (gin_file, name), phase_steps
             in zip(PHASES[world], (copy_steps, steps, distract_steps))]
@@ -217,7 +219,7 @@ def build(work_dir: str, out: str, *, steps: Optional[int] = None,
   for gin_file, name, phase_steps in phases:
     run_dir = os.path.join(work_dir, name)
     last = _train(gin_file, run_dir, phase_steps, [*warm_start, *bindings])
-    warm_start = [f"--gin.INIT_CHECKPOINT='{last}'"]
+    warm_start = gin_utils.binding_flags([("INIT_CHECKPOINT", last)])
   params, config, _ = checkpoints.restore_params(run_dir)  # the last phase's
   hf.write_bert_mlm(out, params["encoder"], config.bert)
   return out

@@ -211,7 +211,7 @@ class FinetuneJob(IndexJob):
       try:
         self.task = realm_jax_tasks.register_qa_files(self.task)
       except ValueError as e:
-        raise ConfigError(f"TASK={self.task!r}: {e}") from e
+        raise ConfigError(f"{gin_utils.binding('TASK', self.task)}: {e}") from e
     try:
       task = seqio_batches.get_task(self.task)
     except seqio_batches.UnknownTaskError as e:
