@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -483,6 +484,160 @@ def run_local(trainer_cmd: Sequence[str], builder_cmd: Optional[Sequence[str]] =
         summary = "; ".join(c.describe() for c in running)
         launcher.say(f"{summary} -> status {status}")
   return status
+
+
+# ---------------------------------------------------------------------------------------------
+# A recipe's stages on this machine (`realm_jax.pipeline`: `python -m realm_jax.recipe`).
+
+# REALM_JAX_ALLOCATOR=system: the children keep glibc's malloc defaults. ALLOCATOR_ENV keeps each
+# process's peak heap, which suits the toy model; a larger model's heap then grows past memory
+# (docs/own_corpus.md, "With a real English BERT"), so the recipe chooses it for a BERT larger
+# than the toy model's.
+ALLOCATOR_CHOICE = "REALM_JAX_ALLOCATOR"
+# What the console shows of a stage's output (the rest is in its log).
+_PROGRESS = re.compile(r"step \d+/\d+|published index|: done|error|Error|dry run|evaluate: "
+                       r"(toy_qa|ict_toy|((retrieval|bm25) )?qa_(regex_)?files_)|"
+                       r"embedding: blocks [\d,]+/[\d,]+ \(100")
+
+
+class Progress:
+  """A file-like console for `run_local` and `run_children` that passes progress lines only,
+  each without its log prefix (`short_line`)."""
+
+  def __init__(self, stream: IO[str]):
+    self._stream = stream
+    self._partial = ""
+
+  def write(self, text: str) -> int:
+    self._partial += text
+    *lines, self._partial = self._partial.split("\n")
+    for line in lines:
+      if _PROGRESS.search(line):
+        self._stream.write(short_line(line) + "\n")
+    return len(text)
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+
+def short_line(line: str) -> str:
+  """A log line without its timestamp/level/logger prefix."""
+  match = re.match(r"^(\[\w+\] )?\S+ \S+ (INFO|WARNING|ERROR) \S+: (.*)$", line)
+  return f"{match.group(1) or ''}{match.group(3)}" if match else line
+
+
+def compilation_cache_dir() -> str:
+  """Where the children keep JAX's persistent compilation cache: jax_compilation_cache in the
+  toy world's cache root (`toy_world.default_cache_root`)."""
+  from realm_jax.data import toy_world  # pylint: disable=g-import-not-at-top
+  return str(toy_world.default_cache_root() / "jax_compilation_cache")
+
+
+def child_env() -> dict[str, str]:
+  """A stage's settings on top of this environment, each unless set already: ALLOCATOR_ENV
+  (0.74x the toy step's time) and JAX's persistent compilation cache (`compilation_cache_dir`):
+  every stage, and every cell of a bench, compiles the same steps again, about 8 s each on 2
+  cores and 1.2 s read from the cache. No malloc settings with REALM_JAX_ALLOCATOR=system."""
+  allocator = {} if os.environ.get(ALLOCATOR_CHOICE) == "system" else ALLOCATOR_ENV
+  settings = {**allocator, "JAX_COMPILATION_CACHE_DIR": compilation_cache_dir()}
+  return {key: value for key, value in settings.items() if key not in os.environ}
+
+
+def run_children(children: Sequence[tuple[Sequence[str], str]], *, prog: str = PROG) -> None:
+  """Runs independent children side by side, each to completion: each one's full output to its
+  log, progress lines to the console (prefixed with the log's name when there are several).
+
+  On a 2-core machine two jobs side by side finish sooner than one after the other: neither
+  keeps both cores busy alone (the host builds batches and retrieves between steps). Raises
+  RuntimeError naming every child that failed, after all have ended. Interrupted (SIGINT or
+  SIGTERM to this process: `gin_utils.Interrupted`), it stops the children as the launcher
+  stops its own (`stop_processes`) before the interruption goes on; each child also dies with
+  this process should it be killed outright (`tied_to_parent`).
+  """
+  lock = threading.Lock()
+  console = Progress(sys.stdout)
+
+  def copy(child: subprocess.Popen, log_path: str, prefix: str) -> None:
+    with open(log_path, "a", encoding="utf-8") as log:
+      for line in child.stdout:
+        log.write(line)
+        with lock:
+          console.write(prefix + line)
+
+  running = []
+  try:
+    for cmd, log_path in children:
+      child = subprocess.Popen(tied_to_parent(cmd), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **child_env()})
+      prefix = (f"[{os.path.splitext(os.path.basename(log_path))[0]}] "
+                if len(children) > 1 else "")
+      thread = threading.Thread(target=copy, args=(child, log_path, prefix), daemon=True)
+      thread.start()
+      running.append((cmd, log_path, child, thread))
+    failed = []
+    for cmd, log_path, child, thread in running:
+      code = child.wait()
+      thread.join()
+      if code:
+        failed.append(f"{' '.join(cmd[2:4])} ... exited with status {code}; see {log_path}")
+  finally:
+    # Interrupted, or one could not start: stop the others too, and wait for them (bounded).
+    stopped = stop_processes([child for _, _, child, _ in running])
+    for pid, how in stopped:
+      print(f"{prog}: stopped child {pid}: {how}", file=sys.stderr, flush=True)
+  if failed:
+    raise RuntimeError("; ".join(failed))
+
+
+class LocalRunner:
+  """Runs a recipe's stages as processes on this machine (`realm_jax.pipeline.stages.Runner`):
+  a stage's pending jobs side by side (`run_children`; one after the other when the stage asks),
+  a trainer and its index builder under `run_local`, each job's deferred values read as it
+  starts. `run_child`, `run_children` and `run_pair` are the three ways a job runs."""
+
+  def __init__(self, prog: str = "recipe"):
+    self.prog = prog
+
+  def run_stage(self, stage, log_dir: str) -> None:
+    """Runs `stage`'s pending jobs (a `realm_jax.pipeline.stages.Stage`); RuntimeError names
+    a job that failed, `gin_utils.Interrupted` a stop by signal."""
+    from realm_jax.pipeline import stages  # pylint: disable=g-import-not-at-top
+
+    def child(job) -> tuple[list[str], str]:
+      return stages.resolve_tokens(job.argv()), os.path.join(log_dir, job.log)
+
+    pending = stage.pending()
+    if stage.pair:
+      builder = None if stage.builder is None else child(stage.builder)[0]
+      self.run_pair(child(stage.jobs[0])[0], builder, log_dir=log_dir,
+                    run_dir=stage.jobs[0].output.run_dir, name=stage.name.strip())
+    elif len(stage.jobs) == 1:
+      self.run_child(*child(pending[0]))
+    elif stage.together:
+      self.run_children([child(job) for job in pending])
+    else:
+      for job in pending:
+        self.run_children([child(job)])
+
+  def run_child(self, cmd: Sequence[str], log_path: str) -> None:
+    self.run_children([(cmd, log_path)])
+
+  def run_children(self, children: Sequence[tuple[Sequence[str], str]]) -> None:
+    run_children(children, prog=self.prog)
+
+  def run_pair(self, trainer: Sequence[str], builder: Optional[Sequence[str]], *, log_dir: str,
+               run_dir: str, name: str) -> None:
+    """The trainer and its builder under `run_local` (progress lines to the console); a stop
+    by signal is re-raised as `gin_utils.Interrupted`, a failure as RuntimeError."""
+    from realm_jax import gin_utils  # pylint: disable=g-import-not-at-top
+    code = run_local(trainer, builder, log_dir=log_dir, console=Progress(sys.stdout),
+                     env_trainer=child_env(), env_builder=child_env(), run_dir=run_dir)
+    if code - 128 in gin_utils.STOP_SIGNALS + (signal.SIGHUP,):
+      # run_local caught the signal meant for this process and stopped both children.
+      raise gin_utils.Interrupted(code - 128)
+    if code:
+      raise RuntimeError(f"{name}: exited with status {code}; see {log_dir}")
 
 
 def _parse_env(assignments: Sequence[str], parser: argparse.ArgumentParser,

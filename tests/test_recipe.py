@@ -231,8 +231,11 @@ def test_stages_die_with_a_main_job_killed_outright(tmp_path):
 
 
 def _finished_recipe(tmp_path, monkeypatch, *, index_of_pretrain=400, **kwargs):
-  """(Recipe over `tmp_path/out`, its ICT in `tmp_path/ict` and pretraining both done, and the
-  list the children's commands are appended to, in the order they would run)."""
+  """(Recipe over `tmp_path/out`, its BERT converted, its ICT in `tmp_path/ict` and its
+  pretraining done, and the list the children's commands are appended to, in the order they
+  would run). What the stages check is faked where they read it: the runs' TRAINING_DONE, their
+  newest checkpoint (400; the BERT's 0) and their newest index."""
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   from realm_jax.index import store as store_lib  # pylint: disable=import-outside-toplevel
   out, ict = tmp_path / "out", str(tmp_path / "ict")
   run = recipe.Recipe(str(out), "/store", ict_dir=ict, toy_bert=SHIPPED_BERT,
@@ -250,9 +253,9 @@ def _finished_recipe(tmp_path, monkeypatch, *, index_of_pretrain=400, **kwargs):
   monkeypatch.setattr(recipe, "run_child", lambda cmd, log: record(cmd))
   monkeypatch.setattr(recipe, "run_children",
                       lambda children: [record(cmd) for cmd, _ in children])
-  monkeypatch.setattr(recipe, "_latest_step", lambda run_dir: 400)
-  monkeypatch.setattr(recipe.Recipe, "trained", lambda self, run_dir: run_dir in trained)
-  monkeypatch.setattr(recipe.Recipe, "_bert_checkpoint", lambda self: "/bert/checkpoints/0")
+  monkeypatch.setattr(checkpoints, "training_done", lambda run_dir: run_dir in trained)
+  monkeypatch.setattr(checkpoints, "latest_checkpoint_step",
+                      lambda run_dir: 0 if run_dir == run.bert else 400)
   monkeypatch.setattr(recipe.Recipe, "summary", lambda self, *paths: paths)
   monkeypatch.setattr(store_lib, "latest_index_step", indexes.get)
   for name in ("before", "after"):
@@ -264,11 +267,14 @@ ICT_CHECKPOINT = "ict/checkpoints/400"
 PRETRAIN_CHECKPOINT = "out/pretrain/checkpoints/400"
 
 
+BERT_CHECKPOINT = "out/bert/checkpoints/0"
+
+
 @pytest.mark.parametrize("retriever,reader,init,encoder", [
     ("pretrain", "pretrain", PRETRAIN_CHECKPOINT, None),  # REALM
-    ("pretrain", "bert", PRETRAIN_CHECKPOINT, "/bert/checkpoints/0"),
+    ("pretrain", "bert", PRETRAIN_CHECKPOINT, BERT_CHECKPOINT),
     ("warm_start", "pretrain", ICT_CHECKPOINT, PRETRAIN_CHECKPOINT),
-    ("warm_start", "bert", ICT_CHECKPOINT, "/bert/checkpoints/0"),  # ORQA-style
+    ("warm_start", "bert", ICT_CHECKPOINT, BERT_CHECKPOINT),  # ORQA-style
 ])
 def test_the_fine_tuning_slot_starts_from_the_retriever_and_the_reader_asked_for(
     tmp_path, monkeypatch, retriever, reader, init, encoder):
@@ -394,16 +400,22 @@ def test_ict_continues_a_retromae_checkpoints_retriever_whole():
 def test_trainings_of_a_bert_larger_than_the_toy_model_run_one_after_the_other(tmp_path,
                                                                                monkeypatch):
   import json  # pylint: disable=import-outside-toplevel
+  from realm_jax import checkpoints  # pylint: disable=import-outside-toplevel
   calls = []
-  monkeypatch.setattr(recipe, "run_children", lambda children: calls.append(list(children)))
-  children = [(["a"], "a.log"), (["b"], "b.log")]
-  recipe.Recipe(str(tmp_path / "toy"), "/store", toy_bert=SHIPPED_BERT).run_trainings(children)
-  assert calls == [children]  # the toy model's: side by side
+  monkeypatch.setattr(checkpoints, "latest_checkpoint_step", lambda run_dir: 400)
+  monkeypatch.setattr(recipe, "run_children", lambda children: calls.append(
+      [os.path.basename(log) for _, log in children]))
+
+  def fine_tune(run):
+    (stage,) = [s for s in run.finetuning_stages() if s.name.startswith("5 ")]
+    run.runner.run_stage(stage, run.logs)
+
+  fine_tune(recipe.Recipe(str(tmp_path / "toy"), "/store", toy_bert=SHIPPED_BERT))
+  assert calls == [["finetune.log", "finetune_orqa.log"]]  # the toy model's: side by side
   with open(os.path.join(SHIPPED_BERT, "config.json"), encoding="utf-8") as f:
     config = {**json.load(f), "hidden_size": 384, "num_hidden_layers": 6}
   (tmp_path / "big").mkdir()
   (tmp_path / "big" / "config.json").write_text(json.dumps(config))
   calls.clear()
-  recipe.Recipe(str(tmp_path / "out"), "/store",
-                toy_bert=str(tmp_path / "big")).run_trainings(children)
-  assert calls == [[children[0]], [children[1]]]
+  fine_tune(recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert=str(tmp_path / "big")))
+  assert calls == [["finetune.log"], ["finetune_orqa.log"]]

@@ -12,7 +12,11 @@ import numpy as np
 import pytest
 
 from realm_jax import checkpoints
+from realm_jax import gin_utils
 from realm_jax import recipe
+from realm_jax import toy_bert
+
+SHIPPED_BERT = toy_bert.SHIPPED_DIR
 
 QUESTIONS = {"train": [("Which function pushes an item onto a heap?", ["heappush"]),
                        ("Which function pops the smallest item?", ["heappop"])],
@@ -66,18 +70,18 @@ def test_the_wiki_recipe_pretrains_on_its_spacy_spans(tmp_path):
   run.max_block_len = 192
   assert run.documents == "/world/docs.jsonl" and run.questions == "/world/qa"
   assert (f"PretrainJob.pretrain_records='{tmp_path}/out/store-spans.jsonl'"
-          in run.data_bindings("pretrain"))
+          in run.bindings("pretrain"))
   # The retriever is held for the first half of pretraining, and only there.
-  assert "PretrainJob.freeze_retriever_steps=100" in run.data_bindings("pretrain")
-  assert not any("freeze" in b for b in run.data_bindings("finetune"))
+  assert "PretrainJob.freeze_retriever_steps=100" in run.bindings("pretrain")
+  assert not any("freeze" in b for b in run.bindings("finetune"))
   given = recipe.WikiRecipe(str(tmp_path / "given"), world="/world", toy_bert=None,
                             ict_remove_probability=0.9, pretrain_steps=40)
   assert given.ict_remove_probability == 0.9 and given.ict_remove_why == "as given"
   given.max_block_len = 192
-  assert "PretrainJob.freeze_retriever_steps=20" in given.data_bindings("pretrain")
+  assert "PretrainJob.freeze_retriever_steps=20" in given.bindings("pretrain")
   own = recipe.OwnDataRecipe(str(tmp_path / "own"), documents="/d.jsonl", questions="/qa")
   own.max_block_len, own.ict_remove_probability = 192, 0.9
-  assert not any("pretrain_records" in b for b in own.data_bindings("pretrain"))
+  assert not any("pretrain_records" in b for b in own.bindings("pretrain"))
 
 
 def test_flags_name_files_absolutely_and_pick_the_own_output_directory(tmp_path, monkeypatch):
@@ -122,7 +126,7 @@ def test_a_berts_config_sizes_every_tower_of_every_child(tmp_path):
   """all-MiniLM-L6-v2's config.json (hand-copied) becomes the towers' shape in the gins of every
   kind of child; dropout stays the toy gins'."""
   import gin  # pylint: disable=import-outside-toplevel
-  from realm_jax import evaluate, gin_utils  # pylint: disable=import-outside-toplevel,unused-import
+  from realm_jax import evaluate  # pylint: disable=import-outside-toplevel,unused-import
   directory = _bert_dir(tmp_path / "minilm")
   shape = ("model_config.tiny_bert.vocab_size=30522", "model_config.tiny_bert.hidden_size=384",
            "model_config.tiny_bert.num_layers=6", "model_config.tiny_bert.num_heads=12",
@@ -131,14 +135,22 @@ def test_a_berts_config_sizes_every_tower_of_every_child(tmp_path):
            "model_config.tiny_bert.max_position_embeddings=512",
            "model_config.tiny_bert.type_vocab_size=2",
            "model_config.tiny_bert.layer_norm_eps=1e-12")
-  assert recipe.bert_shape_bindings(directory) == shape
+  assert recipe.bert_shape_bindings(directory) == (
+      ("model_config.tiny_bert.vocab_size", 30522), ("model_config.tiny_bert.hidden_size", 384),
+      ("model_config.tiny_bert.num_layers", 6), ("model_config.tiny_bert.num_heads", 12),
+      ("model_config.tiny_bert.intermediate_size", 1536),
+      ("model_config.tiny_bert.hidden_act", "gelu"),
+      ("model_config.tiny_bert.max_position_embeddings", 512),
+      ("model_config.tiny_bert.type_vocab_size", 2),
+      ("model_config.tiny_bert.layer_norm_eps", 1e-12))
   assert recipe.bert_shape_bindings(None) == ()
   run = recipe.OwnDataRecipe(str(tmp_path / "out"), documents="/d.jsonl", questions="/qa",
                              toy_bert=directory)
   run.max_block_len, run.ict_remove_probability = 160, 0.2
   for child in ("ict", "pretrain", "finetune", "evaluate"):
     assert run.bindings(child)[:len(shape)] == shape
-    assert run.bindings(child)[len(shape):] == run.data_bindings(child)
+    assert run.bindings(child)[len(shape):] == tuple(
+        gin_utils.binding(name, value) for name, value in run.data_bindings(child))
   gin_utils.parse_gin(["gin_configs/experiments/toy_eval.gin"],
                       ["RUN_DIR='/x'", *run.bindings("evaluate")])
   bert = gin.query_parameter("%MODEL_CONFIG").scoped_configurable_fn().bert
@@ -268,15 +280,15 @@ def test_fine_tuning_starts_from_the_best_pretraining_checkpoint_not_the_last(tm
   run = recipe.OwnDataRecipe(str(tmp_path / "out"), documents="/d.jsonl", questions="/qa")
   _finished_pretraining(run.pretrain, (80, 160, 240, 320, 400), best=160)
   assert run.pretrain_choice() == (160, "best by eval/retrieval/utility=0.25 in best.json")
-  checkpoint = run._pretrain_checkpoint()  # pylint: disable=protected-access
-  assert checkpoint == f"{run.pretrain}/checkpoints/160"
+  assert run.pretrained_checkpoint().resolve() == f"{run.pretrain}/checkpoints/160"
   os.remove(os.path.join(run.pretrain, checkpoints.BEST_FILE))  # no best: the newest
   assert run.pretrain_choice() == (400, "latest")
 
 
-def _recorded_run(run, ict, monkeypatch):
-  """`run.run()` with every child recorded instead of run: (commands, the indexes built, what
-  `own_summary` was given)."""
+def _recorded_run(run, monkeypatch):
+  """`run.run()` with every child recorded instead of run, `prepare`'s choices made by hand and
+  the BERT converted: (commands, the indexes built, what `own_summary` was given). A run counts
+  as trained once its trainer was recorded; a trained run's newest checkpoint is 400."""
   from realm_jax.index import store as store_lib  # pylint: disable=import-outside-toplevel
   _finished_pretraining(run.pretrain, (80, 400), best=80)
   commands, trained, indexes = [], set(), {}
@@ -292,14 +304,19 @@ def _recorded_run(run, ict, monkeypatch):
     elif cmd[2] == "realm_jax.train" and "--dry_run" not in cmd:
       trained.add(run_dir)
 
+  def run_local(trainer, builder, **kwargs):
+    del builder, kwargs
+    record(trainer)
+    return 0
+
   monkeypatch.setattr(run, "prepare", prepare)
-  monkeypatch.setattr(run, "_bert_checkpoint", lambda: "/bert/checkpoints/0")
-  monkeypatch.setattr(run, "_ict_checkpoint", lambda: ict)
-  monkeypatch.setattr(run, "_pretrain", lambda bert: trained.add(run.pretrain))
   monkeypatch.setattr(run, "own_summary", lambda *paths: paths)
-  monkeypatch.setattr(recipe.Recipe, "trained", lambda self, run_dir: run_dir in trained)
+  monkeypatch.setattr(checkpoints, "training_done", lambda run_dir: run_dir in trained)
+  monkeypatch.setattr(checkpoints, "latest_checkpoint_step", lambda run_dir: (
+      0 if run_dir == run.bert else 400 if run_dir in trained else None))
   monkeypatch.setattr(recipe, "run_child", lambda cmd, log: record(cmd))
   monkeypatch.setattr(recipe, "run_children", lambda children: [record(c) for c, _ in children])
+  monkeypatch.setattr(recipe.launcher, "run_local", run_local)
   monkeypatch.setattr(store_lib, "latest_index_step", indexes.get)
   return commands, indexes, run.run()
 
@@ -307,9 +324,9 @@ def _recorded_run(run, ict, monkeypatch):
 def test_own_data_stages_point_every_child_at_the_data_and_add_bm25(tmp_path, monkeypatch):
   out = tmp_path / "out"
   run = recipe.OwnDataRecipe(str(out), documents="/d.jsonl", questions="regex:/qa",
-                             finetune_bindings=["NUM_STEPS=7"])
-  ict = str(tmp_path / "ict_ckpt")
-  commands, indexes, (recall, dev_recall, qa) = _recorded_run(run, ict, monkeypatch)
+                             finetune_bindings=["NUM_STEPS=7"], toy_bert=SHIPPED_BERT)
+  ict = f"{out}/ict/checkpoints/400"
+  commands, indexes, (recall, dev_recall, qa) = _recorded_run(run, monkeypatch)
 
   def by_run(run_dir):
     return [c for c in commands if f"--gin.RUN_DIR='{run_dir}'" in c]
@@ -340,7 +357,7 @@ def test_own_data_stages_point_every_child_at_the_data_and_add_bm25(tmp_path, mo
   dry_run, bm25_finetune, bm25_evaluate = by_run(run.bm25_reader)
   assert dry_run[:-1] == bm25_finetune[:2] + dry_run[2:-1] and dry_run[-1] == "--dry_run"
   assert {"--gin.FinetuneJob.candidates='bm25'", f"--gin.INIT_CHECKPOINT='{ict}'",
-          "--gin.ENCODER_CHECKPOINT='/bert/checkpoints/0'"} <= set(bm25_finetune)
+          f"--gin.ENCODER_CHECKPOINT='{out}/bert/checkpoints/0'"} <= set(bm25_finetune)
   assert "--gin.evaluate_main.candidates='bm25'" in bm25_evaluate
   assert run.bm25_reader not in indexes
   # What the table reads: recall of BM25, the warm start and the chosen checkpoint's index.
@@ -357,8 +374,8 @@ def test_a_mixed_fine_tuning_slot_has_its_reader_and_files_of_its_own(tmp_path, 
   run = recipe.OwnDataRecipe(str(out), documents="/d.jsonl", questions="/qa",
                              finetune_name="finetune_bert_reader", finetune_reader="bert",
                              finetune_bindings=["train_main.seed=3"],
-                             slot_bindings=["train_main.seed=1003"])
-  commands, _, (recall, dev_recall, qa) = _recorded_run(run, str(tmp_path / "ict"), monkeypatch)
+                             slot_bindings=["train_main.seed=1003"], toy_bert=SHIPPED_BERT)
+  commands, _, (recall, dev_recall, qa) = _recorded_run(run, monkeypatch)
   # The slot's own bindings come last in its fine-tuning alone, and are no run argument.
   (orqa_finetune,) = [c for c in commands if f"--gin.RUN_DIR='{run.orqa}'" in c
                       and c[2] == "realm_jax.train" and "--dry_run" not in c]
@@ -370,7 +387,7 @@ def test_a_mixed_fine_tuning_slot_has_its_reader_and_files_of_its_own(tmp_path, 
                                      if f"--gin.RUN_DIR='{run.finetune}'" in c]
   assert f"--gin.build_index_main.checkpoint_dir='{best}'" in index
   assert {f"--gin.INIT_CHECKPOINT='{best}'",
-          "--gin.ENCODER_CHECKPOINT='/bert/checkpoints/0'"} <= set(finetune)
+          f"--gin.ENCODER_CHECKPOINT='{out}/bert/checkpoints/0'"} <= set(finetune)
   assert finetune[-2:] == ["--gin.train_main.seed=3", "--gin.train_main.seed=1003"]
   assert f"--gin.evaluate_main.output='{out}/eval/realm_finetune_bert_reader_test.jsonl'" in (
       evaluate)
