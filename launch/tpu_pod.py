@@ -1,45 +1,40 @@
-r"""REALM pretraining on two Cloud TPU VM slices: the trainer on one, the index builder on the
-other, sharing one run directory.
+r"""REALM on two Cloud TPU VM slices sharing one file system: the trainer slice and the index
+builder's slice. `run` runs every stage of the paper-scale recipe (`realm_jax.pipeline`), or
+with --trainer_gin pretraining alone, the trainer on one slice and the builder on the other.
 
-  python -m realm_jax_launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...] \
-      [--dry-run]
-  python -m realm_jax_launch.tpu_pod copy     --zone=europe-west4-a [--dry-run]
+  python -m realm_jax_launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...]
+  python -m realm_jax_launch.tpu_pod copy     --zone=europe-west4-a
+  python -m realm_jax_launch.tpu_pod run      --zone=europe-west4-a --out=/mnt/realm/runs \
+      --block_store=/mnt/realm/wiki_blocks --bert=/mnt/realm/bert-base-uncased \
+      [--task=nq|wq|ct] [--trainer_hosts=8]
   python -m realm_jax_launch.tpu_pod run      --zone=europe-west4-a --run_dir=/mnt/realm/pretrain \
-      --block_store=/mnt/realm/wiki_blocks \
-      --trainer_gin=gin_configs/experiments/wiki_pretrain.gin \
+      --block_store=/mnt/realm/wiki_blocks --trainer_gin=gin_configs/experiments/wiki_pretrain.gin \
       --trainer_binding=INIT_CHECKPOINT="'/mnt/realm/ict/checkpoints/100000'" \
-      --trainer_binding=ENCODER_CHECKPOINT="'/mnt/realm/bert/checkpoints/0'" \
       --trainer_binding=BATCH_SIZE=64 [--first_index_from=/mnt/realm/ict/checkpoints/100000] \
-      [--detach] [--dry-run]
-  python -m realm_jax_launch.tpu_pod stop     --zone=europe-west4-a [--kill] [--dry-run]
-  python -m realm_jax_launch.tpu_pod teardown --zone=europe-west4-a [--dry-run]
+      [--detach]
+  python -m realm_jax_launch.tpu_pod stop     --zone=europe-west4-a [--kill]
+  python -m realm_jax_launch.tpu_pod teardown --zone=europe-west4-a
 
-Slices are `<name>-trainer` and `<name>-builder` (`--name`, default `realm`; or
-`--trainer_tpu` / `--builder_tpu`). Every subcommand prints each gcloud command it runs, one per
-line, shell-quoted, before running it; with `--dry-run` it only prints them.
+Slices are `<name>-trainer` and `<name>-builder` (`--name`, default `realm`). Every subcommand
+prints each gcloud command it runs, shell-quoted, one per line; `--dry-run` only prints them.
+Paths are absolute and the same on every worker (NFS/Filestore, or gcsfuse with a hierarchical
+bucket: realm_jax renames directories and reads them with os.path, so no `gs://` URLs).
 
-* create: `gcloud compute tpus tpu-vm create` for both slices.
-* copy: on every worker of both slices, replace `~/<remote_dir>` by a copy of this repository
-  (`scp --recurse --worker=all`), make a virtualenv `~/<venv>` with `--python` (Python 3.11 is
-  installed with apt when missing: the TPU VM images carry 3.10 and realm_jax needs 3.11) and
-  `pip install -e .` plus `jax[tpu]` at the version setup.py pins.
-* run: the trainer on every worker of the trainer slice and the builder on every worker of the
-  builder slice (`ssh --worker=all --command=...`), both with the same `--run_dir`, which must
-  be a path every worker of both slices sees (an NFS/Filestore mount, or a gcsfuse mount of a
-  bucket with hierarchical namespace: realm_jax publishes by renaming directories, and reads
-  run directories with os.path, so a `gs://` URL does not work). In the foreground (default)
-  the two ssh sessions run under `launch.local.run_local`: prefixed output, logs under
-  `--log_dir`, and when the pair fails or is interrupted, `stop` runs on both slices (ending a
-  local ssh session does not end the remote process). `--detach` starts both with nohup
-  (logs in `~/realm_jax_{trainer,builder}.log` on each worker) and returns.
-  Every worker process first calls `jax.distributed.initialize()` (through `worker-exec`,
-  below): `realm_jax.train` and `realm_jax.build_index` do not call it themselves, and on a
-  multi-host slice Orbax's asynchronous checkpointing needs it (`--no-jax_distributed` turns
-  the wrapper off, e.g. once the entry points initialize by themselves).
-* stop: SIGINT (`--kill`: SIGKILL) to the trainer / builder recorded in
+* create, teardown: `gcloud compute tpus tpu-vm create` / `delete --quiet`, both slices.
+* copy: this repository to `~/<remote_dir>` on every worker, a Python 3.11 virtualenv
+  `~/<venv>` with `pip install -e .` and `jax[tpu]` at setup.py's pin.
+* run (the recipe): each stage in order, a training on every worker of the trainer slice, an
+  index on every worker of the builder slice, a one-process job (BERT conversion, evaluation)
+  on worker 0 of the builder slice; each skipped on the workers when its output is there.
+* run --trainer_gin: the trainer and the builder (`ssh --worker=all`), same `--run_dir`.
+  In the foreground the ssh sessions run under `launch.local.run_local`, logs in `--log_dir`;
+  when a stage fails or on Ctrl-C, `stop` runs on both slices (ending a local ssh session does
+  not end the remote process). `--detach` starts the pair with nohup and returns.
+* stop: SIGINT (`--kill`: SIGKILL) to the processes recorded in
   `~/.realm_jax_{trainer,builder}.pid` on every worker (only if that pid still runs realm_jax).
-* teardown: `gcloud compute tpus tpu-vm delete --quiet` for both slices (tries both).
-* worker-exec MODULE ARGS...: runs on a worker: `jax.distributed.initialize()`, then
+* worker-exec MODULE ARGS...: on a worker, reads the recipe's deferred values in ARGS (the
+  newest or best.json's checkpoint), calls `jax.distributed.initialize()` (the entry points do
+  not; Orbax needs it on a multi-host slice; `--no-jax_distributed` skips it), then runs
   `python -m MODULE ARGS...` in the same process.
 
 Exit status: 0 done; otherwise the status of the first command that failed (teardown: the
@@ -58,6 +53,8 @@ import subprocess
 import sys
 from typing import Optional, Sequence
 
+from realm_jax import gin_utils
+
 PROG = "tpu_pod"
 GCLOUD_TPU_VM = ("gcloud", "compute", "tpus", "tpu-vm")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +67,7 @@ DEFAULT_REMOTE_DIR = "realm_jax"
 DEFAULT_VENV = "realm_venv"
 DEFAULT_PYTHON = "python3.11"
 DEFAULT_BUILDER_GIN = "gin_configs/runs/build_index.gin"
+DEFAULT_TRAINER_HOSTS = 8  # a v3-64's workers
 ROLES = ("trainer", "builder")
 MODULES = {"trainer": "realm_jax.train", "builder": "realm_jax.build_index"}
 EXIT_USAGE = 2
@@ -101,9 +99,9 @@ class Pod:
       cmd.append(f"--project={self.project}")
     return cmd
 
-  def ssh(self, tpu: str, command: str) -> list[str]:
-    """`command` (a remote shell line) on every worker of `tpu`."""
-    cmd = self.gcloud("ssh", tpu, "--worker=all", f"--command={command}")
+  def ssh(self, tpu: str, command: str, worker: str = "all") -> list[str]:
+    """`command` (a remote shell line) on every worker of `tpu` (or on `worker`, e.g. 0)."""
+    cmd = self.gcloud("ssh", tpu, f"--worker={worker}", f"--command={command}")
     return cmd + ["--internal-ip"] if self.internal_ip else cmd
 
   def scp(self, tpu: str, local: str, remote: str) -> list[str]:
@@ -120,12 +118,17 @@ def _safe_relative(path: str, flag: str) -> str:
   return path
 
 
-def _gin_string(value: str, flag: str) -> str:
-  """A gin string literal for `value`. Double quotes: they survive the two levels of shell
-  quoting (local, then the worker's) far more readably than single ones."""
+# Gin strings on the workers' command lines are double-quoted: they survive the two levels of
+# shell quoting (local, then the worker's) far more readably than single ones.
+GIN_QUOTE = '"'
+
+
+def _gin_path(value: str, flag: str) -> str:
+  """`value`, a path a gin binding carries to the workers: no quotes, backslashes, '$' or '`'
+  (each level of shell quoting would have to escape them)."""
   if any(c in value for c in "\"'\\$`"):
     raise UsageError(f"{flag}={value!r}: quotes, backslashes, '$' and '`' are not supported")
-  return f'"{value}"'
+  return value
 
 
 def _shared_path(path: str, flag: str) -> str:
@@ -141,15 +144,11 @@ def _shared_path(path: str, flag: str) -> str:
 
 
 def _bindings(items: Sequence[str], flag: str) -> list[str]:
-  """`KEY=VALUE` items as `--gin.KEY=VALUE` arguments."""
-  out = []
-  for item in items:
-    key, sep, _ = item.partition("=")
-    if not sep or not key:
-      raise UsageError(f"{flag} {item!r}: expected KEY=VALUE, e.g. NUM_STEPS=1000 or "
-                       f"INIT_CHECKPOINT=\"'/mnt/ict/checkpoints/1000'\"")
-    out.append(f"--gin.{item}")
-  return out
+  """`KEY=VALUE` items as `--gin.KEY=VALUE` arguments, each as written."""
+  try:
+    return gin_utils.binding_flags([gin_utils.parse_binding(item) for item in items])
+  except ValueError as e:
+    raise UsageError(f"{flag} {e}") from e
 
 
 def _gin_files(files: Sequence[str], flag: str) -> list[str]:
@@ -241,10 +240,15 @@ def remote_log(role: str) -> str:
 
 
 def worker_python_command(module: str, args: Sequence[str], *, venv: str,
-                          jax_distributed: bool) -> str:
+                          jax_distributed: bool, resolve: bool = False) -> str:
   """`python -m MODULE ARGS` for a worker's shell, through `worker-exec` when
-  `jax_distributed`."""
-  argv = ["-m", "realm_jax_launch.tpu_pod", "worker-exec", module] if jax_distributed else ["-m", module]
+  `jax_distributed` or `resolve` (the arguments carry a recipe's deferred values: tokens that
+  `worker-exec` reads on the worker)."""
+  if jax_distributed or resolve:
+    wrapper = ["worker-exec", *([] if jax_distributed else ["--no-jax_distributed"])]
+    argv = ["-m", "realm_jax_launch.tpu_pod", *wrapper, module]
+  else:
+    argv = ["-m", module]
   return f'"$HOME/{venv}/bin/python" ' + shlex.join([*argv, *args])
 
 
@@ -293,24 +297,24 @@ def run_commands(pod: Pod, *, run_dir: str, block_store: str, trainer_gin: Seque
     raise UsageError("--trainer_gin is required (e.g. gin_configs/experiments/wiki_pretrain.gin)")
   run_dir = _shared_path(run_dir, "--run_dir")
   block_store = _shared_path(block_store, "--block_store")
-  run_binding = f"--gin.RUN_DIR={_gin_string(run_dir, '--run_dir')}"
-  store = _gin_string(block_store, "--block_store")
   # Every run gin binds its job's block_store to %BLOCK_STORE.
-  trainer_args = [*_gin_files(trainer_gin, "--trainer_gin"), run_binding,
-                  f"--gin.BLOCK_STORE={store}",
+  shared = gin_utils.binding_flags([("RUN_DIR", _gin_path(run_dir, "--run_dir")),
+                                    ("BLOCK_STORE", _gin_path(block_store, "--block_store"))],
+                                   quote=GIN_QUOTE)
+  trainer_args = [*_gin_files(trainer_gin, "--trainer_gin"), *shared,
                   *_bindings(trainer_bindings, "--trainer_binding")]
-  builder_args = [*_gin_files(builder_gin, "--builder_gin"), run_binding,
-                  f"--gin.BLOCK_STORE={store}", *_bindings(builder_bindings, "--builder_binding")]
+  builder_args = [*_gin_files(builder_gin, "--builder_gin"), *shared,
+                  *_bindings(builder_bindings, "--builder_binding")]
 
   def python(role: str, args: Sequence[str]) -> str:
     return worker_python_command(MODULES[role], args, venv=venv, jax_distributed=jax_distributed)
 
   first_index = None
   if first_index_from is not None:
-    checkpoint = _gin_string(_shared_path(first_index_from, "--first_index_from"),
-                             "--first_index_from")
-    once = python("builder", [*builder_args, "--once",
-                              f"--gin.build_index_main.checkpoint_dir={checkpoint}"])
+    checkpoint = _gin_path(_shared_path(first_index_from, "--first_index_from"),
+                           "--first_index_from")
+    once = python("builder", [*builder_args, "--once", *gin_utils.binding_flags(
+        [("build_index_main.checkpoint_dir", checkpoint)], quote=GIN_QUOTE)])
     first_index = pod.ssh(pod.builder, f"cd $HOME/{remote_dir} && {once}")
   script = detached_script if detach else foreground_script
   return RunCommands(
@@ -330,6 +334,59 @@ def stop_commands(pod: Pod, *, kill: bool = False) -> list[list[str]]:
 def teardown_commands(pod: Pod) -> list[list[str]]:
   """`tpu-vm delete --quiet` for both slices."""
   return [pod.gcloud("delete", tpu, "--quiet") for tpu in (pod.trainer, pod.builder)]
+
+
+@dataclasses.dataclass(frozen=True)
+class PodStage:
+  """One stage of a recipe on the pod: its jobs' ssh commands, run one after the other, or
+  (`pair`) the trainer's and the builder's, run together as `run` runs them."""
+  name: str
+  commands: list[list[str]]
+  pair: bool = False
+
+
+def _job_script(job, done, *, remote_dir: str, venv: str,
+                jax_distributed: bool) -> tuple[str, str]:
+  """(the slice role whose pid file it records, the remote shell line) of one recipe job: on
+  the trainer or builder slice through `worker-exec` (its deferred values read there); a
+  one-process job (HOST) on the CPU; skipped with a line when the shell test of its output
+  `done` (a `realm_jax.pipeline.stages` output, or None) finds it there."""
+  from realm_jax.pipeline import stages  # pylint: disable=g-import-not-at-top
+  one_process = job.role == stages.HOST
+  python = worker_python_command(job.module, job.arguments(quote=GIN_QUOTE), venv=venv,
+                                 jax_distributed=jax_distributed and not one_process,
+                                 resolve=True)
+  role = "trainer" if job.role == stages.TRAINER else "builder"
+  # `env`: exec's command keeps the pid the pid file records, and JAX stays off the TPU.
+  script = foreground_script(role, ("env JAX_PLATFORMS=cpu " if one_process else "") + python,
+                             remote_dir=remote_dir)
+  test = done and done.shell_test()
+  if test:
+    said = shlex.quote(f"already done, skipped: {done.describe()}")
+    script = f"if {test}; then echo {said}; exit 0; fi; {script}"
+  return role, script
+
+
+def recipe_commands(pod: Pod, plan: Sequence, *, remote_dir: str = DEFAULT_REMOTE_DIR,
+                    venv: str = DEFAULT_VENV, jax_distributed: bool = True) -> list[PodStage]:
+  """The ssh commands of a recipe's plan (`realm_jax.pipeline` stages), in order: a training
+  job on every worker of the trainer slice, an index job on every worker of the builder slice,
+  a one-process job (BERT conversion, evaluation) on worker 0 of the builder slice; each
+  skipped on the workers when its output is there (where a shell test can tell)."""
+  pod_stages = []
+  for stage in plan:
+    commands = []
+    for job in (*stage.jobs, *([stage.builder] if stage.builder is not None else [])):
+      # A pair's builder is skipped with its trainer: nothing is left to index.
+      done = stage.jobs[0].output if job is stage.builder else (stage.done_when or job.output)
+      role, script = _job_script(job, done, remote_dir=remote_dir, venv=venv,
+                                 jax_distributed=jax_distributed)
+      one_process = job.role == "host"
+      commands.append(pod.ssh(pod.tpu(role), script, worker="0" if one_process else "all"))
+    if stage.pair and stage.builder is None:
+      raise UsageError(f"{stage.name.strip()}: a trainer without its index builder")
+    pod_stages.append(PodStage(stage.name.strip(), commands, pair=stage.pair))
+  return pod_stages
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,11 +445,54 @@ def execute_run(commands: RunCommands, *, dry_run: bool, detach: bool, log_dir: 
   return status
 
 
-def worker_exec(module: str, args: Sequence[str]) -> int:
-  """On a TPU VM worker: joins the slice's JAX processes, then runs `python -m module args`."""
-  import jax  # pylint: disable=g-import-not-at-top  (only on the workers)
-  # Cluster auto-detection on TPU VMs: coordinator = worker 0, one process per worker.
-  jax.distributed.initialize()
+def execute_recipe(pod_stages: Sequence[PodStage], stop: Sequence[Sequence[str]], *,
+                   dry_run: bool, log_dir: str, grace_seconds: float,
+                   builder_timeout: Optional[float]) -> int:
+  """`run` of a recipe: each stage in order, its commands one after the other (a pair under
+  `launch.local.run_local`, as `run` runs one); when a stage fails or on Ctrl-C, `stop` on both
+  slices (ending a local ssh session does not end the remote process)."""
+  if dry_run:
+    for stage in pod_stages:
+      print(f"# {stage.name}")
+      for cmd in stage.commands:
+        print(shlex.join(cmd))
+    print("# when a stage fails, or on Ctrl-C:")
+    for cmd in stop:
+      print(shlex.join(cmd))
+    return 0
+  status = 0
+  try:
+    for stage in pod_stages:
+      _say(f"stage {stage.name}")
+      if stage.pair:
+        trainer, builder = stage.commands
+        status = execute_run(RunCommands(None, trainer, builder, list(stop)), dry_run=False,
+                             detach=False, log_dir=log_dir, grace_seconds=grace_seconds,
+                             builder_timeout=builder_timeout)
+        if status:
+          return status  # execute_run has stopped both slices
+      else:
+        status = execute(stage.commands, dry_run=False)
+      if status:
+        break
+  except KeyboardInterrupt:
+    status = 130
+  if status:
+    _say(f"status {status}: stopping the recipe's processes on the workers")
+    execute(stop, dry_run=False, keep_going=True)
+  return status
+
+
+def worker_exec(module: str, args: Sequence[str], jax_distributed: bool = True) -> int:
+  """On a TPU VM worker: reads the recipe's deferred values in `args` (the newest or the best
+  checkpoint of a run on the shared file system), joins the slice's JAX processes unless
+  `jax_distributed` is off, then runs `python -m module args` in this process."""
+  from realm_jax.pipeline import stages  # pylint: disable=g-import-not-at-top
+  args = stages.resolve_tokens(args)
+  if jax_distributed:
+    import jax  # pylint: disable=g-import-not-at-top  (only on the workers)
+    # Cluster auto-detection on TPU VMs: coordinator = worker 0, one process per worker.
+    jax.distributed.initialize()
   sys.argv = [module, *args]
   runpy.run_module(module, run_name="__main__", alter_sys=True)  # its sys.exit() propagates
   return 0
@@ -461,29 +561,42 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the extra pip requirement for TPUs (default %(default)s, the setup.py "
                          "pin); '' for none")
 
-  run = subparsers.add_parser("run", parents=[common],
-                              help="start the trainer and the index builder")
-  run.add_argument("--run_dir", required=True,
-                   help="the run directory: an absolute path every worker of both slices sees")
+  run = subparsers.add_parser(
+      "run", parents=[common], help="run REALM's recipe at paper scale, every stage (or with "
+      "--trainer_gin the trainer and the index builder alone)")
   run.add_argument("--block_store", required=True,
                    help="the BlockStore directory: an absolute path every worker sees")
-  run.add_argument("--trainer_gin", action="append", default=[],
-                   help="the trainer's gin file (repeatable), e.g. "
-                        "gin_configs/experiments/wiki_pretrain.gin")
-  run.add_argument("--trainer_binding", action="append", default=[], metavar="KEY=VALUE",
-                   help="a trainer gin binding (repeatable), passed as --gin.KEY=VALUE")
-  run.add_argument("--builder_gin", action="append", default=None,
-                   help=f"the builder's gin file (repeatable; default {DEFAULT_BUILDER_GIN})")
-  run.add_argument("--builder_binding", action="append", default=[], metavar="KEY=VALUE",
-                   help="a builder gin binding (repeatable), passed as --gin.KEY=VALUE")
-  run.add_argument("--first_index_from", default=None, metavar="CHECKPOINT_DIR",
-                   help="first build index 0 from this checkpoint (the ICT run's), on the "
-                        "builder slice, before starting the pair")
+  recipe = run.add_argument_group(
+      "the recipe (without --trainer_gin): realm_jax.pipeline.recipes.PaperRecipe's stages")
+  recipe.add_argument("--out", help="the runs' directory (bert, ict, pretrain, finetune, orqa, "
+                      "eval): an absolute path every worker sees")
+  recipe.add_argument("--bert", help="bert-base-uncased as a transformers directory every "
+                      "worker sees (converted by the first stage)")
+  recipe.add_argument("--task", choices=("nq", "wq", "ct"), default="nq",
+                      help="the fine-tuning benchmark (default %(default)s)")
+  recipe.add_argument("--trainer_hosts", type=int, default=DEFAULT_TRAINER_HOSTS,
+                      help="the trainer slice's workers: each training's BATCH_SIZE is its gin's "
+                           "global batch over them (default %(default)s, a v3-64)")
+  pair = run.add_argument_group("the trainer and the index builder alone (--trainer_gin)")
+  pair.add_argument("--run_dir",
+                    help="the run directory: an absolute path every worker of both slices sees")
+  pair.add_argument("--trainer_gin", action="append", default=[],
+                    help="the trainer's gin file (repeatable), e.g. "
+                         "gin_configs/experiments/wiki_pretrain.gin")
+  pair.add_argument("--trainer_binding", action="append", default=[], metavar="KEY=VALUE",
+                    help="a trainer gin binding (repeatable), passed as --gin.KEY=VALUE")
+  pair.add_argument("--builder_gin", action="append", default=None,
+                    help=f"the builder's gin file (repeatable; default {DEFAULT_BUILDER_GIN})")
+  pair.add_argument("--builder_binding", action="append", default=[], metavar="KEY=VALUE",
+                    help="a builder gin binding (repeatable), passed as --gin.KEY=VALUE")
+  pair.add_argument("--first_index_from", default=None, metavar="CHECKPOINT_DIR",
+                    help="first build index 0 from this checkpoint (the ICT run's), on the "
+                         "builder slice, before starting the pair")
   run.add_argument("--jax_distributed", action=argparse.BooleanOptionalAction, default=True,
                    help="call jax.distributed.initialize() on every worker before the entry "
                         "point (default: on)")
-  run.add_argument("--detach", action="store_true",
-                   help="start both in the background on the workers and return")
+  pair.add_argument("--detach", action="store_true",
+                    help="start both in the background on the workers and return")
   run.add_argument("--log_dir", default=None,
                    help="foreground: where trainer.log and builder.log go locally (default "
                         "~/realm_jax_logs/<trainer slice>)")
@@ -503,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
 
   worker = subparsers.add_parser(
       "worker-exec", help="(on a worker) jax.distributed.initialize(), then python -m MODULE")
+  worker.add_argument("--jax_distributed", action=argparse.BooleanOptionalAction, default=True,
+                      help="call jax.distributed.initialize() first (default: on)")
   worker.add_argument("module", help="e.g. realm_jax.train")
   worker.add_argument("args", nargs=argparse.REMAINDER, help="the module's arguments")
   return parser
@@ -517,9 +632,45 @@ def _pod(args: argparse.Namespace) -> Pod:
   return pod
 
 
+def _log_dir(args: argparse.Namespace, pod: Pod) -> str:
+  return args.log_dir or os.path.expanduser(os.path.join("~", "realm_jax_logs", pod.trainer))
+
+
+def _run_recipe(pod: Pod, args: argparse.Namespace) -> int:
+  """`run` without --trainer_gin: REALM's recipe at paper scale, every stage."""
+  from realm_jax.pipeline import recipes  # pylint: disable=g-import-not-at-top
+  pair_only = [flag for flag, value in (("--run_dir", args.run_dir), ("--detach", args.detach),
+                                        ("--trainer_binding", args.trainer_binding),
+                                        ("--builder_gin", args.builder_gin),
+                                        ("--builder_binding", args.builder_binding),
+                                        ("--first_index_from", args.first_index_from)) if value]
+  if pair_only:
+    raise UsageError(f"{', '.join(pair_only)}: flags of the trainer and builder alone "
+                     f"(--trainer_gin); the recipe runs every stage in the foreground")
+  if not (args.out and args.bert):
+    raise UsageError("the recipe needs --out and --bert (or --trainer_gin for the trainer and "
+                     "the index builder alone)")
+  paths = {flag: _gin_path(_shared_path(value, flag), flag) for flag, value in (
+      ("--out", args.out), ("--block_store", args.block_store), ("--bert", args.bert))}
+  try:
+    recipe = recipes.PaperRecipe(paths["--out"], block_store=paths["--block_store"],
+                                 bert=paths["--bert"], task=args.task,
+                                 hosts=args.trainer_hosts, make_dirs=False)
+  except ValueError as e:
+    raise UsageError(str(e)) from e
+  pod_stages = recipe_commands(pod, recipe.plan(),
+                               remote_dir=_safe_relative(args.remote_dir, "--remote_dir"),
+                               venv=_safe_relative(args.venv, "--venv"),
+                               jax_distributed=args.jax_distributed)
+  timeout = None if args.builder_timeout < 0 else args.builder_timeout
+  return execute_recipe(pod_stages, stop_commands(pod), dry_run=args.dry_run,
+                        log_dir=_log_dir(args, pod), grace_seconds=args.grace_seconds,
+                        builder_timeout=timeout)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
   if args.subcommand == "worker-exec":
-    return worker_exec(args.module, args.args)
+    return worker_exec(args.module, args.args, args.jax_distributed)
   pod = _pod(args)
   if args.subcommand == "create":
     return execute(create_commands(pod, trainer_type=args.trainer_type,
@@ -531,7 +682,11 @@ def _dispatch(args: argparse.Namespace) -> int:
                                  remote_dir=_safe_relative(args.remote_dir, "--remote_dir"),
                                  venv=_safe_relative(args.venv, "--venv"), python=args.python,
                                  tpu_jax=args.tpu_jax), dry_run=args.dry_run)
+  if args.subcommand == "run" and not args.trainer_gin:
+    return _run_recipe(pod, args)
   if args.subcommand == "run":
+    if not args.run_dir:
+      raise UsageError("--run_dir is required with --trainer_gin")
     commands = run_commands(
         pod, run_dir=args.run_dir, block_store=args.block_store, trainer_gin=args.trainer_gin,
         trainer_bindings=args.trainer_binding,
@@ -540,10 +695,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         remote_dir=_safe_relative(args.remote_dir, "--remote_dir"),
         venv=_safe_relative(args.venv, "--venv"), jax_distributed=args.jax_distributed,
         detach=args.detach)
-    log_dir = args.log_dir or os.path.expanduser(os.path.join("~", "realm_jax_logs",
-                                                              pod.trainer))
     timeout = None if args.builder_timeout < 0 else args.builder_timeout
-    return execute_run(commands, dry_run=args.dry_run, detach=args.detach, log_dir=log_dir,
+    return execute_run(commands, dry_run=args.dry_run, detach=args.detach,
+                       log_dir=_log_dir(args, pod),
                        grace_seconds=args.grace_seconds, builder_timeout=timeout)
   if args.subcommand == "stop":
     return execute(stop_commands(pod, kill=args.kill), dry_run=args.dry_run, keep_going=True)
