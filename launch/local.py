@@ -7,7 +7,10 @@ r"""Runs the REALM trainer and its index builder side by side on one machine.
                  --gin.RUN_DIR=\"'/tmp/realm_toy/pretrain'\" --gin.BLOCK_STORE=\"'/path/blocks'\"" \
       [--trainer_env CUDA_VISIBLE_DEVICES=0,1,2] [--builder_env JAX_PLATFORMS=cpu] [--dry-run]
 
-or from Python: `run_local(trainer_cmd, builder_cmd, log_dir=...)`.
+or from Python: `run_local(trainer_cmd, builder_cmd, log_dir=...)`. `LocalRunner` runs a
+recipe's stages (`realm_jax.pipeline`) here with it: each stage's jobs side by side as tied
+children (`run_children`), the trainer and its builder under `run_local`; `python -m
+realm_jax.recipe` uses it.
 
 Each command runs as a child process in its own process group; every line it writes (stdout and
 stderr merged) goes to the console as `[trainer] ...` / `[builder] ...` and, unprefixed, to

@@ -419,3 +419,33 @@ def test_trainings_of_a_bert_larger_than_the_toy_model_run_one_after_the_other(t
   calls.clear()
   fine_tune(recipe.Recipe(str(tmp_path / "out"), "/store", toy_bert=str(tmp_path / "big")))
   assert calls == [["finetune.log"], ["finetune_orqa.log"]]
+
+
+def test_the_dry_run_prints_every_stage_and_command_and_makes_nothing(tmp_path, monkeypatch,
+                                                                      capsys):
+  import realm_jax_tasks  # pylint: disable=import-outside-toplevel
+  monkeypatch.chdir(tmp_path)  # main moves to the repository root
+  monkeypatch.setattr(realm_jax_tasks, "toy_block_store_dir", lambda: "/toy/blocks")
+  out = tmp_path / "out"
+  assert recipe.main(["--dry_run", "--out", str(out), "--bert", "none", "--fresh"]) == 0
+  printed = capsys.readouterr().out
+  for stage in ("1 warm start (toy_ict.gin)", "2 first index", "  recall before pretraining",
+                "3 REALM pretraining + index builder (two processes) [trainer + index builder]",
+                "  recall after pretraining", "4 frozen indexes", "5 open-QA fine-tuning",
+                "6 evaluation on the toy QA test split"):
+    assert f"\n{stage}" in printed, stage
+  assert "0 the BERT" not in printed  # --bert none: random weights, nothing to convert
+  assert (f"--gin.INIT_CHECKPOINT=\"'{{latest_checkpoint:{out}/ict}}'\"" in printed
+          and f"> {out}/logs/trainer.log" in printed)
+  assert not out.exists()
+  # Paper scale: its shared paths, BATCH_SIZE per host; nothing is read or made there.
+  assert recipe.main(["--scale", "paper", "--out", str(tmp_path / "runs"), "--block_store",
+                      "/mnt/blocks", "--bert", "/mnt/bert-base-uncased", "--hosts", "8",
+                      "--task", "wq", "--dry_run"]) == 0
+  printed = capsys.readouterr().out
+  assert "--gin_file=gin_configs/experiments/wq_finetune.gin" in printed
+  assert "--gin.BATCH_SIZE=512" in printed and "--gin.BATCH_SIZE=64" in printed
+  assert not (tmp_path / "runs").exists()
+  with pytest.raises(SystemExit):
+    recipe.parse_args(["--scale", "paper", "--out", "/r", "--block_store", "/b"])
+  assert "not --bert shipped" in capsys.readouterr().err
