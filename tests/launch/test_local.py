@@ -26,9 +26,22 @@ name, out_dir, seconds, code = sys.argv[1], sys.argv[2], float(sys.argv[3]), int
 flags = sys.argv[5:]
 
 
-def mark(what):
-  with open(os.path.join(out_dir, f"{name}.{what}"), "w") as f:
+def mark(what):  # atomically: a marker that exists holds the pid
+  path = os.path.join(out_dir, f"{name}.{what}")
+  with open(path + ".part", "w") as f:
     f.write(str(os.getpid()))
+  os.replace(path + ".part", path)
+
+
+def exited(other):
+  """True once the child `other` has exited (a zombie its launcher has not reaped yet counts)."""
+  with open(os.path.join(out_dir, other + ".pid")) as f:
+    pid = int(f.read())
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+  except OSError:
+    return True
 
 
 if "--ignore-sigint" in flags:
@@ -37,14 +50,22 @@ if "--grandchild" in flags:  # something the child leaves behind in its process 
   sleeper = __import__("subprocess").Popen([sys.executable, "-c", "import time; time.sleep(60)"])
   with open(os.path.join(out_dir, f"{name}.grandchild"), "w") as f:
     f.write(str(sleeper.pid))
-mark("pid")
-for flag in flags:  # --after=NAME: start the countdown once NAME is up (its SIGINT handler too)
-  if flag.startswith("--after="):
-    while not os.path.exists(os.path.join(out_dir, flag[len("--after="):] + ".pid")):
-      time.sleep(0.01)
-print(f"{name} ready", flush=True)
-print(f"{name} says hello on stderr", file=sys.stderr, flush=True)
+# From the pid file on, a SIGINT is always caught here: a test may stop this child as soon as the
+# file exists, and a child descheduled before its countdown must not die of KeyboardInterrupt.
 try:
+  mark("pid")
+  for flag in flags:
+    # --after=NAME: start the countdown once NAME is up (its SIGINT handling too);
+    # --after_exit=NAME: once NAME has exited.
+    other = flag.partition("=")[2]
+    if flag.startswith("--after"):
+      while not os.path.exists(os.path.join(out_dir, other + ".pid")):
+        time.sleep(0.01)
+    if flag.startswith("--after_exit="):
+      while not exited(other):
+        time.sleep(0.01)
+  print(f"{name} ready", flush=True)
+  print(f"{name} says hello on stderr", file=sys.stderr, flush=True)
   time.sleep(seconds)
 except KeyboardInterrupt:
   mark("sigint")
@@ -162,7 +183,9 @@ def test_builder_failure_is_loud_and_training_goes_on(child, tmp_path, capfd):
 
 
 def test_builder_failure_after_training_counts(child, tmp_path, capfd):
-  status = _run(tmp_path, child("trainer", 0, 0, "--after=builder"), child("builder", 0.5, 1))
+  # The builder fails only once the trainer has exited, whatever the machine's load.
+  status = _run(tmp_path, child("trainer", 0, 0, "--after=builder"),
+                child("builder", 0, 1, "--after_exit=trainer"))
   assert status == local.EXIT_BUILDER_FAILED
   err = capfd.readouterr().err
   assert "INDEX BUILDER FAILED (status 1)" in err
