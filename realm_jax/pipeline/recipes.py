@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from realm_jax import fileio
 from realm_jax import gin_utils
 from realm_jax.pipeline import bert as bert_lib
 from realm_jax.pipeline import data_checks
@@ -573,6 +574,16 @@ def _inputs(*values: Value) -> tuple[str, ...]:
                else str(value) for value in values if value is not None)
 
 
+def _same_bert(flag: str, then, now) -> bool:
+  """Whether a recorded `--bert` directory and this run's hold the same weights: a checkout
+  moved or cloned elsewhere resumes its runs of the shipped BERTs."""
+  if flag != "--bert" or not (isinstance(then, str) and isinstance(now, str)):
+    return False
+  files = [os.path.join(d, "model.safetensors") for d in (then, now)]
+  return (all(os.path.isfile(f) for f in files)
+          and fileio.sha256_file(files[0]) == fileio.sha256_file(files[1]))
+
+
 class OwnDataRecipe(Recipe):
   """The recipe's stages on your corpus and questions (`python -m realm_jax.recipe --documents
   ... --questions ...`, docs/own_corpus.md).
@@ -761,7 +772,8 @@ class OwnDataRecipe(Recipe):
     with open(self._settings_path(), encoding="utf-8") as f:
       recorded = json.load(f)["arguments"]
     differ = [f"{key} {recorded.get(key)!r} then, {value!r} now"
-              for key, value in self.arguments.items() if recorded.get(key) != value]
+              for key, value in self.arguments.items()
+              if recorded.get(key) != value and not _same_bert(key, recorded.get(key), value)]
     if differ:
       raise InputError(f"--out {self.out} holds a run of other data or settings ("
                        f"{'; '.join(differ)}): pass --fresh to start over, or another --out")
