@@ -357,16 +357,6 @@ def test_child_ignoring_sigint_is_killed_after_grace(child, tmp_path):
   assert "builder stopped: killed by SIGKILL" in launcher.seen[-1]
 
 
-@pytest.fixture
-def no_subprocess(monkeypatch):
-  def refuse(*args, **kwargs):
-    raise AssertionError(f"a dry run started a process: {args}")
-
-  for name in ("Popen", "run", "call", "check_call", "check_output"):
-    monkeypatch.setattr(subprocess, name, refuse)
-  monkeypatch.setattr(os, "system", refuse)
-
-
 def test_dry_run_prints_both_commands(no_subprocess, capsys):
   trainer = ("python -m realm_jax.train --gin_file=gin_configs/experiments/toy_pretrain.gin "
              "--gin.RUN_DIR=\"'/tmp/realm toy/pretrain'\"")

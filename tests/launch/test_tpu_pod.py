@@ -21,16 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 ZONE = "us-central2-b"
 
 
-@pytest.fixture
-def no_subprocess(monkeypatch):
-  def refuse(*args, **kwargs):
-    raise AssertionError(f"a dry run started a process: {args}")
-
-  for name in ("Popen", "run", "call", "check_call", "check_output"):
-    monkeypatch.setattr(subprocess, name, refuse)
-  monkeypatch.setattr(os, "system", refuse)
-
-
 def _dry(capsys, *argv):
   """Runs `tpu_pod <argv> --dry-run`; returns the printed commands as argv lists (comments
   dropped) and the comment lines."""

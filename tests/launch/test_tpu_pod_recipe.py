@@ -127,15 +127,6 @@ EXPECTED = [
 ]
 
 
-@pytest.fixture
-def no_subprocess(monkeypatch):
-  def refuse(*args, **kwargs):
-    raise AssertionError(f"a dry run started a process: {args}")
-
-  for name in ("Popen", "run", "call", "check_call", "check_output"):
-    monkeypatch.setattr(subprocess, name, refuse)
-
-
 def test_the_recipes_dry_run_on_a_two_host_trainer_slice_lists_every_stage(no_subprocess,
                                                                             capsys):
   assert tpu_pod.main([*RECIPE, "--dry-run"]) == 0
