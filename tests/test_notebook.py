@@ -18,7 +18,9 @@ nbformat = pytest.importorskip("nbformat", reason="the test extra: pip install -
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO_ROOT / "notebooks" / "realm_toy_demo.ipynb"
 CELL_TIMEOUT_S = 900  # per cell; the whole notebook takes a few minutes on 2 busy cores
-FAKE_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+# The test session's XLA flags a user's kernel does not have (tests/conftest.py).
+SESSION_FLAGS = ("--xla_force_host_platform_device_count", "--xla_backend_optimization_level",
+                 "--xla_llvm_disable_expensive_passes")
 EVIDENCE_COLUMNS = ("rank", "title", "retrieval score", "has answer", "snippet")
 
 
@@ -58,13 +60,14 @@ def test_notebook_runs_on_cpu(private_cache, tmp_path):
   notebook = nbformat.read(str(copy), as_version=4)
 
   # The kernel is a subprocess: give it the private toy-world cache explicitly, and the single
-  # CPU device of a user's machine (not the 8 simulated devices of tests/conftest.py), also on
-  # a machine with an accelerator.
+  # CPU device and default XLA build of a user's machine (not the 8 simulated devices and the
+  # cheap build of tests/conftest.py: the notebook runs more steps than it compiles), also on a
+  # machine with an accelerator.
   env = dict(os.environ)
   env["REALM_JAX_CACHE"] = str(private_cache)
   env["TMPDIR"] = str(tmp_path)  # the notebook's temporary run directory: under tmp_path
   env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
-                              if not flag.startswith(FAKE_DEVICES_FLAG))
+                              if not flag.startswith(SESSION_FLAGS))
   env["JAX_PLATFORMS"] = "cpu"
   client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                    allow_errors=False,

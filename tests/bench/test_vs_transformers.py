@@ -18,8 +18,6 @@ pytest.importorskip("transformers")
 from bench import vs_transformers as bench  # noqa: E402
 
 # hidden 32, 2 layers (the parity check's tiny size).
-# A cheaper XLA build (tests/training/train_child.py's FAST_COMPILE): same arithmetic.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             retriever_proj_size=16, vocab_size=2000)
 
@@ -34,8 +32,7 @@ def test_both_train_steps_compute_the_same_step0_loss():
   assert config.bert.hidden_dropout == dropout and config.share_embedders
   batch = bench.make_batch(batch=2, candidates=candidates, query_len=8, block_len=12, masks=4,
                            vocab=config.bert.vocab_size, seed=0)
-  step, state = bench.build_ours(config, params, jax.devices()[0],
-                                 compiler_options=FAST_COMPILE)
+  step, state = bench.build_ours(config, params, jax.devices()[0])
   _, ours = bench.our_train_step(step, state, jax.device_put(batch, step.batch_sharding))
   optimizer = bench.port_optimizer(scorer, encoder)
   theirs = bench.port_train_step(scorer, encoder, optimizer, bench.port_inputs(batch))
@@ -146,8 +143,7 @@ def test_bfloat16_train_steps_agree_with_float32_within_bfloat16_rounding():
     hook.remove()
   assert linear_dtypes == {torch.bfloat16} and theirs_emb.shape == (2, TINY["retriever_proj_size"])
 
-  step, state = bench.build_ours(config, params, jax.devices()[0],
-                                 compiler_options=FAST_COMPILE)
+  step, state = bench.build_ours(config, params, jax.devices()[0])
   assert all(x.dtype == jax.numpy.float32 for x in jax.tree.leaves(state.params))
   _, ours = bench.our_train_step(step, state, jax.device_put(batch, step.batch_sharding))
   optimizer = bench.port_optimizer(scorer, encoder)

@@ -29,7 +29,6 @@ from realm_jax.training import trainer
 from test_open_qa_model import CONFIG, _batch, block_emb, store, vocab  # noqa: F401 (fixtures)
 
 ALL_TARGETS = tuple(peft.LORA_TARGETS)
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def _flat(tree):
@@ -200,7 +199,7 @@ def _peft_setup(method):
   # The real optimizer (toy fine-tuning's retriever protection included), no warmup.
   optimizer = optim.bert_optimizer(1e-2, 10, warmup_steps=0, retriever_lr_scale=0.5, **options)
   mesh = partitioning.make_mesh(devices=jax.devices()[:1])
-  step = trainer.make_train_step(model, optimizer, mesh=mesh, compiler_options=FAST_COMPILE)
+  step = trainer.make_train_step(model, optimizer, mesh=mesh)
   return dict(model=model, config=config, optimizer=optimizer, mesh=mesh, step=step,
               peft_config=peft_config)
 

@@ -1,6 +1,8 @@
 """ICT and REALM pretraining models: losses wired as the spec says, gradients reach the
 retriever, sums survive sharding."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,12 @@ from realm_jax.models.reader import RealmKnowledgeAugEncoder
 from realm_jax.models.retriever import RealmRetriever
 
 CONFIG = model_config.RealmConfig(bert=model_config.tiny_bert(vocab_size=60), proj_size=16)
+
+
+@functools.lru_cache(maxsize=None)
+def _init(model):
+  """`model.init(PRNGKey(0))`, compiled, once per model (jax arrays: nothing can change them)."""
+  return jax.jit(model.init)(jax.random.PRNGKey(0))
 
 
 def _ict_batch(batch=8, query_len=6, block_len=10, seed=0):
@@ -33,7 +41,7 @@ def _log_softmax(x, axis=-1):
 
 def test_ict_loss_is_softmax_over_all_blocks_of_the_batch():
   model = realm.IctModel(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   batch = _ict_batch()
   aux = jax.jit(model.eval_fn)(params, batch)
   retriever = RealmRetriever(CONFIG)
@@ -54,7 +62,7 @@ def test_ict_loss_is_softmax_over_all_blocks_of_the_batch():
 
 def test_ict_in_batch_negatives_span_the_global_batch_when_sharded():
   model = realm.IctModel(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   batch = _ict_batch(batch=16)
   single = jax.jit(model.eval_fn)(params, batch)
   mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
@@ -120,7 +128,7 @@ def _reference_pretrain_sums(params, batch):
 
 def test_pretraining_sums_match_a_numpy_reference():
   model = realm.RealmPretrainModel(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   batch = _pretrain_batch()
   aux = jax.jit(model.eval_fn)(params, batch)
   expected = _reference_pretrain_sums(params, batch)
@@ -135,7 +143,7 @@ def test_pretraining_sums_match_a_numpy_reference():
 
 def test_skipped_examples_do_not_count():
   model = realm.RealmPretrainModel(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   batch = _pretrain_batch()
   batch["example_mask"][1] = 0.0
   aux = jax.jit(model.eval_fn)(params, batch)
@@ -151,7 +159,7 @@ def test_skipped_examples_do_not_count():
 
 def test_gradients_reach_both_towers_and_the_reader():
   model = realm.RealmPretrainModel(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   grads = jax.jit(jax.grad(lambda p, batch: model.loss_fn(p, batch, jax.random.PRNGKey(3))[0]))(
       params, _pretrain_batch())
   norm = lambda tree: float(jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree_util.tree_leaves(
@@ -167,14 +175,14 @@ def test_gradients_reach_both_towers_and_the_reader():
                                        realm.BertMlmModel])
 def test_logical_axes_cover_every_parameter(model_cls):
   model = model_cls(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   axes = model.logical_axes()
   assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
       axes, is_leaf=lambda x: isinstance(x, P))
 
 
 def test_per_example_marginalization_is_an_option():
-  params = realm.RealmPretrainModel(CONFIG).init(jax.random.PRNGKey(0))
+  params = _init(realm.RealmPretrainModel(CONFIG))
   batch = _pretrain_batch()
   per_token = jax.jit(realm.RealmPretrainModel(CONFIG).eval_fn)(params, batch)
   per_example = jax.jit(realm.RealmPretrainModel(CONFIG, marginalization="per_example").eval_fn)(
@@ -186,7 +194,7 @@ def test_per_example_marginalization_is_an_option():
 def test_without_a_null_document_only_loss_and_accuracy():
   """The no-null-document ablation: the same loss; no utility, null probability or null-only
   accuracy (they compare against a null slot that is not there)."""
-  params = realm.RealmPretrainModel(CONFIG).init(jax.random.PRNGKey(0))
+  params = _init(realm.RealmPretrainModel(CONFIG))
   batch = _pretrain_batch()
   with_null = jax.jit(realm.RealmPretrainModel(CONFIG).eval_fn)(params, batch)
   without = jax.jit(realm.RealmPretrainModel(CONFIG, null_index=None).eval_fn)(params, batch)
@@ -214,7 +222,7 @@ def _mlm_batch(batch=3, length=12, masks=4, seed=0):
 
 def test_block_mlm_sums_match_a_numpy_reference():
   model = realm.BertMlmModel(CONFIG)
-  params = model.init(jax.random.PRNGKey(0))
+  params = _init(model)
   batch = _mlm_batch()
   aux = jax.jit(model.eval_fn)(params, batch)
   # The encoder's logits at the mask positions of each sequence, read as one candidate.
@@ -236,7 +244,7 @@ def test_block_mlm_sums_match_a_numpy_reference():
 
 def test_block_mlm_encoder_is_the_pretraining_encoder():
   """An mlm checkpoint's encoder drops into REALM pretraining unchanged."""
-  mlm = realm.BertMlmModel(CONFIG).init(jax.random.PRNGKey(0))
-  pretrain = realm.RealmPretrainModel(CONFIG).init(jax.random.PRNGKey(0))
+  mlm = _init(realm.BertMlmModel(CONFIG))
+  pretrain = _init(realm.RealmPretrainModel(CONFIG))
   shapes = lambda tree: jax.tree_util.tree_map(np.shape, tree)
   assert shapes(mlm["encoder"]) == shapes(pretrain["encoder"])

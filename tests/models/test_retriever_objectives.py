@@ -415,9 +415,10 @@ def _np_pretrain_objective(name, marginalization, scores, token, bert, batch, te
   return ref_loss(name, scores, values, row_weights, temperature)[1]
 
 
-@functools.lru_cache(maxsize=None)
 def _eval_and_grads(model, keys):
-  """(eval aux, {key: d aux[key] / d params}), deterministic, in one compiled function."""
+  """(eval aux, {key: d aux[key] / d params}), deterministic. Eager: each model of this file
+  would be a compilation of its own (~12 s of CPU), while eagerly the models share their
+  operations' compilations and the second model takes a fraction of the first's time."""
 
   def run(params, batch):
     def stacked(p):  # one forward pass gives the values and, by vmapped VJPs, every gradient
@@ -428,7 +429,13 @@ def _eval_and_grads(model, keys):
     return aux, {k: jax.tree_util.tree_map(lambda g, i=i: g[i], jacobian)
                  for i, k in enumerate(keys)}
 
-  return jax.jit(run)
+  return run
+
+
+@pytest.fixture(scope="module")
+def pretrain_params():
+  """RealmPretrainModel(CONFIG)'s parameters (the objective adds none), initialised once."""
+  return jax.jit(realm.RealmPretrainModel(CONFIG).init)(jax.random.PRNGKey(0))
 
 
 def _norm(tree):
@@ -446,11 +453,12 @@ def _assert_trees_close(actual, desired, rtol=1e-4):
 @pytest.mark.parametrize("name,marginalization", [
     ("emdr2", "per_token"), ("emdr2", "per_example"), ("pdist", "per_token"),
     ("loop", "per_example"), ("adist", "per_token")])
-def test_pretraining_model_adds_the_objective_to_realms_reader_loss(name, marginalization):
+def test_pretraining_model_adds_the_objective_to_realms_reader_loss(name, marginalization,
+                                                                    pretrain_params):
   marginal = realm.RealmPretrainModel(CONFIG, marginalization=marginalization)
   model = realm.RealmPretrainModel(CONFIG, marginalization=marginalization,
                                    retriever_objective=name, objective_temperature=0.5)
-  params = marginal.init(jax.random.PRNGKey(0))
+  params = pretrain_params
   batch = _pretrain_batch()
   base, realm_grads = _eval_and_grads(marginal, ("loss_sum",))(params, batch)
   aux, grads = _eval_and_grads(model, ("loss_sum", "reader_loss_sum", "objective_loss_sum"))(
@@ -481,7 +489,8 @@ def test_pretraining_model_adds_the_objective_to_realms_reader_loss(name, margin
 
 
 @pytest.mark.parametrize("marginalization", ["per_token", "per_example"])
-def test_emdr2_at_temperature_1_trains_exactly_as_realms_marginal(marginalization):
+def test_emdr2_at_temperature_1_trains_exactly_as_realms_marginal(marginalization,
+                                                                  pretrain_params):
   """Worked by hand: with q = softmax(s) and p_k = p(y | z_k, x), d/ds_k of
   -log sum_j q_j sg(p_j) is q_k - q_k p_k / sum_j q_j p_j, the marginal's own score gradient;
   and the reader's loss under sg(s) has the marginal's reader gradient (the prior is a
@@ -491,7 +500,7 @@ def test_emdr2_at_temperature_1_trains_exactly_as_realms_marginal(marginalizatio
   marginal = realm.RealmPretrainModel(CONFIG, marginalization=marginalization)
   model = realm.RealmPretrainModel(CONFIG, marginalization=marginalization,
                                    retriever_objective="emdr2", objective_temperature=1.0)
-  params = marginal.init(jax.random.PRNGKey(0))
+  params = pretrain_params
   batch = _pretrain_batch()
   _, realm_grads = _eval_and_grads(marginal, ("loss_sum",))(params, batch)
   _, grads = _eval_and_grads(model, ("loss_sum",))(params, batch)
@@ -499,12 +508,12 @@ def test_emdr2_at_temperature_1_trains_exactly_as_realms_marginal(marginalizatio
   _assert_trees_close(grads["loss_sum"], realm_grads["loss_sum"])
 
 
-def test_pretraining_objective_is_exact_under_microbatches():
+def test_pretraining_objective_is_exact_under_microbatches(pretrain_params):
   """The objective's denominator is the reader's (masked tokens), so cutting the batch into
   microbatches of different mask counts leaves the gradient unchanged."""
   from realm_jax.training import trainer  # pylint: disable=import-outside-toplevel
   model = realm.RealmPretrainModel(CONFIG, retriever_objective="pdist")
-  params = model.init(jax.random.PRNGKey(0))
+  params = pretrain_params
   batch = _pretrain_batch()
   batch["example_mask"][:] = 1.0
   whole = jax.jit(functools.partial(trainer.compute_gradients, model, microbatches=1))
@@ -595,9 +604,9 @@ def _np_qa_relevance(params, batch):
   return out
 
 
-@functools.lru_cache(maxsize=None)
 def _qa_probe(model):
-  """(eval aux, d loss_sum / d (params, retrieved_block_emb), forward's scores and logits)."""
+  """(eval aux, d loss_sum / d (params, retrieved_block_emb), forward's scores and logits);
+  eager, as `_eval_and_grads`."""
 
   def probe(params, batch):
     def loss_sum(p, emb):
@@ -607,7 +616,7 @@ def _qa_probe(model):
     scores, logits, _, _ = model.forward(params, batch)
     return model.eval_fn(params, batch), grads, scores, logits
 
-  return jax.jit(probe)
+  return probe
 
 
 @pytest.fixture(scope="module")

@@ -114,14 +114,12 @@ MESHES = [(1, 1, 1), (8, 1, 1), (4, 2, 1), (2, 4, 1)]
 
 def _run_on_meshes(model, batch, meshes):
   """Loss metrics and gradients of one step on each mesh (compiled in parallel threads)."""
-  params = jax.jit(model.init, compiler_options=train_child.FAST_COMPILE)(
-      jax.random.PRNGKey(0))
+  params = jax.jit(model.init)(jax.random.PRNGKey(0))
   rng = jax.random.key_data(jax.random.key(7))
   prepared = []
   for data, model_axis, microbatches in meshes:
     mesh = partitioning.make_mesh(data, model_axis, devices=jax.devices()[:data * model_axis])
-    fn = trainer.make_grad_fn(model, mesh=mesh, microbatches=microbatches,
-                              compiler_options=train_child.FAST_COMPILE)
+    fn = trainer.make_grad_fn(model, mesh=mesh, microbatches=microbatches)
     shardings = partitioning.param_shardings(model.logical_axes(), mesh,
                                              partitioning.DEFAULT_RULES)
     args = (jax.device_put(params, shardings), partitioning.shard_batch(batch, mesh),

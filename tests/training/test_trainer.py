@@ -82,8 +82,7 @@ def setup():
   optimizer = optim.bert_optimizer(PEAK_LR, TOTAL_STEPS, warmup_steps=WARMUP)
   schedule = optim.bert_learning_rate_schedule(PEAK_LR, TOTAL_STEPS, WARMUP)
   mesh = partitioning.make_mesh(devices=jax.devices()[:1])
-  step = trainer.make_train_step(model, optimizer, mesh=mesh, learning_rate_fn=schedule,
-                                 compiler_options=train_child.FAST_COMPILE)
+  step = trainer.make_train_step(model, optimizer, mesh=mesh, learning_rate_fn=schedule)
   return dict(model=model, optimizer=optimizer, schedule=schedule, mesh=mesh, step=step)
 
 
@@ -112,8 +111,7 @@ def test_metrics_progress_eval_and_best_checkpoint(setup, tmp_path, caplog):
   # process earlier (build_index quiets Orbax) may have raised.
   caplog.set_level(logging.INFO, logger="absl")
   run_dir = tmp_path / "run"
-  real_eval = trainer.make_eval_fn(setup["model"], _batches(1), mesh=setup["mesh"],
-                                   compiler_options=train_child.FAST_COMPILE)
+  real_eval = trainer.make_eval_fn(setup["model"], _batches(1), mesh=setup["mesh"])
 
   def eval_fn(step, state):
     # A made-up "utility" that peaks at step 4, next to the real eval metrics.
@@ -270,8 +268,7 @@ def test_per_tower_grad_norms_match_numpy():
   model = realm.RealmPretrainModel(config)
   mesh = partitioning.make_mesh(devices=jax.devices()[:1])
   optimizer = optim.bert_optimizer(PEAK_LR, TOTAL_STEPS, warmup_steps=WARMUP)
-  step = trainer.make_train_step(model, optimizer, mesh=mesh,
-                                 compiler_options=train_child.FAST_COMPILE)
+  step = trainer.make_train_step(model, optimizer, mesh=mesh)
   state = step.init_state(0)
   # Host copies before the step donates the state's buffers.
   params, rng = jax.device_get(state.params), jax.device_get(state.rng)

@@ -13,7 +13,7 @@ writes the final parameters and optimizer state (every leaf, keyed by its tree p
 .npz; `--metrics` writes one JSON line per logged step (process-local). Prints
 `CHILD DONE <step>` at the end.
 
-Imported by the tests for `ict_batches`, `FAST_COMPILE` and `child_env`.
+Imported by the tests for `ict_batches` and `child_env`.
 """
 
 from __future__ import annotations
@@ -26,22 +26,17 @@ import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# XLA options for tests: a much cheaper LLVM build of the tiny models' steps (compiles about
-# twice as fast on CPU); results stay deterministic for a given program.
-FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
 VOCAB_SIZE = 60
 
 
 def child_env(devices: int, cache_dir: str | None = None) -> dict:
-  """Environment of a child process: `devices` fake CPU devices, the cheap XLA build and,
-  if given, a persistent compilation cache shared by the children (identical programs are
-  compiled once)."""
+  """Environment of a child process: `devices` fake CPU devices, the test session's other XLA
+  flags (tests/conftest.py: the cheap build) and, if given, a persistent compilation cache
+  shared by the children (identical programs are compiled once)."""
   env = dict(os.environ)
   flags = [f for f in env.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
-  flags += [f"--xla_force_host_platform_device_count={devices}",
-            "--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true"]
+  flags.append(f"--xla_force_host_platform_device_count={devices}")
   env["XLA_FLAGS"] = " ".join(flags)
   env["JAX_PLATFORMS"] = "cpu"
   env["PYTHONPATH"] = REPO_ROOT + os.pathsep + env.get("PYTHONPATH", "")
