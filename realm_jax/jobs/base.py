@@ -200,24 +200,15 @@ class Job:
 class SeqioJob(Job):
   """A job whose batches are a seqio task's examples as they are (`SeqioBatches`): the task's
   features named by `feature_keys` (a key tuple of `realm_jax.batches.seqio_batches`) are its
-  batch schema.
-
-  Attributes:
-    shuffle_buffer_size: examples in the tf.data shuffle buffer, all drawn before the first
-      batch (None: `SeqioBatches`' default, 10,000); smaller starts sooner and mixes less.
-  """
-  shuffle_buffer_size: Optional[int] = None
+  batch schema."""
 
   feature_keys = ""
 
   def _seqio(self, ctx: RunContext) -> Any:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
     from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
-    buffer = {} if self.shuffle_buffer_size is None else {
-        "shuffle_buffer_size": self.shuffle_buffer_size}
     return seqio_batches.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                                      feature_keys=getattr(seqio_batches, self.feature_keys),
-                                      **buffer)
+                                      feature_keys=getattr(seqio_batches, self.feature_keys))
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
     return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)

@@ -23,7 +23,6 @@ from realm_jax.batches import pretraining_batches
 from realm_jax.index import retrieval
 from realm_jax.index import store as store_lib
 from realm_jax.index import swap
-from realm_jax.jobs import base as jobs_base
 from realm_jax.models import config as config_lib
 from realm_jax.models.realm import IctModel, RealmPretrainModel
 from realm_jax.models.reader import RealmKnowledgeAugEncoder
@@ -148,25 +147,6 @@ def test_restore_refuses_another_stream():
                                      shard_index=0)
   with pytest.raises(ValueError, match=r"another input stream: seed 5 \(this run: 6\)"):
     other.restore(state)
-
-
-@dataclasses.dataclass
-class CountingJob(jobs_base.SeqioJob):
-  """A SeqioJob over the counting task (its one feature, "x")."""
-  feature_keys = "COUNTING_KEYS"
-
-
-def test_a_seqio_jobs_shuffle_buffer_reaches_its_batches(monkeypatch, tmp_path):
-  """`SeqioJob.shuffle_buffer_size`: a buffer of one example leaves the task's own order; the
-  default buffer (the whole task here) shuffles it."""
-  monkeypatch.setattr(seqio_batches, "COUNTING_KEYS", ("x",), raising=False)
-  ctx = jobs_base.RunContext(run_dir=str(tmp_path), model_config=None, batch_size=4,
-                             global_batch=4, seed=1, mesh=None, rules=(), init_checkpoint=None)
-  in_order = CountingJob(task=COUNTING_TASK, shuffle_buffer_size=1).build_batches(ctx, None)
-  assert ids_of(take(in_order, 2)) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-  shuffled = CountingJob(task=COUNTING_TASK).build_batches(ctx, None)
-  assert shuffled.shuffle_buffer_size == seqio_batches.DEFAULT_SHUFFLE_BUFFER_SIZE
-  assert ids_of(take(shuffled, 2)) != [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def toy_masked_queries(batch_size, seed):
