@@ -416,9 +416,9 @@ def _np_pretrain_objective(name, marginalization, scores, token, bert, batch, te
 
 
 def _eval_and_grads(model, keys):
-  """(eval aux, {key: d aux[key] / d params}), deterministic. Eager: each model of this file
-  would be a compilation of its own (~12 s of CPU), while eagerly the models share their
-  operations' compilations and the second model takes a fraction of the first's time."""
+  """(eval aux, {key: d aux[key] / d params}), deterministic. Eager, not compiled: compiled,
+  each model of this file is a compilation of its own; eagerly, the models share their
+  operations' compilations."""
 
   def run(params, batch):
     def stacked(p):  # one forward pass gives the values and, by vmapped VJPs, every gradient
