@@ -12,6 +12,9 @@ import os
 # differ from the default build's by float rounding only (a few 1e-6 on a tiny REALM step).
 CHEAP_BUILD_FLAGS = ("--xla_backend_optimization_level=0",
                      "--xla_llvm_disable_expensive_passes=true")
+# The flags as the user set them, for a child that runs as on a user's machine (the notebook's
+# kernel). setdefault: pytest-xdist's workers inherit the controller's, already extended.
+os.environ.setdefault("REALM_JAX_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
 for _flag in ("--xla_force_host_platform_device_count=8", *CHEAP_BUILD_FLAGS):
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()

@@ -18,9 +18,6 @@ nbformat = pytest.importorskip("nbformat", reason="the test extra: pip install -
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO_ROOT / "notebooks" / "realm_toy_demo.ipynb"
 CELL_TIMEOUT_S = 900  # per cell; the whole notebook takes a few minutes on 2 busy cores
-# The test session's XLA flags a user's kernel does not have (tests/conftest.py).
-SESSION_FLAGS = ("--xla_force_host_platform_device_count", "--xla_backend_optimization_level",
-                 "--xla_llvm_disable_expensive_passes")
 EVIDENCE_COLUMNS = ("rank", "title", "retrieval score", "has answer", "snippet")
 
 
@@ -66,8 +63,7 @@ def test_notebook_runs_on_cpu(private_cache, tmp_path):
   env = dict(os.environ)
   env["REALM_JAX_CACHE"] = str(private_cache)
   env["TMPDIR"] = str(tmp_path)  # the notebook's temporary run directory: under tmp_path
-  env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split()
-                              if not flag.startswith(SESSION_FLAGS))
+  env["XLA_FLAGS"] = env["REALM_JAX_TEST_USER_XLA_FLAGS"]
   env["JAX_PLATFORMS"] = "cpu"
   client = nbclient.NotebookClient(notebook, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                                    allow_errors=False,
