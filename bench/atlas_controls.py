@@ -71,7 +71,7 @@ from realm_jax import checkpoints  # noqa: E402  pylint: disable=wrong-import-po
 from realm_jax import recipe as recipe_lib  # noqa: E402  pylint: disable=wrong-import-position
 
 PROG = "atlas_controls"
-SECTION = "Atlas's objectives against the frozen index: controls"
+SECTION = atlas.CONTROLS_SECTION
 DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "atlas_controls")
 DEFAULT_SEEDS = (2,)
 # The logged shares, each averaged over the first and the last this many steps.

@@ -36,10 +36,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
+from bench import atlas  # noqa: E402  pylint: disable=wrong-import-position
 from bench import report  # noqa: E402  pylint: disable=wrong-import-position
 from realm_jax.data import answer_match  # noqa: E402  pylint: disable=wrong-import-position
 
-SECTION = "Where the Atlas bench's answers come from (toy world)"
+SECTION = atlas.COPYING_SECTION
 DEFAULT_CELLS = os.path.join(REPO, "bench", "results", "fid_copying")
 YEAR_QUESTION_STARTS = ("when ", "in what year ", "what year ")
 
@@ -97,7 +98,6 @@ def summarize(records: Sequence[Mapping], block_text: Callable[[int], str]) -> d
 
 def predictions_path(out: str, seed: int, row: str, size: str) -> str:
   """Where bench/atlas.py's run of (row, size) leaves its test predictions."""
-  from bench import atlas  # pylint: disable=import-outside-toplevel
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   layout = atlas.Layout(os.path.join(out, f"seed{seed}"))
   if row == "extractive":  # the seed's REALM recipe evaluates its fine-tunings in realm/eval
@@ -115,7 +115,6 @@ def cell_path(cells: str, seed: int, row: str, size: str) -> str:
 def row_fingerprints(rows: Sequence[str], store: str, toy_bert: str | None) -> dict[str, str]:
   """{row: bench/atlas.py's fingerprint of the row's cells, made with its default settings}:
   what a kept summary was read from."""
-  from bench import atlas  # pylint: disable=import-outside-toplevel
   prints = atlas.settings_fingerprints(atlas.Settings(store=store, toy_bert=toy_bert))
   return {row: atlas.row_fingerprint(row, prints) for row in rows}
 

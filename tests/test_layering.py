@@ -1,6 +1,7 @@
 """The package layering has no import cycle: data < models < checkpoints < index < batches <
 the seqio tasks (realm_jax_tasks) < evaluation / training < jobs < the command modules < the
-launcher (realm_jax_launch) (docs/architecture.md, "Layers").
+launcher (realm_jax_launch) (docs/architecture.md, "Layers"); the benches (`bench/`, the
+experiments) sit above all of it: the framework never imports them, and they have no cycle.
 
 Every `import` and `from ... import` of the source counts, including the ones inside functions
 (a lazy import is still a dependency). The two plugin distributions, `realm_jax_tasks` (tasks/)
@@ -18,6 +19,7 @@ PACKAGE_DIR = pathlib.Path(realm_jax.__file__).parent
 PACKAGES = {"realm_jax": PACKAGE_DIR, "realm_jax_tasks": PACKAGE_DIR.parent / "tasks",
             "realm_jax_launch": PACKAGE_DIR.parent / "launch"}
 UNITS = {name: (root, name != "realm_jax") for name, root in PACKAGES.items()}
+BENCH_DIR = PACKAGE_DIR.parent / "bench"
 
 
 def _unit(module: str, roots: dict[str, tuple[pathlib.Path, bool]]):
@@ -134,3 +136,20 @@ def test_the_walk_finds_a_cycle_through_a_lazy_import(tmp_path):
   assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.c", "pkg.a"]
   (root / "c" / "z.py").write_text("def f():\n  return 1\n")
   assert find_cycle(import_graph(root)) is None
+
+
+def test_the_framework_never_imports_the_benches():
+  graph: dict[str, dict[str, list[str]]] = {}
+  for package, root in PACKAGES.items():
+    graph.update(import_graph(root, package, others={**UNITS, "bench": (BENCH_DIR, True)}))
+  assert "realm_jax.pipeline" in graph["realm_jax.recipe"]  # the walk sees the framework's imports
+  importers = sorted({file for targets in graph.values() for file in targets.get("bench", [])})
+  assert not importers, f"the framework imports the benches: {', '.join(importers)}"
+
+
+def test_the_benches_have_no_import_cycle():
+  graph = import_graph(BENCH_DIR, "bench")
+  assert "bench.ablations" in graph["bench.compute_curve"]  # the walk sees the benches' imports
+  assert "bench.atlas" in graph["bench.fid_copying"]
+  cycle = find_cycle(graph)
+  assert cycle is None, f"import cycle among the benches: {_describe(graph, cycle)}"
