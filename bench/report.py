@@ -42,6 +42,9 @@ def write_section(title: str, body: str, path: str = BENCHMARKS_MD, *,
   the CPU's, and its stamp names both the accelerator and its host. `host`: the `machine()` line
   of the machine that measured, when the section is written elsewhere (from kept figures);
   default this machine's.
+
+  A section whose body is unchanged keeps its stamp: written again from the same kept cells, the
+  document stays byte for byte the same.
   """
   text = open(path, encoding="utf-8").read() if os.path.exists(path) else HEADER
   host = host or machine()
@@ -49,9 +52,14 @@ def write_section(title: str, body: str, path: str = BENCHMARKS_MD, *,
   if accelerator:
     title = f"{title} ({accelerator})"
   stamp = f"_{datetime.date.today().isoformat()}, {where}._\n\n"
-  section = f"## {title}\n\n{stamp}{body.strip()}\n"
   pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-  if pattern.search(text):
+  found = pattern.search(text)
+  if found:
+    old = re.match(r"## [^\n]*\n\n(_[^\n]*_\n\n)?(.*)", found.group(0), re.S)
+    if old and old.group(1) and old.group(2).strip() == body.strip():
+      stamp = old.group(1)
+  section = f"## {title}\n\n{stamp}{body.strip()}\n"
+  if found:
     text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
   else:
     text = text.rstrip() + "\n\n" + section

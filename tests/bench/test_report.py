@@ -1,5 +1,6 @@
-"""bench/report.py: a section is replaced in place, appended when new, and an accelerator's
-figures get their own section beside the CPU's (hand-written documents)."""
+"""bench/report.py: a section is replaced in place, appended when new, kept with its stamp when
+its body is unchanged, and an accelerator's figures get their own section beside the CPU's
+(hand-written documents)."""
 
 import datetime
 import os
@@ -44,3 +45,15 @@ def test_a_section_written_from_kept_figures_names_the_host_that_measured(tmp_pa
                        host="16 cores, 125 GiB")
   assert "## Rehearsal (NVIDIA H100)\n\n" + _stamp("NVIDIA H100; host 16 cores, 125 GiB") \
       in path.read_text()
+
+
+def test_a_section_written_again_with_the_same_body_keeps_its_stamp(tmp_path):
+  path = tmp_path / "benchmarks.md"
+  document = ("# Benchmarks\n\n## Search\n\n_2026-01-02, another machine._\n\nfigures\n\n"
+              "## Corpus build\n\n_2026-01-03, a third machine._\n\nkept\n")
+  path.write_text(document)
+  report.write_section("Search", "figures\n", str(path))
+  assert path.read_text() == document
+  report.write_section("Search", "new figures", str(path))
+  assert path.read_text() == document.replace(
+      "_2026-01-02, another machine._\n\nfigures", f"{_stamp(report.machine())}\n\nnew figures")
