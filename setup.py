@@ -27,7 +27,7 @@ INSTALL_REQUIRES = [
     "tokenizers==0.20.3",
 ]
 
-# The benches' plots (bench/compute_curve.py writes docs/compute_curve.png).
+# The benches' plots (bench/compute_curve.py writes bench/docs/compute_curve.png).
 BENCH_REQUIRES = [
     "matplotlib==3.11.2",
 ]

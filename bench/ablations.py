@@ -55,8 +55,9 @@ pretraining reads its data in that seed's order, so a seed's rows differ by thei
 pretraining refreshes its index in lockstep with its checkpoints (`PretrainJob.
 refresh_in_lockstep` in experiments/toy_pretrain.gin), so which index a step searches does not
 depend on the machine's load (with asynchronous refreshes that timing alone moved one seed's
-REALM recall@5 by 0.097; docs/benchmarks.md), and a cell made again gives the same figures. The
-never-refreshed row has no builder, and so no lockstep. The two mixed rows, the ORQA-style baseline and "REALM fine-tuned again" train
+REALM recall@5 by 0.097; bench/docs/benchmarks.md), and a cell made again gives the same
+figures. The never-refreshed row has no builder, and so no lockstep. The two mixed rows, the
+ORQA-style baseline and "REALM fine-tuned again" train
 no model of their own before fine-tuning: they are fine-tunings of the REALM row's pretraining
 (and ICT) of the same seed (`<out>/seed<s>/realm/<row>`), each kept as its own cell.
 
@@ -89,7 +90,7 @@ REALM, its two mixed rows and the ORQA-style baseline are a 2 x 2 design (retrie
 so REALM minus the baseline on EM is also split into the retriever's effect, the encoder's and
 their interaction, seed by seed, beside the change in zero-shot recall the retriever's
 pretraining made. `--write` puts the table, the comparisons, the noise line and that split into
-docs/benchmarks.md.
+bench/docs/benchmarks.md.
 
 Cells. A pretraining row's cell takes 5 to 10 minutes on 2 cores and a fine-tuning row's a few, so
 the default 5 seeds are hours, longer than one sitting. Every finished cell (one row, one seed) is
@@ -468,7 +469,7 @@ def run_name(row: Row) -> str:
 
 
 def section_title(finetune_steps: Optional[int]) -> str:
-  """The docs/benchmarks.md section `--write` writes: one per fine-tuning length."""
+  """The bench/docs/benchmarks.md section `--write` writes: one per fine-tuning length."""
   title = "Ablations on the toy world (paper Table 2)"
   return title if finetune_steps is None else f"{title}, fine-tuning {finetune_steps} steps"
 
@@ -1046,7 +1047,7 @@ DEFAULT_WIKI_CELLS = os.path.join(REPO, "bench", "results", "ablations_wiki")
 
 def write_wiki_section(rows: Mapping[str, Mapping[int, dict]], seeds: Sequence[int], cells: str,
                        text: str) -> None:
-  """The wiki world's Table 2 section of docs/benchmarks.md."""
+  """The wiki world's Table 2 section of bench/docs/benchmarks.md."""
   paths = {seed: [os.path.join(cells, f"seed{seed}_{name}.json") for name in rows]
            for seed in seeds}
   body = (
@@ -1077,7 +1078,7 @@ def main() -> int:
                            "cells are done: the fine-tuning rows read REALM's pretraining)")
   parser.add_argument("--write", action="store_true",
                       help="write the table, the comparisons and the noise line into "
-                           "docs/benchmarks.md")
+                           "bench/docs/benchmarks.md")
   parser.add_argument("--only", nargs="*", default=(), choices=[row.name for row in ROWS],
                       metavar="ROW",
                       help="measure only these rows (of: %(choices)s); REALM's is measured too "

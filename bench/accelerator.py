@@ -16,7 +16,7 @@ skips is named, with the time that was left):
      bench/results/compute_curve/<device>/, apart from the CPU's: cells pair only on one
      machine).
 
---write replaces the script's sections of docs/benchmarks.md, each named after the device.
+--write replaces the script's sections of bench/docs/benchmarks.md, each named after the device.
 --smoke runs both parts at a tiny size wherever it is (paper_rehearsal --size tiny on 2,000
 blocks; compute_curve --smoke), writes nothing and keeps its cells under --out, so that the
 device's minutes go to measuring.
@@ -156,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--smoke", action="store_true",
                       help="both parts at a tiny size, on any machine; nothing written")
   parser.add_argument("--write", action="store_true",
-                      help="write the script's sections of docs/benchmarks.md")
+                      help="write the script's sections of bench/docs/benchmarks.md")
   args = parser.parse_args(argv)
   signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop the running part too
   if args.smoke and args.write:

@@ -74,7 +74,7 @@ A later run reuses the cells whose fingerprint matches, and, as bench/ablations.
 of the REALM pretraining in `--out` alone (the cell "extractive_all" made it; a cell of another
 pretraining is made again); `--kept_only` makes nothing and reads the kept cells alone
 (`kept_results`). `--write` puts the tables, the comparisons and a reading into the
-section "Atlas on the toy world" of docs/benchmarks.md. Every run's command is printed
+section "Atlas on the toy world" of bench/docs/benchmarks.md. Every run's command is printed
 (`atlas: $ ...`), with the recipe's stage lines.
 """
 
@@ -1085,7 +1085,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       help="training questions of each fine-tuning: numbers or 'all' (default: "
                            f"{' '.join(DEFAULT_SIZES)})")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the section {SECTION!r} of bench/docs/benchmarks.md")
   parser.add_argument("--kept_only", action="store_true",
                       help="make nothing: the tables from the kept cells alone, leaving out "
                            "(and naming) the cells not kept; to write the section where the "

@@ -47,7 +47,7 @@ loses it.
 Cells are kept in bench/results/atlas_controls/seed<s>_<row>.json with bench/atlas.py's FiD
 fingerprint (the bench's rows' cells too: their training logs do not outlive `--out`).
 `--write` puts the table into the section "Atlas's objectives against the frozen index:
-controls" of docs/benchmarks.md; what it isolates is read in docs/results.md (Atlas).
+controls" of bench/docs/benchmarks.md; what it isolates is read in docs/results.md (Atlas).
 """
 
 from __future__ import annotations
@@ -267,7 +267,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                       help="bench/atlas.py's kept cells (default: "
                            f"{os.path.relpath(atlas.DEFAULT_CELLS, REPO)})")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the table into the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the table into the section {SECTION!r} of "
+                      "bench/docs/benchmarks.md")
   ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args(argv)
   # Before parse_cell_flags moves to the repository root.

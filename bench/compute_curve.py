@@ -30,7 +30,7 @@ checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_r
 Per length: REALM minus the baseline, paired by seed (mean ± standard error, each seed's value,
 whether every seed agrees), on test EM and on zero-shot test recall@5, and REALM's retrieval
 utility and masked-span accuracy at its last pretraining checkpoint (mean ± standard deviation)
-and its reading (mean). `--write` adds the plot of both worlds (docs/compute_curve.png).
+and its reading (mean). `--write` adds the plot of both worlds (bench/docs/compute_curve.png).
 A cell is made in about 4 + 4m minutes on 2 cores (a 16x REALM pretraining is about an hour); run
 it in the background: every finished cell is kept, and a stopped run resumes from the cells and
 the runs under --out.
@@ -65,7 +65,7 @@ READING_SENTENCES = 300
 # The encoder's masked-wordpiece accuracy beside the stating block, with the null document and
 # beside another document's block (`toy_bert.measure`'s keys).
 READING = ("with_context", "without_context", "with_distractor")
-PLOT = os.path.join(REPO, "docs", "compute_curve.png")
+PLOT = os.path.join(REPO, "bench", "docs", "compute_curve.png")
 SECTIONS = {world: f"REALM against the ORQA-style baseline as pretraining grows ({world} world)"
             for world in ("toy", "wiki")}
 
@@ -384,9 +384,9 @@ def main() -> int:
   parser.add_argument("--report_only", action="store_true",
                       help="make nothing: the table of the kept cells")
   parser.add_argument("--write", action="store_true",
-                      help="write the table into docs/benchmarks.md (a section per world) "
+                      help="write the table into bench/docs/benchmarks.md (a section per world) "
                            "and, on a CPU, the plot of both worlds' kept cells "
-                           "(docs/compute_curve.png)")
+                           "(bench/docs/compute_curve.png)")
   parser.add_argument("--smoke", action="store_true",
                       help="the wiki world's cells at a tiny size (ICT 8 steps, 1x = 4 "
                            "pretraining steps, fine-tuning 4, reading 16 sentences): the bench "

@@ -8,7 +8,8 @@ build alone: peak RSS (ru_maxrss) before and after the build, documents/s, MB of
 Articles have 4-40 sentences of 6-30 words drawn from the vocabulary's whole words (about
 2 blocks of 288 wordpieces each, like English Wikipedia's 13.35M blocks from ~6M articles).
 Peak RSS must not grow with N: the peer in the same run is the build of 10x fewer documents,
-and the table reports the ratio of the peaks (the section "Corpus build" of docs/benchmarks.md).
+and the table reports the ratio of the peaks (the section "Corpus build" of
+bench/docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@ r"""Throughput of the corpus build by WordPiece backend and worker processes (RE
 
   python bench/corpus_build_speed.py             # 20k synthetic articles + Python's docs
 
-Builds the same BlockStore from the same JSONL with: the build whose speed docs/benchmarks.md
+Builds the same BlockStore from the same JSONL with: the build whose speed bench/docs/benchmarks.md
 first measured (commit FIRST_BUILD, 2026-11-21: 1.5 MB/s then; its code taken from git into the
 workdir), today's build with the Python reference tokenizer in one process (the build before
 the compiled backends), the Rust `tokenizers` backend and the "cached" backend (the default)
@@ -16,7 +16,7 @@ The writer (reading JSON, bookkeeping, writing) stays in one process whatever th
 workers, so the projection for English Wikipedia on N cores is bounded by its CPU time, which
 the 2-worker build measures (the parent's CPU seconds), and by the workers' CPU time per MB.
 `--profile` adds where the time of a one-process build goes (cProfile). Writes the section
-"Corpus build speed" of docs/benchmarks.md.
+"Corpus build speed" of bench/docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ sys.path.insert(0, REPO_ROOT)
 from bench import corpus_build_memory  # noqa: E402  pylint: disable=wrong-import-position
 
 BEFORE = "python tokenizer, 1 process"
-# The build of 2026-11-21 that docs/benchmarks.md measured at 1.5 MB/s on these articles: the
+# The build of 2026-11-21 that bench/docs/benchmarks.md measured at 1.5 MB/s on these articles: the
 # figure the speed target ("10x today's MB/s") was set against. Later builds, the Python
 # reference tokenizer's included, split sentences in linear time (d1cde2b).
 FIRST_BUILD = "86addb8"

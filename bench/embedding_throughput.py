@@ -28,7 +28,7 @@ Elementwise work (LayerNorm, GELU, softmax, embedding gathers) is not counted, a
 MFU convention. Every block is computed at the full padded length L (the model does not skip
 padding), so FLOPs per block do not depend on the text. BERT-base, L = 288: 52.0 GFLOP per block.
 
-Writes the section "Embedding throughput" of docs/benchmarks.md (unless --no_write).
+Writes the section "Embedding throughput" of bench/docs/benchmarks.md (unless --no_write).
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument("--sizes", nargs="+", default=["all"],
                       help="training questions: 64, 256 or all (default: all)")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the section {SECTION!r} of bench/docs/benchmarks.md")
   ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args(argv)
   out = os.path.abspath(args.out)  # before parse_cell_flags moves to the repository root

@@ -111,7 +111,7 @@ def main() -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--out", required=True, help="bench/ablations.py's runs directory (--out)")
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-  parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
+  parser.add_argument("--write", action="store_true", help="write bench/docs/benchmarks.md")
   args = parser.parse_args()
   text, found = table(args.out, args.seeds)
   if not found:

@@ -1,7 +1,7 @@
 r"""Index-builder throughput on short documents: length buckets vs every block at full width.
 
   python bench/index_padding.py                        # both stores, prints the figures
-  python bench/index_padding.py --write                # ... and writes docs/benchmarks.md
+  python bench/index_padding.py --write                # ... and writes bench/docs/benchmarks.md
   python bench/index_padding.py --blocks 512 --full_blocks 128 --repeats 2   # quicker
 
 Runs `realm_jax.index.builder.embed_blocks` (the index builder's path: BlockStore inputs, jitted
@@ -24,7 +24,7 @@ machine is shared: the best run is the undisturbed one). The "before" path of th
 peer of the "after" path; both embed the same blocks and their embeddings agree to float rounding
 (the maximum difference is printed).
 
-Writes the section "Index builder: length buckets" of docs/benchmarks.md with --write.
+Writes the section "Index builder: length buckets" of bench/docs/benchmarks.md with --write.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3,
                       help="timed runs of each path; the best is reported")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
+  parser.add_argument("--write", action="store_true", help="write bench/docs/benchmarks.md")
   args = parser.parse_args()
 
   total_start = time.perf_counter()

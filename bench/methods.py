@@ -46,7 +46,7 @@ Every finished cell (a row and a seed) is kept in `bench/results/methods/` with 
 (bench/ablations.py's: the gins, the toy BERT's sha256, the toy world's generator version, the
 report split), commit and date, and reused by a later run (a run of hours can be finished in
 another sitting); a PEFT cell only beside the marginal cell of the pretraining it fine-tuned.
-`--write` puts the tables and the comparisons into docs/benchmarks.md.
+`--write` puts the tables and the comparisons into bench/docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -325,7 +325,7 @@ def main() -> int:
   parser.add_argument("--out", default="/tmp/realm_methods",
                       help="run directories (default %(default)s)")
   parser.add_argument("--write", action="store_true",
-                      help="write the tables and the comparisons into docs/benchmarks.md")
+                      help="write the tables and the comparisons into bench/docs/benchmarks.md")
   parser.add_argument("--only", nargs="*", default=(), choices=[r[0] for r in rows()],
                       metavar="ROW", help="measure only these rows (of: %(choices)s); the "
                                           f"base row {BASE_ROW} is measured too with a PEFT row")

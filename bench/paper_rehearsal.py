@@ -41,7 +41,7 @@ Measured (trainer metrics from `<run>/metrics.jsonl`, `train_main.metrics_format
 
 `--json FILE` keeps the run's figures (the trainer's records, the builder's log, the refreshed
 index's manifest); `--from_json FILE` renders a kept run again. `--write` replaces the section
-"Paper-shape rehearsal (<accelerator>)" of docs/benchmarks.md (BERT-base on an accelerator
+"Paper-shape rehearsal (<accelerator>)" of bench/docs/benchmarks.md (BERT-base on an accelerator
 only). A run on the kept H100 figures: bench/results/paper_rehearsal/.
 """
 
@@ -586,7 +586,7 @@ def _parser() -> argparse.ArgumentParser:
   parser.add_argument("--matmul_n", type=int, default=8192)
   parser.add_argument("--json", help="keep the run's figures here")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the section {SECTION!r} of bench/docs/benchmarks.md")
   return parser
 
 

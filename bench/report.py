@@ -1,4 +1,4 @@
-"""Writing benchmark figures into docs/benchmarks.md, one section per benchmark."""
+"""Writing benchmark figures into bench/docs/benchmarks.md, one section per benchmark."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BENCHMARKS_MD = os.path.join(REPO_ROOT, "docs", "benchmarks.md")
+BENCHMARKS_MD = os.path.join(REPO_ROOT, "bench", "docs", "benchmarks.md")
 HEADER = ("# Benchmarks\n\nWritten by the scripts in `bench/`; each section says how to "
           "reproduce it. Every figure is compared with a peer measured in the same run.\n")
 
@@ -35,7 +35,7 @@ def machine() -> str:
 
 def write_section(title: str, body: str, path: str = BENCHMARKS_MD, *,
                   accelerator: str | None = None, host: str | None = None) -> None:
-  """Replaces (or appends) the `## title` section of docs/benchmarks.md.
+  """Replaces (or appends) the `## title` section of bench/docs/benchmarks.md.
 
   `accelerator` (a device kind, e.g. "NVIDIA H100 80GB HBM3") names the device the figures were
   measured on when it is not the host CPU: the section is then `## title (accelerator)`, beside

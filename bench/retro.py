@@ -25,7 +25,7 @@ substring with their neighbours is at most half the chunk).
 Cells are kept in bench/results/retro/ (`<corpus>_seed<s>_<row>.json`, with the commit, date and
 a fingerprint of the gins and options that made them) and reused, as bench/ablations.py keeps
 its own; `--write` puts the table, the paired differences and the cells' provenance into the
-section "RETRO on the toy world and Python's documentation" of docs/benchmarks.md.
+section "RETRO on the toy world and Python's documentation" of bench/docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -476,7 +476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       help="training steps of every run (default: the gin's)")
   parser.add_argument("--cells", default=DEFAULT_CELLS, help="where finished cells are kept")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the section {SECTION!r} of bench/docs/benchmarks.md")
   args = parser.parse_args(argv)
   if args.write and "wiki" in args.corpora and args.corpora != ["wiki"]:
     parser.error(f"--write: 'wiki' alone ({WIKI_SECTION!r}), or the others ({SECTION!r})")

@@ -22,7 +22,7 @@ below. Rows (--rows): the toy RetroConfig with rotary positions in the cross-att
 (RETRO's and the toy gin's) or 1; --adam_eps sets the optimizer's epsilon. Reported: the
 copyable tokens' mean loss (nats) on 64 fresh sequences every --eval_every steps, and the
 first step where it falls under 1 nat. `--write` puts the table into the section "RETRO
-copying from its neighbours (synthetic)" of docs/benchmarks.md.
+copying from its neighbours (synthetic)" of bench/docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def main(argv=None) -> None:
                            "(RetroConfig.cross_attention_positions), ENCODER_LAYERS the "
                            "neighbour encoder's depth (the toy gin's: 2)")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md")
+                      help=f"write the section {SECTION!r} of bench/docs/benchmarks.md")
   args = parser.parse_args(argv)
   config, batch, learning_rate = toy_settings()
   learning_rate = args.learning_rate or learning_rate

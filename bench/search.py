@@ -18,8 +18,8 @@ index) and 512 queries:
   `search_batched` and its thread pool (`search_batched_parallel`), recall@8 against the exact
   top-8 of the same run, and qps relative to exact search in the same run.
 
-Writes the section "Search" of docs/benchmarks.md (not with --quick or --no_write). On a GPU or
-TPU host the exact figures are for that accelerator (jax.default_backend() is printed); ScaNN
+Writes the section "Search" of bench/docs/benchmarks.md (not with --quick or --no_write). On a GPU
+or TPU host the exact figures are for that accelerator (jax.default_backend() is printed); ScaNN
 always runs on the host CPU.
 """
 

@@ -22,7 +22,7 @@ A second table says what each masking strategy of the pretraining tasks
 them: masked wordpieces per query, the share of them inside a salient span, the share of queries
 with at least one such mask (the queries where retrieving Z can tell the answer), and the share
 of masked salient wordpieces whose span keeps another wordpiece unmasked (a name partly visible).
-`--write` puts the tables into docs/benchmarks.md.
+`--write` puts the tables into bench/docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def hits_table(rows: dict[str, MaskHits]) -> str:
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--write", action="store_true", help="write docs/benchmarks.md")
+  parser.add_argument("--write", action="store_true", help="write bench/docs/benchmarks.md")
   parser.add_argument("--python_docs", default=None,
                       help="an existing `python -m realm_jax.data.python_docs` output (default: "
                            "generate one in a temporary directory)")

@@ -1,7 +1,7 @@
 r"""The toy world's training steps, padded and cut to length buckets, measured in one run.
 
   python bench/toy_step.py                                # prints the tables
-  python bench/toy_step.py --rounds 7 --write             # and writes docs/benchmarks.md
+  python bench/toy_step.py --rounds 7 --write             # and writes bench/docs/benchmarks.md
   python bench/toy_step.py --allocator_env --write        # + this code in a process started
                                                           #   with the launcher's allocator
                                                           #   settings (see "Page faults")
@@ -78,7 +78,7 @@ heap, no mmap, freed memory kept for reuse), what the launcher sets for the trai
 (`realm_jax_launch.local.ALLOCATOR_ENV`); the settings must be in place before XLA starts its
 threads, so they are environment variables of a new process, not something the step can change.
 
-`--write` replaces the section "Toy training steps" of docs/benchmarks.md (bench/report.py).
+`--write` replaces the section "Toy training steps" of bench/docs/benchmarks.md (bench/report.py).
 """
 
 from __future__ import annotations
@@ -589,7 +589,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                            + " ".join(f"{k}={v}" for k, v in ALLOCATOR_ENV.items()))
   parser.add_argument("--json", metavar="PATH", default=None, help="also write results as JSON")
   parser.add_argument("--write", action="store_true",
-                      help=f"replace the section '{SECTION}' of docs/benchmarks.md")
+                      help=f"replace the section '{SECTION}' of bench/docs/benchmarks.md")
   args = parser.parse_args(argv)
 
   env_run = _child(args, "allocator env", ALLOCATOR_ENV) if args.allocator_env else None

@@ -72,7 +72,7 @@ precision forcing (`jax_default_matmul_precision=float32`, TF32 off) is not appl
 libraries keep their defaults. The two step-0 losses then agree only approximately (the two
 sides round to bfloat16 at different points); the run reports both and their difference.
 
-`--write` replaces the section "Versus the transformers REALM port" of docs/benchmarks.md
+`--write` replaces the section "Versus the transformers REALM port" of bench/docs/benchmarks.md
 (bench/report.py `write_section`); with `--dtype bfloat16` the section "Versus the transformers
 REALM port, bfloat16" instead (as bench/embedding_throughput.py names its bfloat16 section),
 beside the float32 one (on a GPU: "Versus the transformers REALM port, bfloat16 (<GPU>)").
@@ -580,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--size", choices=("base", "tiny"), default="base",
                       help="tiny: a quick check of the script (hidden 32), never written")
   parser.add_argument("--write", action="store_true",
-                      help=f"write the section {SECTION!r} of docs/benchmarks.md (with "
+                      help=f"write the section {SECTION!r} of bench/docs/benchmarks.md (with "
                            f"--dtype bfloat16: {section_title('bfloat16')!r})")
   args = parser.parse_args(argv)
   if args.write and args.size != "base":

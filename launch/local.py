@@ -75,8 +75,8 @@ _PUMP_JOIN_SECONDS = 5.0  # how long to wait for a child's last output once it h
 # glibc malloc settings for a JAX job on a CPU: one arena, no mmap, no trimming, so that the
 # memory XLA frees after a step is reused by the next instead of being returned to the kernel and
 # faulted in afresh (a toy pretraining step spends 25-30% of its CPU time in those page faults;
-# with these settings it takes 0.74x the time: docs/benchmarks.md, bench/toy_step.py). They must
-# be in the environment before the process starts its threads, so they are the launcher's to
+# with these settings it takes 0.74x the time: bench/docs/benchmarks.md, bench/toy_step.py). They
+# must be in the environment before the process starts its threads, so they are the launcher's to
 # set (`env_trainer`, `env_builder`, `--trainer_env`); the process keeps its peak heap.
 ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
                  "MALLOC_TRIM_THRESHOLD_": "4294967296"}

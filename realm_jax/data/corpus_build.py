@@ -31,7 +31,7 @@ Documents are read in chunks (`CHUNK_DOCS`), each tokenised in one batch call an
 sentence's wordpieces read off its document's (when that is provably the same as tokenising the
 sentence alone). With `workers > 1` the chunks are tokenised and packed in worker processes
 while this process reads, counts and writes, in order: the store is byte for byte that of one
-process (docs/benchmarks.md, bench/corpus_build_speed.py).
+process (bench/docs/benchmarks.md, bench/corpus_build_speed.py).
 """
 
 from __future__ import annotations

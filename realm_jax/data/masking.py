@@ -351,7 +351,7 @@ class RandomTokenMasker:
   `knowledge_only` (a diagnostic, not the paper's row): the same queries conditioned on at
   least one target lying inside a salient span (`salient_wordpieces`), by drawing sentence and
   masks again until one does; so every query has a name or date for retrieval to supply (how
-  many plain random-token queries have none: docs/benchmarks.md, "Random masks on the toy
+  many plain random-token queries have none: bench/docs/benchmarks.md, "Random masks on the toy
   world").
 
   Skips (counted): "no_sentence", "empty_sentence"; with `knowledge_only`, "no_salient_span"

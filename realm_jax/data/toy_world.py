@@ -27,7 +27,7 @@ headquarters, participants...), and writes the REALM inputs over it:
   occupation). Most wordpieces are then predictable from the sentence around them, and the
   knowledge a masked name or date needs stands only in Z. 15.9% of X's wordpieces lie in
   salient spans, against 3.6% in the Python documentation and 62.5% in toy world v1, whose
-  sentences were bare facts (`bench/text_statistics.py`; docs/benchmarks.md, "Names and dates
+  sentences were bare facts (`bench/text_statistics.py`; bench/docs/benchmarks.md, "Names and dates
   in the pretraining text"). Invented name words are at most 3 wordpieces.
 * ``qa/{train,dev,test}.jsonl`` -- open-QA questions in ORQA's form ``{"question", "answer"}``
   (spec item 30), 2,000/1,000/1,000 of them (dev picks checkpoints, test is reported). Every

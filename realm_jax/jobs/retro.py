@@ -202,7 +202,7 @@ class RetroJob(Job):
       own document's text, the continuation it is about to predict included.
     adam_epsilon: the optimizer's epsilon; None: BERT's (`optim.bert_optimizer`, 1e-6). The
       neighbour encoder's and CCA's gradients start small, and an epsilon of their size damps
-      their updates (docs/benchmarks.md, "RETRO copying from its neighbours (synthetic)").
+      their updates (bench/docs/benchmarks.md, "RETRO copying from its neighbours (synthetic)").
   """
   task: str = "retro_toy"
   model: Any = gin.REQUIRED

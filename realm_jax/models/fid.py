@@ -28,7 +28,7 @@ query and key projections, the same visibility as the cross-attention's), x the 
 ids and the gate g = sigmoid(w . h + b). T5 copies from its passages because it was pretrained;
 a decoder trained from scratch on a few thousand answers learns to map a memory state back to a
 word only for the words it was trained on, and so learns the training answers rather than to
-read (docs/benchmarks.md, "The FiD reader trained five times longer"). The copy head names the
+read (bench/docs/benchmarks.md, "The FiD reader trained five times longer"). The copy head names the
 word by its position, whatever the word. With it, `decode` returns the mixture's
 log-probabilities (float32) where it returns logits without: both are read through a
 log-softmax (`token_log_probs`, the searches), which leaves log-probabilities as they are.
