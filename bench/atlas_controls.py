@@ -3,6 +3,7 @@ against the frozen index with a target right by construction (over the K read bl
 the beam's first 100), and with a tenth of the learning rate, beside the bench's own rows.
 
   python bench/atlas_controls.py [--out /tmp/atlas_bench] [--seeds 2] [--only ROW ...] [--write]
+      [--kept_only]
 
 Every row is a FiD fine-tuning on all toy QA training questions from the seed's REALM
 pretraining, against the frozen index built from it, in bench/atlas.py's `--out` (whose
@@ -45,7 +46,8 @@ control that keeps its recall with a perfect target says the optimisation itself
 loses it.
 
 Cells are kept in bench/results/atlas_controls/seed<s>_<row>.json with bench/atlas.py's FiD
-fingerprint (the bench's rows' cells too: their training logs do not outlive `--out`).
+fingerprint (the bench's rows' cells too: their training logs do not outlive `--out`);
+`--kept_only` makes nothing and reads them alone, without the seed's runs.
 `--write` puts the table into the section "Atlas's objectives against the frozen index:
 controls" of bench/docs/benchmarks.md; what it isolates is read in docs/results.md (Atlas).
 """
@@ -171,17 +173,17 @@ def check_pretraining(layout: atlas.Layout, recipe_fingerprint: str) -> None:
 
 
 def run(out: str, seeds: Sequence[int], settings: atlas.Settings, cells: str,
-        bench_cells: str, only: Sequence[str] = ()) -> dict[str, dict[int, dict]]:
+        bench_cells: str, only: Sequence[str] = (), make: bool = True
+        ) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of every row (or of those in `only`) made, read or kept (module
-  docstring)."""
+  docstring); with `make` False, of the kept cells alone."""
   prints = atlas.settings_fingerprints(settings)
   fid_fingerprint = prints["fid"]
   settings = settings._replace(fid_fingerprint=fid_fingerprint)
   results: dict[str, dict[int, dict]] = {}
   for seed in seeds:
     layout = atlas.Layout(os.path.join(out, f"seed{seed}"))
-    check_pretraining(layout, prints["recipe"])
-    shared = atlas._recipe(layout.shared, settings)  # pylint: disable=protected-access
+    shared = None  # the seed's runs are needed only for a cell that is not kept
     for row in ROWS:
       if only and row.name not in only:
         continue
@@ -195,7 +197,12 @@ def run(out: str, seeds: Sequence[int], settings: atlas.Settings, cells: str,
       cell = ablations.load_cell(path, fid_fingerprint)
       if cell is not None:
         print(f"{PROG}: seed {seed}: {row.label}: kept in {path}", flush=True)
+      elif not make:
+        continue
       else:
+        if shared is None:
+          check_pretraining(layout, prints["recipe"])
+          shared = atlas._recipe(layout.shared, settings)  # pylint: disable=protected-access
         if row.name in CONTROL_NAMES:
           cell = atlas.make_cell(row, atlas.ALL, seed, layout, shared, settings)
           cell.update(run_figures(layout, row.name))
@@ -269,6 +276,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
   parser.add_argument("--write", action="store_true",
                       help=f"write the table into the section {SECTION!r} of "
                       "bench/docs/benchmarks.md")
+  parser.add_argument("--kept_only", action="store_true",
+                      help="make nothing: read the kept cells alone")
   ablations.add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args(argv)
   # Before parse_cell_flags moves to the repository root.
@@ -282,7 +291,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   settings = atlas.Settings(store=realm_jax_tasks.toy_block_store_dir(), toy_bert=args.toy_bert)
   results = run(args.out, tuple(args.seeds), settings, args.cells, args.bench_cells,
-                tuple(args.only))
+                tuple(args.only), make=not args.kept_only)
   body = markdown(results, args.seeds, args.only)
   print("\n" + body, flush=True)
   if args.write:

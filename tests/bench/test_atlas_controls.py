@@ -114,6 +114,15 @@ def test_controls_are_made_bench_rows_read_and_every_cell_kept(tmp_path, monkeyp
   # --only: those rows alone.
   assert set(controls.run(str(out), (2,), settings, str(cells), str(bench_cells),
                           only=("adist", "answer_blocks"))) == {"adist", "answer_blocks"}
+  # --kept_only, with the seed's runs gone: the kept cells alone, nothing made or checked.
+  monkeypatch.setattr(controls, "check_pretraining", lambda *args: pytest.fail("checked runs"))
+  kept = controls.run(str(tmp_path / "gone"), (2,), settings, str(cells), str(bench_cells),
+                      make=False)
+  assert made == [] and kept == results
+  os.remove(controls.cell_path(str(cells), 2, "answer_blocks"))
+  kept = controls.run(str(tmp_path / "gone"), (2,), settings, str(cells), str(bench_cells),
+                      make=False)
+  assert made == [] and set(kept) == set(results) - {"answer_blocks"}
 
 
 def test_a_seed_without_its_pretraining_of_these_gins_is_refused(tmp_path, monkeypatch):
