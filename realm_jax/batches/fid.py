@@ -1,23 +1,13 @@
-"""Generative open-QA batches for the FiD reader (`models.fid_qa.FidReaderModel`): the
-extractive job's retrieval and reader rows plus one answer's target tokens.
+"""Generative open-QA batches for the FiD reader (`models.fid_qa.FidReaderModel`): the extractive
+job's retrieval and reader rows plus one answer's target tokens.
 
-`build_fid_batch` is `qa_batches.build_open_qa_batch` (the same `[CLS] question [SEP] body [SEP]`
-reader rows of the first `reader_beam` retrieved blocks, type ids 0 / 1, and the same retriever
-labels) with `answer_targets`: per question, the wordpieces of its FIRST answer (in the task's
-order) that fits `max_answer_length` with its EOS, then EOS, then padding, and their mask.
-`FidBatches` is `qa_batches.OpenQABatches` (the live question tower searching the run's index,
-resumable) building those batches. Regex answers (CuratedTrec) are patterns, not texts to
-generate: refused. When the model trains its question tower (a retriever objective,
-`FidReaderModel.train_question_tower`) the batches also carry the question rows and the frozen
-index's embeddings of the K read blocks (`QUESTION_TOWER_KEYS`): the retrieval scores the
-objective trains are recomputed from them in the graph.
-
-Tasks with precomputed targets (Atlas's MLM pretext, `realm_jax_tasks.atlas`): a task whose
-examples carry `answer_ids` (the decoder's target wordpieces, built from ids: a sentinel
-sequence) trains on those ids, EOS appended, instead of encoding its answer strings
-(`task_answer_ids`, `with_answer_ids`); its questions are encoded with the task's question
-vocabulary (`question_vocabulary`: the one that reads the pretext's sentinels), in training and
-in the job's dev evaluation.
+`build_fid_batch` is `qa_batches.build_open_qa_batch` plus `answer_targets`: the wordpieces of
+each question's first answer that fits `max_answer_length` with its EOS. `FidBatches` is
+`qa_batches.OpenQABatches` building those batches. Regex answers (CuratedTrec) give nothing to
+generate: refused. A model that trains its question tower also gets the question rows and the
+frozen index's embeddings of the read blocks (`QUESTION_TOWER_KEYS`). A task whose examples
+carry `answer_ids` (Atlas's MLM pretext, `realm_jax_tasks.atlas`) trains on those ids, its
+questions encoded with the task's own vocabulary (`question_vocabulary`).
 """
 
 from __future__ import annotations
@@ -65,16 +55,9 @@ def answer_targets(answers_per_question: Sequence[Sequence[str]],
                    eos_id: int = vocab_lib.SEP_ID, pad_id: int = vocab_lib.PAD_ID,
                    answer_ids: Optional[Sequence[Optional[Sequence[int]]]] = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Decoder targets of one answer per question.
-
-  Args:
-    answers_per_question: each question's answers, in the task's order.
-    vocab: the WordPiece vocabulary.
-    max_answer_length: T, the target width (answer wordpieces + EOS must fit).
-    eos_id, pad_id: the FidConfig's.
-    answer_ids: per question, precomputed target ids (no EOS) or None; a question with ids
-      trains on them (chosen 0, or -1 when they do not fit with their EOS), its answer strings
-      unread.
+  """Decoder targets of one answer per question: the first (in the task's order) whose wordpieces
+  fit `max_answer_length` (T) with their EOS. `answer_ids`: per question, precomputed target ids
+  (no EOS) or None; a question with ids trains on them, its answer strings unread.
 
   Returns:
     (targets int32 [Q, T]: the chosen answer's wordpieces, EOS, pad_id; mask int32 [Q, T]: 1 on

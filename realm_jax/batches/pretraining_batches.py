@@ -1,59 +1,14 @@
-"""REALM pretraining batches: the candidates' selection rule, null document, embedder and
-reader inputs, the batch and its schema, and the iterator that retrieves them from an index.
+"""REALM pretraining batches: the candidate rule, null document, embedder and reader inputs, the
+batch and its schema, and the iterator that retrieves them from an index.
 
-The stale index only *chooses* the candidates; the train step re-embeds them with the live
-parameters (REALM_SPEC 15). This module turns the search's top-k block ids into everything the
-train step needs, on the host with NumPy (REALM_SPEC 11-13, 21):
-
-1. `select_candidates`: the authors' rule (`language/realm/example_generator.py`,
-   `generate_queries_and_candidates` + `postprocess_candidates`), exactly:
-
-   * look at the top `num_candidates` (8) retrieved blocks;
-   * if two of them are the same document (equal content uid), **skip the example**
-     (the release's `STATS['duplicate_candidates']`; counted here under the same name);
-   * remove the example's own source block (uid equal to the query's `source_uid`): REALM's
-     "prohibiting trivial retrievals";
-   * prepend the **null document** at slot 0 and truncate to `num_candidates`.
-
-   So the source ranked 3rd gives `[null, r1, r2, r4, r5, r6, r7, r8]` and a source not in the
-   top 8 gives `[null, r1, ..., r7]`: always `num_candidates - 1` real blocks plus null.
-
-2. `embedder_inputs`: document-embedder rows `[CLS] title [SEP] body [SEP]` (length 288) from
-   the BlockStore; the null document is the empty block `[CLS] [SEP] [SEP]`.
-
-3. `reader_inputs`: knowledge-augmented-encoder rows `[CLS] q [SEP] body [SEP]` (length
-   96 + 288 = 384), **without the title** (the release's featurizer: "we ignore the doc title
-   for this step"); the null document gives `[CLS] q [SEP] [SEP]`.
-
-4. `build_pretraining_batch`: all of the above for one batch of masked queries, with a fixed
-   batch shape (skipped examples stay in the batch with zero weights) and the index step that
-   chose the candidates.
-
-5. `PretrainingBatches(masked, store, retriever)`: for every batch of masked queries
-   (`masked_query_batches`, a `seqio_batches.SeqioBatches`) it embeds the queries with the
-   **current index's** query tower (`realm_jax.index.retrieval`), searches the index for the top
-   `num_candidates` (+ a margin) blocks, and turns them into the `RealmPretrainModel` batch with
-   `build_pretraining_batch` (null document at slot 0, the index step that chose the candidates
-   recorded, skipped examples kept with zero weights). Its schema is `pretraining_batch_spec`
-   over the masked queries' spec.
-
-Duplicates. Two blocks are "the same document" when their content uids are equal:
-`block_store.content_uid(title, body_text)`, a hash of the block's title and body text, i.e. two
-blocks with the same title and the same body. (The release hashed "title <sep> body" with SHA-1;
-only equality matters.) The BlockStore build drops duplicate *input documents*, but identical
-blocks can still occur (e.g. a repeated paragraph within an article, or two articles that share
-a title and a block), and approximate search may also return the same block twice.
-
-Retrieval margin (not in the authors' code). `retrieved_ids` may have more columns than
-`num_candidates`. Under the default `duplicates="skip"` the extra columns are **ignored**: the
-authors retrieved exactly `num_candidates` neighbours, and looking further could neither rescue
-a skipped example nor change a kept one, so default behaviour is exactly theirs with or without a
-margin. The margin is used only by `duplicates="dedupe"` (our option): keep the first occurrence
-of every uid in rank order over *all* retrieved columns, drop the source block, and take the first
-`num_candidates - 1`; an example is skipped (`too_few_candidates`) only when even the margin does
-not provide enough distinct blocks. On an example whose top `num_candidates` has no duplicate,
-"dedupe" gives exactly the same candidates as "skip"; it differs only on the examples "skip"
-drops.
+The stale index only chooses the candidates; the train step re-embeds them with the live
+parameters (REALM_SPEC 15). On the host, with NumPy (REALM_SPEC 11-13, 21): `select_candidates`
+applies the authors' rule (skip an example with duplicate candidates, remove its source block,
+null document at slot 0); `embedder_inputs` builds `[CLS] title [SEP] body [SEP]` rows and
+`reader_inputs` `[CLS] q [SEP] body [SEP]` rows (no title); `build_pretraining_batch` assembles
+a fixed-shape batch; `PretrainingBatches` retrieves each batch's candidates from the current
+index. Duplicates, the retrieval margin and `duplicates="dedupe"`:
+docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -128,31 +83,15 @@ def select_candidates(retrieved_ids, retrieved_uids, source_uids, *,
                       ) -> CandidateSelection:
   """Applies REALM's candidate rule (REALM_SPEC 12-13) to a batch of search results.
 
-  Follows the authors' code (`example_generator.py`): skip an example whose top
-  `num_candidates` contain a duplicate document, remove its source block, put the null document
-  at slot 0 and truncate to `num_candidates`. See the module docstring for the duplicate
-  definition and what a retrieval margin does.
-
   Args:
-    retrieved_ids: int [batch, num_retrieved] block ids, best first, from the search over the
-      stale index; num_retrieved >= num_candidates (more columns are a margin).
-    retrieved_uids: uint64 [batch, num_retrieved] content uids of those blocks
-      (`store.uids[retrieved_ids]`).
-    source_uids: uint64 [batch] uid of each query's source block; 0 means "no source block"
-      (nothing is removed, even a block whose uid happened to be 0).
+    retrieved_ids: int [batch, num_retrieved] block ids, best first, num_retrieved >=
+      num_candidates (more columns are a margin, used only by "dedupe").
+    retrieved_uids: uint64 [batch, num_retrieved] content uids (`store.uids[retrieved_ids]`).
+    source_uids: uint64 [batch] each query's source block; 0: none (nothing is removed).
     num_candidates: candidates per example including the null document (REALM: 8).
-    duplicates: "skip" (the authors' rule, default) or "dedupe" (ours: drop repeated uids and
-      refill from the margin; see the module docstring).
-    null_document: True (REALM): slot 0 is the null document and num_candidates - 1 blocks
-      follow. False (the ablation "without the null document"): num_candidates retrieved
-      blocks, which needs num_candidates + 1 retrieved columns (the source may be among them).
-
-  Returns:
-    A CandidateSelection.
-
-  Raises:
-    ValueError: on inconsistent shapes, too few retrieved columns, negative retrieved ids, or an
-      unknown `duplicates` policy.
+    duplicates: "skip" (the authors' rule) or "dedupe" (ours: refill from the margin).
+    null_document: False for the ablation without it: num_candidates retrieved blocks, which
+      needs num_candidates + 1 retrieved columns (the source may be among them).
   """
   if duplicates not in DUPLICATE_POLICIES:
     raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {duplicates!r}")
@@ -248,15 +187,8 @@ def _select_dedupe(retrieved_ids, retrieved_uids, source_uids, num_real):
 
 def null_embedder_input(block_len: int = block_store_lib.DEFAULT_MAX_BLOCK_LEN
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """Document-embedder input of the null document (REALM_SPEC 13).
-
-  The null document is an empty block: empty title and empty body formatted like any block,
-  `[CLS] [SEP] [SEP]` (the release's `bert_format([[], []])` of `NULL_DOCUMENT`). Segments
-  follow the block layout: 0 for `[CLS]` + the (empty) title's `[SEP]`, 1 for the (empty)
-  body's `[SEP]`. Its score is computed by the live embedder like any block, so it is learned.
-
-  Args:
-    block_len: row length (REALM: 288); at least 3.
+  """Document-embedder input of the null document (REALM_SPEC 13): the empty block
+  `[CLS] [SEP] [SEP]`, segments 0, 0, 1.
 
   Returns:
     (ids, type_ids, mask), each int32 [block_len]: ids [101, 102, 102, 0, ...], type ids
@@ -293,15 +225,12 @@ def embedder_inputs(store: block_store_lib.BlockStore, candidate_ids,
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Document-embedder inputs of every candidate (REALM_SPEC 11, 13).
 
-  Args:
-    store: the BlockStore the candidate ids index.
-    candidate_ids: int [batch, num_candidates] block ids or NULL_BLOCK.
-    block_len: row length; default (and at least) `store.max_block_len`; longer rows are padded.
+  `candidate_ids`: int [batch, num_candidates] block ids or NULL_BLOCK; `block_len`: row length,
+  default (and at least) `store.max_block_len`.
 
   Returns:
-    (ids, type_ids, mask), each int32 [batch, num_candidates, block_len]:
-    `[CLS] title [SEP] body [SEP]` from the store (`store.embedder_inputs`), segment 0 for
-    `[CLS] title [SEP]`, 1 for `body [SEP]`; `null_embedder_input` at NULL_BLOCK slots.
+    (ids, type_ids, mask), each int32 [batch, num_candidates, block_len]: `[CLS] title [SEP] body
+    [SEP]` (segment 1 from the body on); `null_embedder_input` at NULL_BLOCK slots.
   """
   candidate_ids = _check_candidate_ids(store, candidate_ids)  # [batch, num_candidates]
   store_len = store.max_block_len
@@ -357,22 +286,14 @@ def reader_inputs(store: block_store_lib.BlockStore, query_ids, query_mask, cand
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Knowledge-augmented-encoder inputs `[CLS] q [SEP] body [SEP]` (REALM_SPEC 11, 13).
 
-  As the release's featurizer: the block's **title is left out**; segment 0 for `[CLS] q [SEP]`,
-  1 for `body [SEP]`; the null document gives `[CLS] q [SEP] [SEP]`. The query part is copied
-  exactly from `query_ids` (masks included) to the same positions, so `mlm_positions` index the
-  query and every reader row alike.
-
-  A body longer than the room left, `reader_len - len([CLS] q [SEP]) - 1`, is truncated at its
-  end (as the release's `bert_format`). With the default lengths this cannot happen: a body has
-  at most block_len - 3 = 285 wordpieces and the query at most 96 tokens, 382 <= 384.
+  No title, as the release's featurizer; segment 1 from the body on; the null document gives
+  `[CLS] q [SEP] [SEP]`. The query part is copied to the same positions, so `mlm_positions` index
+  the query and every reader row alike. A body that does not fit is cut at its end.
 
   Args:
-    store: the BlockStore the candidate ids index.
-    query_ids: int [batch, query_len] `[CLS] q [SEP]` then 0 padding (with [MASK]s).
-    query_mask: int [batch, query_len] 1 on `[CLS] q [SEP]`, 0 on padding.
+    query_ids, query_mask: int [batch, query_len], `[CLS] q [SEP]` then padding.
     candidate_ids: int [batch, num_candidates] block ids or NULL_BLOCK.
-    reader_len: row length; default query_len + store.max_block_len (96 + 288 = 384). Must be
-      more than query_len.
+    reader_len: row length, more than query_len; default query_len + store.max_block_len.
 
   Returns:
     (ids, type_ids, mask), each int32 [batch, num_candidates, reader_len].
@@ -429,21 +350,12 @@ def reader_inputs(store: block_store_lib.BlockStore, query_ids, query_mask, cand
 
 def pretraining_batch_spec(masked_spec: Mapping[str, Any], *, num_candidates: int,
                            block_len: int, reader_len: Optional[int] = None) -> dict[str, Any]:
-  """The per-example shapes and dtypes of a `build_pretraining_batch` batch (the 0-d
-  `index_step` is host metadata and not part of it): the schema, declared once.
+  """The per-example shapes and dtypes of a `build_pretraining_batch` batch (without the 0-d
+  `index_step`, host metadata), declared once: {key: jax.ShapeDtypeStruct}.
 
-  Args:
-    masked_spec: {feature: object with .shape and .dtype} of one masked query, per example
-      (the `realm_<corpus>_<strategy>` task's element spec): query_ids [query_len],
-      mlm_positions [max_masks], ...
-    num_candidates: K, candidates per example including the null document.
-    block_len: the BlockStore's block row length.
-    reader_len: reader row length; default query_len + block_len (as `reader_inputs`). Batches
-      cut to a length bucket (`seqio_batches.LengthBucketed` over `READER_ROW_KEYS`) have narrower
-      reader rows: `seqio_batches.spec_at_width` gives their schema.
-
-  Returns:
-    {key: jax.ShapeDtypeStruct of one example}.
+  `masked_spec` is one masked query's element spec (query_ids [query_len], mlm_positions
+  [max_masks], ...). Batches cut to a length bucket have narrower reader rows:
+  `seqio_batches.spec_at_width` gives their schema.
   """
   query_len = int(masked_spec["query_ids"].shape[0])
   max_masks = int(masked_spec["mlm_positions"].shape[0])
@@ -470,25 +382,15 @@ def build_pretraining_batch(store: block_store_lib.BlockStore,
                             ) -> tuple[dict[str, np.ndarray], SkipCounter]:
   """Everything one REALM pretraining train step needs for a batch of masked queries.
 
-  Skipped examples (REALM_SPEC 12: duplicate candidates) are **kept in the batch** so its shape
-  is fixed (one compiled train step): their `example_mask` and `mlm_weights` are 0 and their
-  candidates are all the null document. A loss normalised by the sum of `mlm_weights` (REALM_SPEC
-  16) then ignores them exactly. (The release dropped such examples from its example stream.)
+  Examples skipped by the candidate rule (REALM_SPEC 12) stay in the batch (fixed shape) with
+  zero `example_mask` and `mlm_weights` and null candidates; a loss normalised by the sum of
+  `mlm_weights` (REALM_SPEC 16) ignores them exactly.
 
   Args:
-    store: the BlockStore the index was built over.
-    masked_batch: batched `MaskedQuery.to_dict()` fields: query_ids, query_mask [B, query_len],
-      mlm_positions, mlm_targets, mlm_weights [B, max_masks], source_uid uint64 [B]; other keys
-      are ignored.
-    retrieved_ids: int [B, num_retrieved] block ids, best first, from the index of step
-      `index_step` (num_retrieved >= num_candidates; see the module docstring on margins).
-    index_step: the checkpoint step of the index that chose the candidates (REALM_SPEC 21), so
-      the trainer can measure staleness.
-    num_candidates: candidates per example including the null document (REALM: 8).
-    duplicates: "skip" (authors) or "dedupe" (ours), see `select_candidates`.
-    reader_len: reader row length; default query_len + store.max_block_len.
-    null_document: see `select_candidates` (False: the ablation without the null document;
-      K retrieved blocks, no null slot).
+    masked_batch: batched `MaskedQuery.to_dict()` fields (`MASKED_BATCH_KEYS`).
+    retrieved_ids: int [B, num_retrieved] block ids, best first, from the index of `index_step`.
+    index_step: the checkpoint step of that index (REALM_SPEC 21), to measure staleness.
+    num_candidates, duplicates, null_document: as `select_candidates`.
 
   Returns:
     (batch, skip_counts). batch, with B the batch size and K = num_candidates:
@@ -496,20 +398,13 @@ def build_pretraining_batch(store: block_store_lib.BlockStore,
       candidate_input_ids, candidate_type_ids, candidate_mask: int32 [B, K, block_len]
         (document-embedder inputs; slot 0 is the null document).
       reader_ids, reader_type_ids, reader_mask: int32 [B, K, reader_len].
-      mlm_positions, mlm_targets: int32 [B, max_masks]; mlm_weights: float32 [B, max_masks]
-        (0 for skipped examples).
+      mlm_positions, mlm_targets: int32 [B, max_masks]; mlm_weights: float32 [B, max_masks].
       candidate_block_ids: int32 [B, K] BlockStore rows, NULL_BLOCK (-1) for the null document.
       example_mask: float32 [B], 1 for kept examples, 0 for skipped ones.
       source_removed: bool [B], the example's source block was removed from its candidates.
-      index_step: int32 scalar (0-d), the index that chose this batch's candidates.
-      example_index_step: int32 [B], the same per example (as the release's per-example
-        `export_timestamp`, so examples from different indices could share a batch).
+      index_step: int32 0-d; example_index_step: int32 [B], the same per example (as the
+        release's per-example `export_timestamp`).
     skip_counts: reason -> count for this batch (a `masking.SkipCounter`).
-
-  Raises:
-    KeyError: a required key is missing from `masked_batch`.
-    ValueError: inconsistent shapes, a malformed query, or a weighted mask position outside the
-      query's wordpieces.
   """
   missing = [key for key in MASKED_BATCH_KEYS if key not in masked_batch]
   if missing:
@@ -588,16 +483,9 @@ MASKED_QUERY_KEYS = MASKED_BATCH_KEYS
 
 def masked_query_batches(corpus: str = "toy", strategy: str = "salient_span",
                          **kwargs) -> SeqioBatches:
-  """Masked-query batches of `realm_<corpus>_<strategy>`, the input of `PretrainingBatches`.
-
-  Args:
-    corpus: corpus name of the task.
-    strategy: masking strategy (a `realm_jax.data.masking.MASKERS` name).
-    **kwargs: `SeqioBatches` arguments (batch_size is required).
-
-  Returns:
-    A SeqioBatches yielding query_ids, query_mask [B, 96], mlm_positions, mlm_targets,
-    mlm_weights [B, 10], source_uid int64 [B] (the uint64 uid's bits).
+  """Masked-query batches of `realm_<corpus>_<strategy>` (a `SeqioBatches` taking its arguments),
+  the input of `PretrainingBatches`: query_ids, query_mask [B, 96], mlm_positions, mlm_targets,
+  mlm_weights [B, 10], source_uid int64 [B] (the uint64 uid's bits).
   """
   kwargs.setdefault("feature_keys", MASKED_QUERY_KEYS)
   return SeqioBatches(f"realm_{corpus}_{strategy}", **kwargs)
@@ -611,15 +499,9 @@ class PretrainingBatches:
   """REALM pretraining batches: masked queries + candidates from the current index.
 
   For each batch of `masked`: retrieve the top `num_candidates + retrieval_margin` blocks with
-  the current `Retriever`, then `build_pretraining_batch` (REALM_SPEC 11-13, 21).
-  Yields the `RealmPretrainModel` batch, with B = batch size and K = num_candidates:
-    query_ids, query_type_ids, query_mask [B, query_len]; candidate_input_ids,
-    candidate_type_ids, candidate_mask [B, K, block_len] (slot 0: null document); reader_ids,
-    reader_type_ids, reader_mask [B, K, query_len + block_len]; mlm_positions, mlm_targets,
-    mlm_weights [B, max_masks]; example_mask [B]; candidate_block_ids [B, K] (-1 = null);
-    source_removed [B]; example_index_step [B]; index_step 0-d (host metadata).
-  Examples skipped by the candidate rule stay in the batch with zero weights; their counts
-  accumulate in `skip_counts()`.
+  the current `Retriever`, then yield `build_pretraining_batch`'s batch (REALM_SPEC 11-13, 21).
+  Skipped examples stay in the batch with zero weights; their counts accumulate in
+  `skip_counts()`.
   """
 
   def __init__(self, masked: SeqioBatches, store: block_store_lib.BlockStore,
@@ -630,21 +512,13 @@ class PretrainingBatches:
     """Wraps a masked-query iterator.
 
     Args:
-      masked: masked-query batches (`masked_query_batches`), or any iterator of such dicts with
+      masked: masked-query batches (`masked_query_batches`), or any such iterator with
         `state()`/`restore()`.
-      store: the BlockStore the index was built over.
-      retriever: a `Retriever` (e.g. an `IndexRetriever`, fixed for every batch); or an
-        `IndexWatcher` whose load_fn is `make_index_loader` (its `current` is read once per
-        batch, so a swap at a step boundary takes effect at the next batch); or a function
-        returning the current Retriever, called once per batch. Or set one later with
-        `set_retriever`.
-      num_candidates: candidates per example including the null document (REALM: 8).
-      retrieval_margin: extra neighbours retrieved beyond num_candidates (used only by
-        duplicates="dedupe"; see the module docstring).
-      duplicates: "skip" (authors) or "dedupe" (ours), see `select_candidates`.
+      retriever: a `Retriever`; an `IndexWatcher` (its `current` is read once per batch, so a swap
+        takes effect at the next batch); a function returning one; or later, `set_retriever`.
+      retrieval_margin: extra neighbours beyond num_candidates (used by duplicates="dedupe" only).
       reader_len: reader row length; default query_len + store.max_block_len.
-      null_document: False for the ablation without the null document (K retrieved blocks;
-        one more block is retrieved, since the source block may take a slot).
+      num_candidates, duplicates, null_document: as `select_candidates`.
     """
     if num_candidates < 1 or retrieval_margin < 0:
       raise ValueError(f"need num_candidates >= 1 and retrieval_margin >= 0, got "

@@ -1,77 +1,14 @@
-"""Open-QA batches (host side, NumPy; ORQA's recipe, REALM_SPEC 25-29): what a batch holds
-and its schema, and the fine-tuning iterator that retrieves its blocks.
+"""Open-QA batches (host side, NumPy; ORQA's recipe, REALM_SPEC 25-29) and the fine-tuning iterator.
 
-`build_open_qa_batch` turns questions, the blocks a searcher retrieved for them and a
-BlockStore into the `OpenQAModel` batch (`realm_jax.models.open_qa_model`): question ids, the
-index embeddings of the retrieved blocks, reader rows, and the correctness labels of the
-retriever and of the span reader; `span_text` / `answer_texts` map predicted spans back to the
-original text. `open_qa_batch_spec` declares the batch (shapes and dtypes) once: dry runs and
-`eval_shape` ask it.
-
-What the authors' code does, and what is followed here (`language/orqa/models/orqa_model.py`,
-`language/orqa/ops/orqa_ops.cc`):
-
-* **Retriever labels** (`retriever_correct [Q, beam]`): ORQA's `HasAnswer` op is a
-  case-sensitive raw substring search (`std::string::find`) of every answer in the retrieved
-  block's text. ORQA's block records (`blocks.tfr`, written by `wiki_preprocessor.py`) hold the
-  *body* only (" ".join of the block's sentences); titles live in a separate file and never reach
-  this op. So the default searches the whole (untruncated) body; `retriever_label_text=
-  "title_and_body"` also accepts a match inside the title (title and body searched separately,
-  never across the boundary).
-* **Reader inputs** (`orqa_ops.ReaderInputs`): `[CLS] question [SEP] body [SEP]`, length
-  `reader_len` (320); segment 0 for `[CLS] question [SEP]`, 1 for the body and its `[SEP]`; when
-  the body overflows, it is cut and the last position is forced to `[SEP]`. The question is
-  never truncated (an error if it leaves no room for a single block token). No title, as ORQA
-  and REALM_SPEC 11.
-* **Reader labels**: every occurrence (overlapping ones too) of every answer's wordpiece ids
-  inside the block part of the reader input is a gold span (`reader_gold_starts/ends
-  [Q, reader_beam, occurrences]`, -1 padded); the model turns them into `reader_correct
-  [Q, reader_beam, spans]` with `reader.span_correctness`. ORQA records answers longer than
-  `max_span_width` too, but no candidate span can equal them; they are left out here (same
-  labels, smaller arrays).
-* **CuratedTrec (regex answers)**. The release could not fine-tune on CT (its labels need
-  answer strings). Here: the retriever label is `re.search(pattern, text)`; a reader span (of at
-  most `max_span_width` wordpieces, inside the block) is gold iff its ORIGINAL text, the body
-  bytes from its first wordpiece's start to its last wordpiece's end, is matched as a whole
-  (`re.fullmatch`) by some pattern. Patterns are compiled with the CT metric's flags
-  (IGNORECASE | UNICODE | MULTILINE); one that does not compile matches nothing, as in the metric.
-  `fullmatch` rather than the metric's prefix `match`: `match` would also mark "Paris, France and
-  the" for the pattern "Paris", pushing the reader to over-long spans; every fullmatch span also
-  passes the metric.
-* **Closed book** (Atlas's baseline without retrieval, `FinetuneJob.candidates='none'`): a beam
-  of `NULL_BLOCK` ids throughout (`ClosedBook` retrieves them) reads no block: every
-  reader row is `[CLS] question [SEP]` alone (type ids 0, nothing after the question's [SEP],
-  no block tokens, no gold spans), its retriever labels False and its embeddings none.
-Host-only batch entries (`retrieved_scores`, `reader_token_starts/limits`,
-`reader_offsets_valid`) ride along so predictions can be mapped back to the original text
-(`span_text`, `answer_texts`); `model_inputs(batch)` drops them before a device transfer.
-
-The fine-tuning iterator, `OpenQABatches`: questions, their beam retrieved with the live
-question tower.
-
-ORQA retrieves inside the training graph, with the question encoder being trained: the beam of
-step s is chosen by the parameters after s - 1 updates (REALM_SPEC 25-26). Here the search runs
-on the host side of the input pipeline, so the trainer hands the current question tower to the
-iterator at every step boundary (`set_query_params`, called from a trainer hook before the
-batch is drawn); the iterator
-
-1. takes the next `batch_size` questions of this host's shard (a fresh permutation per epoch,
-   seeded by (seed, epoch), so a resumed run draws the same questions);
-2. embeds them with that question tower (eval mode) and searches the current index (a frozen
-   one by default, or one the index builder refreshes when the document tower trains) for the
-   top `retriever_beam` blocks (5000 in the paper; at most the number of blocks);
-3. builds the `OpenQAModel` batch with `build_open_qa_batch`: the frozen index
-   embeddings of the beam (the model recomputes `question . block` with the live, dropout-on
-   question tower, so both losses train it), the reader inputs of the top `reader_beam`, the
-   retriever and reader labels (CuratedTrec: its regex answers).
-
-Shapes are fixed (`question_len`, `max_occurrences`), so the train step compiles once and every
-host builds identical shapes. A question longer than `question_len` (never truncated,
-REALM_SPEC 26) is left out when the split is read and counted (`qa/skipped_too_long`).
-
-Cost of the live question tower: one host-to-device copy of the tower per step (a multi-host
-run also gathers it from every process, `jax.experimental.multihost_utils.process_allgather`);
-small next to a train step at BERT-base, and `query_params_every` refreshes it less often.
+`build_open_qa_batch` turns questions, their retrieved blocks and a BlockStore into the
+`OpenQAModel` batch: question rows, the index embeddings of the beam, reader rows
+`[CLS] question [SEP] body [SEP]` (no title, REALM_SPEC 11), retriever labels (ORQA's HasAnswer
+substring search; `re.search` for CuratedTrec's regex answers) and gold reader spans. A beam of
+`NULL_BLOCK` throughout is the closed book: rows of the question alone. `open_qa_batch_spec`
+declares the schema; `span_text` / `answer_texts` map predicted spans back to the original text.
+`OpenQABatches` retrieves each step's beam with the live question tower (`set_query_params`), as
+ORQA retrieves inside its training graph (REALM_SPEC 25-26). Questions are never truncated
+(REALM_SPEC 26). Design notes: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -117,13 +54,8 @@ READER_ROW_KEYS = ("reader_ids", "reader_type_ids", "reader_mask", "reader_block
 
 
 def compile_answer_patterns(patterns: Sequence[str]) -> list[re.Pattern[str]]:
-  """CuratedTrec answer patterns compiled with the metric's flags; invalid ones are dropped.
-
-  Args:
-    patterns: regular expressions.
-
-  Returns:
-    The compiled patterns that compile (an invalid pattern matches nothing, as in the metric).
+  """CuratedTrec answer patterns compiled with the metric's flags; one that does not compile is
+  dropped (it matches nothing, as in the metric).
   """
   compiled = []
   for pattern in patterns:
@@ -138,23 +70,14 @@ def question_arrays(questions: Sequence[str], vocab: vocab_lib.WordPieceVocabula
                     question_len: int | None = None, question_len_multiple: int = 8,
                     sources: Sequence[str] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
-  """`[CLS] question [SEP]` rows, never truncated.
+  """`[CLS] question [SEP]` rows, never truncated (REALM_SPEC 26).
 
-  Args:
-    questions: Q question texts.
-    vocab: the WordPiece vocabulary.
-    question_len: a fixed row length; a question that does not fit is an error (never
-      truncated, REALM_SPEC 26). None: the longest question of the batch, rounded up to a
-      multiple of `question_len_multiple` (few distinct shapes, so few recompilations).
-    question_len_multiple: rounding for the automatic length.
-    sources: per question, where it came from (for error messages).
+  `question_len`: a fixed row length (a longer question raises ValueError), or None for the
+  batch's longest rounded up to `question_len_multiple` (few shapes, few recompilations).
+  `sources` name each question's origin in error messages.
 
   Returns:
-    (ids [Q, question_len] int32, mask [Q, question_len] int32, the wordpieces of each
-    question without specials).
-
-  Raises:
-    ValueError: a question longer than a fixed `question_len`.
+    (ids [Q, question_len] int32, mask [Q, question_len] int32, each question's wordpieces).
   """
   tokens = [vocab.encode(q) for q in questions]
   longest = max((len(t) for t in tokens), default=0) + 2
@@ -202,11 +125,8 @@ def _block_offsets(store, block_id: int, vocab: vocab_lib.WordPieceVocabulary
                    ) -> tuple[np.ndarray, bytes, np.ndarray | None, np.ndarray | None]:
   """A block's body wordpieces with the byte span of each in its original body text.
 
-  The BlockStore keeps the body's wordpieces and its original text but not the offsets, so
-  the text is re-tokenised. For whole-record blocks this gives exactly the stored ids; for
-  sentence-packed blocks too, unless a sentence boundary fell inside a word. If the ids differ,
-  the stored ids are used (they are what the index embedded) and offsets are None: the
-  prediction text then falls back to joined wordpieces.
+  The store keeps no offsets, so the body is re-tokenised; where that disagrees with the stored
+  ids (a sentence boundary inside a word), the stored ids win and the offsets are None.
 
   Returns:
     (ids [body_len] int32, body UTF-8 bytes, starts [body_len] or None, limits or None).
@@ -230,35 +150,17 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
                         max_occurrences: int | None = None, max_span_width: int = 10,
                         retriever_label_text: str = "body", document_beam: int = 0,
                         example_mask: Any = None) -> Batch:
-  """Features of a batch of questions and their retrieved blocks (see the module docstring).
+  """Features of a batch of questions and their retrieved blocks (the module docstring).
 
   Args:
     store: the BlockStore the index was built from (block ids are its rows).
-    examples: Q `QAExample`s (anything with `question`, `answers`, `answers_are_regex`, and
-      optionally `source`).
-    retrieved_ids: [Q, beam] block ids, best first (beam >= reader_beam; 5000 in the paper);
-      or `NULL_BLOCK` throughout, the closed book: rows `[CLS] question [SEP]` only (module
-      docstring; no `block_emb`, no `document_beam`).
-    retrieved_scores: optional [Q, beam] searcher scores, kept for the predictions' evidence.
-    vocab: the WordPiece vocabulary (the bundled BERT uncased by default).
-    reader_beam: blocks read by the reader (5).
-    reader_len: reader sequence length (320).
-    answers_are_regex: treat answers as regular expressions (CuratedTrec). None: from the
-      examples, which must agree.
-    block_emb: the frozen index embeddings [num_blocks, proj] (NumPy or a JAX array, e.g. an
-      `ExactSearcher.embeddings`); when given, `retrieved_block_emb` is gathered from it. Rows
-      past `num_blocks` (a sharded searcher's padding) are allowed and never gathered.
-    question_len: fixed question row length, or None for the batch's longest (see
-      `question_arrays`).
-    question_len_multiple: rounding of the automatic question length.
-    max_occurrences: width of the gold-span arrays. None: the batch's largest count (rounded
-      up to a multiple of 8), so no occurrence is ever dropped. A fixed value gives fixed shapes;
-      occurrences beyond it are dropped (in reading order).
-    max_span_width: longest correct answer span in wordpieces (the model config's, 10).
-    retriever_label_text: "body" (ORQA) or "title_and_body".
-    document_beam: also emit document-tower inputs (`document_ids/type_ids/mask
-      [Q, document_beam, max_block_len]`) for the first `document_beam` blocks, for
-      `OpenQAModel(train_document_tower=True)`.
+    examples: Q `QAExample`s (`question`, `answers`, `answers_are_regex`, optionally `source`).
+    retrieved_ids: [Q, beam] block ids, best first (beam >= reader_beam); `NULL_BLOCK`
+      throughout for the closed book (then no `block_emb`, no `document_beam`).
+    block_emb: the index embeddings [num_blocks(+padding), proj], NumPy or JAX.
+    max_occurrences: gold-span slots; None: the batch's largest count rounded up to 8. A fixed
+      value fixes the shape and drops later occurrences.
+    document_beam: also emit document-tower inputs for the first `document_beam` blocks.
     example_mask: optional [Q] bool; False marks padding questions (no loss, no metrics).
 
   Returns:
@@ -272,16 +174,10 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
       reader_block_mask                               [Q, reader_beam, reader_len] bool
       reader_gold_starts, reader_gold_ends            [Q, reader_beam, occurrences] int32, -1 pad
       reader_token_starts, reader_token_limits        [Q, reader_beam, reader_len] int32: byte
-                                                      span of each block token in the block's
-                                                      body text, -1 elsewhere
+                                                      span of each block token in the body, -1
       reader_offsets_valid                            [Q, reader_beam] bool
       document_ids, document_type_ids, document_mask  [Q, document_beam, max_block_len] int32
-                                                      (if document_beam)
       example_mask                                    [Q] bool
-
-  Raises:
-    ValueError: mismatched shapes, a beam smaller than reader_beam, block ids out of range,
-      examples that disagree on regex answers, or a question too long for reader_len.
   """
   vocab = vocab or vocab_lib.default_vocabulary()
   if retriever_label_text not in LABEL_TEXTS:
@@ -456,15 +352,10 @@ def build_open_qa_batch(store, examples: Sequence[Any], retrieved_ids: Any,
 def open_qa_batch_spec(*, question_len: int, beam: int, proj_size: int, reader_beam: int,
                        reader_len: int, max_occurrences: int, document_beam: int = 0,
                        block_len: int = 0) -> dict[str, Any]:
-  """The per-example shapes and dtypes of the `OpenQAModel` batch, `model_inputs` of a
-  `build_open_qa_batch` built with fixed `question_len` and `max_occurrences` and a `block_emb`
-  (what `OpenQABatches` yields): the schema, declared once. Batches cut to a length bucket
-  (`seqio_batches.LengthBucketed` over `READER_ROW_KEYS`) have narrower reader rows:
+  """The per-question shapes and dtypes of what `OpenQABatches` yields, declared once:
+  {key: jax.ShapeDtypeStruct}; `document_*` only with `document_beam` (`block_len`: the
+  BlockStore's row length). Batches cut to a length bucket have narrower reader rows:
   `seqio_batches.spec_at_width` gives their schema.
-
-  Returns:
-    {key: jax.ShapeDtypeStruct of one question}; `document_*` only with `document_beam`
-    (`block_len`: the BlockStore's row length).
   """
   shapes = {"question_ids": [question_len], "question_type_ids": [question_len],
             "question_mask": [question_len], "retrieved_block_ids": [beam],
@@ -484,15 +375,9 @@ def open_qa_batch_spec(*, question_len: int, beam: int, proj_size: int, reader_b
 
 
 def gather_block_emb(block_emb: Any, ids: Any) -> np.ndarray:
-  """Rows of the index embedding matrix as float32 NumPy.
-
-  Args:
-    block_emb: [num_blocks(+padding), proj] NumPy array or (possibly sharded) JAX array; a JAX
-      array is gathered on its devices, so the full matrix never comes to the host.
-    ids: int [...] block ids.
-
-  Returns:
-    [..., proj] float32.
+  """Rows `ids` (int [...]) of the index embedding matrix as float32 NumPy [..., proj]. A JAX
+  `block_emb` (possibly sharded) is gathered on its devices: the full matrix never comes to the
+  host.
   """
   ids = np.asarray(ids)
   if isinstance(block_emb, jax.Array):
@@ -518,17 +403,10 @@ def span_text(store, batch: Batch, question: int, block_index: int, start: int, 
               vocab: vocab_lib.WordPieceVocabulary | None = None) -> str:
   """The original text (original casing, REALM_SPEC 29) of a reader span.
 
-  Args:
-    store: the BlockStore of the batch.
-    batch: from `build_open_qa_batch` (needs the host-only entries).
-    question: row in the batch.
-    block_index: position among the reader's blocks (0..reader_beam-1).
-    start, end: reader-input token positions, `end` inclusive.
-    vocab: used only when a block has no offsets (joined wordpieces, lower-cased).
-
-  Returns:
-    The body bytes from the start of wordpiece `start` to the end of wordpiece `end`, decoded;
-    "" when the span does not lie inside the block.
+  `question` is the batch row, `block_index` the reader block (0..reader_beam-1), `start`/`end`
+  reader-input positions (`end` inclusive); `batch` must hold the host-only entries. Returns the
+  body bytes of those wordpieces decoded ("" when the span is not inside the block), or joined
+  wordpieces when the block has no offsets.
   """
   q, r, start, end = int(question), int(block_index), int(start), int(end)
   block_mask = np.asarray(batch["reader_block_mask"][q, r])
@@ -571,16 +449,12 @@ def _text(value: Any) -> str:
 
 def qa_task_examples(task_name: str, split: str, *,
                      max_examples: Optional[int] = None) -> list[QAExample]:
-  """The `QAExample`s of a registered QA task split, in the task's order.
-
-  Read through seqio (the task is the source of truth for the data); `source` is
-  "<task>/<split>:<index>" for messages.
+  """The `QAExample`s of a registered QA task split, in the task's order, read through seqio;
+  `source` is "<task>/<split>:<index>" for messages.
 
   Raises:
-    UnknownTaskError: the task is not registered (`import realm_jax_tasks` registers the QA
-      tasks).
-    ValueError: the task is not a QA task (no `question`/`answers` features), or the split is
-      empty.
+    UnknownTaskError: the task is not registered (`import realm_jax_tasks` registers them).
+    ValueError: not a QA task (no `question`/`answers` features), or an empty split.
   """
   task = seqio_batches.get_task(task_name)
   regex = answer_match.answers_are_regex(task)  # the task knows its metric
@@ -667,7 +541,7 @@ def few_shot_sample(examples: Sequence[Any], size: int, seed: int, *, where: str
 
 
 class OpenQABatches:
-  """Open-QA fine-tuning batches on this host (see the module docstring); resumable.
+  """Open-QA fine-tuning batches on this host (the module docstring); resumable.
 
   Yields `model_inputs(build_open_qa_batch(...))`: question_ids/type_ids/mask
   [B, question_len], retrieved_block_ids [B, beam], retrieved_block_emb [B, beam, proj],
@@ -691,29 +565,14 @@ class OpenQABatches:
     Args:
       task_name: a registered QA task (toy_qa, nq_open, web_questions, curated_trec).
       batch_size: questions per step on this host.
-      store: the BlockStore the index embeds.
-      model: the OpenQAModel (reader beam, span width, whether the document tower trains).
-      retriever: an `IndexRetriever`, an `IndexWatcher` of them, or a provider; or one
-        that ranks the question texts (`retrieve_texts(questions, k) -> (scores, ids)` and
-        `block_emb`: `evaluation.bm25.BM25Searcher`, or `ClosedBook`, which retrieves nothing:
-        rows of the question alone); or set it later with `set_retriever`.
-      split: the split to train on.
-      seed: the data seed (epoch e is permuted with `seqio_batches.epoch_seed(seed, e)`).
+      retriever: an `IndexRetriever`, an `IndexWatcher` of them, a provider, or one that ranks
+        question texts (`retrieve_texts`: `evaluation.bm25.BM25Searcher`, `ClosedBook`); or
+        later, `set_retriever`.
       retriever_beam: blocks per question for the retriever loss (clipped to the store size).
-      reader_len: reader row length (320).
       question_len: fixed question row length; longer questions are left out (counted).
       max_occurrences: gold-span slots per (question, block); later occurrences are dropped.
-      shard_index, num_shards: this host's share (default: process index and count).
-      max_examples: read only the first this many questions of the split (tests, smoke runs).
-      vocab: the WordPiece vocabulary (bundled BERT uncased by default).
-      few_shot: train on only this many questions of the split (Atlas's few-shot protocol:
-        64, 256, ...; None: all), `few_shot_sample`'s seeded sample, drawn before the split is
-        sharded over hosts, so that every host and every training seed sees the same sample.
-      few_shot_seed: the sample's seed, apart from `seed` (which orders the sample's epochs).
-
-    Raises:
-      UnknownTaskError: the task is not registered.
-      ValueError: bad sizes, or no question of this shard fits.
+      few_shot: train on this many questions (Atlas's few-shot protocol; None: all), sampled with
+        `few_shot_seed` before sharding, so every host and training seed sees the same sample.
     """
     if isinstance(batch_size, bool) or int(batch_size) < 1:
       raise ValueError(f"batch_size must be a positive integer (per host), got {batch_size!r}")

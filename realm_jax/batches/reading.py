@@ -1,31 +1,12 @@
 """The toy BERT's reading examples: a masked sentence read beside a document that states it.
 
-REALM starts its encoder from BERT, which already copies a name or a date from the context it
-reads; the toy world has no BERT, so the project trains one (`experiments/toy_bert.gin`). To
-teach it to *read* rather than to *know*, its examples come from reading worlds
-(`toy_world.reading_world_dir`): freshly generated worlds that share no name with the toy world,
-so it never learns a toy-world fact and the toy world's null-document baseline stays clean.
-
-An example is REALM pretraining's encoder input for one candidate
-(`pretraining_batches.reader_inputs`): `[CLS] masked sentence [SEP] body [SEP]`, the sentence
-from a world's pretraining text X, the body one block of its corpus Z. What is masked and what
-is read beside it is drawn per example:
-
-  masking   salient span (a name or a date; REALM's masking) or, with `random_token_fraction`,
-            BERT's random tokens (ordinary MLM: words as well as names)
-  context   "own": the block of the passage's document that holds the masked wordpieces (the
-            answer stands in the context, but for the 1% of X's facts that only another
-            document states, such as the year of an event a person took part in); "distractor" (`distractor_fraction`): a block of
-            another document, as most of REALM's retrieved candidates are; "null"
-            (`null_fraction`): no body, REALM's null document; "copy" (`copy_fraction`): the
-            own block with the sentence itself, unmasked, stated first, so the masked words
-            stand beside the same words that surround them in the query: the verbatim repeat
-            (a name mentioned twice) from which BERT's long documents teach copying, and the
-            easiest case of reading
-
-Own contexts teach copying; distractors and the null document teach the encoder to fall back on
-what it knows when the context does not hold the answer, as REALM's encoder must for the 7 of 8
-candidates that do not.
+The toy world has no BERT to start REALM's encoder from, so the project trains one
+(`experiments/toy_bert.gin`) on reading worlds (`toy_world.reading_world_dir`): fresh worlds
+that share no name with the toy world, so it learns to read rather than to know. An example is
+REALM's encoder row for one candidate (`pretraining_batches.reader_inputs`):
+`[CLS] masked sentence [SEP] body [SEP]`, its masking (salient span or random tokens) and its
+context ("own", "copy", "distractor", "null") drawn per example (`ReadingMix`). Why each
+context: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -148,14 +129,10 @@ def make_reading_example(record: Mapping[str, Any], store: block_store_lib.Block
 
   Args:
     record: the passage (`salient_spans.read_precomputed` schema).
-    store: the world's corpus Z as a BlockStore.
     title_blocks: `blocks_by_title(store)`.
     rng: the only source of randomness.
     mix: the draw of masking and context when `strategy` / `context` are None.
-    query_len, reader_len, max_masks: the masked query's length, the row length, target slots.
-    strategy: "salient_span" or "random_token" to fix the masking.
-    context: one of CONTEXTS to fix the context.
-    vocab: WordPiece vocabulary (the bundled one by default).
+    strategy, context: fix the masking ("salient_span", "random_token") or the context.
     skips: counts the reason whenever None is returned.
 
   Returns:

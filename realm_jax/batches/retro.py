@@ -1,16 +1,10 @@
 """RETRO training and evaluation batches from a chunk database (`realm_jax.index.chunks`).
 
-A sequence is l consecutive chunks of one document (`chunks.training_sequences`: n = l m
-tokens, the last chunk of a document padded with 0 where it is partial); each of its chunks
-has k neighbours, retrieved once when the batches are built (the keys are a frozen BERT's, so
-they never change) and never from the sequence's own document; a neighbour is its chunk and
-continuation, r = 2m tokens.
-
-The held-out split: the last `heldout_fraction` of the database's documents by id (at least
-one) are evaluation text only. They are never trained on, and never retrieved either: the
-searcher holds the training documents' chunks alone (a prefix of the chunk rows, chunks being
-in document order), so no held-out text reaches the model as a neighbour of a training
-sequence.
+A sequence is l consecutive chunks of one document (n = l m tokens, 0 where a last chunk is
+partial); each chunk has k neighbours (a chunk and its continuation, r = 2m tokens), retrieved
+once (the keys are a frozen BERT's) and never from the sequence's own document. The last
+`heldout_fraction` of the documents by id are evaluation text only: never trained on, never
+retrieved (the searcher holds the training chunks alone).
 
 Batches (host-local; B = this host's batch size):
 
@@ -68,11 +62,9 @@ def target_token_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
                        vocab: vocab_lib.WordPieceVocabulary) -> np.ndarray:
   """[B, n - 1] int64 UTF-8 bytes of each target token's text (column t: the token at t + 1).
 
-  Row sums are `target_bytes`: the bytes of the vocabulary's detokenization of the row's real
-  targets (`WordPieceVocabulary.decode`), split per token: a word-initial wordpiece counts its
-  bytes plus one for the space that joins it to the text before; a `##` continuation counts its
-  bytes without the `##` (glued); the row's first target counts its full text (no space before
-  it, a leading `##` kept). [PAD] (id 0, which `decode` drops) and masked targets count 0.
+  Row sums are `target_bytes`, split per token: a word-initial wordpiece counts its bytes plus one
+  for the joining space; a `##` continuation its bytes without the `##`; the row's first target
+  its full text. [PAD] (id 0, which `decode` drops) and masked targets count 0.
   """
   lengths, continuation = _wordpiece_bytes(vocab)
   targets = np.asarray(input_ids)[:, 1:].astype(np.int64)  # [B, n - 1]
@@ -84,14 +76,11 @@ def target_token_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
 
 def target_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
                  vocab: vocab_lib.WordPieceVocabulary) -> np.ndarray:
-  """[B] float32 UTF-8 bytes of each sequence's target text.
+  """[B] float32 UTF-8 bytes of each sequence's target text (tokens 1 .. n - 1, where real).
 
-  The targets are tokens 1 .. n - 1 (token 0 is never predicted) where real. Their text is the
-  vocabulary's detokenization (`WordPieceVocabulary.decode`: wordpieces joined by one space,
-  `##` continuations glued), so the bytes are those of that normalised text, one space between
-  words included: the uncased vocabulary's text (lower case, accents stripped), not the
-  original document's bytes (the chunk database holds wordpieces). The sum of
-  `target_token_bytes` (per target token), so per-token analyses add up to it exactly.
+  The text is the vocabulary's detokenization (`WordPieceVocabulary.decode`): the uncased
+  vocabulary's normalised text, not the original document's bytes (the chunk database holds
+  wordpieces). The sum of `target_token_bytes`, so per-token analyses add up to it exactly.
   """
   return target_token_bytes(input_ids, input_mask, vocab).sum(axis=1).astype(np.float32)
 
@@ -99,31 +88,17 @@ def target_bytes(input_ids: np.ndarray, input_mask: np.ndarray,
 class RetroBatches:
   """RETRO batches (module docstring) over one split of a chunk database, a `BatchIterator`.
 
-  Training (`shuffle=True`): an endless stream of the split's sequences, each epoch in the
-  order of a permutation drawn from (seed, epoch); a batch that reaches an epoch's end
-  continues into the next. Its position is (epoch, index into that epoch's permutation) of the
-  next sequence of the global stream, so `restore(state())` resumes exactly. Each host takes
-  its contiguous slice of every global batch.
+  Training (`shuffle=True`): an endless stream, each epoch a permutation drawn from (seed,
+  epoch), batches running across epoch ends; `restore(state())` resumes exactly. Each host takes
+  its contiguous slice of every global batch. `shuffle=False`: the split's sequences once.
 
   Args:
-    database: the opened ChunkDatabase.
-    batch_size: sequences per step on this host.
-    chunks_per_sequence: l.
-    num_neighbours: k (0 with `retrieval=False`).
-    retrieval: compute and add neighbours; False: the batches never touch the keys, the
-      searcher or the neighbours (the no-retrieval baseline).
-    split: "train" or "heldout" (the module docstring's split).
-    seed: the shuffling seed.
-    shuffle: epochs in shuffled order, endless; False: the split's sequences once, in order.
-    max_sequences: use only the split's first this many sequences (None: all).
-    vocab: the vocabulary; given, every batch has `target_bytes` (for bits per byte).
-    heldout_fraction: the held-out share of the documents.
-    exclude_own_document: RETRO's rule: no neighbour from the sequence's own document (nor,
-      for training sequences, from the held-out documents). False is a positive control for
-      analyses, never a result: the chunk's own document may be retrieved (its own chunk
-      first, then that chunk's continuation, the very text that follows), and the held-out
-      sequences search the held-out documents too (training sequences still never do).
-    process_index, process_count: this host among the hosts (default: JAX's).
+    chunks_per_sequence, num_neighbours: l and k (k is 0 with `retrieval=False`).
+    retrieval: False: the no-retrieval baseline (keys, searcher and neighbours never touched).
+    split: "train" or "heldout".
+    vocab: given, every batch has `target_bytes` (for bits per byte).
+    exclude_own_document: RETRO's rule; False is a positive control for analyses, never a
+      result (docs/design/data_index_batches.md).
   """
 
   def __init__(self, database: chunks_lib.ChunkDatabase, *, batch_size: int,

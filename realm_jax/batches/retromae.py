@@ -1,41 +1,13 @@
 """RetroMAE batches (Xiao et al. 2022): a block's two masked copies, built on the host.
 
-RetroMAE pre-trains the retriever's document tower as the encoder of a masked auto-encoder:
-the encoder reads a moderately masked block and gives one sentence embedding, a one-layer
-decoder reconstructs the block from that embedding and an aggressively masked copy. This module
-does all of the sampling, with NumPy and a seeded generator, so the model
-(`realm_jax.models.retromae`) stays pure JAX:
-
-* Encoder input (`encoder_ids`): `round(encoder_mask_rate * n)` of a block's n maskable
-  wordpieces (real, not `[CLS]`/`[SEP]`; at least one) chosen uniformly, each replaced as BERT
-  does (and the authors' code, through transformers' collator): 80% `[MASK]`, 10% a uniformly
-  drawn vocabulary id, 10% kept. Their positions, original ids and weights fill
-  `encoder_positions/targets/weights` (`encoder_slots` wide): the encoder's own MLM loss.
-  Wordpieces, not whole words (the paper says tokens; the authors' code masks whole words).
-* Decoder (enhanced decoding, the paper's section 3.3): the content stream is the sentence
-  embedding in the `[CLS]` slot (column 0), then the embeddings of the block's *unmasked*
-  wordpieces at positions 1..L-1 (the paper's H2 = [h, e_x1 + p1, ..., e_xN + pN]; the authors'
-  code replaces the [CLS] embedding by the sentence embedding in the same way). One query row
-  per predicted position i (H1 = h + p_i) attends through `decoder_attention_mask` [P, L]
-  (True: visible) to
-    - column 0, the sentence embedding, always;
-    - never column i, itself;
-    - the block's other `[SEP]`s, always (never masked, as in the authors' code);
-    - of the other maskable positions, all but `round(decoder_mask_rate * n_i)` hidden ones
-      (n_i of them besides i), drawn uniformly and independently for each row: the paper's
-      sampled s(X_{!=i}), so every token is reconstructed from its own context;
-    - never padding.
-  Every real position but `[CLS]` is predicted (the paper's loss over all of X, not only the
-  masked positions; `[CLS]`'s slot holds the sentence embedding): `decoder_positions/targets/
-  weights` [P]. P (`decoder_slots`) is L - 1 by default; a smaller `decoder_predictions` caps
-  the rows per block, a uniform sample of a longer block's positions (a cost knob: each row is
-  one softmax over the vocabulary; with one decoder layer and no attention between query rows
-  a row's prediction does not depend on which other rows are computed).
-  Unused rows have position 0, weight 0 and only column 0 visible (no row is all masked).
-
-`retromae_batch_spec` declares the batch's shapes and dtypes next to `build_retromae_batch`;
-`RetroMaeBatches` turns a stream of block batches (an `ict_<corpus>` task's block features)
-into these batches, resumably (the masks of batch n are drawn from seed (seed, shard, n)).
+RetroMAE pre-trains the document tower as a masked auto-encoder's encoder: the encoder reads a
+moderately masked block (`encoder_mask_rate`, BERT's 80/10/10 replacement, its own MLM loss)
+and gives one sentence embedding; a one-layer decoder reconstructs every position but `[CLS]`
+from that embedding (column 0) and the unmasked wordpieces, each query row seeing its own
+uniform sample of the others (`decoder_mask_rate`, `decoder_attention_mask` [P, L]). All the
+sampling is here (NumPy, seeded), so `realm_jax.models.retromae` stays pure JAX.
+`RetroMaeBatches` builds these from block batches, resumably. Where this follows the paper or
+the authors' code: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -75,13 +47,7 @@ def decoder_slots(block_len: int, decoder_predictions: Optional[int] = None) -> 
 
 def retromae_batch_spec(block_len: int, *, encoder_mask_rate: float = ENCODER_MASK_RATE,
                         decoder_predictions: Optional[int] = None) -> dict[str, Any]:
-  """The per-example shapes and dtypes of a `build_retromae_batch` batch: the schema,
-  declared once.
-
-  Args:
-    block_len: L, the block row length (the task's `block_ids` length).
-    encoder_mask_rate: sets the encoder MLM slots (`encoder_slots`).
-    decoder_predictions: caps the decoder rows (`decoder_slots`).
+  """The per-example shapes and dtypes of a `build_retromae_batch` batch, declared once.
 
   Returns:
     {key: jax.ShapeDtypeStruct of one example}: block_ids, block_type_ids, block_mask,
@@ -128,14 +94,9 @@ def _first_k(candidates: np.ndarray, counts: np.ndarray, rng: np.random.Generato
 def mask_encoder_input(block_ids: np.ndarray, block_mask: np.ndarray, *,
                        rng: np.random.Generator, encoder_mask_rate: float, slots: int,
                        vocab_size: int) -> dict[str, np.ndarray]:
-  """The encoder's masked copy of a batch of blocks and its MLM targets.
-
-  Args:
-    block_ids, block_mask: int [B, L].
-    rng: the only source of randomness.
-    encoder_mask_rate: the fraction of each block's maskable wordpieces masked (at least one).
-    slots: M, the target slots (`encoder_slots`).
-    vocab_size: random replacements are drawn uniformly from [0, vocab_size).
+  """The encoder's masked copy of a batch of blocks (block_ids, block_mask int [B, L]) and its MLM
+  targets: `encoder_mask_rate` of each block's maskable wordpieces (at least one) in M = `slots`
+  target slots; random replacements drawn from [0, vocab_size).
 
   Returns:
     encoder_ids int32 [B, L]; encoder_positions, encoder_targets int32 [B, M] (sorted, 0 in
@@ -175,12 +136,8 @@ def decoder_inputs(block_ids: np.ndarray, block_mask: np.ndarray, *,
                    ) -> dict[str, np.ndarray]:
   """The decoder's predicted positions, targets and per-row attention mask (module docstring).
 
-  Args:
-    block_ids, block_mask: int [B, L].
-    rng: the only source of randomness.
-    decoder_mask_rate: the fraction of a row's other maskable positions it does not see.
-    slots: P, query rows per block (`decoder_slots`); a block with more predictable positions
-      gets a uniform sample of P of them.
+  A block with more predictable positions than P = `slots` gets a uniform sample of P of them;
+  each row hides `decoder_mask_rate` of its other maskable positions.
 
   Returns:
     decoder_positions, decoder_targets int32 [B, P]; decoder_weights float32 [B, P];
@@ -215,15 +172,9 @@ def build_retromae_batch(blocks: Mapping[str, np.ndarray], *, rng: np.random.Gen
                          vocab_size: int) -> dict[str, np.ndarray]:
   """One RetroMAE batch from a batch of blocks (`retromae_batch_spec` gives its schema).
 
-  Args:
-    blocks: block_ids, block_type_ids, block_mask int [B, L] (`[CLS] title [SEP] body [SEP]`,
-      padded).
-    rng: the only source of randomness (seed it for reproducible batches).
-    encoder_mask_rate, decoder_mask_rate, decoder_predictions: see the module docstring.
-    vocab_size: the model's vocabulary (random encoder replacements).
-
-  Returns:
-    {key: array [B, ...]}, the keys of `retromae_batch_spec`.
+  `blocks`: block_ids, block_type_ids, block_mask int [B, L] (`[CLS] title [SEP] body [SEP]`,
+  padded); `rng` is the only source of randomness; `vocab_size` bounds the random encoder
+  replacements. Returns {key: array [B, ...]}, the keys of `retromae_batch_spec`.
   """
   ids = np.asarray(blocks["block_ids"]).astype(np.int32)
   mask = np.asarray(blocks["block_mask"]).astype(np.int32)
@@ -256,14 +207,8 @@ def check_rates(encoder_mask_rate: Any, decoder_mask_rate: Any,
 class RetroMaeBatches:
   """Block batches (e.g. `SeqioBatches` of an `ict_<corpus>` task's `BLOCK_KEYS`) -> RetroMAE
   batches; resumable (the masks of the n-th batch come from the seed (seed, shard, n), so a
-  restored stream draws the same ones).
-
-  Args:
-    blocks: the block batch iterator (`__next__`, `state`, `restore`, `batches_consumed`,
-      `element_spec()`; `shard_index` if it has one).
-    seed: the masking seed.
-    vocab_size, encoder_mask_rate, decoder_mask_rate, decoder_predictions: see
-      `build_retromae_batch`.
+  restored stream draws the same ones). `blocks` needs `__next__`, `state`, `restore`,
+  `batches_consumed` and `element_spec()` (`shard_index` if it has one).
   """
 
   def __init__(self, blocks: Any, *, seed: int, vocab_size: int,

@@ -1,57 +1,12 @@
-"""Batches of seqio tasks the trainer consumes, as host NumPy batches that can resume; length
-buckets.
+"""Batches of seqio tasks as resumable host NumPy batches, and length buckets.
 
-Every iterator here, and every one built on them (`pretraining_batches.PretrainingBatches`,
-`qa_batches.OpenQABatches`), yields **host batches**: dicts of NumPy arrays whose leading
-dimension is this host's share of the global batch (`batch_size` is per host), and implements the
-resume protocol
-
-    state() -> JSON-able dict        saved with each checkpoint
-    restore(state)                   a resumed run continues from the same data position
-
-so that a resumed run sees exactly the batches the uninterrupted run would have seen.
-
-* `SeqioBatches(task_name, ...)`: any registered seqio task or mixture (`realm_<corpus>_<strategy>`,
-  `ict_<corpus>`, the QA tasks), batched, per-host sharded.
-* `ict_batches(corpus)`: `SeqioBatches` over `ict_<corpus>` giving exactly the `IctModel` keys.
-
-Registering the tasks is the caller's part, as a t5x gin file imports its task modules:
-`import realm_jax_tasks` (or the module that registers a task) before naming one; `get_task`
-only looks the name up in seqio's registries. The tasks sit above the batches they build their
-examples with.
-
-And a wrapper, `LengthBucketed(batches, keys=..., mask_key=..., length_bucket=32)`: each batch
-of another iterator with one kind of row (a pretraining or fine-tuning batch's reader rows) cut
-from its full width to the smallest multiple of `length_bucket` that holds the batch's longest
-row. Only padding goes, so the model's values on the real tokens are unchanged; each distinct
-width is one compilation of the step. Single-host only (`check_row_bucket`).
-
-Per-host input sharding (multi-host). Each process reads only its shard of the examples
-(`seqio.ShardInfo(jax.process_index(), jax.process_count())` by default, i.e. every
-`num_shards`-th example) and yields `batch_size` examples per step. The trainer assembles the
-global batch, whose leading dimension is `num_shards * batch_size`, from the hosts' batches with
-`jax.make_array_from_process_local_data(batch_sharding, host_array)`; nothing here talks to
-other processes. (The 0-d `index_step` of a pretraining batch is host metadata: the trainer
-reads it on the host; the per-example `example_index_step` [B] is the array form.) Shards differ
-in size by at most one example, so two hosts may count a different number of batches per epoch;
-training repeats forever (`num_epochs=None`) so that no host runs out while others still step.
-A finite `num_epochs` over several hosts (evaluation) must agree on a step count some other way.
-
-Shuffling and resuming (why `SeqioBatches` shuffles itself). seqio's `Task.get_dataset` with a
-fixed seed is deterministic here (checked: same seed, same batches), but it repeats *before* it
-shuffles, so its stream has no epoch boundaries: resuming after n batches would mean replaying
-all n batches from the start through the tasks' Python example generators (hours, late in a
-pretraining run). So `SeqioBatches` asks seqio for one unshuffled epoch of its shard
-(`shuffle=False, num_epochs=1`), shuffles that with tf.data
-(`shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)`) where `epoch_seed` is
-derived from (seed, epoch), batches it, and goes on to the next epoch. A data position is then
-(epoch, batches into that epoch): `restore` rebuilds that epoch's dataset and skips the batches
-already consumed, replaying at most one epoch. Batches never straddle epochs; with
-`drop_remainder=True` the last `examples_in_shard % batch_size` examples of each epoch are
-dropped (a different set every epoch, since each epoch is shuffled differently). The shuffle
-buffer (default 10,000 examples) is a window over the task's example order, as seqio's is;
-note that the REALM tasks' masks are fixed per record (the task's masking seed), so every epoch
-sees the same masked queries in a new order.
+Every iterator here and built on them (`PretrainingBatches`, `OpenQABatches`) yields host
+batches (dicts of NumPy arrays, leading dimension this host's `batch_size`) and implements
+`state()` / `restore(state)`, so a resumed run sees exactly the batches of an uninterrupted one.
+`SeqioBatches` reads any registered task per host shard and shuffles each epoch itself;
+`ict_batches` gives the `IctModel` keys; `LengthBucketed` cuts one kind of row to a length
+bucket. Registering tasks is the caller's part (`import realm_jax_tasks`); `get_task` only
+looks names up. Sharding, shuffling and resuming: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -152,23 +107,14 @@ class SeqioBatches:
 
     Args:
       task_name: a registered seqio task or mixture (see `get_task`).
-      split: the split to read.
       batch_size: examples per batch on this host (the global batch is num_shards times this).
-      seed: the data seed; epoch e is shuffled with `epoch_seed(seed, e)` (and seqio's
-        preprocessors get that seed too).
+      seed: the data seed; epoch e is shuffled (and preprocessed) with `epoch_seed(seed, e)`.
       shuffle: shuffle each epoch (False: the task's order, e.g. for evaluation).
       num_epochs: epochs to read; None repeats forever (training).
-      shard_index: this host's shard; default `jax.process_index()`.
-      num_shards: number of shards; default `jax.process_count()`.
-      drop_remainder: drop each epoch's last partial batch, so every batch has the same shape
-        (one compiled train step).
+      shard_index, num_shards: this host's shard; default the process index and count.
+      drop_remainder: drop each epoch's last partial batch (one shape, one compiled step).
       feature_keys: keep only these features (all of the task's when None).
-      shuffle_buffer_size: tf.data shuffle buffer, in examples.
       sequence_length: passed to seqio (None: the tasks' own fixed lengths).
-
-    Raises:
-      UnknownTaskError: `task_name` is not registered.
-      ValueError: a bad batch size, shard or epoch count.
     """
     self._task = get_task(task_name)
     self.task_name = task_name
@@ -217,8 +163,8 @@ class SeqioBatches:
     """The batched tf.data.Dataset of one epoch of this host's shard."""
     import seqio  # pylint: disable=g-import-not-at-top
     seed = epoch_seed(self.seed, epoch)
-    # shuffle=False: seqio would shuffle after repeating (no epoch boundaries, see the module
-    # docstring); the seed still reaches any stochastic seqio preprocessor, per epoch.
+    # shuffle=False: seqio would shuffle after repeating (no epoch boundaries); the seed still
+    # reaches any stochastic seqio preprocessor, per epoch.
     ds = self._task.get_dataset(
         sequence_length=self.sequence_length, split=self.split, shuffle=False, seed=seed,
         shard_info=seqio.ShardInfo(self.shard_index, self.num_shards), num_epochs=1)
@@ -293,17 +239,10 @@ class SeqioBatches:
   def restore(self, state: Mapping[str, Any]) -> None:
     """Continues from a `state()`: the next batch is the one that followed it.
 
-    Only "task", "seed" and "batches_consumed" are required. With "epoch" and
-    "batches_in_epoch" of this shard (as `state()` writes them) the restore jumps to that epoch;
-    otherwise (or when the state is another host's: hosts step in lockstep, so every host has
-    consumed the same number of batches and a trainer may save host 0's state only) it counts
-    the batches of one epoch of this shard and divides, since every epoch of a shard holds the
-    same examples, reordered. Either way the work is bounded by an epoch or two of the
-    example generator (counting one, skipping into the current one), not by the run's length.
-
-    Raises:
-      ValueError: the state belongs to another stream (task, split, seed, shuffle, batch size or
-        sharding differ: the position would not mean the same data), or lies past the end.
+    Only "task", "seed" and "batches_consumed" are required. With this shard's "epoch" and
+    "batches_in_epoch" it jumps to that epoch; otherwise (e.g. another host's state: hosts step in
+    lockstep) it counts one epoch's batches and divides. Either way the work is an epoch or two.
+    Raises ValueError for another stream's state or one past the end.
     """
     check_same_stream(state, self.state(), _MUST_MATCH)
     consumed = int(state["batches_consumed"])
@@ -345,16 +284,9 @@ class SeqioBatches:
 
 
 def ict_batches(corpus: str = "toy", **kwargs) -> SeqioBatches:
-  """ICT warm-start batches: `ict_<corpus>` with exactly the IctModel batch keys.
-
-  Args:
-    corpus: the corpus name of the task (`ict_toy`, or one registered with
-      `realm_jax_tasks.register_pretraining_tasks`).
-    **kwargs: `SeqioBatches` arguments (batch_size is required).
-
-  Returns:
-    A SeqioBatches yielding query_ids, query_mask [B, 64] and block_ids, block_type_ids,
-    block_mask [B, 288] (int32).
+  """ICT warm-start batches: `ict_<corpus>` (a `SeqioBatches` taking its arguments) with exactly
+  the IctModel batch keys: query_ids, query_mask [B, 64] and block_ids, block_type_ids,
+  block_mask [B, 288] (int32).
   """
   kwargs.setdefault("feature_keys", ICT_BATCH_KEYS)
   return SeqioBatches(f"ict_{corpus}", **kwargs)
@@ -408,23 +340,11 @@ def spec_at_width(spec: Mapping[str, Any], keys: Sequence[str], width: int
 class LengthBucketed:
   """Batches of another iterator with one kind of row cut to a length bucket.
 
-  In each batch, the arrays `keys` (rows [..., length] padded at the end; `mask_key` nonzero on
-  their real tokens) are cut to `index.builder.bucket_width(mask, length_bucket)`, the index
-  builder's rule: the smallest multiple of `length_bucket` that holds the batch's longest row,
-  capped at the full length. Why: a row's padding costs the encoder as much as its tokens, and
-  the rows of a batch are padded to the longest any batch can have (a pretraining reader row to
-  query_len + block_len), not to the longest this batch has. Only positions that are padding in
-  every row go; attention and pooling leave padding out and the heads read real positions only,
-  so the model gives the same values on the real tokens (up to float rounding).
-
-  Each distinct width is one compilation of the jitted step that reads these batches: every new
-  width is logged, and `metrics()` counts them (`input/<name>_widths`, this process's) with
-  the mean width so far (`input/<name>_width`).
-
-  Iteration, the resume protocol (`state`, `restore`) and every other attribute
-  (`set_retriever`, `set_query_params`, ...) are the wrapped iterator's; so is `element_spec()`:
-  the full width, the widest batch (what a dry run lowers). `spec_at_width` gives the schema of a
-  cut batch.
+  The arrays `keys` (rows padded at the end, `mask_key` nonzero on real tokens) are cut to
+  `index.builder.bucket_width(mask, length_bucket)`: a row's padding costs the encoder as much as
+  its tokens. Only all-padding positions go, so the model's values on real tokens are unchanged.
+  Each distinct width is one compilation: new widths are logged and counted in `metrics()`.
+  Everything else (`state`, `restore`, `element_spec`: the full width) is the wrapped iterator's.
   """
 
   def __init__(self, batches: Any, *, keys: Sequence[str], mask_key: str, length_bucket: int,
