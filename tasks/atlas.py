@@ -1,40 +1,13 @@
-"""seqio tasks of Atlas's masked-language-modelling pretext (Izacard et al. 2022, sec. 2.3), in
-the shape of a QA task, so that `FinetuneJob(reader='fid')` trains the Fusion-in-Decoder reader
-and (with a retriever objective) the question tower on it: `atlas_pretext_<corpus>`.
+"""seqio tasks of Atlas's masked-language-modelling pretext (Izacard et al. 2022, sec. 2.3):
+`atlas_pretext_<corpus>`, shaped as a QA task so that `FinetuneJob(reader='fid')` trains the
+Fusion-in-Decoder reader and (with a retriever objective) the question tower on it.
 
-An example is one sentence of the pretraining text X (REALM-schema records with sentence and
-salient-span offsets, as `realm_<corpus>_*` read), T5-span-corrupted (`realm_jax.data.sentinels`:
-about 15% of its units in spans of 3 on average, each span one sentinel `[unused<k>]`):
-
-  question      tf.string []   the corrupted sentence as text, each span's bytes replaced by its
-                               sentinel's name: "Aive Esbro came into the world in [unused0] on
-                               August 12, 1747 ..." (what the question tower and the reader rows
-                               read, through `sentinels.SentinelVocabulary`, the task's question
-                               vocabulary, which encodes it to exactly `question_ids`' wordpieces)
-  question_ids  int32 [None]   `[CLS] corrupted ids [SEP]`, built from ids
-  answer_ids    int32 [None]   the target `s_0 span_0 s_1 span_1 ...` (ids; the FiD batches
-                               append EOS: `batches.fid.answer_targets`)
-  answers       tf.string [1]  the target detokenised as the FiD reader's answers are
-                               (`models.fid_qa.detokenize`): what the dev EM compares greedy
-                               decodes with, over the whole sentinel sequence
-
-Spans cover whole units (`sentinels.span_corruption(unit_starts=...)`): a unit is a word (a
-wordpiece and its `##` continuations), so that the question text reads back to its ids, and a
-salient span inside the sentence is one unit (`salient_units`, on by default): no noise span cuts
-a name or a date, and when one is masked it is masked whole (REALM's salient-span masking, here
-as one of T5's spans). Noise density and span length are counted in these units.
-
-Splits: "train" and "dev", by record (a record's sentences stay together), a record in "dev"
-when the first 8 hex digits of the sha256 of its text, mod 100, are < `dev_percent`. Each
-example's randomness is `np.random.default_rng([seed, record_index, sentence_index])`.
-Skipped, and counted in the log: sentences of fewer than 2 units, queries longer than
-`question_len`, targets longer than `max_target_len` (with EOS: the FiD reader's
-`max_answer_length`), and a question text that does not read back to its ids.
-
-Atlas retrieves for the masked chunk from the same corpus and filters out the chunk itself; the
-FiD fine-tuning path has no such exclusion, so X here must be text apart from the retrieval
-corpus Z (the toy world's X restates Z's facts in other words, as REALM's toy pretraining
-uses it): `register_atlas_pretext_task` requires `pretrain_records`.
+An example is one sentence of the pretraining text X, T5-span-corrupted in whole units (a word,
+or a salient span, never cut: `realm_jax.data.sentinels`): `question` / `question_ids` hold the
+sentence with each span replaced by a sentinel `[unused<k>]`, `answer_ids` / `answers` the
+target `s_0 span_0 s_1 span_1 ...`. Splits "train" and "dev" by record (`dev_bucket`). X must be
+text apart from the retrieval corpus Z: the FiD path does not exclude a query's own block.
+Features, skips and reasons: docs/design/tasks_and_launch.md.
 """
 
 from __future__ import annotations
@@ -96,15 +69,12 @@ def make_pretext_example(sentence: str, salient: Sequence[tuple[int, int]], *,
   """One pretext example of a sentence (module docstring), or None (counted in `skips`).
 
   Args:
-    sentence: the sentence's text.
-    salient: its salient spans as byte [(start, limit)] relative to the sentence (empty: units
-      are words).
-    rng: the example's Generator.
+    salient: the sentence's salient spans as byte [(start, limit)] relative to it (empty:
+      units are words).
     vocab: the SentinelVocabulary (the sentinels and the question's read-back).
     noise_density, mean_span_length: T5's 0.15 and 3, in units.
-    question_len: the longest `[CLS] query [SEP]`.
-    max_target_len: the longest target with its EOS (None: any).
-    skips: the skip counter.
+    question_len, max_target_len: the longest `[CLS] query [SEP]`; the longest target with its
+      EOS (None: any).
 
   Returns:
     {"question", "question_ids", "answer_ids", "answers"} (NumPy / str), or None.

@@ -172,13 +172,11 @@ def is_qa_path(task: str) -> bool:
 def register_qa_files(task: str) -> str:
   """Registers a QA task over your own question files and returns its seqio name.
 
-  `task` is a path, `regex:<path>` for CuratedTrec-style answers (regular expressions, scored
-  by regex match): a directory holding some of `train`, `dev`, `test` as `<split>.jsonl` (ORQA's
-  form, `{"question": ..., "answer": [...]}` per line) or `<split>.csv`/`.tsv` (DPR's form: the
-  question, then the answers as a list literal, `['Paris', 'City of Light']`; tab-separated, or
-  comma-separated in a .csv without tabs), or one such file, whose split is "test". Bad records are
-  errors naming file, line and field, as for the benchmarks. The name is `qa_files_` and the
-  sanitized absolute path, so the same files always get the same task.
+  `task` is a path (`regex:<path>`: CuratedTrec-style regex answers): a directory holding some
+  of `train`, `dev`, `test` as `<split>.jsonl` (ORQA's form) or `<split>.csv`/`.tsv` (DPR's: the
+  question, then a list literal of answers; a .csv without tabs is comma-separated), or one such
+  file, whose split is "test". Bad records are errors naming file, line and field. The name is
+  `qa_files_` and the sanitized absolute path, so the same files always get the same task.
   """
   answers_are_regex, path = qa_path(task)
   files = _split_files(path)

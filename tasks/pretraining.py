@@ -1,38 +1,11 @@
-"""seqio tasks for REALM pretraining (masked queries) and the ICT warm start over a corpus.
+"""seqio tasks over a corpus: REALM's masked queries (REALM_SPEC 9-11), the ICT warm start
+(REALM_SPEC 14), Contriever's crop pairs, and the toy BERT's MLM and reading examples.
 
-Examples are built in Python by `realm_jax.data.masking` / `realm_jax.data.ict` (the same code
-the tests check against hand-worked cases) and handed to tf.data through a generator. Each
-record's randomness comes from `np.random.default_rng([seed, record_index])`, so an example does
-not depend on which others were skipped, shuffled or sharded away.
-
-Features of a pretraining example (REALM_SPEC 9-11):
-  query_ids, query_mask      int32 [query_len]   `[CLS] sentence [SEP]`, masked, 0-padded
-  mlm_positions, mlm_targets int32 [max_masks]   positions index the query (after [CLS])
-  mlm_weights                float32 [max_masks] 0 for padding slots
-  source_uid                 int64 []            uint64 content uid of the example's own block
-                                                 (bit pattern), 0 when it has none
-
-Features of a toy-BERT example (`mlm_<corpus>`, the toy recipe's stand-in for BERT, whose
-ability to read a word from its context REALM's encoder starts from): one sentence of a block
-with a salient span masked (`mlm_strategy`: REALM's masking by default), read next to that
-block's body, which still holds the sentence. It is the encoder input of REALM pretraining
-(`pretraining_batches.reader_inputs`) with the block the sentence came from, so every masked word
-can be found in the context, as a repeated name can in the long documents BERT learns from:
-  input_ids, type_ids, input_mask        int32 [ict_query_len + block_len]
-                                         `[CLS] sentence [SEP] body [SEP]`, segment 1 on the body
-  mlm_positions, mlm_targets             int32 [mlm_max_masks]  positions in the sentence
-  mlm_weights                            float32 [mlm_max_masks]
-
-Features of an ICT example (REALM_SPEC 14):
-  query_ids, query_mask                  int32 [ict_query_len]  `[CLS] sentence [SEP]`
-  block_ids, block_type_ids, block_mask  int32 [block_len]      `[CLS] title [SEP] body [SEP]`
-  block_uid                              int64 []               uint64 uid of the block (bits)
-
-A Contriever example (`contriever_<corpus>`, `register_contriever_task`; realm_jax.data.contriever)
-has exactly the ICT features, so `IctModel` trains on it unchanged: the query row holds one
-random crop of a block's body, the block row `[CLS] title [SEP] crop [SEP]` another crop drawn
-independently. Its crops are drawn anew every epoch (the epoch's data seed reaches the
-generator), where ICT's and the masked queries' examples are fixed per record.
+Examples are built in Python (`realm_jax.data.masking`, `realm_jax.data.ict`,
+`realm_jax.data.contriever`, `realm_jax.batches.reading`: code the tests check against
+hand-worked cases) and handed to tf.data through a generator. A record's randomness is
+`np.random.default_rng([seed, record_index])`, so an example does not depend on which others
+were skipped, shuffled or sharded away. Each task's features: docs/design/tasks_and_launch.md.
 """
 
 from __future__ import annotations
@@ -268,7 +241,6 @@ def register_reading_task(name: str, *, worlds: Callable[[], Sequence[tuple[str,
   """Registers the toy BERT's reading task `name` (features as `mlm_<corpus>`).
 
   Args:
-    name: the task name.
     worlds: returns (BlockStore directory, pretraining-text records) of every world to read
       (called on first use, so registering builds nothing).
     seed: example randomness seed.
@@ -319,19 +291,14 @@ def register_contriever_task(corpus: str, *, block_store: PathOrFn, seed: int = 
                              min_crop_ratio: float = contriever_lib.MIN_CROP_RATIO,
                              max_crop_ratio: float = contriever_lib.MAX_CROP_RATIO) -> str:
   """Registers `contriever_<corpus>`: Contriever's pairs of independent random crops of each
-  block (realm_jax.data.contriever), with ICT's features (the module docstring), so that
-  `ContrieverJob` (realm_jax.jobs.ict) trains `IctModel` on them.
+  block (realm_jax.data.contriever) with ICT's features, so that `ContrieverJob`
+  (realm_jax.jobs.ict) trains `IctModel` on them; returns the task name.
 
   Args:
-    corpus: short corpus name used in the task name.
-    block_store: BlockStore directory (or a function returning it, called on first use).
     seed: example randomness seed (each epoch's data seed is mixed in).
     query_len, block_len: the rows' lengths (ICT's 64 and 288; the toy world's blocks: 128).
     min_crop_ratio, max_crop_ratio: a crop's length as a fraction of its block's body
       (Contriever: 0.1 and 0.5).
-
-  Returns:
-    The task name.
 
   Raises:
     ValueError: crop ratios outside 0 < min <= max <= 1.
@@ -353,14 +320,11 @@ def register_corpus_for_task(task_name: str, block_store: str,
                              max_crop_ratio: float = contriever_lib.MAX_CROP_RATIO
                              ) -> str | None:
   """Registers the corpus that an unregistered `mlm_<corpus>`, `ict_<corpus>` or
-  `realm_<corpus>_<strategy>` task name names (a `contriever_<corpus>` name: that task alone,
-  `register_contriever_task`), over `block_store` (X = `pretrain_records`, or
-  the corpus itself): how the paper-scale gins, `train` and `evaluate` reach a BlockStore built
-  by `python -m realm_jax.build_corpus`. Says so in a warning (a misspelt task name would
-  otherwise silently become a corpus of its own). ICT's blocks are the store's own length
-  (`max_block_len`: a store built for short documents is not padded to 288), its query
-  sentence removed with `ict_remove_probability` (ORQA's 0.9); Contriever's crops are
-  `min_crop_ratio` to `max_crop_ratio` of a block's body.
+  `realm_<corpus>_<strategy>` task name names (a `contriever_<corpus>` name: that task alone)
+  over `block_store` (X = `pretrain_records`, or the corpus itself), and says so in a warning:
+  a misspelt task name would otherwise silently become a corpus of its own. How `train` and
+  `evaluate` reach a BlockStore built by `python -m realm_jax.build_corpus`; ICT's blocks are
+  the store's own length (`max_block_len`).
 
   Returns:
     The corpus registered, or None (the task exists already, or the name names no corpus).
@@ -408,23 +372,18 @@ def register_pretraining_tasks(corpus: str, *, block_store: PathOrFn,
                                mlm_passes: int = 10,
                                mlm_strategy: str = "salient_span") -> list[str]:
   """Registers `realm_<corpus>_<strategy>` for each masking strategy, `ict_<corpus>` and
-  `mlm_<corpus>` (the toy BERT's examples, see the module docstring).
+  `mlm_<corpus>` (the toy BERT's examples); returns the task names.
 
   Args:
-    corpus: short corpus name used in the task names.
     block_store: BlockStore directory (or a function returning it, called on first use).
     pretrain_records: pretraining text X in the REALM release schema (precomputed spans); None
-      uses the corpus blocks themselves, annotated with `annotator`.
-    annotator: salient-span annotator name (realm_jax.data.salient_spans.ANNOTATORS) for X = Z.
-    seed: example randomness seed.
+      uses the corpus blocks themselves, annotated with `annotator`
+      (realm_jax.data.salient_spans.ANNOTATORS).
     query_len, max_masks: masked query shape (REALM: 96, 10).
     ict_query_len, block_len, ict_remove_probability: ICT example shape (64, 288, 0.9).
     mlm_max_masks, mlm_passes, mlm_strategy: toy-BERT target slots, examples of each block per
-      pass over the task (BERT's dupe_factor, 10), and the masking (a `masking.MASKERS` name,
-      over the block annotated by `annotator`); its input is ict_query_len + block_len.
-
-  Returns:
-    The registered task names.
+      pass over the task (BERT's dupe_factor, 10), and the masking (a `masking.MASKERS` name);
+      its rows are ict_query_len + block_len.
   """
   vocabulary = vocab_lib.seqio_vocabulary()
   names = []

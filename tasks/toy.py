@@ -22,27 +22,17 @@ from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretrainin
 
 TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + (
     "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_copy", "mlm_toy_reading", "mlm_toy_distract")
-# Block length of the toy BlockStore and of the toy ICT blocks, in wordpieces. REALM uses 288
-# (REALM_SPEC 7); toy documents are short (median 54 wordpieces with title, 99% under 180), so
-# 288-wordpiece rows would be mostly padding, and attention over padding is most of a CPU
-# step. At 128 a longer document is packed into two or three blocks, as a long Wikipedia
-# article is into many.
+# Block length of the toy BlockStore and ICT blocks, in wordpieces. REALM uses 288 (REALM_SPEC
+# 7); toy documents are short, and 288-wordpiece rows would be mostly padding
+# (docs/design/tasks_and_launch.md).
 TOY_BLOCK_LEN = 128
 # The toy BERT's reading worlds are cut into blocks of this length, and its reading rows hold one:
 # its own constant, so that resizing the toy world's blocks does not change how the shipped toy
 # BERT is rebuilt (docs/toy_bert.md: its sha256).
 TOY_BERT_BLOCK_LEN = 128
-# ICT keeps the query sentence in its block (ORQA removes it with p = 0.9). ORQA's blocks are 288
-# wordpieces of many sentences, so removing one leaves the block nearly whole; a toy document has
-# 2-6 short templated sentences, and without one of them it is that sentence's complement. At
-# p = 0.9 the retriever learns the complement (a block scores higher without the query's
-# sentence than with it) and finds the source block in the real index in the top 5 for 0.9% of
-# sentences (width 32) and 4.7% (width 128); keeping the sentence, 7.1% and 60% (chance 0.19%;
-# all four with [CLS] pooling, before the toy model pooled the mean). With the shipped toy model
-# (mean pooling, 400 steps of batch 64 from random weights, its query tower still reading
-# [MASK]s) at p = 0.9: toy QA test recall@5 0.263 against 0.437, and REALM pretraining from it
-# ended at retrieval utility 0.005 against 0.070 and masked-span accuracy 0.060 with retrieval
-# against 0.056 without (0.062 and 0.062).
+# ICT keeps the query sentence in its block (ORQA removes it with p = 0.9): a toy document of a
+# few short sentences without one of them is that sentence's complement, which the retriever
+# then learns (measurements: docs/design/tasks_and_launch.md).
 TOY_ICT_REMOVE_PROBABILITY = 0.0
 # The toy BERT (`experiments/toy_bert.gin`) reads the worlds of these seeds
 # (`toy_world.reading_world_dir`: no name shared with the toy world); its reading accuracy is
@@ -54,23 +44,16 @@ TOY_BERT_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction
                                   null_fraction=0.05, copy_fraction=0.7,
                                   body_mask_probability=0.15)
 # The toy BERT's third phase (`experiments/toy_bert_distract.gin`): reading as REALM's encoder
-# reads, beside retrieved candidates most of which do not state the answer. After phase 2 (70%
-# verbatim repeats, 5% distractors) the toy BERT trusts whatever block it reads: beside another
-# document's block it gets 1.5% of the toy world's masked name and date wordpieces right, fewer
-# than the 3.7% it gets with the null document, and most of REALM's candidates are another
-# document's blocks, so REALM pretraining taught it to ignore its blocks altogether. Here a
-# block is another document's as often as its own, and never a verbatim repeat.
+# reads, beside candidates most of which do not state the answer, so that it learns not to
+# trust every block (why: docs/design/tasks_and_launch.md). Never a verbatim repeat.
 TOY_BERT_DISTRACT_MIX = reading.ReadingMix(random_token_fraction=0.3, distractor_fraction=0.45,
                                            null_fraction=0.1, copy_fraction=0.0,
                                            body_mask_probability=0.15)
 # Target slots of a toy BERT row: the sentence's masks and the body's (0.15 of up to 128).
 TOY_BERT_MAX_MASKS = 32
 # The toy BERT's first phase (`experiments/toy_bert_copy.gin`): every sentence read beside its
-# own verbatim repeat, half of them with BERT's random tokens masked, in short rows (48 + 80
-# wordpieces). Copying a word from where it stands again is what reading starts from; rows
-# where it is the only way to lower the loss, and many targets per row, teach it in a couple of
-# thousand steps. Trained on the full mix from the start, the model spent thousands of steps
-# learning what names look like before its context began to help (docs/toy_bert.md).
+# own verbatim repeat, half with BERT's random tokens masked, in short rows (48 + 80
+# wordpieces): copying is what reading starts from (docs/toy_bert.md).
 TOY_BERT_COPY_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction=0.0,
                                        null_fraction=0.0, copy_fraction=1.0,
                                        body_mask_probability=0.15)

@@ -17,9 +17,8 @@ WIKI_BERT_BLOCK_LEN = 128
 WIKI_BERT_MAX_MASKS = 32
 WIKI_BERT_COPY_QUERY_LEN, WIKI_BERT_COPY_BLOCK_LEN = 48, 80
 # Phase 1 (`experiments/wiki_bert_copy.gin`): as the toy BERT's, every sentence beside its own
-# verbatim repeat: copying is where reading starts. Unlike the toy BERT's, no body wordpiece is
-# masked: English's body masks are mostly unpredictable at the start, and such targets keep a
-# copying circuit from forming (docs/wiki_world.md, "The English BERT").
+# verbatim repeat, but no body masks: mostly unpredictable at the start, they keep a copying
+# circuit from forming (docs/wiki_world.md, "The English BERT").
 WIKI_BERT_COPY_MIX = reading.ReadingMix(random_token_fraction=0.5, distractor_fraction=0.0,
                                         null_fraction=0.0, copy_fraction=1.0,
                                         body_mask_probability=0.0)
