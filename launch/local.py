@@ -1,46 +1,14 @@
 r"""Runs the REALM trainer and its index builder side by side on one machine.
 
-  python -m realm_jax_launch.local --run_dir=/tmp/realm_toy/pretrain \
-      --trainer "python -m realm_jax.train --gin_file=gin_configs/experiments/toy_pretrain.gin \
-                 --gin.RUN_DIR=\"'/tmp/realm_toy/pretrain'\" --gin.INIT_CHECKPOINT=None" \
-      --builder "python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin \
-                 --gin.RUN_DIR=\"'/tmp/realm_toy/pretrain'\" --gin.BLOCK_STORE=\"'/path/blocks'\"" \
-      [--trainer_env CUDA_VISIBLE_DEVICES=0,1,2] [--builder_env JAX_PLATFORMS=cpu] [--dry-run]
+  python -m realm_jax_launch.local --run_dir=RUN_DIR --trainer "python -m realm_jax.train ..." \
+      --builder "python -m realm_jax.build_index ..." [--trainer_env K=V] [--dry-run]
 
-or from Python: `run_local(trainer_cmd, builder_cmd, log_dir=...)`. `LocalRunner` runs a
-recipe's stages (`realm_jax.pipeline`) here with it: each stage's jobs side by side as tied
-children (`run_children`), the trainer and its builder under `run_local`; `python -m
-realm_jax.recipe` uses it.
-
-Each command runs as a child process in its own process group; every line it writes (stdout and
-stderr merged) goes to the console as `[trainer] ...` / `[builder] ...` and, unprefixed, to
-`<log_dir>/trainer.log` / `builder.log` (appended, one header line per launch). The launcher's
-own messages go to stderr as `launch: ...`.
-
-Lifecycle:
-  * trainer exits 0: the builder is left to finish by itself (it exits once it has indexed the
-    checkpoint written before `<run_dir>/TRAINING_DONE`); after `builder_timeout` seconds it is
-    stopped.
-  * trainer fails (non-zero): the builder is stopped; the status is the trainer's.
-  * builder fails first: reported loudly; the trainer goes on (it keeps swapping in nothing newer,
-    so its index only grows stale) unless `stop_on_builder_failure`, which stops the trainer too.
-  * SIGINT (Ctrl-C), SIGTERM or SIGHUP to the launcher: SIGINT to both process groups (the
-    entry points turn it into a clean exit 130: nothing partial is ever published), SIGKILL
-    after `grace_seconds` (at once on a second Ctrl-C); exit 128 + the signal's number (130,
-    143, 129).
-"Stopped" always means that sequence. Whatever happens, no child is left running: the stop runs
-in a `finally`, and when a child's main process ends, anything left in its process group is
-killed. A launcher killed outright (SIGKILL: no `finally` runs) takes its children with it on
-Linux, where each child asks the kernel for SIGTERM when its parent ends (`prctl`'s
-PR_SET_PDEATHSIG, `tied_to_parent`); elsewhere they are left running and must be stopped by hand.
-Each child starts with SIGINT at its default disposition, whatever the launcher inherited (a
-shell starts background jobs with SIGINT ignored), so the stop sequence's SIGINT reaches it.
-
-Exit status: 0 both finished cleanly (or no builder); the trainer's status when it failed
-(128 + N when killed by signal N); 128 + N stopped by signal N (130 for SIGINT and Ctrl-C, 143
-for SIGTERM); 3 the trainer finished but the builder failed, timed out, or (with
-`stop_on_builder_failure`) failed and stopped the run; 127 a command could not be started; 2 a
-usage error.
+or from Python `run_local(trainer_cmd, builder_cmd, log_dir=...)`. Each child runs in its own
+process group, its output teed to the console (`[trainer] ...`) and `<log_dir>/trainer.log`; a
+failed trainer, Ctrl-C, SIGTERM or SIGHUP stops both (SIGINT, then SIGKILL after
+`grace_seconds`), and no child outlives the launcher (`tied_to_parent`). `LocalRunner` runs a
+recipe's stages (`realm_jax.pipeline`) here. Lifecycle and exit statuses: launch/README.md;
+design notes: docs/design/tasks_and_launch.md.
 """
 
 from __future__ import annotations
@@ -73,20 +41,16 @@ _POLL_SECONDS = 0.05
 TRAINING_DONE = "TRAINING_DONE"
 _PUMP_JOIN_SECONDS = 5.0  # how long to wait for a child's last output once it has exited
 # glibc malloc settings for a JAX job on a CPU: one arena, no mmap, no trimming, so that the
-# memory XLA frees after a step is reused by the next instead of being returned to the kernel and
-# faulted in afresh (a toy pretraining step spends 25-30% of its CPU time in those page faults;
-# with these settings it takes 0.74x the time: bench/docs/benchmarks.md, bench/toy_step.py). They
-# must be in the environment before the process starts its threads, so they are the launcher's to
-# set (`env_trainer`, `env_builder`, `--trainer_env`); the process keeps its peak heap.
+# memory XLA frees after a step is reused by the next instead of being faulted in afresh
+# (figures: docs/design/tasks_and_launch.md). They must be set before the process starts its
+# threads, so the launcher sets them (`env_trainer`, `--trainer_env`); the peak heap stays.
 ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
                  "MALLOC_TRIM_THRESHOLD_": "4294967296"}
 
 
-# The exec wrapper each child starts through (`tied_to_parent`): SIGINT back at its default
-# disposition, then on Linux prctl(PR_SET_PDEATHSIG, SIGTERM), then exec of the command, which
-# keeps both (and the pid). Run with -S (no site-packages): it imports only the standard library.
-# A wrapper rather than a `preexec_fn`: that would fork a parent that may run threads (JAX's,
-# in the recipe) and run Python between fork and exec.
+# The exec wrapper each child starts through (`tied_to_parent`; -S: the standard library only).
+# Not a `preexec_fn`, which would run Python between fork and exec in a parent that may run
+# threads (JAX's, in the recipe).
 _TIE_TO_PARENT = r"""
 import ctypes, os, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -104,15 +68,10 @@ except OSError as e:
 
 def tied_to_parent(cmd: Sequence[str]) -> list[str]:
   """`cmd` started so that it can be stopped and does not outlive this process (the launcher's
-  children and the recipe's stages start so).
-
-  Through a small exec wrapper: SIGINT back at its default disposition (an ignored SIGINT is
-  inherited through exec, and Python then never raises KeyboardInterrupt, so a stop's SIGINT
-  could not reach it), and on Linux SIGTERM from the kernel when this process's starting thread
-  ends, however it ends (PR_SET_PDEATHSIG: a SIGKILLed parent runs no cleanup of its own). A
-  parent that died before that request finds its child exiting at once with 143. Elsewhere than
-  Linux a killed parent's children run on, to be stopped by hand. The pid is the command's
-  own (exec).
+  children and the recipe's stages start so), through a small exec wrapper: SIGINT back at its
+  default disposition, and on Linux SIGTERM from the kernel when this process's starting thread
+  ends, however it ends (PR_SET_PDEATHSIG). Elsewhere a killed parent's children run on. The
+  pid is the command's own (exec).
 
   Raises:
     FileNotFoundError: the program is not found (on the PATH), so nothing is started.
@@ -303,7 +262,7 @@ class _SignalFlag:
 
 
 class _Launcher:
-  """The supervisor loop of `run_local` (see the module docstring for the rules)."""
+  """The supervisor loop of `run_local` (the rules: launch/README.md)."""
 
   def __init__(self, trainer: _Child, builder: Optional[_Child], *, grace_seconds: float,
                builder_timeout: Optional[float], stop_on_builder_failure: bool,
@@ -425,26 +384,21 @@ def run_local(trainer_cmd: Sequence[str], builder_cmd: Optional[Sequence[str]] =
               builder_timeout: Optional[float] = DEFAULT_BUILDER_TIMEOUT,
               stop_on_builder_failure: bool = False, console: Optional[IO[str]] = None,
               err: Optional[IO[str]] = None, run_dir: Optional[str] = None) -> int:
-  """Runs the trainer and (optionally) the index builder side by side until both are done.
+  """Runs the trainer and (optionally) the index builder side by side until both are done;
+  returns the exit status (launch/README.md).
 
   Args:
-    trainer_cmd: the trainer's argv, e.g. `["python", "-m", "realm_jax.train", ...]`.
-    builder_cmd: the index builder's argv, or None to run the trainer alone (still teed, still
+    trainer_cmd, builder_cmd: the two argvs (builder None: the trainer alone, still teed and
       stopped cleanly on Ctrl-C).
     log_dir: where `trainer.log` and `builder.log` are appended (created if needed).
-    env_trainer, env_builder: environment variables set for that child only, on top of the
-      launcher's: the device split (`CUDA_VISIBLE_DEVICES`, `TPU_VISIBLE_CHIPS`, ...,
-      `JAX_PLATFORMS=cpu` for a builder on the host CPU).
-    grace_seconds: how long a stopped child has between SIGINT and SIGKILL.
+    env_trainer, env_builder: that child's own environment on top of the launcher's, e.g. the
+      device split (`CUDA_VISIBLE_DEVICES`, `JAX_PLATFORMS=cpu` for a builder on the CPU).
     builder_timeout: seconds the builder may run on after the trainer exits 0 (None: no limit).
     stop_on_builder_failure: a builder failure stops the trainer too (default: it goes on).
-    console: where the prefixed child output goes (default sys.stdout).
-    err: where the launcher's own messages and the summary go (default sys.stderr).
-    run_dir: the run directory, when known: the launcher then tells a builder that exits
-      because training is done from one that stopped early.
-
-  Returns:
-    The exit status (see the module docstring).
+    console, err: the prefixed child output's stream and the launcher's own (default stdout,
+      stderr).
+    run_dir: the run directory, when known: a builder that exits because training is done is
+      then told from one that stopped early.
   """
   console = console or sys.stdout
   err = err or sys.stderr
@@ -538,9 +492,9 @@ def compilation_cache_dir() -> str:
 
 def child_env() -> dict[str, str]:
   """A stage's settings on top of this environment, each unless set already: ALLOCATOR_ENV
-  (0.74x the toy step's time) and JAX's persistent compilation cache (`compilation_cache_dir`):
-  every stage, and every cell of a bench, compiles the same steps again, about 8 s each on 2
-  cores and 1.2 s read from the cache. No malloc settings with REALM_JAX_ALLOCATOR=system."""
+  (none with REALM_JAX_ALLOCATOR=system) and JAX's persistent compilation cache
+  (`compilation_cache_dir`), since every stage and every cell of a bench compiles the same
+  steps again (figures: docs/design/tasks_and_launch.md)."""
   allocator = {} if os.environ.get(ALLOCATOR_CHOICE) == "system" else ALLOCATOR_ENV
   settings = {**allocator, "JAX_COMPILATION_CACHE_DIR": compilation_cache_dir()}
   return {key: value for key, value in settings.items() if key not in os.environ}
@@ -549,13 +503,9 @@ def child_env() -> dict[str, str]:
 def run_children(children: Sequence[tuple[Sequence[str], str]], *, prog: str = PROG) -> None:
   """Runs independent children side by side, each to completion: each one's full output to its
   log, progress lines to the console (prefixed with the log's name when there are several).
-
-  On a 2-core machine two jobs side by side finish sooner than one after the other: neither
-  keeps both cores busy alone (the host builds batches and retrieves between steps). Raises
-  RuntimeError naming every child that failed, after all have ended. Interrupted (SIGINT or
-  SIGTERM to this process: `gin_utils.Interrupted`), it stops the children as the launcher
-  stops its own (`stop_processes`) before the interruption goes on; each child also dies with
-  this process should it be killed outright (`tied_to_parent`).
+  Raises RuntimeError naming every child that failed, after all have ended. Interrupted
+  (`gin_utils.Interrupted`), it stops the children (`stop_processes`) before the interruption
+  goes on; each child also dies with this process if it is killed outright (`tied_to_parent`).
   """
   lock = threading.Lock()
   console = Progress(sys.stdout)

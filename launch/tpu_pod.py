@@ -1,44 +1,14 @@
-r"""REALM on two Cloud TPU VM slices sharing one file system: the trainer slice and the index
-builder's slice. `run` runs every stage of the paper-scale recipe (`realm_jax.pipeline`), or
-with --trainer_gin pretraining alone, the trainer on one slice and the builder on the other.
+"""REALM on two Cloud TPU VM slices sharing one file system, driven through gcloud: the trainer
+slice and the index builder's slice (`<name>-trainer`, `<name>-builder`).
 
-  python -m realm_jax_launch.tpu_pod create   --zone=europe-west4-a [--trainer_type=v3-64 ...]
-  python -m realm_jax_launch.tpu_pod copy     --zone=europe-west4-a
-  python -m realm_jax_launch.tpu_pod run      --zone=europe-west4-a --out=/mnt/realm/runs \
-      --block_store=/mnt/realm/wiki_blocks --bert=/mnt/realm/bert-base-uncased \
-      [--task=nq|wq|ct] [--trainer_hosts=8]
-  python -m realm_jax_launch.tpu_pod run      --zone=europe-west4-a --run_dir=/mnt/realm/pretrain \
-      --block_store=/mnt/realm/wiki_blocks --trainer_gin=gin_configs/experiments/wiki_pretrain.gin \
-      --trainer_binding=INIT_CHECKPOINT="'/mnt/realm/ict/checkpoints/100000'" \
-      --trainer_binding=BATCH_SIZE=64 [--first_index_from=/mnt/realm/ict/checkpoints/100000] \
-      [--detach]
-  python -m realm_jax_launch.tpu_pod stop     --zone=europe-west4-a [--kill]
-  python -m realm_jax_launch.tpu_pod teardown --zone=europe-west4-a
+  python -m realm_jax_launch.tpu_pod create|copy|run|stop|teardown --zone=ZONE [--dry-run]
 
-Slices are `<name>-trainer` and `<name>-builder` (`--name`, default `realm`). Every subcommand
-prints each gcloud command it runs, shell-quoted, one per line; `--dry-run` only prints them.
-Paths are absolute and the same on every worker (NFS/Filestore, or gcsfuse with a hierarchical
-bucket: realm_jax renames directories and reads them with os.path, so no `gs://` URLs).
-
-* create, teardown: `gcloud compute tpus tpu-vm create` / `delete --quiet`, both slices.
-* copy: this repository to `~/<remote_dir>` on every worker, a Python 3.11 virtualenv
-  `~/<venv>` with `pip install -e .` and `jax[tpu]` at setup.py's pin.
-* run (the recipe): each stage in order, a training on every worker of the trainer slice, an
-  index on every worker of the builder slice, a one-process job (BERT conversion, evaluation)
-  on worker 0 of the builder slice; each skipped on the workers when its output is there.
-* run --trainer_gin: the trainer and the builder (`ssh --worker=all`), same `--run_dir`.
-  In the foreground the ssh sessions run under `launch.local.run_local`, logs in `--log_dir`;
-  when a stage fails or on Ctrl-C, `stop` runs on both slices (ending a local ssh session does
-  not end the remote process). `--detach` starts the pair with nohup and returns.
-* stop: SIGINT (`--kill`: SIGKILL) to the processes recorded in
-  `~/.realm_jax_{trainer,builder}.pid` on every worker (only if that pid still runs realm_jax).
-* worker-exec MODULE ARGS...: on a worker, reads the recipe's deferred values in ARGS (the
-  newest or best.json's checkpoint), calls `jax.distributed.initialize()` (the entry points do
-  not; Orbax needs it on a multi-host slice; `--no-jax_distributed` skips it), then runs
-  `python -m MODULE ARGS...` in the same process.
-
-Exit status: 0 done; otherwise the status of the first command that failed (teardown: the
-worst); 2 a usage error; 127 gcloud not found.
+`run` runs every stage of the paper-scale recipe (`realm_jax.pipeline`), or with --trainer_gin
+pretraining alone, the trainer on one slice and the builder on the other; `worker-exec` is what
+each job runs on a worker. Every subcommand prints each gcloud command it runs, shell-quoted;
+`--dry-run` only prints them. Paths are absolute and the same on every worker (no `gs://`
+URLs). Subcommands, flags, an example: launch/README.md. Exit status: 0 done; otherwise the
+status of the first command that failed (teardown: the worst); 2 a usage error; 127 no gcloud.
 """
 
 from __future__ import annotations
