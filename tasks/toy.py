@@ -22,8 +22,8 @@ from realm_jax_tasks.pretraining import (MASKING_STRATEGIES, register_pretrainin
 
 TOY_TASKS = tuple(f"realm_toy_{s}" for s in MASKING_STRATEGIES) + (
     "ict_toy", "mlm_toy", "toy_qa", "mlm_toy_copy", "mlm_toy_reading", "mlm_toy_distract")
-# Block length of the toy BlockStore and ICT blocks, in wordpieces. REALM uses 288 (REALM_SPEC
-# 7); toy documents are short, and 288-wordpiece rows would be mostly padding
+# Block length of the toy BlockStore and ICT blocks, in wordpieces. REALM uses 288
+# (REALM_SPEC 7); toy documents are short, and 288-wordpiece rows would be mostly padding
 # (docs/design/tasks_and_launch.md).
 TOY_BLOCK_LEN = 128
 # The toy BERT's reading worlds are cut into blocks of this length, and its reading rows hold one:
