@@ -1,21 +1,13 @@
 """Device mesh, logical-axis rules and the shardings of parameters, train state and batches.
 
-Parameters and activations carry *logical* axis names (`batch`,
-`candidates`, `length`, `embed`, `mlp`, `heads`, `kv`, `vocab`, `proj`, `docs`); this module
-maps them onto a two-axis device mesh `("data", "model")` with a table of rules that is plain
-config (a tuple of pairs, bound by gin at the entry point):
+Parameters and activations carry *logical* axis names (`batch`, `embed`, `heads`, `docs`, ...);
+a table of rules (plain config, bound by gin) maps them onto a `("data", "model")` mesh:
 
     mesh = make_mesh(data=-1, model=1)                       # pure data parallelism
     shardings = param_shardings(model.logical_axes(), mesh, DEFAULT_RULES)
-    with mesh_context(mesh, DEFAULT_RULES):                  # activation constraints apply
-      state, metrics = jitted_step(state, shard_batch(host_batch, mesh))
 
-One CPU device is a degenerate 1x1 mesh, so tests and laptops run the production code path.
-
-Multi-host: every process builds the same global mesh over `jax.devices()` (ordered by process,
-so the "data" axis walks process 0's devices first) and feeds only its own slice of the global
-batch; `shard_batch` assembles the global array from those slices with
-`jax.make_array_from_process_local_data`.
+One CPU device is a 1x1 mesh, so tests run the production path. In a multi-host run each
+process feeds its own slice of the global batch (`shard_batch`).
 """
 
 from __future__ import annotations
@@ -50,11 +42,8 @@ MESH_AXES = (DATA_AXIS, MODEL_AXIS)
 # (logical axis, mesh axis or None) pairs; the first rule naming a logical axis wins (flax).
 Rules = Sequence[tuple[str, Optional[str | tuple[str, ...]]]]
 
-# Megatron-style tensor parallelism on "model" (attention heads, the feed-forward width and
-# the vocabulary are split; the residual stream `embed` is replicated so LayerNorm and the
-# residual adds need no communication), data parallelism on "data". `docs` (rows of an index
-# searched on the accelerator) are spread over "data" like the batch. `proj` (128) and `kv`
-# (64) are too small to be worth splitting.
+# Megatron-style: heads, feed-forward width and vocabulary split over "model", `embed` replicated
+# (LayerNorm needs no communication); batch and index rows (`docs`) over "data".
 DEFAULT_RULES: tuple[tuple[str, Optional[str]], ...] = (
     ("batch", DATA_AXIS),
     ("candidates", None),
@@ -76,13 +65,10 @@ def make_mesh(data: int = -1, model: int = 1,
   Args:
     data: size of the data-parallel axis; -1 takes all devices `model` leaves.
     model: size of the model-parallel axis; -1 takes all devices `data` leaves.
-    devices: the devices, in order (default `jax.devices()`, which lists process 0's devices
-      first, so in a multi-host run each process owns a contiguous range of the data axis as
-      long as `model` divides its local device count).
+    devices: the devices, in order (default `jax.devices()`, process 0's first).
 
   Returns:
-    A Mesh of shape `(data, model)` with automatic (GSPMD) axis types, so logical sharding
-    constraints inside the model are hints for the partitioner rather than typed shardings.
+    A Mesh of shape `(data, model)` with automatic (GSPMD) axis types.
 
   Raises:
     ValueError: when the sizes do not multiply to the number of devices, or both are -1.
@@ -115,23 +101,9 @@ def mesh_context(mesh: Mesh, rules: Rules, *,
                  constrain_activations: bool = False) -> Iterator[None]:
   """Makes `rules` (and optionally `mesh`) current while a step is traced.
 
-  Parameters, optimizer state and batches always get explicit shardings (`in_shardings` /
-  `out_shardings` of the jitted step), and XLA's partitioner propagates them through the model.
-  Flax additionally turns the model's `nn.with_logical_constraint` calls on activations into
-  sharding constraints, but only when a *global* mesh is set (`jax.set_mesh`).
-
-  `constrain_activations=False` (the default) does not set the global mesh, so those activation
-  constraints are no-ops: with a global mesh, flax's `DenseGeneral` applies a parameter's 3-D
-  logical constraint (`("embed", "heads", "kv")`) to the 2-D kernel it initialises before
-  reshaping it, even in `apply` (its shape check re-runs the initialiser under `eval_shape`),
-  and tracing fails ("only valid for values of rank at least 3"; google/flax#3676, open).
-  BERT's attention projections are such DenseGenerals. Turn it on once the model boxes its
-  kernels after the reshape.
-
-  Args:
-    mesh: the device mesh.
-    rules: logical -> mesh axis rules.
-    constrain_activations: also set `mesh` as the global mesh (see above).
+  `constrain_activations` also sets `mesh` as the global mesh, which turns the model's activation
+  constraints on; off by default, since flax's `DenseGeneral` then fails to trace BERT's
+  attention (google/flax#3676). The jitted step's explicit shardings apply either way.
   """
   with contextlib.ExitStack() as stack:
     if constrain_activations:
@@ -168,12 +140,9 @@ def _matches_params(node: Any, params_treedef: Any) -> bool:
 
 def state_shardings(abstract_tree: Any, abstract_params: Any, params_sharding: Any,
                     mesh: Mesh) -> Any:
-  """Shardings for a tree that contains copies of the parameter tree (e.g. an optimizer state).
-
-  Every subtree with exactly the parameters' structure (Adam's `mu` and `nu`, the params
-  themselves) gets the parameters' shardings, so moments live next to their parameters; every
-  other leaf (update counts, RNG keys, the step) is replicated. This does not depend on how an
-  optax chain nests its states.
+  """Shardings for a tree that contains copies of the parameter tree (e.g. an optimizer state):
+  every subtree shaped like the parameters (Adam's `mu`, `nu`) is sharded like them, every other
+  leaf replicated, however an optax chain nests its states.
 
   Args:
     abstract_tree: the tree to shard (arrays or `jax.ShapeDtypeStruct`s).
@@ -210,11 +179,8 @@ def _data_shards_per_process(mesh: Mesh) -> int:
 
 
 def shard_batch(batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
-  """Builds the global, data-sharded batch from this process's part of it.
-
-  Single process: `batch` is the whole global batch. Multi-host: every process passes its own
-  contiguous slice (global batch / number of processes rows, the rows its devices hold on the
-  "data" axis) and gets back global arrays; no process ever materialises the others' rows.
+  """Builds the global, data-sharded batch from this process's part of it (the whole batch in
+  a single process; its own contiguous slice in a multi-host run).
 
   Args:
     batch: {name: array [local_batch, ...]} host arrays (NumPy); every leading dimension equal.

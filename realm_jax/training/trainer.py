@@ -1,41 +1,12 @@
 """The training loop: a pure, sharded, jitted train step and a resumable loop around it.
 
-One trainer runs every stage (ICT warm start, REALM pretraining, open-QA fine-tuning): they
-differ only in the model object (each job of `realm_jax.jobs` builds its own), which provides
-
-  init(rng) -> params                     logical_axes() -> tree of logical PartitionSpecs
-  loss_fn(params, batch, rng) -> (loss, aux)   aux: sums and weights ("loss_sum", "weight_sum",
-                                               ...), never means, so they add across devices
-                                               and microbatches; `summarize` divides once.
-
-Pieces:
-
-* `TrainState`: params, optimizer state, step, RNG: everything a resumed run needs from the
-  devices (the data position is host state, see `BatchIterator`).
-* `make_train_step(...)` -> `TrainStep`: `state, metrics = train_step(state, batch)`, jitted
-  with explicit in/out shardings (parameters by their logical axes, batch over "data"), the
-  state donated, the dropout key `fold_in(state.rng, state.step)`, optional gradient
-  accumulation over microbatches, and metrics averaged once from the summed aux.
-* `init_state(...)`: parameters and optimizer state created directly with their shardings
-  (`jax.eval_shape` first: nothing is allocated unsharded).
-* `train(...)`: the loop. Resumes from the newest checkpoint in `run_dir` (parameters,
-  optimizer state, step, RNG and the input position), so "20 steps straight" and "10 steps,
-  kill -9, resume" end with bitwise identical parameters; checkpoints asynchronously every
-  `checkpoint_every` steps; stops with `NonFiniteLossError` on a NaN/inf loss or gradient norm
-  without ever saving that state; writes metrics through clu metric writers (TensorBoard
-  files under `<run_dir>/tensorboard` plus the log); logs progress with steps/s and an ETA;
-  calls hooks at step boundaries (index swapping); records the best checkpoint by an eval
-  metric in `<run_dir>/best.json`; writes `TRAINING_DONE` at the end.
-
-The input protocol (`BatchIterator`): an iterator of *host-local* batches ({name: NumPy array
-[local_batch, ...]}; in a multi-host run each process yields its own contiguous slice of the
-global batch) that also has
-
-  state() -> JSON-able dict    the position *after* the batches handed out so far
-  restore(state) -> None       continue from such a position
-
-`ListBatches` is the simplest one (a list and an index). An iterator that prefetches must
-report the position of the batches it has *returned*, not of those it has read ahead.
+One trainer runs every stage (ICT, REALM pretraining, open-QA fine-tuning); each job of
+`realm_jax.jobs` gives it a model with `init(rng)`, `logical_axes()` and
+`loss_fn(params, batch, rng) -> (loss, aux)`, aux holding sums and weights (never means) so that
+they add across devices and microbatches. `make_train_step` jits the sharded step; `train` runs
+it, resuming bit for bit from the newest checkpoint. Batches come from a `BatchIterator`:
+host-local batches plus `state()` / `restore(state)`, the position after the batches returned.
+Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -130,8 +101,7 @@ class TrainState:
     params: the model's parameter tree.
     opt_state: the optimizer's state (optax).
     rng: uint32 [2] raw key data of the base dropout key; step `s` (0-based) uses
-      `fold_in(rng, s)`, so the dropout of any step depends only on the seed and the step,
-      not on how many times the run was restarted.
+      `fold_in(rng, s)`, so restarts do not change the dropout.
   """
 
   step: Array
@@ -217,15 +187,9 @@ def compute_gradients(model: Any, params: Any, batch: Batch, rng: Array, *,
                       microbatches: int = 1) -> tuple[dict, Any]:
   """Summed aux values and gradients of the mean loss over the (global) batch.
 
-  With `microbatches > 1` the batch is cut into that many microbatches (example `b` goes to
-  microbatch `b % microbatches`, so every device keeps contributing to every microbatch under
-  data sharding), and `lax.scan` runs them one after the other, summing the aux values. The
-  gradient of the global mean is `sum_i weight_i * grad(loss_i) / sum_i weight_i` with
-  `weight_i = aux_i["weight_sum"]`: exact for losses that are `loss_sum / weight_sum` (the
-  masked-token means of REALM pretraining, the per-question means of open-QA), whatever the
-  number of masked tokens in each microbatch. Microbatch `i` uses dropout key
-  `fold_in(rng, i)`. ICT's in-batch softmax sees only its microbatch's blocks as negatives,
-  so microbatching ICT changes its loss; use it there only to fit memory.
+  With `microbatches > 1`, `lax.scan` runs microbatches (example `b` in microbatch
+  `b % microbatches`) and weights each gradient by its `aux["weight_sum"]`: exact for
+  `loss_sum / weight_sum` losses. ICT's in-batch negatives shrink to the microbatch's.
 
   Args:
     model: has `loss_fn(params, batch, rng) -> (loss, aux)`.
@@ -292,11 +256,9 @@ def _namespaced(means: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _grad_norms(grads: Any) -> dict[str, Array]:
-  """`train/grad_norm` (global L2 norm of the raw gradients) and `train/grad_norm/<key>` for
-  every top-level key of a dict-like gradient tree: which tower drives the clipping, and
-  whether the retriever's gradient is noise while the encoder cannot read yet. One reduction per
-  leaf each; the global norm is computed as before (not from the towers') so it stays bit for bit
-  what earlier runs logged."""
+  """`train/grad_norm` (global L2 norm of the raw gradients) and `train/grad_norm/<key>` per
+  top-level key: which tower drives the clipping. The global norm is computed on its own (not
+  from the towers') so it stays bit for bit what earlier runs logged."""
   metrics = {"train/grad_norm": optax.tree.norm(grads)}
   if isinstance(grads, Mapping):
     metrics.update({f"train/grad_norm/{key}": optax.tree.norm(subtree)
@@ -367,14 +329,8 @@ class TrainStep(ShardedFn):
     return self._init(_seed_data(rng))
 
   def flops(self, state: TrainState, batch: Batch) -> Optional[float]:
-    """FLOPs of one step on the global batch: XLA's cost analysis of the lowered step.
-
-    The count is taken before partitioning and optimisation, so it is the model's arithmetic
-    (forward, backward and the optimizer update) for the whole global batch, independent of
-    the mesh: compute that model parallelism replicates is not counted twice, as it would be
-    in the partitioned executable's per-device count. Lowering re-traces (no compile). None
-    if XLA gives no count.
-    """
+    """FLOPs of one step on the global batch: XLA's cost analysis of the lowered step, before
+    partitioning, so independent of the mesh. Re-traces (no compile); None if XLA gives none."""
     try:
       analysis = self.lower(state, batch).cost_analysis()
     except Exception as e:  # noqa: BLE001 - an estimate only; never stop training for it
@@ -414,35 +370,21 @@ def make_train_step(model: Any, optimizer: optax.GradientTransformation, *, mesh
                     constrain_activations: bool = False) -> TrainStep:
   """Builds the jitted, sharded train step.
 
-  One step: dropout key `fold_in(state.rng, state.step)`; summed aux and gradients of the
-  mean loss over the global batch (`compute_gradients`); `optimizer.update`; metrics:
-
-    train/loss, train/<other means>, retrieval/...   `summarize_fn(aux)`, computed once from
-                                                     the global sums (namespaced)
-    train/grad_norm                                  global norm of the raw gradients
-                                                     (before clipping)
-    train/grad_norm/<key>                            the same for each top-level subtree of
-                                                     the params (`retriever`, `encoder`,
-                                                     `reader`): `_grad_norms`
-    train/learning_rate                              `learning_rate_fn(state.step)`: the lr of
-                                                     this update (if given)
+  One step: dropout key `fold_in(state.rng, state.step)`, `compute_gradients`,
+  `optimizer.update`; metrics `summarize_fn(aux)` (namespaced "train/..."), `train/grad_norm`
+  (before clipping) and `train/grad_norm/<key>`, and `train/learning_rate` if a schedule is given.
 
   Args:
-    model: the model (`init`, `logical_axes`, `loss_fn`).
     optimizer: an optax transformation (e.g. `optim.bert_optimizer`); `update` gets params.
-    mesh: the device mesh (`partitioning.make_mesh`).
-    rules: logical -> mesh axis rules.
+    mesh, rules: the device mesh (`partitioning.make_mesh`) and logical -> mesh axis rules.
     microbatches: gradient accumulation steps per update (see `compute_gradients`).
-    learning_rate_fn: the optimizer's schedule, for `train/learning_rate` (e.g.
-      `optim.bert_learning_rate_schedule(...)` with the optimizer's arguments).
-    summarize_fn: aux sums -> means; default `model.summarize` if the model has one, else
-      `realm.summarize` (open-QA passes `open_qa_model.summarize`).
+    learning_rate_fn: the optimizer's schedule, for `train/learning_rate`.
+    summarize_fn: aux sums -> means; default `model.summarize`, else `realm.summarize`.
     compiler_options: XLA options for this step's compile (tests use a cheaper CPU build).
     constrain_activations: see `partitioning.mesh_context`.
 
-  Returns:
-    A TrainStep: `state, metrics = step(state, batch)`; the input state is donated (its
-    buffers are reused for the output), `metrics` are replicated scalars.
+  Returns a TrainStep: `state, metrics = step(state, batch)`, the state donated, the metrics
+  replicated scalars.
   """
   if microbatches < 1:
     raise ValueError(f"microbatches={microbatches}; expected >= 1")
@@ -581,21 +523,15 @@ def restore_train_state(run_dir: str, step: int, train_step: TrainStep, *,
   """Restores a TrainState (sharded like `train_step.state_sharding`) and the input position.
 
   Args:
-    run_dir: the run directory.
-    step: the checkpoint step.
     train_step: the step the state is for (gives the abstract state and shardings).
-    config: the run's model config; a checkpoint of another model size is a one-line
-      CheckpointError.
-    peft: the run's parameter-efficient checkpointing (None: an ordinary run); a checkpoint of
-      another method is a one-line CheckpointError.
+    config, peft: the run's model config and PEFT checkpointing (None: an ordinary run).
 
   Returns:
-    (state, data_state, metadata): data_state is this process's saved input position (None if
-    the checkpoint has none).
+    (state, data_state, metadata): data_state is this process's input position (or None).
 
   Raises:
-    checkpoints.CheckpointError: unreadable, another model size, or saved by a run with a
-      different number of processes.
+    checkpoints.CheckpointError: unreadable, another model size or PEFT method, or saved by a
+      run with a different number of processes.
   """
   abstract = jax.tree.map(
       lambda s, sharding: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding),
@@ -772,74 +708,28 @@ def train(model: Any, optimizer: optax.GradientTransformation, batches: BatchIte
           checkpoint_timeout: Optional[float] = None) -> TrainState:
   """Trains to `num_steps` updates, resuming from the newest checkpoint in `run_dir`.
 
-  Per step `s` (1-based; the state then holds `s` updates):
-    1. hooks: `hook(s, state)` (state after `s - 1` updates) at the step boundary, e.g.
-       `IndexWatcher.maybe_swap` then its metrics; returned dicts are logged with step `s`.
-    2. the next host batch from `batches`, sharded (`partitioning.shard_batch`), one step.
-    3. a NaN/inf `train/loss` or `train/grad_norm` raises NonFiniteLossError naming step `s`
-       and the last good checkpoint (after waiting for an in-flight save to finish); the
-       non-finite state is never saved.
-    4. every `log_every` steps and at the end: means of the interval's metrics,
-       `perf/examples_per_s`, `perf/mfu`, the hooks' latest values and `batches.metrics()`
-       (when the iterator has it) to `writer`, and a
-       progress line (steps/s, ETA) to the log.
-    5. every `checkpoint_every` steps and at the end: `eval_fn(s, state)` (logged) and an
-       asynchronous checkpoint of the state and `batches.state()`; eval metrics pick the best
-       checkpoint (`best_metric`, `best_mode`) recorded in `<run_dir>/best.json`.
-  Finally waits for the last checkpoint and writes `TRAINING_DONE`.
+  Each step: the hooks, one sharded batch, the update; a NaN/inf loss or gradient norm raises
+  NonFiniteLossError without saving that state. Metrics every `log_every` steps; `eval_fn` and
+  an async checkpoint (with `batches.state()`) every `checkpoint_every` steps and at the end;
+  then `TRAINING_DONE`. A resumed run computes exactly what an uninterrupted one would.
 
-  Resuming restores params, optimizer state, step, RNG key and the input position (each
-  host's `batches.restore`), so the resumed run computes exactly what an uninterrupted run
-  would have: same batches, same dropout (`fold_in(rng, step)`), same compiled program.
+  Args (the others as `make_train_step`):
+    batches: a BatchIterator of host-local batches.
+    num_steps: total updates of the run, not of this invocation.
+    config: saved with every checkpoint; one of another model size is a CheckpointError.
+    keep: newest checkpoints kept (None: all), the best one besides.
+    writer: a clu MetricWriter, or "tensorboard" / "jsonl" (`make_metric_writer`).
+    hooks: `hook(step, state) -> dict | None` before each step (e.g. index swaps).
+    eval_fn, best_metric, best_mode: eval at checkpoint steps; the best step in best.json.
+    seed: init and dropout seed (a resumed run uses the checkpoint's key).
+    flops_per_example, peak_flops_per_device: for perf/mfu (None: XLA's estimate, and
+      PEAK_FLOPS_PER_DEVICE by device kind; no peak, no perf/mfu).
+    train_step: a `make_train_step` result to reuse its compiled program.
+    peft: checkpoints hold only the trained parameters (`checkpoints.PeftCheckpoints`).
+    checkpoint_timeout: seconds a save may take before CheckpointSaveError (None: the default).
 
-  Args:
-    model: the model (see the module docstring).
-    optimizer: optax transformation.
-    batches: a BatchIterator of host-local batches (see the module docstring).
-    run_dir: the run directory (checkpoints/, tensorboard/, best.json, TRAINING_DONE).
-    num_steps: total number of updates of the run (not of this invocation).
-    mesh: device mesh; `rules`: logical axis rules.
-    config: the model config, saved with every checkpoint; resuming from a checkpoint of
-      another model size is a one-line CheckpointError.
-    checkpoint_every: save every this many steps (and at `num_steps`).
-    keep: newest checkpoints to keep (None: all); the best one is kept in addition.
-    writer: a clu MetricWriter (anything with `write_scalars(step, dict)`, `flush()`,
-      `close()`), or the name of one that `make_metric_writer` makes ("tensorboard", "jsonl");
-      default "tensorboard": clu's default writer (TensorBoard files in
-      `<run_dir>/tensorboard` and the log) on process 0, the log only on other processes.
-    log_every: write metrics every this many steps.
-    hooks: callables `hook(step, state) -> dict | None` (see above).
-    eval_fn: `eval_fn(step, state) -> {name: float}` at checkpoint steps (`make_eval_fn`).
-    best_metric: eval metric that ranks checkpoints (None: no best tracking).
-    best_mode: "max" (higher is better, e.g. retrieval utility) or "min".
-    seed: seed of the parameter init and of the dropout keys (ignored when resuming: the
-      checkpoint's key is used).
-    microbatches: gradient accumulation (see `compute_gradients`).
-    learning_rate_fn: the optimizer's schedule, for `train/learning_rate`.
-    summarize_fn: see `make_train_step`.
-    flops_per_example: model FLOPs of one training example (forward and backward), for
-      perf/mfu; None estimates it from XLA's cost analysis of the compiled step (which also
-      counts the optimizer update) when a peak is known.
-    peak_flops_per_device: peak FLOP/s of one device for perf/mfu; None looks the device kind
-      up in PEAK_FLOPS_PER_DEVICE (dense bf16 peaks); without a peak, perf/mfu is not logged.
-    async_checkpoints: write checkpoints in the background (CheckpointWriter).
-    compiler_options: XLA options for the step's compile.
-    train_step: a TrainStep built by `make_train_step` for this model, optimizer, mesh and
-      rules, to reuse its compiled program (otherwise one is built).
-    peft: parameter-efficient fine-tuning: the frozen parameters are written once as the
-      run's base (`<run_dir>/peft_base`) when it starts, and checkpoints hold only the trained
-      ones (`checkpoints.PeftCheckpoints`); resuming joins them again.
-    checkpoint_timeout: seconds a checkpoint save may take to reach the disk before the run
-      stops with CheckpointSaveError naming its step (None:
-      `checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS`); the last complete checkpoint stays intact.
-
-  Returns:
-    The final TrainState.
-
-  Raises:
-    NonFiniteLossError: see above.
-    checkpoints.CheckpointError: the newest checkpoint cannot be resumed from.
-    ValueError: `batches` ran out before `num_steps`, or bad arguments.
+  Raises NonFiniteLossError, checkpoints.CheckpointError (cannot resume) or ValueError (the
+  input ran out, bad arguments). Returns the final TrainState.
   """
   if num_steps < 1 or checkpoint_every < 1 or log_every < 1:
     raise ValueError(f"train: num_steps ({num_steps}), checkpoint_every ({checkpoint_every}) "
