@@ -1,42 +1,13 @@
 """The index-refresh job: embed every block with a checkpoint's document tower and publish it.
 
-REALM_SPEC 20-22. The refresher is a separate job that follows the trainer's *latest*
-checkpoint, re-embeds the whole knowledge corpus in eval mode (no dropout) and commits the
-result atomically (`realm_jax.index.store`); it keeps the newest few indexes (and the first, for
-the run's record) and exits when the trainer writes its training-done marker. The first index
-comes from the ICT warm-start checkpoint (`checkpoint_dir`, published as index step 0). Unlike
-the release's refresher, which waited forever and silently when no export existed yet, `follow`
-says so at every poll.
-
-Three layers:
-
-* `embed_blocks`: the document tower of the retriever, jitted, over batches of a fixed number
-  of blocks (the last one padded) whose batch dimension is sharded over a 1-D "data" mesh of the
-  local devices (one device is the degenerate mesh, so a laptop runs the pod's code path). Each
-  batch is cut to a length bucket, the smallest multiple of `length_bucket` (32) wordpieces that
-  holds its longest block, instead of the store's max_block_len (288): only padding is cut, so
-  the embeddings are the same, and a corpus of short documents no longer pays for computing
-  padding (one compilation per bucket width, at most max_block_len / length_bucket). The blocks
-  are embedded shortest first, so that a batch holds blocks of about one length and its bucket
-  fits all of them (in id order one long block in 128 put the whole batch at its width). Host-side
-  input preparation of batch i+1 overlaps the device computation of batch i (JAX dispatch is
-  asynchronous); each finished batch is streamed into a writer, so host memory holds one batch,
-  never the [num_blocks, proj] matrix. Progress (blocks, blocks/s, ETA) every few seconds.
-* `build_index`: restore a checkpoint, embed, publish `<run_dir>/index/<step>/` with the
-  checkpoint's query tower (so the trainer can search the index after pruning that checkpoint:
-  a builder slower than the checkpoint cadence is the normal case at paper scale) and ScaNN
-  artifacts when asked.
-* `follow`: the job's loop over the trainer's checkpoints.
-
-Multi-host (`jax.process_count() > 1`): each host embeds the contiguous slice
-[host_start, host_end) = [n * i // P, n * (i + 1) // P) of the n blocks on its own devices, and
-writes it to the shared filesystem as `<run_dir>/index/.parts-<step>/part-<i>-of-<P>.npy`
-(written as a temp file, then renamed, so a part that exists is complete). Host 0 waits until
-all P parts exist, streams them in order into one `IndexWriter`, commits (the usual atomic
-publish) and removes the parts directory; the other hosts return once the index is published.
-Each host runs `follow` itself and sees the same checkpoint listing; they agree on the step to
-build because the trainer's checkpoint listing only ever grows at its newest end and every host
-builds the newest. Only the single-host path is exercised by the tests.
+REALM_SPEC 20-22. A separate job follows the trainer's latest checkpoint, re-embeds the whole
+corpus in eval mode and commits the result atomically (`realm_jax.index.store`); it keeps the
+newest few indexes (and the first) and exits at the trainer's training-done marker. The first
+index comes from the ICT warm start (`checkpoint_dir`, index step 0). Three layers:
+`embed_blocks` (the jitted document tower over a 1-D "data" mesh, batches cut to length
+buckets, shortest blocks first, rows streamed to a writer), `build_index` (restore, embed,
+publish with the query tower) and `follow` (the loop). Several hosts each embed a slice and
+host 0 publishes. Design and multi-host protocol: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -112,16 +83,9 @@ def local_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
 
 
 def document_tower_params(params: Mapping[str, Any], config: RealmConfig) -> Any:
-  """The parameters of the document tower, from retriever params or a checkpoint's dict.
-
-  Args:
-    params: RealmRetriever params ({"embedder": ...} tied, or {"query_embedder",
-      "document_embedder"} untied), optionally wrapped as {"params": ...} and/or
-      {"retriever": ...} (the checkpoint layout of `training.checkpoints`).
-    config: the model config (tied or untied towers).
-
-  Returns:
-    The RealmEmbedder params of the document side (the shared tower when tied).
+  """The RealmEmbedder params of the document side (the shared tower when tied), from
+  RealmRetriever params ({"embedder"} tied, {"query_embedder", "document_embedder"} untied),
+  optionally wrapped as {"params": ...} and/or {"retriever": ...} (a checkpoint's layout).
   """
   return retriever_lib.tower_params(params, config, "document")[1]
 
@@ -196,12 +160,8 @@ def check_length_bucket(length_bucket: Any) -> int:
 
 def bucket_width(mask: np.ndarray, length_bucket: int) -> int:
   """The width a batch is cut to: the smallest multiple of `length_bucket` that holds every
-  position where some row's mask is nonzero, capped at the full width; the full width for 0.
-
-  Args:
-    mask: [..., length] mask of the batch's rows (nonzero on real tokens), e.g. the index
-      builder's [batch, max_block_len] or a pretraining batch's [B, K, reader_len].
-    length_bucket: the bucket size in wordpieces; 0: no cutting.
+  position where some row's `mask` ([..., length], nonzero on real tokens) is nonzero, capped at
+  the full width; the full width for 0.
   """
   full = mask.shape[-1]
   if length_bucket == 0:
@@ -238,25 +198,15 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
 
   Args:
     params: retriever params (see `document_tower_params` for the accepted layouts).
-    config: the model config the params belong to.
     store: the BlockStore; block i's input is `store.embedder_inputs([i])` (REALM_SPEC 11).
-    batch_size: blocks per jitted call (global over the mesh); rounded up to a multiple of the
-      number of devices. Every call has this many rows: the last batch is padded (with copies
-      of its last block) and the padding rows are dropped.
-    length_bucket: each batch is cut to the smallest multiple of this many wordpieces that holds
-      its longest block (capped at `store.max_block_len`); only trailing padding is cut, so the
-      embeddings are the same up to float rounding. The blocks are taken shortest first
-      (`length_order`), so that each batch's width is about its blocks' length. One compilation
-      per distinct width (at most max_block_len / length_bucket). 0: every batch at the full
-      `store.max_block_len`, blocks in id order.
-    mesh: a 1-D mesh with axis "data" over the devices to use; default: all local devices.
+    batch_size: blocks per jitted call, global over the mesh (rounded up to the devices); the
+      last batch is padded.
+    length_bucket: each batch is cut to `bucket_width(mask, length_bucket)`, blocks taken
+      shortest first (`length_order`); 0: the full `store.max_block_len`, blocks in id order.
     dtype: "float32" or "bfloat16", the dtype of the output rows.
-    writer: anything with `write_rows(start, rows)` (an `IndexWriter`); rows are written at
-      their block ids as soon as each batch is done. None: return the matrix instead.
-    block_range: (start, end) of the blocks to embed; default: this host's slice
-      (`host_block_range`), i.e. all blocks on a single host.
+    writer: anything with `write_rows(start, rows)` (an `IndexWriter`); None: return the matrix.
+    block_range: (start, end) of the blocks to embed; default this host's (`host_block_range`).
     progress: called with an EmbedProgress every `progress_interval_s` seconds and at the end.
-    progress_interval_s: seconds between progress calls.
 
   Returns:
     [end - start, proj] embeddings of the range when `writer` is None, else None.
@@ -316,10 +266,8 @@ def embed_blocks(params: Mapping[str, Any], config: RealmConfig, store: BlockSto
     if count < batch_size:  # fixed shape: pad with the last real block, drop its rows later
       block_ids = np.concatenate([block_ids, np.full(batch_size - count, block_ids[-1])])
     ids, type_ids, mask = store.embedder_inputs(block_ids)  # each [batch, max_block_len] int32
-    # Why cut: attention and pooling ignore masked positions, so trailing positions that are
-    # padding in every row change nothing but cost as much as real tokens; short documents (a
-    # user's corpus: 22 of 288 wordpieces on average) were mostly padding. Widths are rounded up
-    # to a bucket so that jit compiles a handful of shapes, not one per batch.
+    # Trailing all-padding positions change nothing but cost as much as real tokens; widths
+    # are rounded up to a bucket so that jit compiles a handful of shapes.
     width = bucket_width(mask, length_bucket)
     ids, type_ids, mask = ids[:, :width], type_ids[:, :width], mask[:, :width]  # [batch, width]
     if ids.size and int(ids.max()) >= vocab_size:
@@ -409,29 +357,17 @@ def build_index(run_dir: str, step: Optional[int] = None, *, store: BlockStore,
                 mesh: Optional[Mesh] = None,
                 progress: Optional[Callable[[EmbedProgress], None]] = log_progress,
                 embed_fn: Optional[Callable[..., Any]] = None) -> str:
-  """Builds and publishes one index: `<run_dir>/index/<index_step>/`.
+  """Builds and publishes one index, `<run_dir>/index/<index_step>/`, and returns its path.
 
   Args:
-    run_dir: the training run directory (its `checkpoints/` and `index/`).
     step: the checkpoint step of `run_dir` to embed; None: the newest.
-    store: the BlockStore to embed (its store_id goes into the manifest).
-    checkpoint_dir: embed this checkpoint step directory instead (e.g. the ICT run's
-      `checkpoints/<step>` for the first index, REALM_SPEC 22).
-    index_step: the step the index is published under; default: the checkpoint step, or
-      `store.FIRST_INDEX_STEP` (0) with `checkpoint_dir`.
-    keep: keep the newest `keep` published indexes.
-    dtype: "float32" or "bfloat16" index.
-    batch_size: blocks per jitted call (see `embed_blocks`).
-    length_bucket: batch widths are multiples of this many wordpieces; 0: the store's full
-      max_block_len (see `embed_blocks`).
-    scann: also build ScaNN artifacts into the index (`search.build_scann_artifacts`).
-    scann_options: knobs for `build_scann_artifacts` (num_leaves, reorder, ...).
-    mesh: the mesh to embed on (default: the local devices).
-    progress: progress callback for embedding.
+    checkpoint_dir: embed this checkpoint step directory instead (e.g. the ICT run's for the
+      first index, REALM_SPEC 22).
+    index_step: default the checkpoint step, or `store.FIRST_INDEX_STEP` (0) with
+      `checkpoint_dir`.
+    keep, dtype, batch_size, length_bucket: see `IndexWriter.commit` and `embed_blocks`.
+    scann, scann_options: also build ScaNN artifacts (`search.build_scann_artifacts`).
     embed_fn: replaces `embed_blocks` (tests inject failures through it).
-
-  Returns:
-    The published index directory (on every host).
 
   Raises:
     CheckpointError: the checkpoint is missing, unfinished or has no retriever.
@@ -537,33 +473,20 @@ def follow(run_dir: str, *, store: BlockStore, poll_seconds: float = 10.0, once:
            embed_fn: Optional[Callable[..., Any]] = None) -> list[str]:
   """The refresh job: publish an index of the trainer's newest checkpoint, again and again.
 
-  Each poll: if `TRAINING_DONE` exists, note it (read *before* listing checkpoints, so the final
-  checkpoint, written before the marker, is in the listing); if no checkpoint exists yet, log
-  "waiting for a first checkpoint in <run_dir>/checkpoints (none yet) ..." (first time at once,
-  then at most every WAITING_LOG_SECONDS); if the newest checkpoint is newer than the newest published index, embed and
-  publish it (intermediate checkpoints are skipped: REALM follows the *latest* export); else,
-  when training is done, return. A builder killed at any point publishes nothing partial
-  (atomic publish) and a restarted one simply continues from the listing.
+  Each poll reads `TRAINING_DONE` before listing checkpoints (the final checkpoint is written
+  before the marker), says when no checkpoint exists yet, embeds the newest checkpoint when it is
+  newer than the newest index (skipping intermediate ones: REALM follows the latest export), and
+  returns once training is done and indexed. Killed at any point, it publishes nothing partial.
 
   Args:
-    run_dir: the training run directory.
-    store: the BlockStore to embed.
-    poll_seconds: seconds between polls when there is nothing to build.
-    once: build one index (from the newest checkpoint, waiting for one if there is none, or
-      from `checkpoint_dir`) and return.
-    checkpoint_dir: a checkpoint step directory for the first index (REALM_SPEC 22: the ICT
-      warm start), published as step 0 when the run has no index yet.
-    keep, dtype, batch_size, length_bucket, scann, scann_options, mesh: see `build_index`.
-    stop: an Event that ends the loop at the next poll (for embedding the job in a thread).
+    once: build one index (the newest checkpoint, or `checkpoint_dir`) and return.
+    checkpoint_dir: the first index's checkpoint (REALM_SPEC 22: the ICT warm start), published
+      as step 0 when the run has no index yet.
+    stop: an Event that ends the loop at the next poll (for running the job in a thread).
     on_publish: called with each published path.
-    embed_fn: replaces `embed_blocks` (tests).
 
   Returns:
     The published paths, in order.
-
-  Raises:
-    CheckpointError: `once` with no checkpoint and training already done, or a checkpoint that
-      cannot be read for another reason than being pruned by the trainer meanwhile.
   """
   run_dir = os.path.abspath(os.fspath(run_dir))
   length_bucket = check_length_bucket(length_bucket)  # now, not after waiting for a checkpoint

@@ -1,61 +1,13 @@
 """RETRO's chunk database (Borgeaud et al. 2022): chunks, frozen-BERT keys, neighbours.
 
-RETRO splits the retrieval text into chunks of m = 64 tokens and stores, for each chunk N, its
-key (the frozen BERT's hidden states averaged over the chunk's tokens) and its value [N, F]: the
-chunk and its continuation F, the next m tokens of the same document (r = 2m = 128 tokens). A
-training sequence of n = 2048 tokens is l = n / m = 32 chunks of one document; each chunk
-retrieves its k nearest neighbours (k = 2 in training, more at evaluation) by L2 distance of
-the keys, never from the sequence's own document (otherwise a neighbour would be the very text
-being predicted).
-
-Here the retrieval text is a BlockStore (`realm_jax.data.block_store`): a document's token stream is
-its blocks' body wordpieces concatenated in block order, without [CLS], title or [SEP].
-
-Choices, and why:
-
-* **Chunk length.** `chunk_len` is a parameter; RETRO's is `RETRO_CHUNK_LEN` (64). The toy
-  world's documents are far shorter than RETRO's, and at m = 64 or 32 few hold a chunk and its
-  continuation; at `TOY_CHUNK_LEN` = 16 every one holds a full chunk and most two
-  (docs/toy_settings.md, "RETRO chunk length").
-* **The last, partial chunk of a document is kept, padded with 0** ([PAD], which no text
-  wordpiece is), its real length in `chunk_lengths`. Dropping it would lose 15% of the toy
-  world's tokens at m = 16 (a document's last sentence, often its last fact) and every document
-  shorter than m. Its key averages its real tokens only, so a short chunk's key is the same
-  kind of vector as a full one's. Likewise a continuation is padded with 0 where the document
-  ends, and is all 0 for a document's last chunk.
-* **Keys.** BERT reads `[CLS] chunk [SEP]` (the input shape it was trained on; a bare chunk is
-  out of its distribution), and the key is the mean of the last layer's hidden states over the
-  chunk's real tokens (not the two specials, not the padding), in float32.
-* **L2 search through the inner-product searchers.** RETRO ranks by L2 distance, the project's
-  searchers (`search.make_searcher`) by inner product. The key index stores each key x as
-  [x, -|x|^2 / 2] and a query q is searched as [q, 1]: the inner product is
-  q.x - |x|^2 / 2 = (|q|^2 - |q - x|^2) / 2, so the top inner products are exactly the nearest
-  keys (and a chunk's own key is its own nearest neighbour). Distances are returned as squared
-  L2, up to float32 rounding.
-* **Same-document exclusion is exact.** A query whose document has D chunks in the database
-  asks the searcher for k + D candidates (rounded up to a power of two, to bound the searcher's
-  compilations) and keeps the first k from other documents: at most D candidates are removed,
-  so with exact search these are the true top k among the other documents' chunks, ties by
-  lower chunk id as the searcher orders them. (With ScaNN, as approximate as ScaNN is.)
-
-On disk, one directory published atomically (`fileio.staged_directory`, manifest last, renamed
-into place; a build that fails leaves nothing):
-
-  manifest.json              format, chunk_len, counts, the BlockStore's store_id and vocab
-                             fingerprint, the key model, the key index's sha256, and
-                             {"bytes", "sha256"} of every array file
-  chunk_tokens.npy           [num_chunks, chunk_len] the BlockStore's token dtype (uint16 for
-                             BERT's vocabulary), padded with 0
-  continuation_tokens.npy    [num_chunks, chunk_len] the next chunk_len tokens of the document
-  chunk_lengths.npy          [num_chunks] int32 real tokens of the chunk, 1..chunk_len
-  doc_ids.npy                [num_chunks] int64 the BlockStore document of the chunk; a
-                             document's chunks are consecutive rows, in text order
-  index/0/                   the keys as a published index (`index.store`, step 0: a frozen
-                             model): embeddings.npy [num_chunks, hidden + 1] float32, row i
-                             [key_i, -|key_i|^2 / 2]; optional scann/ artifacts
-
-All arrays load memory-mapped; `ChunkDatabase.open` checks sizes and sha256s (as the BlockStore
-and the index do) and refuses a corrupt or incomplete directory, naming the file.
+RETRO splits the retrieval text into chunks of m tokens (64) and stores for each its key (the
+frozen BERT's hidden states averaged over the chunk, BERT reading `[CLS] chunk [SEP]`) and its
+value: the chunk and its continuation, r = 2m tokens. Each chunk of a training sequence
+retrieves its k nearest neighbours by L2 distance of the keys, never from the sequence's own
+document. Here a document's text is its BlockStore blocks' bodies back to back; a last,
+partial chunk is kept, padded with 0. L2 search goes through the inner-product searchers (rows
+[x, -|x|^2 / 2], queries [q, 1]). The database is one directory published atomically and
+verified on open. Choices, the on-disk layout: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -330,10 +282,8 @@ def chunk_keys(params: Mapping[str, Any], config: BertConfig, tokens: np.ndarray
   Args:
     params: BertModel params (or a tree with them under "bert", see `bert_params_of`).
     config: the BERT's config; computed in float32 whatever its `dtype`.
-    tokens: [n, m] chunk tokens.
-    lengths: [n] real tokens per chunk, 1..m.
-    batch_size: chunks per jitted call (rounded up to a multiple of the devices); the last
-      batch is padded with copies of its last chunk, whose rows are dropped.
+    tokens, lengths: [n, m] chunk tokens and [n] real tokens per chunk, 1..m.
+    batch_size: chunks per jitted call (rounded up to a multiple of the devices).
     mesh: a 1-D mesh with axis "data"; default: all local devices.
 
   Returns:
@@ -377,7 +327,7 @@ def chunk_keys(params: Mapping[str, Any], config: BertConfig, tokens: np.ndarray
 
 def index_vectors(keys: np.ndarray) -> np.ndarray:
   """[n, d + 1] float32 rows [key, -|key|^2 / 2] of [n, d] keys: the key index's rows, whose
-  inner product with `query_vectors` ranks by L2 distance (see the module docstring)."""
+  inner product with `query_vectors` ranks by L2 distance (the module docstring)."""
   keys = np.asarray(keys, np.float32)  # [n, d]
   half_norm = -0.5 * np.square(keys.astype(np.float64)).sum(axis=1, keepdims=True)  # [n, 1]
   return np.concatenate([keys, half_norm.astype(np.float32)], axis=1)
@@ -423,24 +373,13 @@ def build_chunk_database(store: BlockStore, dest: str, params: Mapping[str, Any]
   memory-mapped staging files), so memory holds one slab, not the corpus.
 
   Args:
-    store: the BlockStore (its documents' blocks consecutive, as built).
-    dest: the database directory (must not exist unless `overwrite`).
-    params: the frozen BERT's params (BertModel params or a tree with them under "bert").
-    config: the BERT's config.
+    params, config: the frozen BERT (BertModel params or a tree with them under "bert").
     chunk_len: m (RETRO: 64; the toy world: TOY_CHUNK_LEN).
     doc_range: (start, end) document ids to include; default: every document.
-    batch_size: chunks per jitted BERT call.
-    mesh: a 1-D "data" mesh for the BERT; default: all local devices.
     model: description of the BERT (its directory, say), for the manifests.
     scann_builder: `fn(scann_dir, index_rows) -> dict` writing ScaNN artifacts for the key
       index (e.g. `search.build_scann_artifacts`); none by default (exact search needs none).
     overwrite: replace an existing database at `dest`.
-
-  Returns:
-    `dest`.
-
-  Raises:
-    ChunkDatabaseError: `dest` taken, a BlockStore not in document order, or an empty range.
   """
   chunk_len = _check_chunk_len(chunk_len)
   dest = os.path.abspath(os.fspath(dest))
@@ -534,13 +473,10 @@ def build_chunk_database(store: BlockStore, dest: str, params: Mapping[str, Any]
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class ChunkDatabase:
-  """A verified, loaded chunk database (see the module docstring for the layout).
+  """A verified, loaded chunk database (layout: docs/design/data_index_batches.md).
 
   Attributes:
-    path: the directory.
-    manifest: the parsed manifest.json.
-    chunk_tokens: [num_chunks, chunk_len] memmap.
-    continuation_tokens: [num_chunks, chunk_len] memmap.
+    chunk_tokens, continuation_tokens: [num_chunks, chunk_len] memmaps.
     chunk_lengths: [num_chunks] int32 memmap.
     doc_ids: [num_chunks] int64 memmap, non-decreasing.
     index: the key index, rows [key, -|key|^2 / 2].
@@ -557,17 +493,12 @@ class ChunkDatabase:
   @classmethod
   def open(cls, path: str, *, verify: Union[bool, str] = True,
            block_store_id: Optional[str] = None, mmap: bool = True) -> "ChunkDatabase":
-    """Opens a published chunk database, refusing anything incomplete, corrupt or unexpected.
+    """Opens a published chunk database, refusing anything incomplete, corrupt or unexpected
+    (ChunkDatabaseError, its message starting with `path`).
 
-    Args:
-      path: the directory.
-      verify: True re-hashes every file (arrays and key index) against the manifests; "fast"
-        checks sizes only; False neither (shapes and dtypes are always checked).
-      block_store_id: if given, the database must have been built from this BlockStore.
-      mmap: map the arrays read-only instead of reading them into memory.
-
-    Raises:
-      ChunkDatabaseError: the message starts with `path` and names the file or field.
+    `verify`: True re-hashes every file against the manifests, "fast" checks sizes only, False
+    neither (shapes and dtypes are always checked). `block_store_id`, if given, must be the
+    BlockStore it was built from. `mmap`: map the arrays read-only.
     """
     path = os.fspath(path)
     if fileio.private_owner(os.path.basename(os.path.normpath(path)),
@@ -608,22 +539,15 @@ class ChunkDatabase:
   def neighbours(self, searcher: Any, query_keys: np.ndarray, k: int, *,
                  exclude_doc_ids: Optional[np.ndarray] = None
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest chunks (L2 distance of the keys) of each query key.
+    """The k nearest chunks (L2 distance of the keys) of each query key ([q, hidden]).
 
-    Args:
-      searcher: from `searcher()`.
-      query_keys: [q, hidden] keys (e.g. `keys[ids]`, or `chunk_keys` of other text).
-      k: neighbours per query.
-      exclude_doc_ids: [q] a document whose chunks the query must not get (RETRO: the training
-        sequence's own); -1 excludes nothing. None: nothing excluded.
+    `exclude_doc_ids`: [q] a document whose chunks the query must not get (RETRO: the training
+    sequence's own; -1: none). Exact search with exclusion returns the true k nearest among the
+    other documents' chunks.
 
     Returns:
       (squared L2 distances [q, k] float32, chunk ids [q, k] int32), nearest first; ties by
-      lower chunk id (exact search). Exact search with exclusion returns the true k nearest
-      among the other documents' chunks.
-
-    Raises:
-      ValueError: fewer than k chunks outside an excluded document.
+      lower chunk id (exact search).
     """
     query_keys = np.asarray(query_keys, np.float32)  # [q, hidden]
     queries = query_vectors(query_keys)  # [q, hidden + 1]
@@ -641,15 +565,9 @@ class ChunkDatabase:
                           k: int = RETRO_TRAIN_NEIGHBOURS, *,
                           exclude_same_document: bool = True
                           ) -> tuple[np.ndarray, np.ndarray]:
-    """Neighbours of every chunk of training sequences taken from this database.
-
-    Args:
-      searcher: from `searcher()`.
-      starts: [s] first chunk id of each sequence; sequence i is chunks starts[i] ..
-        starts[i] + num_chunks - 1, all of one document (`training_sequences` makes them).
-      num_chunks: l, chunks per sequence (n = l * chunk_len tokens).
-      k: neighbours per chunk (RETRO: 2 in training).
-      exclude_same_document: RETRO's rule: no neighbour from the sequence's document.
+    """Neighbours of every chunk of training sequences taken from this database: sequence i is
+    chunks starts[i] .. starts[i] + num_chunks - 1 of one document (`training_sequences`), each
+    chunk getting k neighbours, none from its document with `exclude_same_document`.
 
     Returns:
       (squared L2 distances [s, l, k] float32, chunk ids [s, l, k] int32).
@@ -793,18 +711,13 @@ def search_excluding_documents(searcher: Any, queries: np.ndarray, exclude_doc_i
   searcher is, since at most D of the true top k + D are removed.
 
   Args:
-    searcher: anything with `search(queries, k) -> (scores, ids)` and `num_docs`.
     queries: [q, dim] query rows (`query_vectors`).
     exclude_doc_ids: [q] the document each query must not get (-1: none).
     doc_ids: [C] non-decreasing document of each indexed row.
-    k: results per query.
 
   Returns:
     (scores [q, k] float32, ids [q, k] int32), best first; -1 / -inf where an approximate
     searcher returned too few.
-
-  Raises:
-    ValueError: a query whose document leaves fewer than k other chunks.
   """
   queries = np.asarray(queries, np.float32)  # [q, dim]
   exclude = np.asarray(exclude_doc_ids, np.int64).reshape(-1)  # [q]

@@ -1,18 +1,12 @@
 """Over-retrieval with re-ranking (Atlas, Izacard et al. 2022, sec. 2.4): a stale index's beam
 re-scored and re-ordered with the live document tower.
 
-When fine-tuning trains the document tower and the index is not refreshed (or between
-refreshes), the index ranks blocks by embeddings the tower no longer computes. Atlas's cheaper
-option: retrieve L > K blocks from the stale index, re-embed those L with the current document
-tower, re-score them against the question and give the reader the best K. It helps when the
-true top K lie in the stale top L.
-
-* `rerank_beam`: the pure step, NumPy over given live embeddings (tests compare it against a
-  hand-worked example).
-* `rerank_with_document_tower`: embeds the beam's first L blocks with retriever params
-  (`builder.embed_block_ids`, the index builder's jitted document tower, eval mode) and calls
-  `rerank_beam`. The fine-tuning batches (`batches.fid.FidBatches`) and the evaluation's
-  predictor (`evaluation.qa.Predictor`) both re-rank through it.
+When fine-tuning trains the document tower without refreshing the index, the index ranks blocks
+by embeddings the tower no longer computes. Atlas's cheaper option: retrieve L > K blocks,
+re-embed those L with the current tower, re-score them and give the reader the best K.
+`rerank_beam` is the pure NumPy step; `rerank_with_document_tower` embeds the beam's first L
+blocks (`builder.embed_block_ids`) and calls it, for `batches.fid.FidBatches` and
+`evaluation.qa.Predictor`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Retrieval from a published index with the query tower of the index's own checkpoint.
 
-REALM_SPEC 21: an index is one snapshot. The document matrix of an index and the query embedder
-that searches it come from the same checkpoint, so retrieval must not use the live trainer
-parameters. `IndexRetriever` holds (index step, that checkpoint's query tower, a searcher over
-the index's embeddings); `make_index_loader` is the `load_fn` that gives `IndexWatcher` one
-IndexRetriever per published index, and the watcher swaps them at step boundaries:
+REALM_SPEC 21: an index is one snapshot, searched with its own checkpoint's query tower, never
+the live trainer's. `IndexRetriever` holds (index step, that tower, a searcher);
+`make_index_loader` is `IndexWatcher`'s `load_fn`, which swaps them at step boundaries:
 
     watcher = IndexWatcher(run_dir, load_fn=make_index_loader(run_dir, config),
                            block_store_id=store.store_id, dim=config.proj_size)
     watcher.start()
-    batches = PretrainingBatches(masked_query_batches("toy", batch_size=...), store,
-                                 retriever=watcher)  # reads watcher.current per batch
+    batches = PretrainingBatches(masked, store, retriever=watcher)  # watcher.current per batch
     for step in range(start_step, num_steps):
       watcher.maybe_swap(step)          # the step boundary: maybe a newer snapshot
-      batch = next(batches)             # retrieved with watcher.current; records its step
+      batch = next(batches)
 
-(`PretrainingBatches` and `masked_query_batches`: `realm_jax.batches.pretraining_batches`.)
-Open-QA fine-tuning searches the same way with the live question tower instead
-(`IndexRetriever.set_query_params`). `Retriever` is what the batches retrieve with;
-`FunctionRetriever` makes one of a plain function.
+Open-QA fine-tuning searches with the live question tower (`IndexRetriever.set_query_params`).
 """
 
 from __future__ import annotations
@@ -79,18 +73,9 @@ class FunctionRetriever:
 
 
 def query_tower_params(params: Mapping[str, Any], config: RealmConfig) -> dict:
-  """The retriever params `embed_queries` needs: the query tower only.
-
-  Args:
-    params: RealmRetriever params ({"embedder"} tied or {"query_embedder",
-      "document_embedder"} untied), optionally wrapped as {"params": ...} and/or
-      {"retriever": ...} (a checkpoint's parameter dict).
-    config: the model config.
-
-  Returns:
-    {"embedder": ...} (tied) or {"query_embedder": ...} (untied): a RealmRetriever param tree
-    that `RealmRetriever.embed_queries` can apply. The untied document tower is left out, so an
-    index holds one tower on the devices, not two.
+  """The retriever params `embed_queries` needs: {"embedder": ...} (tied) or {"query_embedder":
+  ...} (untied), from any layout `builder.document_tower_params` accepts. The untied document
+  tower is left out, so an index holds one tower on the devices, not two.
   """
   name, tower = retriever_lib.tower_params(params, config, "query")
   return {name: tower}
@@ -127,14 +112,8 @@ class IndexRetriever:
 
   Queries are embedded with the jitted `RealmRetriever.embed_queries` of the params the index's
   documents were embedded with (never the live trainer params), batch-sharded over the mesh,
-  then searched for the top k by inner product.
-
-  Attributes:
-    step: checkpoint step of the index.
-    index: the LoadedIndex.
-    block_store_id: the BlockStore the index embeds.
-    searcher: the search backend (`ExactSearcher` by default).
-    mesh: the devices the query tower (and the exact searcher) run on.
+  then searched for the top k by inner product. Attributes: `step`, `index` (the LoadedIndex),
+  `block_store_id`, `searcher` (`ExactSearcher` by default), `mesh`.
   """
 
   def __init__(self, loaded_index: store_lib.LoadedIndex, query_params: Mapping[str, Any],
@@ -143,19 +122,12 @@ class IndexRetriever:
     """Places the query tower and the index on the devices.
 
     Args:
-      loaded_index: the published index (`store.load_index`).
       query_params: the retriever params of the checkpoint the index was built from (any
         layout `query_tower_params` accepts).
-      config: the model config.
-      mesh: a 1-D mesh for the query tower and the exact searcher; default: this host's devices
-        (`local_query_mesh`).
-      backend: "exact" or "scann" (`search.make_searcher`; ScaNN loads the index's artifacts
-        when it has them).
+      mesh: a 1-D mesh for the query tower and the exact searcher; default `local_query_mesh`.
+      backend: "exact" or "scann" (`search.make_searcher`; ScaNN loads the index's artifacts).
       searcher: use this searcher instead of building one.
       **searcher_kwargs: passed to the searcher (e.g. query_batch_size, precision).
-
-    Raises:
-      ValueError: the index's dimension is not the config's proj_size.
     """
     if loaded_index.dim != config.proj_size:
       raise ValueError(f"{loaded_index.path}: index embeddings have dim {loaded_index.dim} but "
@@ -234,18 +206,10 @@ class IndexRetriever:
 
 def index_checkpoint_dir(run_dir: str, loaded_index: store_lib.LoadedIndex, *,
                          first_checkpoint_dir: Optional[str] = None) -> str:
-  """The checkpoint step directory whose parameters built an index.
-
-  Looked up in this order:
-    1. the manifest's "checkpoint" field, when it names an existing directory: the builder
-       records the absolute step directory it embedded (`<run_dir>/checkpoints/<step>` for a
-       refresh, the ICT run's `checkpoints/<step>` for the first index, REALM_SPEC 22);
-    2. `first_checkpoint_dir`, for the first index (step 0) only, e.g. when the run
-       directories were moved since the index was built;
-    3. `<run_dir>/checkpoints/<index step>`, the trainer's own checkpoint of that step.
-
-  Raises:
-    CheckpointError: none of them exists.
+  """The checkpoint step directory whose parameters built an index: the manifest's "checkpoint"
+  when it exists (REALM_SPEC 22: the ICT run's for the first index); else `first_checkpoint_dir`
+  for step 0 (moved run directories); else `<run_dir>/checkpoints/<index step>`.
+  CheckpointError when none exists.
   """
   recorded = str(loaded_index.manifest.get("checkpoint") or "")
   tried = []
@@ -303,28 +267,13 @@ def index_query_tower(loaded_index: store_lib.LoadedIndex, config: RealmConfig
 def make_index_loader(run_dir: str, config: RealmConfig, *, mesh: Optional[Mesh] = None,
                       first_checkpoint_dir: Optional[str] = None, backend: str = "exact",
                       **searcher_kwargs) -> Callable[[store_lib.LoadedIndex], IndexRetriever]:
-  """The `load_fn` for `IndexWatcher`: an index plus the query tower of its checkpoint.
+  """The `load_fn` for `IndexWatcher`: `load_fn(loaded_index) -> IndexRetriever`.
 
-  For each loaded index, takes the query tower published with it (`index_query_tower`: the
-  checkpoint it was built from may be pruned by now). For an index without one, finds the
-  checkpoint it was built from (`index_checkpoint_dir`: the manifest's "checkpoint" path
-  first), restores that checkpoint's params on the host, checks
-  that it is the model size of this run and the step the builder recorded (the manifest's
-  `extra["checkpoint_step"]`, when present), and returns an `IndexRetriever` with
-  `params["retriever"]`'s query tower. Runs on the watcher's background thread for refreshes; a
-  failure (e.g. the checkpoint was pruned meanwhile) is logged by the watcher, which keeps the
-  index it has.
-
-  Args:
-    run_dir: the training run directory.
-    config: this run's model config (a checkpoint of another size is a one-line error).
-    mesh: see `IndexRetriever`.
-    first_checkpoint_dir: the ICT warm-start checkpoint step directory, used for index step 0
-      when the manifest's path does not exist.
-    backend, **searcher_kwargs: see `IndexRetriever`.
-
-  Returns:
-    `load_fn(loaded_index) -> IndexRetriever`.
+  The query tower is the one published with the index (`index_query_tower`); for an index
+  without one, that of the checkpoint it was built from (`index_checkpoint_dir`), checked to be
+  this run's model size and the step the builder recorded. Runs on the watcher's background
+  thread; a failure is logged by the watcher, which keeps the index it has. `config` is this
+  run's model config; `first_checkpoint_dir` the ICT warm start's, for index step 0.
   """
 
   def load(loaded: store_lib.LoadedIndex) -> IndexRetriever:

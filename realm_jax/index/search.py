@@ -1,24 +1,13 @@
 """Maximum inner product search over the block embeddings: one interface, two backends.
 
 REALM retrieves the top-k blocks by the inner product of a query embedding with every block
-embedding (REALM_SPEC 23). Two backends answer the same call,
+embedding (REALM_SPEC 23). Both backends answer
 `searcher.search(queries, k) -> (scores [num_queries, k] float32, ids [num_queries, k] int32)`:
-
-* `"exact"` (`ExactSearcher`): brute-force matmul + top-k on the accelerator, as the authors'
-  release does ("sufficiently fast to reproduce our results"). The embedding matrix is sharded
-  along the documents over a mesh axis; each shard scores one batch of queries against its
-  documents and keeps its local top-k, and a global merge (all-gather of the shards' k candidates,
-  top-k over shards * k) gives the answer. Exact, and gives slightly higher EM than ScaNN.
-* `"scann"` (`ScannSearcher`): a ScaNN tree + asymmetric-hashing searcher on the host, as the
-  ORQA fine-tuning code builds it (`tree(1000 leaves, search 100)` + `score_ah(2)`, no
-  reordering); reordering and the other knobs are exposed. Built from the published embedding
-  matrix and serialized next to it, so a trainer loads it instead of rebuilding.
-
-Ties (equal scores) resolve to the LOWER document id in both the exact backend and the tests'
-NumPy reference; ScaNN is approximate and makes no such promise.
-
-`make_searcher(backend, embeddings, ...)` picks a backend by name from `SEARCHERS`. ScaNN (which
-imports TensorFlow) is imported only when a ScaNN searcher is built or loaded.
+"exact" (`ExactSearcher`: a sharded matmul + top-k on the accelerator, as the authors' release)
+and "scann" (`ScannSearcher`: ORQA's ScaNN tree + asymmetric hashing on the host, serialized
+next to the index). Ties resolve to the lower document id in the exact backend; ScaNN makes no
+such promise. `make_searcher` picks a backend by name; ScaNN (and TensorFlow) is imported only
+when used. More: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -86,26 +75,11 @@ def _next_power_of_two(n: int) -> int:
 class ExactSearcher:
   """Exact top-k inner-product search, the embedding matrix sharded over a mesh axis.
 
-  Layout: the [num_docs, dim] matrix is padded to `num_shards * shard_docs` rows and split along
-  the documents over `mesh.shape[docs_axis]` shards (replicated over any other mesh axes). A query
-  batch is replicated to every device. Inside `shard_map` each shard computes
-  `scores = einsum("qd,nd->qn")` in float32, masks padding rows to -inf, keeps its local top-k and
-  offsets the local ids to global ids; the shards' candidates are all-gathered and a top-k over
-  `num_shards * k` gives the answer. Device memory per device: the embedding shard plus one query
-  batch's scores, `query_batch_size * shard_docs * 4` bytes (lower `query_batch_size` for huge
-  shards).
-
-  Ties: equal scores resolve to the lower document id. `jax.lax.top_k` returns the lower index
-  first among equal values; shard s holds the contiguous id range [s * shard_docs, (s+1) *
-  shard_docs), its candidates are ordered by (score desc, id asc), and the all-gather lays the
-  shards out in shard order, so in the merged candidate list position order equals id order among
-  equal scores, and the stable merge keeps the lower id. The same holds on 1 device or N shards.
-
-  With a mesh spanning several processes, every process calls `search` with the same queries
-  (SPMD), and every process gets the full answer.
-
-  Queries are cast to the embedding dtype before the matmul (bfloat16 x bfloat16 with float32
-  accumulation is the accelerator's fast path, and it avoids a float32 copy of the shard).
+  The [num_docs, dim] matrix is padded and split along the documents over `mesh.shape[docs_axis]`
+  shards; each shard scores a replicated query batch in float32, keeps its local top-k, and a
+  top-k over the all-gathered candidates gives the answer (on every process, SPMD). Equal scores
+  resolve to the lower document id, on 1 device or N shards. Device memory: the shard plus
+  `query_batch_size * shard_docs * 4` bytes of scores. Queries are cast to the embedding dtype.
   """
 
   def __init__(self, embeddings: Any, *, mesh: Mesh | None = None, docs_axis: str = "docs",
@@ -113,17 +87,12 @@ class ExactSearcher:
     """Places the embedding matrix on the mesh.
 
     Args:
-      embeddings: [num_docs, dim] NumPy or JAX array, float32 or bfloat16 (other floats are cast
-        to float32).
-      mesh: the devices to shard over. Default: all local devices in one axis named `docs_axis`.
-        A 1-device mesh is the degenerate case and runs the same code.
-      docs_axis: the mesh axis the documents are sharded over.
-      query_batch_size: queries scored per step; the last batch is padded. Fewer queries than
-        this use the next power of two, so small calls stay cheap and compile a bounded number
-        of times.
-      precision: matmul precision passed to the einsum. "highest" keeps float32 scores exact on
-        TPU (which would otherwise use bfloat16 passes) and on GPUs (TF32); "default" is faster
-        there. No effect for bfloat16 embeddings or on CPU.
+      embeddings: [num_docs, dim] NumPy or JAX array, float32 or bfloat16 (other floats: float32).
+      mesh: the devices to shard over; default all local devices in one axis named `docs_axis`.
+      query_batch_size: queries scored per step; fewer queries use the next power of two, so
+        small calls stay cheap and compile a bounded number of times.
+      precision: the einsum's; "highest" keeps float32 scores exact on TPU and GPU (TF32),
+        "default" is faster there. No effect for bfloat16 embeddings or on CPU.
     """
     embeddings = _to_float_matrix(embeddings)
     if mesh is None:
@@ -193,7 +162,8 @@ class ExactSearcher:
       scores = jnp.where(doc_ids[None, :] < num_docs, scores, -jnp.inf)  # padding never wins
       local_scores, local_idx = jax.lax.top_k(scores, local_k)  # [batch, local_k]
       local_ids = local_idx.astype(jnp.int32) + first_id  # [batch, local_k] global ids
-      # Shards are concatenated in shard order = id order, which keeps the tie rule (see class).
+      # Shards are concatenated in shard order = id order, which keeps the tie rule (the lower
+      # id among equal scores: top_k keeps the lower index first).
       # to="invarying": every device holds the same candidates, so the result is replicated.
       cand_scores = jax.lax.all_gather(local_scores, docs_axis, axis=1, tiled=True, to="invarying")
       cand_ids = jax.lax.all_gather(local_ids, docs_axis, axis=1, tiled=True, to="invarying")
@@ -214,18 +184,11 @@ class ExactSearcher:
     return min(self.query_batch_size, _next_power_of_two(num_queries))
 
   def search(self, queries: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k documents by inner product for each query.
-
-    Args:
-      queries: [num_queries, dim] NumPy or JAX array.
-      k: number of results per query, 1 <= k <= num_docs.
+    """Top-k documents by inner product for each query ([num_queries, dim], 1 <= k <= num_docs).
 
     Returns:
       (scores [num_queries, k] float32, ids [num_queries, k] int32) as NumPy, best first; equal
       scores are ordered by ascending id.
-
-    Raises:
-      ValueError: k out of range, or queries of the wrong shape.
     """
     queries = _check_queries(queries, self.dim)
     k = _check_k(k, self.num_docs)
@@ -261,13 +224,9 @@ def _import_scann():
 
 def default_scann_params(num_docs: int, *, num_leaves: int | None = None,
                          num_leaves_to_search: int | None = None) -> tuple[int, int]:
-  """ORQA's tree sizes (1000 leaves, 100 searched), capped for small corpora.
-
-  A leaf needs enough points for k-means to place it (ScaNN's min partition size is 50), so the
-  default is min(1000, sqrt(num_docs)) leaves, and a tenth of them searched as ORQA.
-
-  Returns:
-    (num_leaves, num_leaves_to_search).
+  """ORQA's tree sizes (1000 leaves, 100 searched), capped for small corpora: a leaf needs enough
+  points for k-means (ScaNN's min partition size is 50), so min(1000, sqrt(num_docs)) leaves, a
+  tenth of them searched. Returns (num_leaves, num_leaves_to_search).
   """
   if num_leaves is None:
     num_leaves = min(_ORQA_NUM_LEAVES, max(1, int(math.sqrt(num_docs))))
@@ -327,29 +286,13 @@ def build_scann_artifacts(directory: str, embeddings: Any, *, num_leaves: int | 
                           reorder: int = 0) -> dict:
   """Builds a ScaNN dot-product searcher over `embeddings` and serializes it into `directory`.
 
-  The configuration is ORQA's: `tree(num_leaves, num_leaves_to_search, training_sample_size)` +
-  `score_ah(dims_per_block)`, with `reorder(n)` added when `reorder > 0` (ORQA does not reorder).
-  ORQA passes no anisotropic threshold (plain AH); the default here is ScaNN's recommended 0.2,
-  which scores inner products better. Pass None for ORQA's exact setting.
-
-  Artifacts are written with relative paths, so the directory can be built in a staging place
-  and atomically renamed into the published index. A `realm_scann_params.json` records the
-  parameters next to ScaNN's files.
-
-  Args:
-    directory: where to write (created if missing; should be empty).
-    embeddings: [num_docs, dim] float32 (or bfloat16, upcast) matrix.
-    num_leaves: tree leaves; default min(1000, sqrt(num_docs)).
-    num_leaves_to_search: leaves searched per query; default max(1, num_leaves // 10).
-    training_sample_size: points sampled to train the tree and the AH codebooks.
-    dims_per_block: dimensions per AH block (ORQA: 2).
-    anisotropic_quantization_threshold: score-aware quantization threshold; None = off (ORQA).
-    reorder: exact re-scoring of this many AH candidates; 0 = off (ORQA).
+  ORQA's configuration, `tree(num_leaves, num_leaves_to_search, training_sample_size)` +
+  `score_ah(dims_per_block)`, with `reorder(n)` when `reorder > 0` (ORQA: 0) and ScaNN's
+  recommended anisotropic threshold 0.2 by default (None: ORQA's plain AH). Relative paths, so
+  the directory can be staged and renamed; `realm_scann_params.json` records the parameters.
 
   Returns:
-    The parameters used (for the index manifest): backend, distance_measure, num_docs, dim,
-    num_leaves, num_leaves_to_search, training_sample_size, dims_per_block,
-    anisotropic_quantization_threshold, reorder, build_seconds.
+    The parameters used (for the index manifest), with build_seconds.
   """
   searcher = ScannSearcher.build(
       embeddings, num_leaves=num_leaves, num_leaves_to_search=num_leaves_to_search,

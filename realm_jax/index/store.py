@@ -1,59 +1,14 @@
 """The published-index format: one snapshot of the document embeddings, committed atomically.
 
 REALM_SPEC 20-21: a separate job re-embeds the whole BlockStore from one trainer checkpoint and
-commits the result atomically (write a staging directory, then rename it into place); the trainer
-swaps it in at a step boundary and records which index chose its candidates. This module is that
-format and its protocol; the builder loop (`index/builder.py`) and the trainer's watcher
-(`index/swap.py`) are written against it.
-
-On disk, under a run directory:
-
-  <run_dir>/index/<step>/            one published index; <step> = the checkpoint step, decimal
-    embeddings.npy                   [num_blocks, dim] float32, or bfloat16 stored as its uint16
-                                     bit pattern (plain .npy readers see uint16; the manifest says
-                                     "bfloat16" and `load_index` returns an ml_dtypes.bfloat16
-                                     view). Row i embeds block i of the BlockStore.
-    scann/                           optional ScaNN artifacts, written by a `scann_builder`
-    query_tower.msgpack              optional (`QUERY_TOWER`): the query tower of the checkpoint
-                                     the embeddings come from (flax msgpack), so the index can be
-                                     searched after the trainer has pruned that checkpoint
-    manifest.json                    written last; its presence marks a complete index
-  <run_dir>/index/.staging-<step>-<host>-<pid>-<random>/   a publish in progress (never loaded)
-  <run_dir>/index/.trash-<step>-<host>-<pid>-<random>/     a pruned index being deleted
-
-manifest.json:
-
-  format, format_version   "realm_jax.Index", 1
-  step                     checkpoint step the embeddings were computed from (= directory name)
-  checkpoint               path or description of that checkpoint
-  block_store_id           `BlockStore.store_id` of the corpus that was embedded
-  num_blocks, dim, dtype   shape and dtype ("float32" | "bfloat16") of the embedding matrix
-  sha256                   sha256 of embeddings.npy (the whole file, header included)
-  files                    {relative path: {"sha256", "bytes"}} for embeddings.npy, every
-                           file under scann/ and query_tower.msgpack
-  scann                    dict returned by the scann_builder (only when there was one)
-  build_seconds            time the builder spent (embedding + writing), as it reports it
-  created                  UTC ISO-8601 time of publishing
-  published_unix           time.time() when published; staleness in seconds is measured from it
-  extra                    free-form JSON dict from the builder ({} by default)
-  writer                   host, pid, python and numpy versions of the publishing process
-
-Protocol (`IndexWriter` / `publish_index`): stale staging directories of dead processes on this
-host are removed; the embeddings are written into a fresh staging directory (streamed row chunks
-into an `open_memmap`, so a builder never holds two copies of a 6.8 GB matrix), flushed, fsynced
-and hashed; an optional `scann_builder` writes into `scann/`; every file and directory is
-fsynced; the manifest is written last (temp file + rename); the staging directory is re-opened
-and checked like any reader would; then it is renamed to `index/<step>` and the parent directory
-is fsynced. A publish killed at any point leaves at most a `.staging-*` directory, which is
-never listed or loaded and is removed by the next publish. Old indexes are pruned by first
-renaming them to `.trash-*` (so a half-deleted index is never listed), then deleting.
-
-Publishing a step that is already published: if the existing index has the same embeddings
-sha256 and the same block_store_id it is the same snapshot (a restarted builder re-embedding the
-checkpoint it had already published before dying), so the publish is a no-op that returns the
-existing path (any ScaNN artifacts of the existing one are kept). Anything else raises
-`IndexExistsError`: a published index is immutable, two different matrices under one step would
-make the recorded index step meaningless.
+commits the result atomically; the trainer swaps it in at a step boundary and records which
+index chose its candidates. This module is that format (`<run_dir>/index/<step>/`:
+embeddings.npy, optional scann/ and query_tower.msgpack, manifest.json written last) and its
+protocol (`IndexWriter`, `publish_index`: staging directory, fsync, hash, rename into place;
+`load_index` verifies; `prune_indexes`). A published index is immutable: republishing the same
+snapshot is a no-op, anything else `IndexExistsError`. The builder (`index/builder.py`) and
+the trainer's watcher (`index/swap.py`) are written against it. Layout, manifest fields and the
+protocol step by step: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -138,14 +93,8 @@ def _check_step(step) -> int:
 
 
 def index_dir(run_dir: str, step: int) -> str:
-  """Path of the index published for checkpoint `step`: `<run_dir>/index/<step>`.
-
-  Args:
-    run_dir: the training run directory.
-    step: checkpoint step (non-negative int).
-
-  Returns:
-    The path (whether or not it exists).
+  """Path of the index published for checkpoint `step` (whether or not it exists):
+  `<run_dir>/index/<step>`.
   """
   return os.path.join(index_root(run_dir), str(_check_step(step)))
 
@@ -165,17 +114,9 @@ def _normalize_dtype(dtype) -> str:
 
 
 def clean_stale_staging(run_dir: str) -> list[str]:
-  """Removes `.staging-*` / `.trash-*` directories left in `<run_dir>/index` by dead processes.
-
-  Only directories of this host whose process is gone (or this process's own, when no writer of
-  this process is using them) are removed: those of live publishes, or of other hosts sharing
-  the filesystem (whose pids mean nothing here), are left alone.
-
-  Args:
-    run_dir: the training run directory.
-
-  Returns:
-    The removed paths.
+  """Removes `.staging-*` / `.trash-*` directories left in `<run_dir>/index` by dead processes and
+  returns their paths. Only this host's whose process is gone (or this process's own, unused)
+  go: live publishes and other hosts' (whose pids mean nothing here) are left alone.
   """
   return fileio.remove_stale(index_root(run_dir), _PRIVATE_PATTERN)
 
@@ -226,18 +167,11 @@ def _read_manifest(path: str) -> dict:
 
 
 def list_indexes(run_dir: str) -> list[int]:
-  """Steps of the complete published indexes of a run, ascending.
+  """Steps of the complete published indexes of a run, ascending ([] without `<run_dir>/index`).
 
-  A directory is listed when its name is a decimal step and it holds a readable manifest of this
-  format for that step. Files are not re-hashed here (that is `load_index(verify=True)`), so a
-  listed index can still fail to load if it was damaged after publishing. Staging and trash
-  directories are never listed.
-
-  Args:
-    run_dir: the training run directory.
-
-  Returns:
-    Sorted list of steps ([] if `<run_dir>/index` does not exist).
+  Listed: a decimal step directory with a readable manifest of this format for that step. Files
+  are not re-hashed (that is `load_index(verify=True)`); staging and trash directories never
+  appear.
   """
   steps = []
   for step, path in fileio.numbered_dirs(index_root(run_dir)):
@@ -314,21 +248,13 @@ def load_index(path: str, *, block_store_id: Optional[str] = None,
 
   Args:
     path: an index directory (`index_dir(run_dir, step)`).
-    block_store_id: if given, the index must embed this BlockStore (`BlockStore.store_id`).
-    num_blocks: if given, the expected number of rows (the BlockStore's num_blocks).
-    dim: if given, the expected embedding dimension.
-    dtype: if given, the expected dtype ("float32" or "bfloat16").
+    block_store_id, num_blocks, dim, dtype: if given, what the index must have.
     verify: True re-hashes every file against the manifest (reads everything once); "fast"
       checks file sizes only; False checks neither (shape and dtype are always checked).
     mmap: map embeddings.npy read-only instead of reading it into memory.
 
-  Returns:
-    A LoadedIndex.
-
   Raises:
-    IndexLoadError: the message starts with `path` and names the problem: a staging directory,
-      a missing manifest or file, a checksum or size mismatch, or a num_blocks/dim/dtype/
-      block_store_id different from what was asked for.
+    IndexLoadError: the message starts with `path` and names the problem.
   """
   return _load(os.fspath(path), block_store_id=block_store_id, num_blocks=num_blocks, dim=dim,
                dtype=dtype, verify=verify, mmap=mmap, allow_staging=False)
@@ -419,10 +345,9 @@ def _json_dict(value, what: str) -> dict:
 class IndexWriter:
   """Streams an embedding matrix into a staging directory and publishes it (`commit`).
 
-  For builders that embed the corpus in batches: rows go straight into a memory-mapped
-  embeddings.npy, so the full matrix is never held twice. Use as a context manager, or call
-  `abort()` on failure: a writer that is not committed leaves nothing published (its staging
-  directory is removed, or, if the process dies, cleaned by the next publish).
+  Rows go straight into a memory-mapped embeddings.npy, so the full matrix is never held
+  twice. Use as a context manager, or call `abort()` on failure: an uncommitted writer publishes
+  nothing.
 
     with IndexWriter(run_dir, step, store.num_blocks, 128, "bfloat16") as writer:
       for start, rows in batches:
@@ -432,14 +357,9 @@ class IndexWriter:
 
   def __init__(self, run_dir: str, step: int, num_blocks: int, dim: int,
                dtype: Union[str, np.dtype] = "float32"):
-    """Creates the staging directory and the (zero-filled, sparse) embeddings file.
-
-    Args:
-      run_dir: the training run directory; the index goes to `<run_dir>/index/<step>`.
-      step: the checkpoint step the embeddings come from.
-      num_blocks: rows (the BlockStore's num_blocks), at least 1.
-      dim: embedding dimension, at least 1.
-      dtype: "float32" or "bfloat16" (names or dtypes).
+    """Creates the staging directory and the (zero-filled, sparse) embeddings file for
+    `<run_dir>/index/<step>`: `num_blocks` x `dim` rows (each at least 1) of "float32" or
+    "bfloat16".
     """
     self.run_dir = os.path.abspath(os.fspath(run_dir))
     self.step = _check_step(step)
@@ -502,29 +422,20 @@ class IndexWriter:
              = None, scann_builder: Optional[Callable[[str, np.ndarray], dict]] = None,
              keep: Optional[int] = 3, extra: Optional[dict] = None,
              extra_files: Optional[dict[str, bytes]] = None) -> str:
-    """Finishes and publishes the index (see the module docstring for the protocol).
+    """Finishes and publishes the index (the module docstring's protocol); returns its directory.
 
     Args:
       block_store_id: `store_id` of the BlockStore that was embedded.
       checkpoint: path or description of the checkpoint.
-      build_seconds: seconds the build took; default: since this writer was created.
-      scann_builder: `fn(scann_dir, embeddings) -> dict`, called with the (existing, empty)
-        staging `scann/` directory and the read-only [num_blocks, dim] embeddings as published;
-        it writes its artifacts there and returns a JSON dict (its settings) for the manifest.
-      keep: after publishing, keep the newest `keep` indexes (never the one just published),
-        None keeps all. Keep at least 2 when a trainer is running, so the index it may still be
-        loading is not the one pruned.
-      extra: free-form JSON dict for the manifest.
-      extra_files: {file name: contents} published (and hashed in the manifest) beside the
-        embeddings, e.g. {QUERY_TOWER: ...}.
-
-    Returns:
-      The published directory `<run_dir>/index/<step>`.
+      scann_builder: `fn(scann_dir, embeddings) -> dict`, called with the empty staging `scann/`
+        and the read-only embeddings as published; returns its settings for the manifest.
+      keep: keep the newest `keep` indexes (never the one just published); None keeps all. Keep
+        at least 2 while a trainer runs, so the index it may be loading is not pruned.
+      extra_files: {file name: contents} published and hashed beside the embeddings.
 
     Raises:
       ValueError: rows never written, or a scann_builder that wrote links.
       IndexExistsError: the step is already published with different embeddings/BlockStore.
-      IndexLoadError: the staged index failed its re-check (a bug or a failing disk).
     """
     self._check_open()
     if keep is not None and keep < 1:
@@ -666,26 +577,12 @@ def publish_index(run_dir: str, step: int, embeddings, *, block_store_id: str,
                   checkpoint: str = "", build_seconds: float = 0.0,
                   scann_builder: Optional[Callable[[str, np.ndarray], dict]] = None,
                   keep: Optional[int] = 3, extra: Optional[dict] = None) -> str:
-  """Publishes an embedding matrix as `<run_dir>/index/<step>`, atomically.
+  """Publishes an embedding matrix ([num_blocks, dim] float32 or bfloat16, any array; its dtype
+  kept) as `<run_dir>/index/<step>`, atomically, through an `IndexWriter`.
 
-  The matrix is copied in row chunks, so a memmapped `embeddings` is never read into memory
-  whole. See `IndexWriter.commit` for the arguments and errors; the module docstring for the
-  protocol and for what happens when the step is already published (identical -> no-op).
-
-  Args:
-    run_dir: the training run directory.
-    step: checkpoint step the embeddings were computed from.
-    embeddings: [num_blocks, dim] float32 or ml_dtypes.bfloat16 (np.ndarray, memmap, or
-      anything np.asarray accepts, e.g. a jax.Array); the dtype is kept.
-    block_store_id: the embedded BlockStore's store_id.
-    checkpoint: path or description of the checkpoint.
-    build_seconds: time the build took, for the manifest.
-    scann_builder: `fn(scann_dir, embeddings) -> dict` writing ScaNN artifacts.
-    keep: how many published indexes to keep (None: all).
-    extra: free-form JSON dict for the manifest.
-
-  Returns:
-    The published directory.
+  The matrix is copied in row chunks, so a memmapped `embeddings` is never read whole. The
+  arguments and errors are `IndexWriter.commit`'s; an identical step already published is a
+  no-op. Returns the published directory.
   """
   if not isinstance(embeddings, np.ndarray):
     embeddings = np.asarray(embeddings)
@@ -702,21 +599,10 @@ def publish_index(run_dir: str, step: int, embeddings, *, block_store_id: str,
 
 def prune_indexes(run_dir: str, keep: Optional[int], *, protect: Optional[int] = None
                   ) -> list[int]:
-  """Deletes all but the newest `keep` published indexes (never `protect`, never the first,
-  FIRST_INDEX_STEP: the index of the warm start is the run's record of retrieval before
-  training, e.g. recall before pretraining, measured after the run).
-
-  Each victim is first renamed to `.trash-*` (one atomic step that unlists it), then deleted,
-  so a crash mid-delete never leaves a listed, half-deleted index. A trainer that has the
-  victim's embeddings memory-mapped keeps reading them (POSIX keeps unlinked files alive).
-
-  Args:
-    run_dir: the training run directory.
-    keep: how many of the newest to keep; None keeps everything.
-    protect: a step never deleted (the one just published).
-
-  Returns:
-    The pruned steps.
+  """Deletes all but the newest `keep` published indexes (None: none) and returns their steps;
+  never `protect` nor FIRST_INDEX_STEP (the warm start's index: the run's record of retrieval
+  before training). Each victim is renamed to `.trash-*` first, so a crash mid-delete never
+  leaves a listed, half-deleted index; a trainer with it memory-mapped keeps reading it.
   """
   if keep is None:
     return []

@@ -1,39 +1,14 @@
 """Index refresh inside a training process: load newer indexes in the background, swap at step
 boundaries, report staleness.
 
-The index is not part of the train state (it is never checkpointed): it is a versioned input
-that the trainer searches with. A separate builder job publishes `<run_dir>/index/<step>/` (see
-`index/store.py`); this module follows those publications:
-
-    with IndexWatcher(run_dir, load_fn=make_searcher, check_every_steps=100,
-                      block_store_id=blocks.store_id, num_blocks=blocks.num_blocks,
-                      dim=128) as watcher:
-      searcher = watcher.start()              # the newest index (REALM_SPEC 22: the ICT one)
-      for step in range(start_step, num_steps):
-        searcher = watcher.maybe_swap(step)   # at the step boundary; never waits for a load
-        batch = retrieve(searcher, ...)       # the batch records watcher.index_step
-        state, metrics = train_step(state, batch, rng)
-        metrics.update(watcher.metrics(step))
-
-Loading a 13.35M x 128 matrix (re-hashing it, mapping it, putting it on the devices, building a
-searcher) takes seconds to minutes, so it runs on a background thread while training goes on;
-hashing, file reads and device transfers release the GIL. The swap itself is a pointer change
-under a lock, done only inside `maybe_swap`, so every train step sees one index from start to
-end and each batch can record the index step that chose its candidates (REALM_SPEC 21).
-
-A newer index that fails to load (incomplete, corrupt, of another BlockStore, wrong dim) or
-whose `load_fn` raises is logged with its path and the reason; the trainer keeps the index it
-has and never retries that step (a published index is immutable, so it would fail again); the
-next newer publication is tried as usual.
-
-Lockstep (`lockstep_every=R`, R the trainer's checkpoint cadence): instead of whatever the
-builder has published by then, step s always searches the index of checkpoint R * floor((s - 1)
-/ R), the newest checkpoint before it; at the first step after each checkpoint `maybe_swap` waits
-for the builder to publish that checkpoint's index and loads it there and then. What a run
-computes then no longer depends on how fast the builder is next to the trainer (the machine's
-load, another job beside it), so runs compare seed by seed and an interrupted run resumes to
-the same result. Staleness cycles through 1..R steps; the trainer idles while each index is
-built.
+The index is a versioned input, not train state: a separate builder publishes
+`<run_dir>/index/<step>/` (`index/store.py`) and `IndexWatcher` follows it. Loading runs on a
+background thread; the swap is a pointer change inside `maybe_swap`, so every train step sees
+one index and each batch records the index step that chose its candidates (REALM_SPEC 21). An
+index that fails to load is logged and never retried; the trainer keeps the one it has.
+`lockstep_every=R` instead searches at step s the index of checkpoint R * floor((s - 1) / R),
+waiting for it, so a run no longer depends on the builder's speed. Usage and design:
+docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -83,21 +58,14 @@ class IndexWatcher(Generic[T]):
     """Creates a watcher; nothing is loaded until `start`.
 
     Args:
-      run_dir: the training run directory (indexes are under `<run_dir>/index`).
-      load_fn: turns a verified LoadedIndex into what the trainer searches with (e.g. a
-        searcher over device-sharded embeddings). Runs on the background thread for refreshes
-        and synchronously in `start`. Default: identity (the LoadedIndex itself).
+      load_fn: turns a verified LoadedIndex into what the trainer searches with; runs on the
+        background thread for refreshes, synchronously in `start`. Default: the LoadedIndex.
       check_every_steps: look for a newer index once every this many train steps.
-      block_store_id: if given, refuse indexes of any other BlockStore.
-      num_blocks: if given, refuse indexes with another number of rows.
-      dim: if given, refuse indexes with another embedding dimension.
+      block_store_id, num_blocks, dim: if given, refuse indexes that differ.
       clock: seconds since the epoch, for staleness in seconds (injectable for tests).
-      verify: passed to `store.load_index` (True re-hashes every file).
-      mmap: passed to `store.load_index`.
-      lockstep_every: refresh in lockstep with the checkpoints every this many steps (see the
-        module docstring); None: in the background (`check_every_steps`).
-      lockstep_timeout: lockstep: seconds to wait for an index before IndexNotPublishedError.
-      poll_seconds: lockstep: seconds between looks for it.
+      verify, mmap: passed to `store.load_index`.
+      lockstep_every: refresh in lockstep with the checkpoints every this many steps (the module
+        docstring); None: in the background. `lockstep_timeout` bounds the wait for an index.
     """
     if check_every_steps < 1:
       raise ValueError(f"check_every_steps must be >= 1, got {check_every_steps}")
@@ -134,19 +102,10 @@ class IndexWatcher(Generic[T]):
     return loaded, self._load_fn(loaded)
 
   def start(self, initial_step: Optional[int] = None) -> T:
-    """Loads the first index synchronously, so training never starts without one.
-
-    Args:
-      initial_step: load this published step; default: the newest one that loads (a broken
-        newest index is logged and the next older one is tried).
-
-    Returns:
-      `load_fn` of the loaded index (also `current`).
-
-    Raises:
-      NoIndexError: no published index (or none that loads); the message says how to build
-        the first one.
-      store.IndexLoadError: `initial_step` was given and does not load.
+    """Loads the first index synchronously, so training never starts without one, and returns its
+    `load_fn` value (also `current`): `initial_step`, or the newest that loads (a broken newest one
+    is logged and an older one tried). NoIndexError, saying how to build the first one, when none
+    loads; store.IndexLoadError when `initial_step` does not.
     """
     with self._lock:
       if self._closed:
@@ -217,17 +176,10 @@ class IndexWatcher(Generic[T]):
   # -- the trainer's calls
 
   def maybe_swap(self, train_step: int) -> T:
-    """Called at every step boundary: swaps in a finished background load, maybe starts one.
-
-    Never waits for a load. A background load that finished since the last call is swapped in
-    now; every `check_every_steps` steps (counted from the first call) a background check for a
-    newer index is started unless one is still running.
-
-    Args:
-      train_step: the step about to run.
-
-    Returns:
-      `load_fn` of the index to use for this step.
+    """Called at every step boundary with the step about to run: swaps in a finished background
+    load, maybe starts one, and returns the `load_fn` value to use for this step. Never waits
+    (outside lockstep): a check for a newer index starts every `check_every_steps` steps unless
+    one is running.
     """
     train_step = int(train_step)
     if self.lockstep_every is not None:
@@ -292,16 +244,10 @@ class IndexWatcher(Generic[T]):
     return value
 
   def metrics(self, train_step: int) -> dict[str, float]:
-    """The metrics of the index in use: its step, staleness and refreshes.
-
-    Args:
-      train_step: the current train step.
-
-    Returns:
-      `retrieval/index_step` (checkpoint step of the index), `retrieval/staleness_steps`
-      (train_step - index step), `retrieval/staleness_seconds` (now - the index's publish
-      time) and `retrieval/refreshes` (swaps so far; in lockstep, the refreshes the schedule
-      has made by this step, counting those before a resume).
+    """The metrics of the index in use at `train_step`: `retrieval/index_step`,
+    `retrieval/staleness_steps` (train_step - index step), `retrieval/staleness_seconds` (now - its
+    publish time) and `retrieval/refreshes` (swaps so far; in lockstep, those the schedule has made
+    by this step, counting those before a resume).
     """
     with self._lock:
       if self._index is None:
