@@ -1,19 +1,13 @@
 """Whether a predicted answer matches the references: ORQA's exact match and CuratedTrec's regex
 match (REALM_SPEC items 31-32), and the seqio metric functions the QA tasks name.
 
-* ``normalize_answer`` / ``exact_match``: ORQA's ``eval_utils.normalize_answer`` and
-  ``exact_match_score`` (the SQuAD normalisation plus Unicode NFD), maxed over the references.
-* ``regex_match``: ORQA's CuratedTrec metric, ``re.compile(ref, IGNORECASE | UNICODE |
-  MULTILINE).match(prediction)`` on the raw prediction. ``.match`` anchors at the start of the
-  prediction but does not require a full match; an invalid pattern is a miss.
-* ``orqa_exact_match`` / ``curated_trec_regex_match``: seqio metric functions
-  ``metric_fn(targets, predictions) -> {name: percent}``.
-* ``answers_are_regex``: whether a QA task's references are patterns, read from its metric
-  (``curated_trec_regex_match`` among its ``metric_fns``).
-
-It sits under the tasks (`realm_jax_tasks`), the batches (`realm_jax.batches.qa_batches`) and the
-evaluation (`realm_jax.evaluation.metrics`, which adds DPR's retrieval recall), which all read it.
-Where the authors' code and this module differ, the function's docstring says so.
+``exact_match``: ORQA's ``exact_match_score`` (the SQuAD normalisation plus Unicode NFD), maxed
+over the references. ``regex_match``: ORQA's CuratedTrec metric, ``re.compile(ref, IGNORECASE |
+UNICODE | MULTILINE).match(prediction)`` (anchored at the start, no full match needed; an
+invalid pattern is a miss). ``orqa_exact_match`` / ``curated_trec_regex_match`` are the seqio
+metric functions; ``answers_are_regex`` reads a task's metric. It sits under the tasks, the
+batches and the evaluation (`realm_jax.evaluation.metrics`). Where the authors' code and this
+module differ, the function's docstring says so.
 """
 
 from __future__ import annotations
@@ -78,17 +72,8 @@ def reference_list(references: str | Sequence[str], what: str) -> tuple[str, ...
 
 
 def exact_match(prediction: str, references: str | Sequence[str]) -> bool:
-  """ORQA's exact match: any reference equals the prediction after ``normalize_answer``.
-
-  Args:
-    prediction: the predicted answer string.
-    references: the reference answers (a single string counts as one reference).
-
-  Returns:
-    True iff ``normalize_answer(prediction) == normalize_answer(ref)`` for some reference.
-
-  Raises:
-    ValueError: ``references`` is empty (ORQA raises on it as well).
+  """ORQA's exact match: True iff ``normalize_answer(prediction) == normalize_answer(ref)`` for
+  some reference (a single string counts as one); no reference is a ValueError, as in ORQA.
   """
   refs = reference_list(references, "exact_match")
   normalized_prediction = normalize_answer(prediction)
@@ -109,21 +94,10 @@ def invalid_patterns(patterns: Sequence[str]) -> list[str]:
 
 
 def regex_match(prediction: str, patterns: str | Sequence[str]) -> bool:
-  """ORQA's CuratedTrec metric (REALM_SPEC item 32).
-
-  Each pattern is compiled with IGNORECASE | UNICODE | MULTILINE and applied with ``.match`` to
-  the raw (un-normalised) prediction: anchored at the start, but trailing text after the match is
-  allowed. A pattern that does not compile counts as a miss, as in ORQA.
-
-  Args:
-    prediction: the predicted answer string.
-    patterns: the reference regular expressions (a single string counts as one pattern).
-
-  Returns:
-    True iff some pattern matches at the start of the prediction.
-
-  Raises:
-    ValueError: ``patterns`` is empty.
+  """ORQA's CuratedTrec metric (REALM_SPEC item 32): True iff some pattern, compiled with
+  IGNORECASE | UNICODE | MULTILINE, ``.match``es the raw prediction (anchored at the start,
+  trailing text allowed). A pattern that does not compile is a miss, as in ORQA; no pattern at
+  all is a ValueError.
   """
   for pattern in reference_list(patterns, "regex_match"):
     compiled = compile_pattern(pattern)
@@ -175,18 +149,12 @@ def _percent_correct(targets: Sequence[Any], predictions: Sequence[Any], score_f
 
 
 def orqa_exact_match(targets: Sequence[Any], predictions: Sequence[Any]) -> dict[str, float]:
-  """seqio metric function: ORQA exact match, in percent.
+  """seqio metric function: ORQA exact match, ``{"exact_match": percent in [0, 100]}``.
 
-  Args:
-    targets: per example, the reference answers: a list of strings, a single string, or a dict
-      (or ``QAExample``) with ``answers``. Bytes are decoded as UTF-8.
-    predictions: per example, the predicted answer string.
-
-  Returns:
-    ``{"exact_match": percent in [0, 100]}``.
-
-  Raises:
-    ValueError: the lengths differ, there are no examples, or a target has no references.
+  `targets`: per example, the reference answers (a list of strings, a string, or a dict or
+  ``QAExample`` with ``answers``; bytes decoded as UTF-8); `predictions`: per example, the
+  answer string. ValueError when the lengths differ, there is no example, or a target has no
+  reference.
   """
   return _percent_correct(targets, predictions, exact_match, "exact_match")
 

@@ -2,25 +2,11 @@
 
 A block is `[CLS] title [SEP] body [SEP]` of at most `max_block_len` wordpieces (REALM_SPEC 7);
 `realm_jax.data.corpus_build` writes stores. A store is one directory, published atomically:
-
-  manifest.json      format, counts, options, vocab fingerprint, store_id, per-file sha256
-  tokens.npy         [num_blocks, max_block_len] uint16 (int32 if vocab > 65536): the full
-                     embedder input `[CLS] title [SEP] body [SEP]`, padded with 0
-  title_lengths.npy  [num_blocks] int32 wordpieces of the title (no specials)
-  body_lengths.npy   [num_blocks] int32 wordpieces of the body (no specials); the body tokens of
-                     row i are `tokens[i, t + 2 : t + 2 + b]` with t, b the two lengths
-  uids.npy           [num_blocks] uint64 `content_uid(title, body_text)`
-  doc_ids.npy        [num_blocks] int64 index of the source document among the documents kept
-  doc_keys.jsonl     (only when the input had them) one JSON line per document kept, in
-                     doc_id order: the document's own "id" from the input (a string), or null
-  text.bin           UTF-8 title and body text of every block, back to back
-  text_offsets.npy   [2 * num_blocks + 1] int64: title i is text[o[2i]:o[2i+1]], body i is
-                     text[o[2i+1]:o[2i+2]]
-
-`store_id` is a content fingerprint: sha256 over the canonical JSON of the content-determining
-options (format version, max_block_len, max_title_len, vocab fingerprint) followed by the uids
-array (little-endian uint64). Same input and options -> same block ids and the same store_id,
-whichever source the documents came from.
+tokens.npy ([num_blocks, max_block_len] embedder rows), title and body lengths, content uids,
+document ids, the blocks' original text, and manifest.json with every file's sha256. `store_id`
+is a content fingerprint (the content-determining options and the uids): same input and options
+give the same block ids and store_id, whichever source the documents came from. The file
+layout: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -124,20 +110,12 @@ class BlockStore:
   @classmethod
   def open(cls, path: str, *, verify: Union[bool, str] = True,
            vocab_fingerprint: Optional[str] = None) -> "BlockStore":
-    """Opens a BlockStore directory, refusing anything incomplete or inconsistent.
+    """Opens a BlockStore directory (arrays memory-mapped read-only), refusing anything incomplete
+    or inconsistent with a BlockStoreError naming the path and the problem.
 
-    Args:
-      path: the directory.
-      verify: True checks every file's size and sha256 against the manifest (reads everything
-        once); "fast" checks sizes only (for huge stores); False skips both (shapes, dtypes and
-        offsets are still checked).
-      vocab_fingerprint: if given, the store must have been built with this vocabulary.
-
-    Returns:
-      The BlockStore (arrays memory-mapped read-only).
-
-    Raises:
-      BlockStoreError: naming the path and the problem.
+    `verify`: True checks every file's size and sha256 against the manifest (reads everything
+    once), "fast" sizes only (for huge stores), False neither (shapes, dtypes and offsets are still
+    checked). `vocab_fingerprint`, if given, must be the vocabulary the store was built with.
     """
     path = os.fspath(path)
     fileio.check_verify_mode(verify)

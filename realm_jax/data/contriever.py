@@ -1,21 +1,13 @@
-"""Contriever's positive pairs: two independent random crops of one block (Izacard et al. 2021,
-"Unsupervised dense information retrieval with contrastive learning"), an alternative to ICT's
-sentence-and-block pairs for the retriever's warm start.
+"""Contriever's positive pairs: two independent random crops of one block (Izacard et al. 2021),
+an alternative to ICT's sentence-and-block pairs for the retriever's warm start.
 
-Each crop is a contiguous span of the block body's wordpieces whose length is a fraction
-`ratio ~ U[min_ratio, max_ratio]` (0.1-0.5 in the paper) of the body, `length =
-max(1, floor(ratio * n))` wordpieces starting at `start ~ U{0, ..., n - length}`, as
-Contriever's `randomcrop`. The two crops are drawn independently (ratio, then start, for crop 1,
-then crop 2), so they may overlap, nest or be disjoint. The example has exactly ICT's layout
-(`realm_jax.data.ict`), so `IctModel` trains on it unchanged: crop 1 is the query row `[CLS]
-crop1 [SEP]` (no title, as ICT's query sentence), crop 2 the block row `[CLS] title [SEP] crop2
-[SEP]` (with the title, as ICT's block and as every indexed block: the document tower always
-reads a title). A crop longer than its row is cut at its end, so at paper scale (288-wordpiece
-blocks, 64-wordpiece queries) a long query crop is shorter than its drawn ratio.
-
-The body is tokenised alone (`vocab.encode`, the same wordpieces the BlockStore holds) and the
-crops count wordpieces, not words (Contriever crops tokens of its own tokenizer). Contriever's
-optional token deletion/replacement augmentations are not applied.
+Each crop is `max(1, floor(ratio * n))` contiguous body wordpieces, `ratio ~ U[min_ratio,
+max_ratio]` (0.1-0.5 in the paper), at a uniform start, as Contriever's `randomcrop`; the two
+may overlap. The example has exactly ICT's layout (`realm_jax.data.ict`), so `IctModel` trains
+on it unchanged: crop 1 is the query row `[CLS] crop1 [SEP]` (no title), crop 2 the block row
+`[CLS] title [SEP] crop2 [SEP]` (the document tower always reads a title). Crops too long for
+their row are cut at the end; crops count BERT wordpieces; Contriever's token deletion and
+replacement augmentations are not applied.
 """
 
 from __future__ import annotations
@@ -67,28 +59,15 @@ def make_contriever_example(title: str, body_text: str, *, rng: np.random.Genera
                             query_len: int = QUERY_LEN, block_len: int = BLOCK_LEN,
                             min_ratio: float = MIN_CROP_RATIO, max_ratio: float = MAX_CROP_RATIO,
                             skips: SkipCounter | None = None) -> dict[str, Any] | None:
-  """One Contriever pair from a block, in ICT's example layout.
-
-  Args:
-    title: the block's title (in the block row only).
-    body_text: the block's body text, cropped twice.
-    rng: the only source of randomness: crop 1's ratio and start, then crop 2's.
-    vocab: WordPiece vocabulary (the bundled BERT uncased one by default).
-    query_len: length of the query row `[CLS] crop1 [SEP]` (crop 1 cut to query_len - 2).
-    block_len: length of the block row `[CLS] title [SEP] crop2 [SEP]` (the title cut to
-      block_len - 3, crop 2 to what is left).
-    min_ratio, max_ratio: the bounds of a crop's length as a fraction of the body (0.1, 0.5).
-    skips: counts the reason whenever None is returned: "no_tokens" (the body has no
-      wordpieces), "empty_block_body" (a title filling the block row).
+  """One Contriever pair from a block, in ICT's example layout, or None with the reason counted in
+  `skips`: "no_tokens" (no body wordpieces), "empty_block_body" (a title filling the block row).
+  `rng` is the only source of randomness: crop 1's ratio and start, then crop 2's.
 
   Returns:
-    None (reason counted), or a dict:
-      query_ids, query_mask: int32 [query_len].
-      block_ids, block_type_ids, block_mask: int32 [block_len] (types as ICT's: 0 on
-        [CLS] title [SEP], 1 on crop 2 and its [SEP], 0 on padding).
-      block_uid: uint64 `block_store.content_uid(title, body_text)`, the whole block's uid.
-      query_span, block_span: int32 [2], each crop's [start, end) in the body's wordpieces as
-        drawn (before any cut to its row).
+    query_ids, query_mask: int32 [query_len]; block_ids, block_type_ids, block_mask: int32
+      [block_len] (types as ICT's); block_uid: uint64 `content_uid(title, body_text)`, the whole
+      block's; query_span, block_span: int32 [2], each crop's [start, end) in the body's
+      wordpieces as drawn (before any cut to its row).
   """
   from realm_jax.data.block_store import content_uid  # pylint: disable=g-import-not-at-top
 

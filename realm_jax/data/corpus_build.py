@@ -1,37 +1,13 @@
 """The corpus build: documents -> sentences packed into blocks -> a published BlockStore.
 
-A block's body is a run of whole sentences of one article, packed greedily, the rule of the
-authors' ORQA preprocessor (`orqa/preprocessing/wiki_preprocessor.py`): a sentence joins the
-current block while `3 + len(title) + len(block body) + len(sentence) <= max_block_len`, otherwise
-the block is closed and the sentence starts the next one. Blocks never cross articles.
-
-Deviations from the authors, chosen and documented here:
-
-* **Over-long sentences.** ORQA put a sentence longer than the budget alone in a block and let
-  the featurizer silently truncate it. We keep every wordpiece: the sentence is cut into
-  budget-sized pieces at wordpiece boundaries, preferring the last boundary before a whole word
-  (a piece not starting with `##`) so words stay intact when possible. Each full piece is its own
-  block; the remainder starts a new block that the following sentences may join. Counted as
-  `oversize_sentences` in the manifest.
-* **Over-long titles** (more than `max_title_len` wordpieces, default 64, or max_block_len - 4
-  for smaller blocks) are a counted skip of the whole document (`title_too_long`), not a
-  truncation: a truncated title would be a wrong title in every block of the article and in its
-  uid. No Wikipedia title comes close (titles are at most 255 bytes).
-* **Empty documents** (no text after stripping, or no wordpieces at all) and **exact duplicates**
-  (same stripped title and text as an earlier document; the first is kept) are counted skips.
-  Duplicates are detected by a 64-bit content hash (a false "duplicate" needs a 64-bit
-  collision: odds about 1e-6 for all of Wikipedia).
-* **Body text.** For every block we keep the *original* text of its wordpieces: the UTF-8 bytes
-  from the first wordpiece's start to the last one's limit. So answer strings can be matched
-  case-sensitively in it (REALM_SPEC 27) and whitespace between sentences is what the article had.
-* **REALM/ORQA records** are already blocks: one record, one block. A record longer than the
-  budget is truncated to it, as the authors' `featurize_document` did (`truncated_records`).
-
-Documents are read in chunks (`CHUNK_DOCS`), each tokenised in one batch call and each
-sentence's wordpieces read off its document's (when that is provably the same as tokenising the
-sentence alone). With `workers > 1` the chunks are tokenised and packed in worker processes
-while this process reads, counts and writes, in order: the store is byte for byte that of one
-process (bench/docs/benchmarks.md, bench/corpus_build_speed.py).
+A block's body is a run of whole sentences of one article, packed greedily as the authors' ORQA
+preprocessor does (`orqa/preprocessing/wiki_preprocessor.py`): a sentence joins the current
+block while `3 + len(title) + len(block body) + len(sentence) <= max_block_len`. Blocks never
+cross articles. Deviations: an over-long sentence is cut into pieces (no wordpiece is lost), an
+over-long title skips its document, empty and duplicate documents are counted skips, and each
+block keeps its original text (REALM_SPEC 27). With `workers > 1` documents are tokenised in
+worker processes and the store is byte for byte that of one process. Why each deviation:
+docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -81,19 +57,12 @@ SKIP_EXAMPLES_PER_REASON = 5
 
 def pack_sentences(sentence_lengths: Sequence[int], budget: int,
                    word_starts: Optional[Sequence[bool]] = None) -> list[tuple[int, int]]:
-  """Greedy packing of an article's sentences into blocks of at most `budget` body tokens.
+  """Greedy packing of an article's sentences into blocks of at most `budget` body tokens
+  (`max_block_len - 3 - title_len`).
 
-  Args:
-    sentence_lengths: wordpieces of each sentence, in order; the body tokens of the article are
-      their concatenation.
-    budget: body wordpieces per block: `max_block_len - 3 - title_len`.
-    word_starts: optional [num_tokens] flags, True where a token starts a word (is not a `##`
-      continuation); used to cut over-long sentences between words when possible.
-
-  Returns:
-    [(start, end)] half-open ranges over the concatenated body tokens, one per block, covering
-    every token in order. A sentence that does not fit in the current block starts the next one;
-    a sentence longer than `budget` is cut into `budget`-sized pieces (see module docstring).
+  `word_starts`: optional [num_tokens] flags, True where a token is not a `##` continuation, to
+  cut an over-long sentence between words when possible. Returns [(start, end)] half-open ranges
+  over the concatenated body tokens, one per block, covering every token in order.
   """
   if budget < 1:
     raise ValueError(f"budget must be >= 1, got {budget}")
@@ -782,41 +751,21 @@ def build_block_store(source: Iterable[SourceItem], dest: str, *,
                       workers: int = 1) -> BuildReport:
   """Builds a BlockStore at `dest` from documents, streaming and atomically.
 
-  Everything is written into `<dest>.staging-<host>-<pid>-<random>` next to `dest`: arrays are
-  appended in chunks (memory stays bounded whatever the corpus size), then the .npy headers are
-  fixed up, every file is fsynced and hashed, the store is re-opened and checked, the manifest is
-  written last, and the directory is renamed to `dest`. An interrupted build leaves no `dest`
-  (only a staging directory, removed by the next build for the same `dest`).
+  Everything is written into `<dest>.staging-<host>-<pid>-<random>` (arrays appended in chunks, so
+  memory stays bounded), fsynced, hashed, re-opened and checked, the manifest last, then renamed to
+  `dest`: an interrupted build leaves no `dest`.
 
   Args:
     source: a `JsonlSource`/`TfdsSource`/`RealmSource` or any iterable of Document/BadRecord.
-      If it has `description` and `fraction_done()`, they go to the manifest and progress.
-    dest: output directory (must not exist unless `overwrite`).
-    vocab: WordPiece vocabulary (the bundled BERT uncased by default).
     max_block_len: wordpieces per block including [CLS]/[SEP]/[SEP] (REALM: 288).
-    max_title_len: longest title kept; longer titles skip the document (`title_too_long`).
-      Default: min(64, max_block_len - 4), so a small test block size still has a body.
-    on_error: "raise" stops at the first malformed record with CorpusInputError naming file,
-      line/record and field; "skip" counts it (manifest `counts.skipped`) and goes on.
-    limit: read at most this many input records (documents, good or bad).
-    record_token_ids: for REALM/ORQA records carrying token ids: "verify" (a mismatch with our
-      tokenisation is bad input) or "ours" (keep our tokens, count `token_mismatches`).
-    overwrite: replace an existing `dest`.
-    progress: called with a BuildProgress every `progress_interval_s` seconds and at the end.
-    progress_interval_s: seconds between progress calls.
+    max_title_len: longest title kept (default min(64, max_block_len - 4)); longer ones skip the
+      document (`title_too_long`).
+    on_error: "raise" stops at the first malformed record with CorpusInputError; "skip" counts it.
+    record_token_ids: for records carrying token ids: "verify" (a mismatch is bad input) or
+      "ours" (keep our tokens, count `token_mismatches`).
     sentence_splitter: text -> byte spans of its sentences.
-    workers: processes that tokenise documents (`default_workers()`: this machine's cores).
-      Chunks of documents are tokenised and packed in worker processes ("spawn"; started only
-      for an input of more than one chunk) and come back in order to this process, which does
-      all the bookkeeping and writing: the store, counts and messages are byte for byte those
-      of workers=1. With workers > 1, `vocab` and `sentence_splitter` must be picklable.
-
-  Returns:
-    A BuildReport.
-
-  Raises:
-    CorpusInputError: bad input in "raise" mode, or no block at all.
-    BlockStoreError: `dest` exists and not `overwrite`, or the written store fails its check.
+    workers: processes that tokenise documents (`default_workers()`: this machine's cores); the
+      output is that of workers=1. With workers > 1, `vocab` and `sentence_splitter` must pickle.
   """
   max_title_len = _check_build_options(max_block_len, max_title_len, on_error, record_token_ids,
                                        workers)
@@ -1096,25 +1045,14 @@ def write_tokenized_block_store(dest: str, tokens: np.ndarray, title_lengths: np
                                 vocab: Optional[vocab_lib.WordPieceVocabulary] = None,
                                 source: Optional[dict] = None,
                                 overwrite: bool = False) -> str:
-  """Publishes a BlockStore whose blocks are already wordpiece ids, without their text.
+  """Publishes a BlockStore whose blocks are already wordpiece ids, without their text, and returns
+  its store_id.
 
-  For corpora tokenised elsewhere and for synthetic stores at Wikipedia scale (the benchmarks'
-  1M-block rehearsal), where `build_block_store`'s tokenizer would take hours. Every block is
-  its own document; `title()` and `body()` are empty (no text is kept), and a block's uid is
-  `content_uid`-like but over its token row, so distinct rows have distinct uids. Written and
-  published atomically like `build_block_store`, and re-opened (every hash checked) before it
-  is published.
-
-  Args:
-    dest: the new store's directory.
-    tokens: [num_blocks, max_block_len] rows `[CLS] title [SEP] body [SEP]`, 0-padded.
-    title_lengths, body_lengths: [num_blocks] wordpieces of each part (without specials).
-    vocab: the vocabulary the ids belong to (default: the BERT uncased one).
-    source: what the blocks are, for the manifest (default {"kind": "tokenized"}).
-    overwrite: replace an existing BlockStore at `dest`.
-
-  Returns:
-    The store_id.
+  For corpora tokenised elsewhere and synthetic stores at Wikipedia scale, where
+  `build_block_store`'s tokenizer would take hours. Every block is its own document, with empty
+  `title()` and `body()` and a uid over its token row. Published atomically, every hash checked.
+  `tokens`: [num_blocks, max_block_len] rows `[CLS] title [SEP] body [SEP]`, 0-padded;
+  `title_lengths`, `body_lengths`: [num_blocks] wordpieces of each part.
   """
   vocab = vocab or vocab_lib.default_vocabulary()
   tokens = np.asarray(tokens)

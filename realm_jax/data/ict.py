@@ -2,15 +2,11 @@
 
 One sentence of a block is the pseudo-query; the block is the "document" it should retrieve.
 With probability `remove_probability` (0.9) the sentence is removed from the block, so the
-retriever must match on context rather than on a copy of the words; otherwise it stays (which
-keeps some exact-match signal, useful for retrieval). The loss (in-batch softmax over all blocks of
-the global batch) lives in `models/losses.py`; this module only builds examples.
-
-Follows ORQA's `ict_dataset.py`: the sentence is drawn uniformly among the block's sentences
-and the removal coin is flipped independently; `[CLS] title [SEP] body [SEP]` is truncated by
-cutting the title to `block_len - 3` wordpieces and the body to what is left. ORQA dropped only
-removed single-sentence blocks; we drop every example whose block body ends up empty (including
-one whose title leaves no room) and every example whose query sentence has no wordpieces.
+retriever must match on context; otherwise it stays (some exact-match signal). As ORQA's
+`ict_dataset.py`: the sentence drawn uniformly, the removal coin independent, the title cut to
+`block_len - 3` wordpieces and the body to what is left. Unlike ORQA (which dropped only removed
+single-sentence blocks), every example with an empty block body or an empty query sentence is
+dropped. The loss lives in `models/losses.py`.
 """
 
 from __future__ import annotations
@@ -53,30 +49,17 @@ def make_ict_example(title: str, body_text: str, *, rng: np.random.Generator,
                      vocab: WordPieceVocabulary | None = None, query_len: int = QUERY_LEN,
                      block_len: int = BLOCK_LEN, remove_probability: float = REMOVE_PROBABILITY,
                      skips: SkipCounter | None = None) -> dict[str, Any] | None:
-  """One ICT example from a block.
-
-  Args:
-    title: the block's title.
-    body_text: the block's body text (sentences found with `split_sentences`).
-    rng: the only source of randomness: one draw picks the sentence, one the removal.
-    vocab: WordPiece vocabulary (the bundled BERT uncased one by default).
-    query_len: length of the query input `[CLS] sentence [SEP]` (the sentence is truncated to
-      query_len - 2 wordpieces).
-    block_len: length of the block input `[CLS] title [SEP] body [SEP]`.
-    remove_probability: probability that the query sentence is removed from the block.
-    skips: counts the reason whenever None is returned: "no_sentences" (blank body),
-      "empty_query_sentence" (the drawn sentence has no wordpieces), "empty_block_body" (nothing
-      of the body is left in the block: a removed single sentence, or a title filling it).
+  """One ICT example from a block (its title and body text), or None with the reason counted in
+  `skips`: "no_sentences", "empty_query_sentence", "empty_block_body" (a removed single sentence,
+  or a title filling the block). `rng` is the only source of randomness (one draw picks the
+  sentence, one the removal); the query sentence is cut to query_len - 2 wordpieces.
 
   Returns:
-    None (reason counted), or a dict:
-      query_ids: int32 [query_len]; query_mask: int32 [query_len].
-      block_ids: int32 [block_len]; block_type_ids: int32 [block_len] (0 on [CLS] title [SEP],
-        1 on body [SEP], 0 on padding); block_mask: int32 [block_len].
-      block_uid: uint64 `block_store.content_uid(title, body_text)` of the original block (with the
-        sentence), the uid the index knows it by.
-      sentence_removed: bool, whether the query sentence was removed from the block.
-      query_sentence_index: int32, which sentence is the query.
+    query_ids, query_mask: int32 [query_len].
+    block_ids, block_type_ids, block_mask: int32 [block_len] (type ids 1 on body [SEP]).
+    block_uid: uint64 `block_store.content_uid(title, body_text)` of the original block (with the
+      sentence), the uid the index knows it by.
+    sentence_removed: bool; query_sentence_index: int32.
   """
   # Imported here: ICT needs nothing else of the BlockStore module.
   from realm_jax.data.block_store import content_uid

@@ -1,30 +1,14 @@
 """Masked queries for REALM pretraining: salient-span masking and the two ablations.
 
 A pretraining example is one sentence of X with masked wordpieces (REALM_SPEC 9-11):
-
-* **salient_span** (REALM): every salient span of a record is mapped to the *first* sentence that
-  fully contains it; spans crossing a sentence boundary are dropped. One (span, sentence) pair is
-  drawn uniformly (duplicate spans count once, as in the release), and the query is only that
-  sentence.
-* **random_span** (ablation, SpanBERT-style): spans of whole words at random places of a random
-  sentence, of geometric lengths (mean 3.8 words), until 15% of its wordpieces are masked;
-  options give one span, spans of wordpieces, or the salient spans' own length distribution
-  (`span_length_distribution`).
-* **random_token** (ablation, BERT-style): each wordpiece of a random sentence independently
-  with probability 0.15.
-* **random_token_knowledge** (a diagnostic beside the paper): random_token's queries
-  conditioned on masking at least one wordpiece of a salient span.
-
-All strategies follow REALM's masking convention rather than BERT's: every chosen wordpiece
-becomes [MASK] (no 80/10/10 replacement with random or unchanged tokens).
-
-Layout of a `MaskedQuery` (query_len=96, max_masks=10 in the paper)::
-
-  query_ids     [CLS] w_0 ... w_{n-1} [SEP] 0 ...    n <= query_len - 2, segment 0 everywhere
-  mlm_positions 1 + index of a masked wordpiece in the sentence (so they index query_ids and,
-                unchanged, the reader input [CLS] q [SEP] body [SEP])
-
-Everything is pure Python/NumPy and deterministic given the numpy Generator passed in.
+"salient_span" (REALM: one (span, sentence) pair drawn uniformly, spans crossing a sentence
+boundary dropped), "random_span" (SpanBERT-style spans of whole words, 15% of the sentence),
+"random_token" (BERT-style, each wordpiece with probability 0.15) and
+"random_token_knowledge" (a diagnostic: random_token conditioned on masking a salient span).
+Every chosen wordpiece becomes [MASK] (REALM's convention, not BERT's 80/10/10). A
+`MaskedQuery` is `[CLS] sentence [SEP]` padded to query_len (96), with up to max_masks (10)
+targets whose positions index the query and, unchanged, the reader row `[CLS] q [SEP] body
+[SEP]`. Pure Python/NumPy, deterministic given the numpy Generator passed in.
 """
 
 from __future__ import annotations
@@ -270,19 +254,11 @@ def spanbert_length_probs(p: float = 0.2, max_length: int = 10) -> np.ndarray:
 class RandomSpanMasker:
   """Ablation: random spans (the paper's "random span" row, after SpanBERT, Joshi et al. 2020).
 
-  By default as SpanBERT masks: a sentence drawn uniformly from the record's (salient spans are
-  not needed), then spans of whole words, each of a length L in words drawn from
-  `spanbert_length_probs()` (geometric, p = 0.2, at most 10 words, mean 3.8), starting at a
-  uniformly drawn word where it fits (a span longer than the sentence is cut to it), drawn until
-  `mask_budget` of the sentence's wordpieces are masked (SpanBERT's 15%: at least one span; a
-  span that overlaps one drawn before is drawn again, up to `MAX_DRAWS` draws).
-
-  Options reproduce simpler variants: `unit="wordpiece"` counts L in wordpieces, so a span may
-  begin or end inside a word; `mask_budget=None` masks one span only; `length_probs` gives the
-  probabilities of L = 1, 2, ... (e.g. `span_length_distribution(records)`, the salient spans'
-  own lengths). Spans masking more than max_masks wordpieces keep their extra [MASK]s without
-  targets, as salient spans do.
-
+  By default as SpanBERT: in a uniformly drawn sentence, spans of whole words of geometric
+  length (`spanbert_length_probs()`: p = 0.2, at most 10 words, mean 3.8) at uniform starts,
+  drawn until `mask_budget` (15%) of its wordpieces are masked (overlapping draws redrawn, up to
+  `MAX_DRAWS`). `unit="wordpiece"` counts lengths in wordpieces, `mask_budget=None` masks one
+  span, `length_probs` sets the lengths (e.g. `span_length_distribution(records)`).
   Skips (counted): "no_sentence", "empty_sentence".
   """
 
@@ -342,20 +318,12 @@ class RandomSpanMasker:
 class RandomTokenMasker:
   """Ablation: BERT-style random-token masking (the paper's "random token" ablation).
 
-  Each wordpiece of a uniformly drawn sentence (after truncation to query_len - 2) is chosen
-  independently with `mask_probability`; when none is, one is drawn uniformly; when more than
-  max_masks are, a uniform subset of max_masks is kept, so every [MASK] has a target (as BERT
-  caps predictions per sequence). All chosen wordpieces become [MASK]: REALM's convention, not
-  BERT's 80/10/10.
-
-  `knowledge_only` (a diagnostic, not the paper's row): the same queries conditioned on at
-  least one target lying inside a salient span (`salient_wordpieces`), by drawing sentence and
-  masks again until one does; so every query has a name or date for retrieval to supply (how
-  many plain random-token queries have none: bench/docs/benchmarks.md, "Random masks on the toy
-  world").
-
-  Skips (counted): "no_sentence", "empty_sentence"; with `knowledge_only`, "no_salient_span"
-  (the record has none) and "no_salient_mask" (no draw of `MAX_DRAWS` masked one).
+  Each wordpiece of a uniformly drawn sentence is chosen with `mask_probability`; none chosen:
+  one is drawn; more than max_masks: a uniform subset is kept, so every [MASK] has a target. All
+  become [MASK] (REALM's convention). `knowledge_only` (a diagnostic, not the paper's row) draws
+  again until a target lies in a salient span, so every query has a name or date for retrieval
+  to supply. Skips (counted): "no_sentence", "empty_sentence"; with `knowledge_only`,
+  "no_salient_span" and "no_salient_mask" (no draw of `MAX_DRAWS` masked one).
   """
 
   name = "random_token"
@@ -419,23 +387,16 @@ def make_masked_query(record: Mapping[str, Any], *, strategy: str | Callable = "
                       query_len: int = QUERY_LEN, max_masks: int = MAX_MASKS,
                       source_uid: int = 0,
                       skips: SkipCounter | None = None) -> MaskedQuery | None:
-  """One masked query from a record of the precomputed schema.
+  """One masked query from a record of the precomputed schema, or None when the record yields no
+  valid example (the reason counted in `skips`).
 
   Args:
-    record: {"title", "text", "sentence_byte_start/limit", "span_byte_start/limit"}, byte
-      offsets into the UTF-8 text, valid as `salient_spans.validate_record` checks (records
-      from `read_precomputed` or `annotate_record` are).
+    record: a record as `salient_spans.validate_record` accepts (`read_precomputed` or
+      `annotate_record` give such).
     strategy: a `MASKERS` name ("salient_span", "random_span", "random_token") or a masker
       instance (e.g. `RandomSpanMasker(length_probs=...)`).
     rng: the only source of randomness.
-    vocab: WordPiece vocabulary (the bundled BERT uncased one by default).
-    query_len: length of `query_ids` ([CLS] + at most query_len - 2 wordpieces + [SEP]).
-    max_masks: number of target slots.
     source_uid: uid of the record's block in Z (`block_store.content_uid(title, body)`), 0 if none.
-    skips: counts the reason whenever None is returned.
-
-  Returns:
-    A MaskedQuery, or None when the record yields no valid example (reason counted in `skips`).
   """
   if query_len < 3:
     raise ValueError(f"query_len must be at least 3 ([CLS] w [SEP]), got {query_len}.")

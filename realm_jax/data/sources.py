@@ -1,19 +1,13 @@
 """Document sources of the corpus build, and writers of REALM/ORQA records.
 
-Every source streams `Document`s; bad input becomes a `BadRecord` that names the file,
-line/record and field, which the build raises (`on_error="raise"`, the default: a wrong file
-format shows up on its first line) or counts (`on_error="skip"`):
-
-* `JsonlSource`: one `{"title": str, "text": str}` object per line (optional "id").
-* `TfdsSource`: a TFDS builder with `title` and `text` features (e.g. `wikipedia/20230601.en`).
-* `RealmSource`: the REALM release's retrieval corpus, GZIP TFRecords of `tf.train.Example`s
-  (`language/realm/generate_retrieval_corpus.py`: `title`, `body` as bytes, and
-  `{title,body}_token_{ids,texts,starts,stops}`); or ORQA's block files (`blocks.tfr`,
-  `titles.tfr`, optional `examples.tfr` with `title_ids`/`token_ids`), the layout of the released
-  `gs://orqa-data/enwiki-20181220`. These records are already blocks: **each record becomes
-  exactly one block** (no re-packing), in record order, so block ids line up with the records.
-  The build re-tokenises them with our vocabulary (it needs byte offsets for the body text); see
-  `corpus_build.build_block_store`'s `record_token_ids` for records that carry token ids.
+Every source streams `Document`s; bad input becomes a `BadRecord` naming the file, line/record
+and field, which the build raises (`on_error="raise"`) or counts ("skip"). `JsonlSource`: one
+`{"title", "text"}` object per line (optional "id"); `TfdsSource`: a TFDS builder with `title`
+and `text` features (e.g. `wikipedia/20230601.en`); `RealmSource`: the REALM release's retrieval
+corpus (GZIP TFRecords of `tf.train.Example`s, `language/realm/generate_retrieval_corpus.py`) or
+ORQA's block files (`blocks.tfr`, `titles.tfr`, optional `examples.tfr`; the released
+`gs://orqa-data/enwiki-20181220`). Those records are already blocks: each becomes exactly one
+block, in record order, re-tokenised with our vocabulary (the body text needs byte offsets).
 """
 
 from __future__ import annotations
@@ -456,22 +450,12 @@ def _int_feature(values):
 def write_realm_records(path: str, blocks: Iterable[tuple[str, str]],
                         vocab: Optional[vocab_lib.WordPieceVocabulary] = None, *,
                         compress: bool = True, with_token_ids: bool = True) -> int:
-  """Writes (title, body) blocks as a REALM retrieval-corpus TFRecord file.
-
-  The schema of `language/realm/generate_retrieval_corpus.py`: bytes features `title`, `body`,
-  and for each of title/body `*_token_texts` (wordpiece strings), `*_token_starts`,
-  `*_token_stops` (-1: the release did not compute boundaries) and `*_token_ids`. GZIP like the
-  release. For tests and for exporting a corpus to the authors' code.
-
-  Args:
-    path: output file.
-    blocks: (title, body) pairs, one record each.
-    vocab: vocabulary for the token features (the bundled one by default).
-    compress: write GZIP (as the release) or plain TFRecords.
-    with_token_ids: include the token features.
-
-  Returns:
-    Number of records written.
+  """Writes (title, body) blocks as a REALM retrieval-corpus TFRecord file (GZIP with `compress`,
+  as the release) and returns the number of records: the schema of
+  `language/realm/generate_retrieval_corpus.py`, bytes features `title`, `body` and, with
+  `with_token_ids`, for each of them `*_token_texts`, `*_token_starts`, `*_token_stops` (-1: the
+  release did not compute boundaries) and `*_token_ids`. For tests and for exporting a corpus to
+  the authors' code.
   """
   import tensorflow as tf  # lazily
 

@@ -2,20 +2,10 @@
 every tf.data pipeline through `numpy_iterator`.
 
 `hide_accelerators_from_tensorflow()` makes TensorFlow see no GPU, as big_vision and t5x do, so
-it never takes GPU memory JAX needs. Listing the devices makes TensorFlow call `cuInit`; on a
-machine without an NVIDIA driver that call fails and TensorFlow logs a false alarm on stderr
-(`E ... cuda_platform.cc:51] failed call to cuInit: ... UNKNOWN ERROR (303)`) in every process.
-That one line is dropped on such machines; everything else TensorFlow says meanwhile is passed
-on, and on a machine with a driver nothing is dropped.
-
-`numpy_iterator(dataset)` is how the project iterates a tf.data pipeline: with tf.data's
-autotuning off. An autotuned iterator runs a model thread that re-optimizes at growing intervals
-(up to a minute), and deleting an iterator that has sat idle waits for that thread's current
-interval to run out: measured on the pretraining task's stream, four batches drawn, then 150 s
-idle, the delete took 52.3 s with autotuning and 0.6 s without. A trainer's evaluation streams
-sit idle like that, and a pretraining process took about 45 s to exit after its last step. The
-pipelines here set their own parallelism (a prefetch of 2); seqio's AUTOTUNE maps then run at
-tf.data's default parallelism.
+it never takes GPU memory JAX needs; on a machine without an NVIDIA driver it also drops the one
+false `failed call to cuInit` line TensorFlow logs. `numpy_iterator(dataset)` iterates with
+tf.data's autotuning off: deleting an idle autotuned iterator waits for its model thread, which
+made processes slow to exit. Measurements: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations

@@ -1,54 +1,15 @@
 """The embedded toy world: a small, closed, fictional world for running REALM end to end on a CPU.
 
-REALM's claim is that a retriever trained through masked language modelling learns to fetch the
-documents that hold the facts a prediction needs. To show that in minutes on a laptop, the facts
-must exist *only* in the knowledge corpus: a real-world corpus would let a pretrained model answer
-from its prior, and a random-text corpus would have nothing to retrieve. So this module invents a
-world of people, places (regions and towns), organisations and events with syllable-built names
-that are not English words or names (every name word is rejected if it is a whole word of BERT's
-uncased vocabulary), links them with facts (birth dates and places, employers, founders,
-headquarters, participants...), and writes the REALM inputs over it:
-
-* ``corpus.jsonl`` -- the knowledge corpus Z, one ``{"title", "text"}`` document per entity
-  (spec item 7). Documents are 2-6 sentences; organisations with long member lists and regions
-  with many towns are longer, so a few of them span two or more 288-wordpiece blocks.
-* ``pretrain.jsonl`` -- the pretraining text X in the schema of the REALM release (spec item 8):
-  ``{"title", "text", "sentence_byte_start", "sentence_byte_limit", "span_byte_start",
-  "span_byte_limit"}``, byte offsets into ``text.encode("utf-8")``. Each passage restates the facts
-  of one Z document *in other words* (X templates never appear in Z), and ``title`` names that
-  document. Salient spans are the entity names and dates in each sentence; every span lies inside
-  one sentence (so spec item 9 drops none). Because the wording differs, retrieving the named Z
-  document is the retrieval REALM should learn, not a "trivial retrieval" (spec item 12) of the
-  passage's own text.
-
-  X is prose, so that REALM's choice of masks matters as it does on real text: each fact
-  sentence carries a descriptive clause, and each passage has six sentences that state no fact
-  (pronouns, function words, common verbs and adjectives, never a name, date, number or
-  occupation). Most wordpieces are then predictable from the sentence around them, and the
-  knowledge a masked name or date needs stands only in Z. 15.9% of X's wordpieces lie in
-  salient spans, against 3.6% in the Python documentation and 62.5% in toy world v1, whose
-  sentences were bare facts (`bench/text_statistics.py`; bench/docs/benchmarks.md, "Names and dates
-  in the pretraining text"). Invented name words are at most 3 wordpieces.
-* ``qa/{train,dev,test}.jsonl`` -- open-QA questions in ORQA's form ``{"question", "answer"}``
-  (spec item 30), 2,000/1,000/1,000 of them (dev picks checkpoints, test is reported). Every
-  answer string occurs verbatim (case-sensitive, spec item 27) in the text of the subject's
-  document. Splits are made by *subject entity*, so no fact asked about in test is
-  asked about in train: without retrieval the answers cannot be known, which is what makes
-  "EM with retrieval >> EM without" a meaningful check of the whole pipeline.
-* ``manifest.json`` -- seed, scale, counts, sha256 of every file and the generator version.
-
-Everything is a pure function of ``(seed, sizes)``: randomness comes from ``random.Random``
-instances seeded with strings (hashed with SHA-512 by Python, so independent of
-``PYTHONHASHSEED``), and nothing iterates over a set or depends on hash order. Output bytes are
-identical across runs and processes; bump ``GENERATOR_VERSION`` whenever they change on purpose.
-
-Public API:
-
-* ``generate(seed, *, scale, num_people, ...) -> ToyWorld``
-* ``ToyWorld.write(directory)`` (atomic), ``ToyWorld.files()``, ``ToyWorld.counts()``
-* ``read_manifest(directory)``, ``verify(directory)``, ``read_jsonl(path)``
-* ``toy_world_dir(cache_root=None)``: the default world, generated once into a cache.
-* CLI: ``python -m realm_jax.data.toy_world --out DIR [--seed N] [--small]``.
+REALM's claim needs facts that exist only in the knowledge corpus: a real corpus would let a
+pretrained model answer from its prior. So this module invents people, places, organisations and
+events with syllable-built names (never a whole word of BERT's vocabulary), links them by facts,
+and writes ``corpus.jsonl`` (the corpus Z, one document per entity), ``pretrain.jsonl`` (the
+text X in the REALM release's schema: each passage restates one Z document's facts in other
+words, in prose, its salient spans names and dates), ``qa/{train,dev,test}.jsonl`` (ORQA-form
+questions, split by subject entity) and ``manifest.json``. The output is a pure function of
+``(seed, sizes)``. Entry points: `generate`, `ToyWorld.write`, `verify`, `toy_world_dir`, and
+``python -m realm_jax.data.toy_world --out DIR [--seed N] [--small]``. Design and figures:
+docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -849,12 +810,9 @@ def _event_document(rng: random.Random, event: Event) -> Document:
 
 
 # ------------------------------------------------------------------------------------------------
-# Pretraining text X: the same facts in other words, with salient spans, in prose. Each fact
-# sentence carries a descriptive clause, and every passage has sentences that state no fact at
-# all: most of X's wordpieces are function words, common verbs and adjectives that a language
-# model predicts from the sentence around them, as in real text (module docstring: the share of
-# name and date wordpieces). None of these words is knowledge: no clause or filler sentence holds
-# a name, a date, a number or an occupation, so what a masked salient span needs stands only in Z.
+# Pretraining text X: the same facts in other words, with salient spans, in prose. Clauses and
+# filler sentences make most wordpieces predictable from their sentence, as in real text, and
+# hold no name, date, number or occupation: what a masked salient span needs stands only in Z.
 # ------------------------------------------------------------------------------------------------
 
 # (template, salient fields). "{date}" templates are used only for full dates, so that every date
@@ -1260,18 +1218,10 @@ class ToyWorld:
   def write(self, directory: str | os.PathLike, *, overwrite: bool = False) -> dict[str, Any]:
     """Writes the world into `directory` atomically and returns the manifest.
 
-    Everything is written into a hidden temporary directory next to `directory` (same filesystem),
-    flushed to disk, and then renamed into place; the manifest is written last. A write that dies
-    part-way leaves at most a hidden ".NAME.tmp-*" directory, never a `directory` that looks
-    complete.
-
-    Args:
-      directory: destination; its parent is created if needed.
-      overwrite: replace an existing `directory` (it is moved aside first and deleted only after
-        the new one is in place). Without it an existing destination raises FileExistsError.
-
-    Returns:
-      The manifest written to `directory/manifest.json`.
+    Files go into a hidden temporary directory next to `directory`, are flushed, and renamed into
+    place, the manifest last: a write that dies leaves at most a hidden ".NAME.tmp-*" directory.
+    An existing `directory` raises FileExistsError unless `overwrite` (then it is moved aside first
+    and deleted only after the new one is in place).
     """
     destination = pathlib.Path(directory).absolute()
     if destination.exists() and not overwrite:
@@ -1318,20 +1268,14 @@ def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | 
   """Generates a toy world; the same arguments always give byte-identical files.
 
   Args:
-    seed: generation seed.
     scale: multiplies every default size (1.0: about 2,500 documents and 2,000/1,000/1,000
       questions; `SMALL_SCALE`: about 100 documents).
     num_people, num_places, num_organizations, num_events: entity counts (places include the
-      regions, about one per 22 towns, and are at least 4: two regions with a town each);
-      default to the base sizes times `scale`.
-    num_train, num_dev, num_test: QA split sizes; default to 2,000/1,000/1,000 times `scale`. A
-      split gets fewer questions only if its subjects have fewer facts than requested.
-    reserved_names: name words of another world (`name_words`); no name of this world
-      equals, contains or is contained in one of them (the toy BERT's reading worlds share no
-      name with the toy world, see `reading_world_dir`).
-
-  Returns:
-    The ToyWorld.
+      regions, about one per 22 towns, and are at least 4); default the base sizes times `scale`.
+    num_train, num_dev, num_test: QA split sizes; a split gets fewer questions only if its
+      subjects have fewer facts.
+    reserved_names: name words of another world (`name_words`) that no name of this one equals,
+      contains or is contained in (`reading_world_dir`).
   """
   if scale <= 0:
     raise ValueError(f"scale must be positive, got {scale}.")
@@ -1496,20 +1440,10 @@ def default_cache_root() -> pathlib.Path:
 
 def toy_world_dir(cache_root: str | os.PathLike | None = None, *, seed: int = DEFAULT_SEED,
                   small: bool = False) -> str:
-  """Returns the directory of the toy world, generating it on first use.
-
-  The world lives in `CACHE/toy_world/v<GENERATOR_VERSION>-seed<seed>[-small]`, where CACHE is
-  `cache_root`, else `$REALM_JAX_CACHE`, else `~/.cache/realm_jax`. An existing directory is
-  verified (every hash) and regenerated if it fails. Two processes that both find no world both
-  generate it; their outputs are identical and the later rename wins.
-
-  Args:
-    cache_root: the cache root (see above).
-    seed: generation seed.
-    small: the `SMALL_SCALE` world (about 100 documents) instead of the default one.
-
-  Returns:
-    The directory, as a string.
+  """Returns the directory of the toy world (the `SMALL_SCALE` one with `small`), generating it on
+  first use into `CACHE/toy_world/v<GENERATOR_VERSION>-seed<seed>[-small]` (CACHE: `cache_root`,
+  else `$REALM_JAX_CACHE`, else `~/.cache/realm_jax`). An existing directory is verified (every
+  hash) and regenerated if it fails; two processes generating at once write identical outputs.
   """
   root = pathlib.Path(cache_root) if cache_root is not None else default_cache_root()
   scale = SMALL_SCALE if small else 1.0

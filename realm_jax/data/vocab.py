@@ -1,44 +1,15 @@
 """BERT's uncased WordPiece vocabulary as a seqio Vocabulary, with byte offsets.
 
-REALM tokenises everything (queries, blocks, answers) with BERT's uncased WordPiece vocabulary
-(30522 entries, bundled in `realm_jax/data/assets/`). Two encoders give the same ids as
-transformers' `BertTokenizerFast(do_lower_case=True)`:
-
-* Python (`encode`, `tokenize_with_offsets`): a direct implementation of BERT's normaliser,
-  pre-tokeniser and greedy longest-match WordPiece that also reports, for every wordpiece, the
-  byte span of the original text it came from. Salient-span masking needs those offsets: spans
-  are given as byte offsets into the raw text (REALM_SPEC 8-10).
-* TensorFlow (`encode_tf`, used inside seqio/tf.data pipelines): the same normalisation written
-  as TF string ops, then tensorflow_text's WordPiece.
-
-Normalisation, in the order of the `tokenizers` BertNormalizer that BertTokenizerFast runs:
-drop NUL, U+FFFD and control/format characters (Unicode category C*, except tab/newline/CR),
-map whitespace to a space, put spaces around CJK ideographs, NFD-decompose and drop
-non-spacing marks (accents), lower-case. Then split on whitespace and on every punctuation
-character (ASCII punctuation and Unicode category P*), and run WordPiece on each word (a word
-over 100 characters is `[UNK]`).
-
-The Python encoder is the reference. Two backends give exactly its ids and byte offsets, faster
-(`WordPieceVocabulary(backend=...)`; `tokenize_batch` tokenises many texts in one call):
-
-* "rust": the Rust `tokenizers` package (BertNormalizer, BertPreTokenizer, WordPiece with this
-  vocabulary), its character offsets converted to bytes. Its Unicode tables are not Python's
-  (other versions; it keeps unassigned code points, NFD-decomposes CJK compatibility
-  ideographs, puts spaces around a slightly different CJK range), so every character is first
-  checked against the reference (`_char_is_safe`): a text with a character the two treat
-  differently is tokenised by the Python encoder.
-* "cached" (the default when `tokenizers` imports): a text's tokens are those of its
-  space-separated parts, shifted (a space ends a word in both encoders). Each distinct part is
-  tokenised once and kept in flat NumPy tables, so most of a text costs one `str.split` and one
-  dict probe per part, and a batch of texts is assembled with a few NumPy calls. A new part is
-  cut by a regular expression into words, each with the ASCII whitespace before it, looked up
-  the same way one level down; a new word is tokenised by the reference's own greedy WordPiece
-  when it is an ASCII letter/digit run or punctuation character (one dict probe: cheaper than
-  a call into Rust), else (a chunk with non-ASCII or control characters) by "rust". The tables
-  start afresh beyond `MAX_CACHED_KEYS` entries (bounded memory).
-
-Measured on the corpus build (bench/corpus_build_speed.py): per text, Rust is no faster than
-the reference here (its normaliser and per-call costs), the "cached" backend several times.
+REALM tokenises everything with BERT's uncased WordPiece vocabulary (30522 entries, bundled in
+`realm_jax/data/assets/`). Two encoders give the same ids as transformers'
+`BertTokenizerFast(do_lower_case=True)`: the Python reference (`encode`,
+`tokenize_with_offsets`: BERT's normaliser, pre-tokeniser and greedy longest-match WordPiece,
+also reporting each wordpiece's byte span, which salient-span masking needs, REALM_SPEC 8-10),
+and `encode_tf` (TF string ops and tensorflow_text) for seqio pipelines. Two faster backends
+give exactly the reference's ids and offsets (`WordPieceVocabulary(backend=...)`): "rust"
+(`tokenizers`, falling back to the reference on characters the two treat differently) and
+"cached" (the default: each distinct space-separated part tokenised once). Details and timings:
+docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations

