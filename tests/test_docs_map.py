@@ -106,7 +106,7 @@ def _written_paths() -> dict[str, list[str]]:
   formats = {importlib.import_module(m).FORMAT_NAME for m in FORMAT_MODULES}
   found: dict[str, list[str]] = {}
   for pattern in ("realm_jax/**/*.py", "tasks/**/*.py", "launch/**/*.py", "bench/*.py",
-                  "tests/**/*.py", "docs/*.md", "bench/docs/*.md", "bench/README.md", "README.md",
+                  "tests/**/*.py", "docs/**/*.md", "bench/docs/*.md", "bench/README.md", "README.md",
                   "gin_configs/**/*.gin",
                   "notebooks/*.ipynb"):
     for path in sorted(REPO.glob(pattern)):

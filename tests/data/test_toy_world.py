@@ -221,8 +221,8 @@ def _assert_states_no_fact(sentence, documents):
 
 def test_most_pretraining_wordpieces_are_not_names_or_dates(world):
   """The share of X's wordpieces inside salient spans (BERT wordpieces, counted by this file's own
-  counter) is about one in six (0.625 in the first toy world; the module docstring compares it
-  with real text)."""
+  counter) is about one in six (0.625 in the first toy world; docs/design/data_index_batches.md
+  compares it with real text)."""
   count = _WordPieceCounter()
   total = salient = 0
   for record in world.passages:
