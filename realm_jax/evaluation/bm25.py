@@ -1,23 +1,11 @@
 """Okapi BM25 over short documents: a lexical retrieval baseline (NumPy + SciPy sparse).
 
-score(q, d) = sum over the distinct terms t of q that occur in d of
-  idf(t) * tf(t, d) * (k1 + 1) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl)),
-  idf(t) = log(1 + (N - df(t) + 0.5) / (df(t) + 0.5))   (Lucene's, always > 0),
-with N documents, df(t) the documents containing t, |d| the terms of d and avgdl their mean.
-k1 = 0.9 and b = 0.4 are Anserini's defaults, which the DPR and ORQA BM25 comparisons used.
-
-Tokenization: lower-cased runs of Unicode letters and digits (`str.isalnum`); everything else
-separates terms. There is no stemming and no stop-word list (Anserini's English analyzer has
-both, so its numbers differ somewhat). A query is a bag of terms: a term repeated in a query
-counts once, as in Lucene's BM25 over a query of term clauses.
-
-The per-term document weights are computed once into an inverted index (a sparse
-[terms, documents] matrix), so scoring a chunk of queries is one sparse matrix product.
-
-A BlockStore's documents are its blocks' title and body text (`block_texts`), as the evaluate
-command's mode "bm25" ranks them. `BM25Searcher` hands BM25's ranking to the open-QA reader in
-place of the dense index (DrQA's pipeline: fine-tuning's `FinetuneJob.candidates='bm25'`,
-evaluation's `evaluate_main.candidates='bm25'`).
+Lucene's BM25 with Anserini's defaults k1 = 0.9, b = 0.4 (which the DPR and ORQA comparisons
+used), over lower-cased runs of letters and digits, without stemming or stop words; a query is
+a bag of distinct terms. The document weights form a sparse [terms, documents] matrix, so a
+chunk of queries is one sparse product. A BlockStore's documents are its blocks' title and body
+(`block_texts`); `BM25Searcher` gives BM25's ranking to the open-QA reader in place of the dense
+index (`candidates='bm25'`). Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -32,13 +20,10 @@ from scipy import sparse
 K1 = 0.9
 B = 0.4
 _TERM = re.compile(r"[^\W_]+")  # a run of letters and digits (\w without the underscore)
-# Queries scored per sparse product in `top_k`: a query with a common word scores nearly every
-# document, so one product of many queries is a nearly dense [queries, documents] sparse matrix,
-# slower to build than several small ones.
+# Queries per sparse product in `top_k`: a common word makes a product of many nearly dense.
 QUERY_CHUNK = 16
-# Where the open-QA reader's blocks come from (`FinetuneJob.candidates`,
-# `evaluate_main.candidates`): the dense index, `BM25Searcher`, or none at all (the closed book
-# of the FiD reader, `batches.qa_batches.ClosedBook`).
+# Where the open-QA reader's blocks come from: the dense index, `BM25Searcher`, or none (the
+# closed book, `batches.qa_batches.ClosedBook`).
 READER_CANDIDATES = ("index", "bm25", "none")
 
 
@@ -57,16 +42,9 @@ class BM25Index:
   """BM25 scores of queries against a fixed list of documents (ids 0..num_documents-1)."""
 
   def __init__(self, documents: Iterable[str], *, k1: float = K1, b: float = B):
-    """Indexes the documents (their position in `documents` is their id).
-
-    Args:
-      documents: the texts (an iterator is read once).
-      k1: term-frequency saturation (0: a term's presence is all that counts).
-      b: document-length normalisation (0: none, 1: full).
-
-    Raises:
-      ValueError: no documents, or k1 < 0, or b outside [0, 1].
-    """
+    """Indexes the documents (their position in `documents` is their id); k1 (>= 0) is the
+    term-frequency saturation, b in [0, 1] the length normalisation; ValueError otherwise or
+    without documents."""
     if k1 < 0 or not 0 <= b <= 1:
       raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
     self.k1, self.b = float(k1), float(b)
@@ -117,19 +95,11 @@ class BM25Index:
     return (self._query_matrix(queries) @ self._weights).tocsr()
 
   def top_k(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best documents of each query, best first.
+    """The k best documents of each query, best first: (ids int64 [num_queries, k], scores
+    float64 [num_queries, k]).
 
-    Ties (equal scores) go to the lower document id, so the ranking is deterministic; a query
-    sharing no term with fewer than k documents (an empty query, only unknown words) is padded
-    with score-0 documents, lowest ids first.
-
-    Args:
-      queries: the query texts.
-      k: documents per query, 1 <= k <= num_documents (a larger k is refused, not clipped, so
-        the result always has k columns; clip it first, e.g. `min(k, index.num_documents)`).
-
-    Returns:
-      (ids int64 [num_queries, k], scores float64 [num_queries, k]).
+    Ties go to the lower id; too few matches are padded with score-0 documents, lowest ids
+    first. k must be in 1..num_documents (refused, not clipped: clip it first).
     """
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k:
       raise ValueError(f"top_k: k must be a positive integer, got {k!r}")
@@ -179,17 +149,9 @@ def block_texts(store: Any):
 
 class BM25Searcher:
   """BM25 as the open-QA reader's retriever, DrQA's pipeline: the reader reads the top blocks
-  BM25 ranks for each question's text, and no retrieval score joins its span scores.
-
-  It serves both users of a retriever by `retrieve_texts`, which ranks question texts where a
-  dense retriever embeds them: the fine-tuning batches (`batches.qa_batches.OpenQABatches`, which
-  also read `block_emb` and `block_store_id`) and the evaluation's `Predictor`
-  (`evaluation.qa`, which reads `embeddings` and `num_docs`).
-
-  The embeddings are zeros, so the model's retrieval score `question . block` is 0 for every
-  block: the reader's joint (block, span) softmax is its span scores alone, as DrQA's reader
-  takes the best span of its paragraphs, and the question tower neither ranks nor learns (its
-  loss over the beam is a constant).
+  BM25 ranks for each question's text (`retrieve_texts`). Its embeddings are zeros, so no
+  retrieval score joins the span scores and the question tower neither ranks nor learns. Serves
+  the fine-tuning batches and the evaluation's `Predictor`.
   """
 
   def __init__(self, store: Any, dim: int):

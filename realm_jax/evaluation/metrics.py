@@ -1,23 +1,11 @@
 """Open-domain QA evaluation: exact match, CuratedTrec regex match, retrieval recall.
 
 REALM reports its open-QA numbers with ORQA's evaluation code (REALM_SPEC items 31-33); the
-retrieval recall that later papers compare against is DPR's. Both are reproduced here:
-
-* ``normalize_answer`` / ``exact_match`` / ``regex_match`` and the seqio metric functions
-  ``orqa_exact_match`` / ``curated_trec_regex_match``: ORQA's answer matching, from
-  ``realm_jax.data.answer_match`` (the QA tasks name those metric functions, so they live under
-  both the tasks and this module).
-* ``SimpleTokenizer`` / ``has_answer``: DPR's ``qa_validation.has_answer``. In "string" mode the
-  text and each answer are NFD-normalised, tokenised and lower-cased, and the answer's token
-  sequence is looked for in the text's; in "regex" mode the pattern is ``search``-ed (not
-  ``match``-ed) in the NFD text.
-* ``top_k_recall``: share of questions with an answer-bearing block among the first k retrieved.
-* ``format_metrics``: a metrics dict as the one summary line `python -m realm_jax.evaluate`
-  prints.
-
-Where the authors' code and this module differ, the function's docstring says so; every
-difference concerns inputs the data loaders in ``realm_jax.data.qa_datasets`` already reject (empty
-reference lists, answers without a single token).
+retrieval recall later papers compare against is DPR's. Both are here: ORQA's answer matching
+(re-exported from ``realm_jax.data.answer_match``), DPR's ``SimpleTokenizer`` / ``has_answer``,
+``top_k_recall`` and ``format_metrics`` (the summary line of `python -m realm_jax.evaluate`).
+The few differences from the authors' code concern inputs ``realm_jax.data.qa_datasets``
+already rejects. Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -61,12 +49,8 @@ DEFAULT_RECALL_KS = (5, 10, 50, 100)
 @functools.cache
 def _category_class(prefixes: str) -> str:
   """A regex character class body (no brackets) of every code point whose Unicode general
-  category starts with one of ``prefixes``; built once, on first use (~0.3 s).
-
-  The stdlib ``re`` has no ``\\p{...}`` classes, so DPR's ``[\\p{L}\\p{N}\\p{M}]`` is spelled out
-  as explicit ranges from ``unicodedata``. ``\\w`` would not do: it leaves out combining marks
-  (category M), which NFD produces for every accented letter, so "Cafe\\u0301" would split in two.
-  """
+  category starts with one of ``prefixes``; built once, on first use (~0.3 s). Stands in for
+  ``\\p{...}``, which the stdlib ``re`` lacks (``\\w`` leaves out NFD's combining marks)."""
   ranges = []
   start = None
   for code_point in range(sys.maxunicode + 2):
@@ -90,26 +74,12 @@ def _simple_tokenizer_regex() -> re.Pattern[str]:
 
 
 class SimpleTokenizer:
-  """DPR's (originally DrQA's) ``SimpleTokenizer``, with the stdlib ``re`` module.
-
-  A token is a maximal run of letters, digits and combining marks (Unicode categories L*, N*,
-  M*), or any single other character that is neither a separator (Z*) nor a control/format/
-  unassigned code point (C*). DPR writes this with the third-party ``regex`` module as
-  ``([\\p{L}\\p{N}\\p{M}]+)|([^\\p{Z}\\p{C}])``; here the same classes are enumerated from
-  Python's ``unicodedata``. The only possible difference is in code points that one Unicode
-  version assigns and the other does not.
-  """
+  """DPR's (originally DrQA's) ``SimpleTokenizer``, with the stdlib ``re`` module: a token is a
+  run of letters, digits and combining marks, or any single other character that is neither a
+  separator nor a control code point (DPR's ``([\\p{L}\\p{N}\\p{M}]+)|([^\\p{Z}\\p{C}])``)."""
 
   def tokenize(self, text: str, *, uncased: bool = False) -> list[str]:
-    """Splits ``text`` into DPR tokens.
-
-    Args:
-      text: the text to split (not normalised here; ``has_answer`` applies NFD first).
-      uncased: lower-case every token, as DPR's ``Tokens.words(uncased=True)``.
-
-    Returns:
-      The tokens, in order.
-    """
+    """Splits ``text`` (not normalised here) into DPR tokens, lower-cased if ``uncased``."""
     tokens = [m.group() for m in _simple_tokenizer_regex().finditer(text)]
     if uncased:
       tokens = [token.lower() for token in tokens]
@@ -159,27 +129,10 @@ def has_answer(text: str,
                tokenizer: SimpleTokenizer | None = None) -> bool:
   """DPR's ``has_answer``: does a retrieved text contain one of the answers?
 
-  "string": NFD-normalise the text and each answer, tokenise both with ``SimpleTokenizer``,
-  lower-case, and look for the answer's token sequence at token boundaries in the text (so "art"
-  is not found in "party"). "regex": NFD-normalise the text and each pattern and ``search`` the
-  text (unanchored, unlike ORQA's ``regex_match``) with IGNORECASE | UNICODE | MULTILINE; a pattern
-  that does not compile is a miss.
-
-  Differences from DPR, both for inputs ``realm_jax.data.qa_datasets`` rejects anyway: an empty
-  answer list raises instead of returning False, and an answer that yields no tokens (empty, or
-  only whitespace/control characters) matches nothing, whereas DPR's loop matches it everywhere.
-
-  Args:
-    text: the retrieved block or passage.
-    answers: the reference answers or patterns (a single string counts as one answer).
-    match: "string" or "regex" (CuratedTrec).
-    tokenizer: the tokenizer for "string" mode; DPR's ``SimpleTokenizer`` by default.
-
-  Returns:
-    True iff some answer occurs in the text.
-
-  Raises:
-    ValueError: unknown ``match`` or an empty answer list.
+  "string": the answer's NFD, lower-cased ``SimpleTokenizer`` tokens occur at token boundaries
+  in the text's ("art" is not in "party"). "regex" (CuratedTrec): the NFD pattern is
+  ``search``-ed, unanchored; one that does not compile is a miss. ``answers``: one string or a
+  list. ValueError on an unknown ``match`` or an empty answer list (DPR returns False).
   """
   refs = reference_list(answers, "has_answer")
   text = unicodedata.normalize("NFD", text)
@@ -196,21 +149,14 @@ def has_answer(text: str,
 
 def top_k_recall(retrieved_has_answer: Any,
                  ks: Sequence[int] = DEFAULT_RECALL_KS) -> dict[str, float]:
-  """Top-k retrieval recall (REALM_SPEC item 33).
+  """Top-k retrieval recall (REALM_SPEC item 33): ``{"recall@k": share of questions with an
+  answer among their first k blocks}``.
 
   Args:
-    retrieved_has_answer: ``[num_questions, num_retrieved]`` booleans (or 0/1 integers); entry
-      ``[q, r]`` says whether the r-th retrieved block for question q contains an answer.
-      Columns are in rank order.
-    ks: the cut-offs. A k larger than ``num_retrieved`` uses every retrieved block.
+    retrieved_has_answer: [num_questions, num_retrieved] bools (or 0/1), columns in rank order.
+    ks: the cut-offs; a k above ``num_retrieved`` uses every retrieved block.
 
-  Returns:
-    ``{"recall@k": fraction}`` for each k: the share (0..1) of questions with an answer among
-    their first k blocks.
-
-  Raises:
-    ValueError: the input is not 2-D, has no questions, holds values other than 0/1, or a k is
-      not a positive integer.
+  ValueError unless 2-D, non-empty, 0/1, with positive integer ks.
   """
   hits = np.asarray(retrieved_has_answer)
   if hits.ndim != 2:
@@ -223,8 +169,7 @@ def top_k_recall(retrieved_has_answer: Any,
       raise ValueError(
           f"top_k_recall: expected booleans or 0/1 integers, got dtype {hits.dtype}")
     hits = hits.astype(np.bool_)
-  # first_hit[q] = rank of the first answer-bearing block; infinity when there is none, so that
-  # a k beyond num_retrieved never counts a question without a hit.
+  # Rank of the first answer-bearing block; inf when none, so no k ever counts it.
   first_hit = np.where(hits.any(axis=1), hits.argmax(axis=1), np.inf)  # [num_questions]
   result = {}
   for k in ks:

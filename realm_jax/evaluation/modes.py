@@ -8,8 +8,7 @@ checked its settings:
 * `run_bm25`: the same recall of Okapi BM25 over the BlockStore's title and body text;
 * `run_questions`: free-text questions answered, each with its evidence, on stdout.
 
-The first three return a `results.Result`, which the command writes with `results.write`.
-Progress lines (`realm_jax.progress`: rate, ETA) go to stderr, led by the command's name.
+The first three return a `results.Result` (`results.write`); progress lines go to stderr.
 """
 
 from __future__ import annotations
@@ -223,8 +222,7 @@ def run_qa(run_dir: str, config: Any, step: Optional[int], why: str, *, task: st
   throttle.finish()
   fields = {"run_dir": os.path.abspath(run_dir), "task": task, "split": split,
             "checkpoint_step": step, "checkpoint_choice": why, "index_step": reader.index_step,
-            # Only BM25's or the closed book's candidates are named: an index's metrics stay as
-            # they were.
+            # Only BM25's or the closed book's are named: an index's fields stay as they were.
             **({"candidates": reader.kind} if reader.index_step is None else {}),
             "backend": index.backend}
   return results.Result("qa", results.file_stem("qa", task, split, step), fields, metrics,

@@ -1,38 +1,12 @@
 """Open-QA answers of a model over a QA split: EM / regex match, top-k recall, predictions.
 
-For each batch of questions:
-
-1. embed the questions (the model's question tower, or a caller's `embed_fn`);
-2. retrieve the top `max(k_values)` blocks with a searcher (`realm_jax.index.search`; exact
-   search over the index embeddings matrix, or ScaNN);
-3. build the reader features of the top `model.reader_beam` blocks
-   (`realm_jax.batches.qa_batches.build_open_qa_batch`) and take the global argmax (block, span)
-   (`OpenQAModel.predict_batch`), mapped back to the block's original text; or, for the
-   generative FiD reader (`realm_jax.models.fid_qa.FidReaderModel`, the same reader rows), its
-   greedy answer, detokenised (its `predicted_block_id` is -1: it reads the blocks together).
-   A FiD reader that trained its document tower with a re-ranking depth L
-   (`FidReaderModel.rerank_depth`) reads the best K of the first L blocks re-ranked with its
-   document tower (`index.rerank`), as it did in training; recall@k counts the re-ranked beam.
-   With `qa_batches.ClosedBook` as the searcher (Atlas's closed-book baseline, a FiD reader
-   trained with `FinetuneJob.candidates='none'`) nothing is retrieved: the reader reads
-   `[CLS] question [SEP]` alone, the predictions' evidence is empty and no recall is reported;
-4. score: ORQA's exact match (`metrics.exact_match`), or for CuratedTrec the regex match
-   (`metrics.regex_match`, REALM_SPEC 32); retrieval recall@k = an answer occurs in one of the
-   first k blocks (`metrics.has_answer` on the block body, DPR's variant; "string" or "regex"
-   mode, REALM_SPEC 33), or with `recall_match="substring"` ORQA's own `top_k_match` (the
-   case-sensitive raw substring label the retriever trains on).
-
-The reader's retrieval scores are recomputed as `question_emb . block_emb` from the index
-embeddings of the retrieved blocks, as ORQA does (an approximate searcher's own scores are
-only used to rank). The question embeddings used for the search are the ones the reader uses.
-
-Metrics are fractions in [0, 1] over all examples; `num_questions` counts them. A question
-too long for the reader (questions are never truncated, REALM_SPEC 26) or for a fixed
-`question_len` does not stop the run: it is counted in `skipped_questions`, predicted as "" with
-a `skipped` reason, and scored as a miss (so skipping never inflates a metric).
-
-`evaluate` serves `python -m realm_jax.evaluate`'s mode "qa" (`realm_jax.evaluation.modes`) and
-fine-tuning's dev evaluation; `Predictor.answer` and `format_answer` its free-text questions.
+Per batch: embed the questions, retrieve blocks (`realm_jax.index.search`, BM25 or the closed
+book), read the top `reader_beam` (span argmax, or a FiD reader's greedy answer) and score:
+exact match, or the regex match for CuratedTrec (REALM_SPEC 32); recall@k by `has_answer` on the
+block body (REALM_SPEC 33) or ORQA's substring label. A question too long for the reader (never
+truncated, REALM_SPEC 26) is skipped and scored as a miss. `evaluate` serves
+`python -m realm_jax.evaluate`'s mode "qa" and fine-tuning's dev evaluation; `Predictor.answer`
+its free-text questions. Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -82,27 +56,16 @@ class Predictor:
   """Question texts -> retrieved blocks -> answers, for one model, index and corpus.
 
   Attributes:
-    model: an `OpenQAModel`, or a generative reader with the same prediction interface
-      (`models.fid_qa.FidReaderModel`: its `answer_texts` turns `predict_batch`'s tokens into
-      text; its predicted block is -1, the answer being read from all the blocks at once).
-    params: its parameters.
-    searcher: anything with `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`, or
-      with `retrieve_texts(questions, k)` that ranks the question texts instead (BM25,
-      `evaluation.bm25.BM25Searcher`: its zero embeddings add no retrieval score), or
-      `qa_batches.ClosedBook` (nothing retrieved: the question alone, no embeddings needed;
-      the only searcher of a closed-book model, `FidReaderModel(closed_book=True)`).
+    model: an `OpenQAModel`, or a generative reader with the same interface (FiD; its
+      predicted block is -1).
+    searcher: `search(queries [n, proj], k) -> (scores [n, k], ids [n, k])`, or
+      `retrieve_texts(questions, k)` (BM25), or `qa_batches.ClosedBook` (nothing retrieved).
     store: the BlockStore the index was built from.
-    vocab: the WordPiece vocabulary.
-    block_emb: the index embeddings [num_blocks, proj] (NumPy or JAX), for the reader's
-      retrieval scores; default: the searcher's `embeddings` (ExactSearcher).
-    embed_fn: optional `questions -> [n, proj]` replacing the model's question tower for the
-      search and the reader's retrieval scores.
-    reader_len: reader sequence length (320).
-    question_len: fixed question length, or None (the batch's longest; see
-      `qa_batches.question_arrays`).
-    length_bucket: reader rows are cut to the batch's longest, rounded up to a multiple of this
-      (wordpieces; 0: read all reader_len positions). Padding changes no prediction: attention
-      and the span heads leave it out.
+    block_emb: index embeddings [num_blocks, proj] for the reader's retrieval scores (default:
+      the searcher's `embeddings`).
+    embed_fn: optional `questions -> [n, proj]` replacing the model's question tower.
+    question_len: fixed question length, or None (the batch's longest).
+    length_bucket: reader rows cut to the batch's longest, rounded up to this (0: reader_len).
   """
 
   def __init__(self, model: open_qa_model.OpenQAModel, params: Any, *, searcher: Any, store,
@@ -110,8 +73,7 @@ class Predictor:
                embed_fn: EmbedFn | None = None, reader_len: int = 320,
                question_len: int | None = None, length_bucket: int = 32):
     if model.train_document_tower and isinstance(model, open_qa_model.OpenQAModel):
-      # Prediction reads the published index; a live document tower is a training device. (A
-      # FiD reader's re-ranks the index's beam with it: `rerank_depth`.)
+      # Prediction reads the published index (a FiD reader re-ranks with it: `rerank_depth`).
       model = type(model)(model.config, reader_beam=model.reader_beam)
     _check_searcher(searcher, store)
     self.closed_book = qa_batches.is_closed_book(searcher)
@@ -195,8 +157,7 @@ class Predictor:
       # The reader scores blocks with the very embeddings the searcher was queried with.
       device_batch["question_emb"] = question_emb
     if self.length_bucket and "reader_mask" in device_batch:
-      # Rows padded to reader_len cost the reader as much as tokens: cut to the batch's longest,
-      # rounded up to the bucket (one compilation per width), as fine-tuning cuts its batches.
+      # Padding costs as much as tokens: cut to the batch's longest, rounded up to the bucket.
       device_batch, _ = seqio_batches.cut_to_bucket(device_batch, qa_batches.READER_ROW_KEYS,
                                                     "reader_mask", self.length_bucket)
     keys = getattr(self.model, "prediction_keys", None)
@@ -276,40 +237,17 @@ def evaluate(model: open_qa_model.OpenQAModel, params: Any, examples: Sequence[A
              progress: Callable[[str], None] | None = None) -> tuple[dict, list[dict]]:
   """Open-QA metrics and predictions of a model over a QA split.
 
-  Args:
-    model: an `OpenQAModel` (a document-tower-training one predicts from the index).
-    params: its parameters.
-    examples: `QAExample`s.
-    searcher: the index searcher (`search(queries, k) -> (scores, ids)`), e.g. `ExactSearcher`.
-    store: the BlockStore the index was built from.
-    vocab: the WordPiece vocabulary (bundled BERT uncased by default).
-    batch_size: questions per step (the last batch is padded: one compiled shape).
-    k_values: recall cut-offs; retrieval depth is `max(k_values)` (at least the reader beam,
-      at most the number of blocks; a k above the depth counts every retrieved block).
-    answers_are_regex: CuratedTrec mode (regex match, regex recall). None: from the examples.
-    embed_fn: optional `questions -> [n, proj]` replacing the model's question tower.
-    block_emb: index embeddings for the reader's retrieval scores (default: the searcher's).
-    reader_len: reader sequence length (320).
-    question_len: fixed question length or None (the batch's longest, rounded up).
-    recall_match: "has_answer" (DPR's tokenised match on the block body, regex `search` for
-      CuratedTrec) or "substring" (ORQA's top_k_match: the retriever's training label).
+  Args (the others as `Predictor`):
+    k_values: recall cut-offs; the retrieval depth is `max(k_values)` (>= the reader beam).
+    answers_are_regex: CuratedTrec mode (regex match and recall); None: from the examples.
+    recall_match: "has_answer" (DPR's match on the block body) or "substring" (ORQA's label).
     num_evidence: retrieved blocks kept per prediction (default: the reader's beam).
-    length_bucket: the reader rows' bucket (`Predictor`; 0: full reader_len rows).
-    progress: called after each batch with a `realm_jax.progress.line` of the questions read
-      (rate, ETA) and the answer metric so far (e.g. `print`).
+    progress: called after each batch with a `realm_jax.progress.line` (e.g. `print`).
 
   Returns:
-    (metrics, predictions). metrics: {"exact_match" or "regex_match", "recall@k" for each k
-    (fractions in [0, 1]), "num_questions", "skipped_questions"; in regex mode also
-    "invalid_answer_patterns", the answer patterns that do not compile (each a miss)}.
-    predictions, one per example, in order: {"question", "prediction", "answers", "block_ids",
-    "block_scores", "predicted_block_id", "correct"} (plus "skipped" for a skipped question);
-    block ids and scores are the first `num_evidence` retrieved blocks. With the closed book
-    (`qa_batches.ClosedBook`) the evidence is empty and the metrics have no recall@k.
-
-  Raises:
-    ValueError: no examples, an unknown recall_match, examples mixing regex and plain answers,
-      or a searcher over a different number of blocks than the store.
+    (metrics, predictions): metrics {"exact_match" or "regex_match", "recall@k" (no recall for
+    the closed book), "num_questions", "skipped_questions"}, fractions in [0, 1]; one prediction
+    dict per example, in order. ValueError on bad arguments or a searcher of another corpus.
   """
   examples = list(examples)
   if not examples:
@@ -399,11 +337,8 @@ def answer_question(model: open_qa_model.OpenQAModel, params: Any, question: str
                     embed_fn: EmbedFn | None = None, block_emb: Any = None,
                     reader_len: int = 320, num_evidence: int | None = None,
                     snippet_chars: int = 240) -> dict:
-  """Answers a free-text question with its evidence (see `Predictor.answer`).
-
-  For many questions, build one `Predictor` and call `answer` on it (same compiled functions
-  either way; the Predictor saves re-checking its arguments).
-  """
+  """Answers a free-text question with its evidence (see `Predictor.answer`); for many
+  questions, build one `Predictor` and call `answer` on it."""
   predictor = Predictor(model, params, searcher=searcher, store=store, vocab=vocab,
                         block_emb=block_emb, embed_fn=embed_fn, reader_len=reader_len)
   return predictor.answer(question, num_evidence=num_evidence, snippet_chars=snippet_chars)

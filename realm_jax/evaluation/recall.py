@@ -1,16 +1,9 @@
 """Retrieval quality of a ranking: which retrieved blocks are hits, and recall@k.
 
-What `python -m realm_jax.evaluate` reports in its modes "retrieval" (the index's own query
-tower) and "bm25" (the lexical baseline), from the block ids each ranked:
-
-* ``answer_hits``: for a QA task, whether a block contains an answer (DPR's ``has_answer`` on
-  the block body, `metrics.has_answer`; regex search for regex answers);
-* ``ict_hits``: for an ICT task, whether a block is the query's source block (by uid);
-* ``recall_metrics``: recall@k of those hits (`metrics.top_k_recall`), with chance@k = k / blocks
-  for ICT, and the counts;
-* ``clip_k_values``: the recall cut-offs a corpus of this size can tell apart;
-* ``answers_in_corpus``: whether an answer of each question occurs in any block at all (the
-  ceiling of every retriever's recall: `answer_hits` over the whole corpus, in one pass).
+What `python -m realm_jax.evaluate` reports in its modes "retrieval" and "bm25": hits by answer
+(``answer_hits``, DPR's ``has_answer`` on the block body) for a QA task or by source block
+(``ict_hits``) for an ICT task, recall@k with chance@k for ICT (``recall_metrics``), and the
+ceiling of every retriever's recall (``answers_in_corpus``: an answer in any block at all).
 """
 
 from __future__ import annotations
@@ -25,11 +18,8 @@ __all__ = ["answer_hits", "answers_in_corpus", "clip_k_values", "ict_hits", "rec
 
 
 def clip_k_values(k_values: Sequence[int], num_blocks: int) -> tuple[int, ...]:
-  """Recall cut-offs, each at most the number of blocks, ascending and without repeats.
-
-  A k above the corpus size would only repeat recall@num_blocks (1.0 for ICT), so it becomes
-  num_blocks.
-  """
+  """Recall cut-offs, each at most the number of blocks (a larger k would only repeat
+  recall@num_blocks), ascending and without repeats."""
   return tuple(sorted({min(int(k), int(num_blocks)) for k in k_values}))
 
 
@@ -90,14 +80,9 @@ def recall_metrics(hits: Any, ks: Sequence[int], kind: str, num_blocks: int) -> 
 
 
 def answers_in_corpus(examples: Sequence[Any], texts: Iterable[str]) -> Any:
-  """Whether an answer of each example occurs in one of `texts` (the block bodies): what
-  `answer_hits` would say of a ranking holding every block, without one `has_answer` call per
-  (question, block). bool [n].
-
-  String answers: every answer's `metrics.has_answer_tokens` sequence is looked up among each
-  text's token n-grams of the answers' lengths (one pass over the texts; `has_answer` matches
-  exactly such a contiguous token sequence). Regex answers: `metrics.has_answer` in "regex"
-  mode on each text, until one matches.
+  """Whether an answer of each example occurs in one of `texts` (the block bodies): bool [n],
+  what `answer_hits` would say of a ranking holding every block. String answers are looked up
+  among each text's token n-grams in one pass; regex answers searched text by text until found.
   """
   found = np.zeros(len(examples), bool)  # [n]
   # (answer tokens) -> the string examples with that answer.

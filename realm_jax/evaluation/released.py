@@ -2,32 +2,12 @@
 `RealmForOpenQA` directory (google/realm-orqa-nq-openqa, google/realm-orqa-wq-openqa) answers a
 QA task split, scored by exact match (`python -m realm_jax.evaluate --released DIR`).
 
-The directory is what `RealmForOpenQA.save_pretrained` and `RealmRetriever.save_pretrained`
-write (`DIRECTORY_FILES`): config.json, the weights (pytorch_model.bin or model.safetensors:
-the question embedder, the reader, and the buffer `block_emb` [num_blocks, proj], the frozen
-index), vocab.txt with the other tokenizer files, and block_records.npy, the block texts
-([num_blocks] bytes; ORQA's `blocks.tfr`, bodies without titles). Nothing is downloaded.
-
-Each question goes the way transformers' `RealmForOpenQA` (and ORQA) predict:
-
-1. `[CLS] question [SEP]` through the question embedder (one `proj_size` vector);
-2. exact inner-product search over `block_emb` (`index.search.ExactSearcher`), or ScaNN
-   (ORQA's tree + asymmetric hashing, built in memory);
-3. the reader reads the top `reader_beam_size` (5) blocks, each row `[CLS] question [SEP] block
-   [SEP]` cut to `reader_seq_len` (320) wordpieces;
-4. the answer is the best span of at most `max_span_width` (10) wordpieces over those blocks:
-   the global argmax of span logit + retrieval score (`models.reader.predict_span`);
-5. exact match against the task's answers (`evaluation.qa.evaluate`, ORQA's metric).
-
-Where this differs from transformers: the question is never truncated (REALM_SPEC 26), where
-transformers' longest_first truncation would cut one longer than the rest of the reader row (over
-~158 wordpieces at 320); transformers re-tokenises the question decoded from its ids, which drops
-`[UNK]` pieces from the reader rows; and the answer is the span's original text, as ORQA maps it
-(REALM_SPEC 29), where transformers decodes lower-cased wordpieces ("U.S." comes back as
-"u. s.", "Zoë" as "zoe", which exact match scores differently). The spans chosen are the same.
-
-The TensorFlow release (TF checkpoints, block TFRecords) is not read here: `convert.hf` reads
-transformers' weight files only (see docs/paper_scale.md for the conversion).
+The directory holds config.json, the weights (pytorch_model.bin or model.safetensors, with the
+frozen index `block_emb`), vocab.txt and block_records.npy (the block texts). Nothing is
+downloaded; the TensorFlow release is not read (docs/paper_scale.md). Each question is answered
+as transformers and ORQA do: embed, search block_emb (exact or ScaNN), read the top 5 blocks,
+take the best span. Unlike transformers, the question is never truncated (REALM_SPEC 26) and the
+answer is the span's original text (REALM_SPEC 29); the spans chosen are the same.
 """
 
 from __future__ import annotations
@@ -66,8 +46,7 @@ BACKENDS = ("exact", "scann")
 # The release's prediction settings when config.json leaves them out (transformers' defaults).
 DEFAULT_READER_BEAM = 5
 DEFAULT_READER_LEN = 320
-# Files of the TensorFlow release: a TF checkpoint (its index file and its `checkpoint` state
-# file) and the block TFRecords.
+# Files of the TensorFlow release: a TF checkpoint and the block TFRecords.
 _TF_FILE = "checkpoint"
 _TF_SUFFIXES = (".index", ".tfr", ".tfrecord")
 
@@ -130,10 +109,8 @@ def read_vocabulary(directory: str, hf_config: dict) -> vocab_lib.WordPieceVocab
 
 def read_block_records(directory: str) -> np.ndarray:
   """block_records.npy: [num_blocks] block texts (UTF-8 bytes), as RealmRetriever saves them.
-
-  The file is a pickled object array (NumPy's format for variable-length bytes), so it is
-  loaded with `allow_pickle=True`, as transformers loads it: read only directories you trust.
-  """
+  A pickled object array, loaded with `allow_pickle=True` as transformers does: read only
+  directories you trust."""
   path = os.path.join(directory, BLOCK_RECORDS)
   records = np.load(path, allow_pickle=True)
   if records.ndim != 1:
@@ -179,13 +156,9 @@ def check_task(task: str, split: str) -> str:
 
 
 class BlockRecords:
-  """The released block texts as the store the QA evaluation reads (the part of
-  `data.block_store.BlockStore` it uses: bodies, their wordpieces, no titles).
-
-  A block's wordpieces are its whole text tokenised, as transformers' RealmRetriever tokenises
-  the block before truncating the reader row; nothing is precomputed, so 13M blocks cost only
-  their texts in memory.
-  """
+  """The released block texts as the store the QA evaluation reads (bodies, their wordpieces,
+  no titles). Wordpieces are computed on demand from the whole text, as transformers does, so
+  13M blocks cost only their texts in memory."""
 
   def __init__(self, records: np.ndarray, vocab: vocab_lib.WordPieceVocabulary, path: str):
     self.records = records  # [num_blocks] bytes
@@ -249,21 +222,14 @@ def evaluate_released(directory: str, config: Any, params: dict, block_emb: np.n
                       store: BlockRecords, examples: Sequence[Any], *, task: str, split: str,
                       run: Settings, backend: str = "exact", batch_size: int = 16,
                       k_values: Sequence[int] = (1, 5, 20, 100)) -> results.Result:
-  """Exact match (and recall@k) of a released model over a task split's examples.
+  """Exact match (and recall@k) of a released model over a task split's examples; progress
+  lines go to stderr.
 
   Args:
-    directory: the released directory (named in the result).
     config, params: `convert.hf.load_checkpoint(directory, "open_qa")`'s.
     block_emb: [num_blocks, proj] float32, its `extras["block_emb"]`.
     store: the block texts, one per row of block_emb.
-    examples: the task split's `QAExample`s.
-    task, split: their names (the result's fields and file stem).
-    run: the prediction settings (`settings`).
-    backend: "exact" or "scann".
-    batch_size: questions per step.
-    k_values: recall cut-offs (clipped to the number of blocks).
-
-  Progress lines (questions read, rate, ETA, exact match so far) go to stderr.
+    run: the prediction settings (`settings`); backend: "exact" or "scann".
 
   Returns:
     The `results.Result` of mode "qa" (predictions included), stem `<task>_<split>_released`.

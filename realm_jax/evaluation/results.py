@@ -64,17 +64,11 @@ def output_paths(output: Optional[str], run_dir: Optional[str], stem: str) -> tu
 
 
 def write(result: Result, output: Optional[str], run_dir: Optional[str]) -> str:
-  """Writes the predictions (if any), then the metrics JSON that names them, and prints the
-  summary line.
+  """Writes the predictions (if any), then the metrics JSON that names them, prints the
+  summary line and returns the metrics JSON's path.
 
-  Args:
-    result: the evaluation.
-    output: the predictions path (the metrics go to the same path with .metrics.json); None:
-      under `<run_dir>/predictions/`.
-    run_dir: the run directory (None only with `output`).
-
-  Returns:
-    The metrics JSON's path.
+  `output`: the predictions path (the metrics beside it, .metrics.json); None: under
+  `<run_dir>/predictions/` (`run_dir` is None only with `output`).
   """
   predictions_path, metrics_path = output_paths(output, run_dir, result.stem)
   record = {"mode": result.mode, **result.fields}
@@ -93,18 +87,8 @@ def write(result: Result, output: Optional[str], run_dir: Optional[str]) -> str:
 
 def write_predictions_jsonl(path: str, predictions: Sequence[dict]) -> None:
   """Writes predictions as JSON lines, `{"question", "prediction"}` first (the authors' format,
-  read by ORQA's `evaluate_predictions.py`), then the evidence fields.
-
-  Written to a temporary file next to `path` and renamed into place, so a crash never leaves a
-  half-written file under the final name.
-
-  Args:
-    path: output file (local path).
-    predictions: dicts with at least "question" and "prediction".
-
-  Raises:
-    ValueError: a prediction lacks "question" or "prediction" (names its index).
-  """
+  read by ORQA's `evaluate_predictions.py`), then the evidence fields; renamed into place, so a
+  crash leaves no half-written file. ValueError names a prediction lacking either key."""
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
   tmp = f"{path}.tmp-{os.getpid()}"

@@ -1,16 +1,10 @@
 """RETRO's evaluation analyses of a trained run (Borgeaud et al. 2022): `evaluate_retro`.
 
-A RETRO job's checkpoint (`realm_jax.jobs.retro`; its `<run_dir>/retro_config.json` names the
-model, the chunk database and, for the toy world, the BlockStore) is evaluated on the held-out
-sequences as the job's own evaluation builds them (`batches.retro.RetroBatches`, split
-"heldout", in order), with any number of neighbours per chunk. Per target token it computes the
-next-token loss with retrieval and without (the model called with no neighbours), and reports:
-the totals (loss in nats per target token and bits per byte, equal to the job's eval metrics
-for the same sequences); the loss split by token kind, "salient" (inside a named entity or
-date span that `annotator` finds in the document's original text) and "other"; and RETRO's
-leakage analysis (paper section 2.6, "Quantifying dataset leakage exploitation"), the loss over
-the evaluation chunks whose overlap with their own neighbours is at most alpha, as
-`evaluate_retro`'s docstring defines it.
+A RETRO job's checkpoint (`realm_jax.jobs.retro`) is evaluated on its held-out sequences with
+any number of neighbours per chunk: the next-token loss and bits per byte with retrieval and
+without, split by token kind ("salient" entity or date spans, "other"), and RETRO's leakage
+analysis (section 2.6): the loss over the chunks whose overlap with their own neighbours is at
+most alpha. Design notes: docs/design/training_and_commands.md.
 
   python -m realm_jax.evaluation.retro RUN_DIR [--step N] [--num_neighbours K] [--out FILE]
 """
@@ -263,42 +257,18 @@ def evaluate_retro(run_dir: str, *, step: Optional[int] = None,
                    batch_size: int = 16) -> dict:
   """RETRO's evaluation of a run's checkpoint on its held-out sequences (module docstring).
 
-  Target tokens: the tokens at positions t = 1 .. n - 1 of each sequence where real, each
-  predicted from the tokens before it, as the job's loss weights them. Bytes: each target
-  token's bytes in the job's bits per byte (`batches.retro.target_token_bytes`, which sum to
-  `target_bytes`).
-
-  Leakage (RETRO section 2.6, its filtered evaluation): for each evaluation chunk C (a chunk of
-  a held-out sequence, its real tokens) r(C) = the length of the longest common contiguous
-  token substring of C and any one of C's own retrieved neighbours (retrieved chunk +
-  continuation, real tokens only), divided by C's real length. The target token at position t
-  belongs to the chunk holding position t. `by_overlap` keeps, per threshold alpha,
-  the chunks with r(C) <= alpha and their target tokens, and reports the loss and bits per byte
-  over these; alpha = 1 keeps everything. The neighbours are the evaluation's (k =
-  `num_neighbours`), also for a baseline run, which is filtered by the same chunks.
+  r(C) of an evaluation chunk C is its longest common token substring with any of its own
+  neighbours, over its real length; `by_overlap` keeps, per alpha, the chunks with r(C) <= alpha
+  and their target tokens (alpha = 1 keeps all). A baseline run is filtered by the same chunks.
 
   Args:
-    run_dir: a RETRO run directory (retro_config.json, checkpoints/).
-    step: the checkpoint step; None: the newest.
-    num_neighbours: k per chunk; None: the run's (RETRO evaluates with more than it trains).
-    max_sequences: the first this many held-out sequences.
+    step, num_neighbours: None: the newest checkpoint, the run's k.
     overlap_thresholds: the alphas of `by_overlap`, each in [0, 1].
     annotator: a salient-span annotator (`salient_spans.ANNOTATORS` name or instance).
-    block_store: the BlockStore (path or opened) the run's chunk database was built over;
-      None: the run's recorded one (the toy world's for the toy database).
-    batch_size: sequences per forward pass (the last batch is padded, its filler weighted 0).
+    block_store: the BlockStore the chunk database was built over; None: the run's recorded one.
 
-  Returns:
-    A JSON-ready dict: run_dir, step, sequences, num_neighbours, chunks, target_tokens,
-    target_bytes, retrieval ({"loss", "bits_per_byte"}; None for a baseline run),
-    no_retrieval, by_kind ({"salient", "other"}: tokens, share, bytes, retrieval,
-    no_retrieval), by_overlap ([{max_overlap, chunks, tokens, bytes, retrieval,
-    no_retrieval}]), overlap_histogram ({"edges", "counts"}: bin i holds edges[i] < r(C) <=
-    edges[i + 1], the first also r(C) = 0), annotator.
-
-  Raises:
-    RetroEvalError: a bad argument, or a run or its data that cannot be evaluated (named);
-    checkpoints.CheckpointError for a missing or unreadable checkpoint.
+  Returns a JSON-ready dict (totals, by_kind, by_overlap, overlap_histogram). Raises
+  RetroEvalError (a bad argument, run or data) or checkpoints.CheckpointError.
   """
   run_dir = os.fspath(run_dir)
   max_sequences = _check_int("max_sequences", max_sequences, 1)
@@ -337,8 +307,7 @@ def evaluate_retro(run_dir: str, *, step: Optional[int] = None,
         database, batch_size=batch_size, chunks_per_sequence=int(run["chunks_per_sequence"]),
         num_neighbours=k, retrieval=True, split="heldout", shuffle=False,
         max_sequences=max_sequences, vocab=vocab, process_index=0, process_count=1,
-        # As the run retrieved (True unless the run is the positive control without RETRO's
-        # rule; runs from before the setting was recorded kept the rule).
+        # As the run retrieved (False only for the positive control; older runs kept the rule).
         exclude_own_document=run.get("exclude_own_document") is not False)
     salient_chunks = chunk_salient_marks(database, store, batches.chunk_ids, annotator,
                                          vocab)  # [S, l, m]

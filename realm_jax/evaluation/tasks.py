@@ -67,10 +67,7 @@ def ict_task_queries(task_name: str, split: str, max_examples: Optional[int] = N
 def ict_query_texts(query_ids: Any, query_mask: Any) -> list[str]:
   """ICT queries as text (BM25's queries for an ICT task): the wordpieces of `[CLS] sentence
   [SEP]` (int [n, query_len], mask [n, query_len]) decoded, special tokens and padding dropped.
-
-  The text is the uncased vocabulary's: lower-cased and without accents, so a query word with
-  an accent does not match the block's original spelling.
-  """
+  Uncased text: a query word with an accent does not match the block's original spelling."""
   vocab = vocab_lib.default_vocabulary()
   specials = set(vocab_lib.SPECIAL_TOKENS.values())
   return [vocab.decode([int(i) for i, m in zip(ids, mask) if m and int(i) not in specials])
