@@ -248,15 +248,18 @@ class FinetuneJob(IndexJob):
 
   def check_retriever_objective(self) -> None:
     """`retriever_objective` resolved (`resolved_objective`) and checked in one line:
-    IndexJob's check for the extractive reader's objectives ("none" is FiD's only); the FiD
-    reader's are `check_reader`'s."""
+    IndexJob's check for the extractive reader's objectives (an objective only the FiD reader
+    serves, such as "none", said so); the FiD reader's are `check_reader`'s."""
+    from realm_jax.models import retriever_objectives  # pylint: disable=g-import-not-at-top
     self.retriever_objective = self.resolved_objective()
     if self.reader == "fid":
       return
-    if self.retriever_objective == "none":
-      raise ConfigError("FinetuneJob.retriever_objective='none' is the FiD reader's "
-                        "(reader='fid'): the extractive reader's question tower trains by "
-                        "'marginal' (ORQA's losses) or one of Atlas's objectives")
+    objective = retriever_objectives.get(self.retriever_objective)
+    if (objective is not None and not objective.serves(retriever_objectives.EXTRACTIVE)
+        and objective.serves(retriever_objectives.FID)):
+      raise ConfigError(f"FinetuneJob.retriever_objective={self.retriever_objective!r} is the "
+                        f"FiD reader's (reader='fid'): the extractive reader's question tower "
+                        f"trains by 'marginal' (ORQA's losses) or one of Atlas's objectives")
     super().check_retriever_objective()
 
   def check_candidates(self) -> None:
@@ -566,10 +569,12 @@ class FinetuneJob(IndexJob):
     options = super().optimizer_options()
     if self.reader == "fid":
       from realm_jax.models import fid_qa  # pylint: disable=g-import-not-at-top
+      from realm_jax.models import retriever_objectives  # pylint: disable=g-import-not-at-top
+      objective = retriever_objectives.get(self.resolved_objective())
       # The reader; the question tower too when an objective trains it, and the document tower
       # when asked (else the index stays exact).
       options["trainable"] = functools.partial(
-          fid_qa.trainable_mask, train_question_tower=self.resolved_objective() != "none",
+          fid_qa.trainable_mask, train_question_tower=objective.trains_retriever,
           train_document_tower=self.train_document_tower)
     config = self.peft_config()
     if config is not None:

@@ -109,7 +109,10 @@ class IndexJob(Job):
       parts.append(f"retriever frozen for {self.freeze_retriever_steps} steps")
     if self.refresh_in_lockstep:
       parts.append("index refreshed in lockstep with the checkpoints")
-    if self.retriever_objective not in ("marginal", "none", None):  # none: FiD's frozen tower
+    from realm_jax.models import retriever_objectives  # pylint: disable=g-import-not-at-top
+    # An objective of its own that trains the retriever (not REALM's marginal, not FiD's none).
+    objective = retriever_objectives.get(self.retriever_objective)
+    if objective is not None and objective.trains_retriever and not objective.joint:
       parts.append(f"retriever objective {self.retriever_objective} "
                    f"(T {self.objective_temperature:g})")
     return ", ".join(parts)

@@ -108,29 +108,18 @@ from realm_jax.models import retriever_objectives
 from realm_jax.models.config import BertConfig, RealmConfig
 from realm_jax.models.realm import ParamsFromBoxedInit, dropout_rngs, init_retriever_params
 from realm_jax.models.retriever import RealmRetriever, relevance_scores
+from realm_jax.models.retriever_objectives import FID, Target
 
 Array = jax.Array
 Params = Any
 Batch = dict[str, Any]
 
-__all__ = ["FID_CONFIG_FILE", "OBJECTIVES", "RETRIEVAL_SETTINGS", "FidReaderModel",
+__all__ = ["FID_CONFIG_FILE", "RETRIEVAL_SETTINGS", "FidReaderModel",
            "check_objective", "detokenize", "fid_config_from_dict", "fid_config_to_dict",
            "read_fid_config", "read_retrieval_settings", "retrieval_settings", "summarize",
            "trainable_mask", "write_fid_config"]
 
 FID_CONFIG_FILE = "fid_config.json"
-
-# How the question tower learns with this reader: "none" (it only retrieves) or one of Atlas's
-# objectives (module docstring). REALM's "marginal" has no counterpart: the FiD loss does not
-# marginalise over blocks.
-# "answer_blocks" is a control, not Atlas's: its target is known without the reader (below).
-OBJECTIVES = ("none", "adist", "emdr2", "pdist", "loop", "answer_blocks")
-# Each objective's loss over the read blocks' scores and the targets the reader computes.
-_RETRIEVER_LOSSES = {"adist": retriever_objectives.adist_loss,
-                     "emdr2": retriever_objectives.emdr2_loss,
-                     "pdist": retriever_objectives.pdist_loss,
-                     "loop": retriever_objectives.left_out_loop_loss,
-                     "answer_blocks": retriever_objectives.pdist_loss}
 
 # Wordpiece detokenisation: BERT's basic tokenizer splits punctuation off words, so "O'Brien"
 # comes back as "o ' brien" and "Jean-Luc" as "jean - luc"; ORQA's normalisation drops the
@@ -158,25 +147,11 @@ def detokenize(ids: Sequence[int], vocab: vocab_lib.WordPieceVocabulary, *,
   return text.strip()
 
 
-def check_objective(objective: str, temperature: float) -> None:
-  """Raises ValueError (one line, naming the setting) unless `objective` is one of OBJECTIVES
-  with a valid `objective_temperature` (1 with "none": no scores are softmaxed)."""
-  if objective == "marginal":
-    raise ValueError("retriever_objective='marginal' has no counterpart with the FiD reader "
-                     "(its answer loss reads the K blocks together, no marginal over blocks): "
-                     "use 'adist', 'emdr2', 'pdist' or 'loop' to train the question tower, or "
-                     "'none'")
-  if objective not in OBJECTIVES:
-    raise ValueError(f"retriever_objective={objective!r}: not one of {', '.join(OBJECTIVES)} "
-                     f"with the FiD reader")
-  if objective == "answer_blocks":  # PDist's distillation of a target the batch holds
-    retriever_objectives.check_objective("pdist", temperature)
-  elif objective != "none":
-    retriever_objectives.check_objective(objective, temperature)
-  elif temperature != 1:
-    raise ValueError(f"objective_temperature={temperature!r} applies to "
-                     f"{', '.join(OBJECTIVES[1:])}; retriever_objective='none' trains no "
-                     f"retriever: leave it at 1.0")
+def check_objective(objective: str, temperature: float) -> retriever_objectives.Objective:
+  """The registered objective `objective` if the FiD reader serves it (`retriever_objectives.
+  names(FID)`: "none", the question tower only retrieves, or one that trains it) with a valid
+  `objective_temperature`; else a ValueError (one line, naming the setting)."""
+  return retriever_objectives.check_objective(objective, temperature, reader=FID)
 
 
 def trainable_mask(params: Params, train_question_tower: bool = False,
@@ -275,7 +250,7 @@ class FidReaderModel(ParamsFromBoxedInit):
     reader_beam: blocks the reader reads (K).
     retriever_objective: "none" (the question tower only retrieves), Atlas's "adist",
       "emdr2", "pdist", "loop" over the K read blocks, or the control "answer_blocks" (module
-      docstring; `OBJECTIVES`).
+      docstring; `retriever_objectives.names(FID)`).
     objective_temperature: T of the retriever's softmax(scores / T) (1.0 with "none").
     closed_book: no retrieval (module docstring): the question alone in one row
       (`reader_beam` 1), no retriever parameters, `retriever_objective` "none".
@@ -311,12 +286,12 @@ class FidReaderModel(ParamsFromBoxedInit):
   def __post_init__(self):
     if self.reader_beam < 1:
       raise ValueError(f"reader_beam must be positive, got {self.reader_beam}")
-    check_objective(self.retriever_objective, self.objective_temperature)
-    if self.closed_book and (self.reader_beam != 1 or self.retriever_objective != "none"):
+    objective = check_objective(self.retriever_objective, self.objective_temperature)
+    if self.closed_book and (self.reader_beam != 1 or objective.trains_retriever):
       raise ValueError(f"the closed-book reader reads one row per question (the question alone) "
                        f"and has no retriever: reader_beam={self.reader_beam} and "
                        f"retriever_objective={self.retriever_objective!r} must be 1 and 'none'")
-    if self.train_document_tower and self.retriever_objective == "none":
+    if self.train_document_tower and not objective.trains_retriever:
       raise ValueError("train_document_tower=True with retriever_objective='none': nothing "
                        "trains the document tower (the FiD loss has no path to the retrieval "
                        "scores); choose 'adist', 'emdr2', 'pdist' or 'loop'")
@@ -324,7 +299,8 @@ class FidReaderModel(ParamsFromBoxedInit):
       raise ValueError(f"document_beam={self.document_beam} re-ranks with the live document "
                        f"tower: set train_document_tower=True (with the tower frozen the "
                        f"index's ranking is already exact)")
-    if self.objective_beam is not None and (self.retriever_objective != "answer_blocks"
+    target = objective.target(FID)
+    if self.objective_beam is not None and (target is None or target.needs_reader
                                             or self.train_document_tower):
       raise ValueError(f"objective_beam={self.objective_beam} scores blocks the reader does "
                        f"not read: only retriever_objective='answer_blocks' has targets there "
@@ -341,10 +317,16 @@ class FidReaderModel(ParamsFromBoxedInit):
                          f"(reader_beam={self.reader_beam})")
 
   @property
+  def objective(self) -> retriever_objectives.Objective:
+    """The registered `retriever_objective`, whose declarations decide what the reader
+    computes (`objective.target(FID)`)."""
+    return retriever_objectives.get(self.retriever_objective)
+
+  @property
   def train_question_tower(self) -> bool:
     """Whether a retriever objective trains the question tower (and the batches carry its
     inputs: `batches.fid.QUESTION_TOWER_KEYS`)."""
-    return self.retriever_objective != "none"
+    return self.objective.trains_retriever
 
   @property
   def num_reembedded(self) -> int:
@@ -388,16 +370,17 @@ class FidReaderModel(ParamsFromBoxedInit):
       (logits [Q, T, V]; the memory as the decoder reads it (`fid.Cross`: per decoder layer
       the cross-attention's (keys, values) [Q, K L, heads, kv], and the copy head's) and the
       memory mask bool [Q, K L], for the objectives' decodes;
-      with "adist", the passages' attention scores [Q, K] held fixed (else None)).
+      with an objective of `Target.ATTENTION`, the passages' attention scores [Q, K] held
+      fixed (else None)).
     """
     self._check_rows(batch)
     decoder_input_ids = fid_lib.shift_right(batch["answer_targets"], self.fid.bos_id)
-    adist = self.retriever_objective == "adist"
+    sow = self.objective.target(FID) is Target.ATTENTION  # the cross-attention maps
     outputs = fid_lib.FidModel(self.fid).apply(
         {"params": fid_params}, batch["reader_ids"], batch["reader_mask"], decoder_input_ids,
         batch["reader_type_ids"], deterministic=rng is None, rngs=dropout_rngs(rng),
-        mutable=["intermediates"] if adist else False, method=fid_lib.FidModel.teacher_forced)
-    if not adist:
+        mutable=["intermediates"] if sow else False, method=fid_lib.FidModel.teacher_forced)
+    if not sow:
       return (*outputs, None)
     (logits, cross, memory_mask), state = outputs
     probs, norms = fid_lib.cross_attention_maps(state["intermediates"])
@@ -408,19 +391,20 @@ class FidReaderModel(ParamsFromBoxedInit):
 
   def _targets(self, fid_params: Params, batch: Batch, cross: fid_lib.Cross,
                memory_mask: Array, attention: Array | None) -> Array:
-    """What the objective distils, per read block [Q, K], held fixed: the attention scores
-    (adist), `log p(y | z_k, x)` (emdr2, pdist) or `log p(y | Z \\ z_k, x)` (loop), the
-    latter two from decodes without dropout over the training pass's memory; 0 or -inf, the
-    block holds an answer or not (answer_blocks)."""
-    if self.retriever_objective == "adist":
+    """What the objective distils, per read block [Q, K], held fixed (its `Target`): the
+    attention scores (adist), `log p(y | z_k, x)` (emdr2, pdist) or `log p(y | Z \\ z_k, x)`
+    (loop), the latter two from decodes without dropout over the training pass's memory; 0 or
+    -inf, the block holds an answer or not (answer_blocks)."""
+    target = self.objective.target(FID)
+    if target is Target.ATTENTION:
       return attention
-    if self.retriever_objective == "answer_blocks":
+    if target is Target.ANSWER_BLOCKS:
       holds_answer = batch["retriever_correct"][:, :self.scored_beam] > 0  # [Q, L]
       if self.targets_in_read_blocks:  # the blocks beyond the K read: negatives only
         holds_answer &= (jnp.arange(self.scored_beam) < self.reader_beam)[None, :]
       return jnp.where(holds_answer, 0.0, -jnp.inf)
     fixed = jax.lax.stop_gradient
-    decodes = (fid_lib.left_out_log_likelihoods if self.retriever_objective == "loop"
+    decodes = (fid_lib.left_out_log_likelihoods if target is Target.LEFT_OUT_LIKELIHOODS
                else fid_lib.passage_log_likelihoods)
     return fixed(decodes(fixed(fid_params), self.fid, fixed(cross), memory_mask,
                          self.reader_beam, batch["answer_targets"], batch["answer_mask"]))
@@ -429,7 +413,7 @@ class FidReaderModel(ParamsFromBoxedInit):
     """The objective's targets [Q, K] of a batch (as `loss_fn` computes them; deterministic
     without `rng`)."""
     if not self.train_question_tower:
-      raise ValueError("retriever_objective='none' has no targets")
+      raise ValueError(f"retriever_objective={self.retriever_objective!r} has no targets")
     _, cross, memory_mask, attention = self._reader_pass(params["fid"], batch, rng)
     return self._targets(params["fid"], batch, cross, memory_mask, attention)
 
@@ -463,10 +447,10 @@ class FidReaderModel(ParamsFromBoxedInit):
     with none read would have no value, and the trainer averages the steps' values)."""
     scores = self.retrieval_scores(params, batch, rng)  # [Q, scored_beam]
     question_weights = jnp.sum(weights, axis=-1)  # [Q] counted tokens, 0 for padding
-    _, aux = _RETRIEVER_LOSSES[self.retriever_objective](
-        scores, targets, question_weights, temperature=self.objective_temperature)
+    _, aux = self.objective.loss(FID, scores, targets, question_weights,
+                                 temperature=self.objective_temperature)
     # LOOP's target prefers the block whose absence hurts most: the lowest left-out likelihood.
-    preferred = -targets if self.retriever_objective == "loop" else targets
+    preferred = -targets if self.objective.target(FID).lower_is_preferred else targets
     target_top = jnp.argmax(preferred, axis=-1)  # [Q]
     retriever_top = jnp.argmax(scores, axis=-1)  # [Q]
     answered = question_weights > 0  # [Q]

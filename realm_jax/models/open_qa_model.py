@@ -43,6 +43,7 @@ from realm_jax.models.config import RealmConfig
 from realm_jax.models.reader import (RealmReader, block_attention_relevance, predict_span,
                                      span_correctness)
 from realm_jax.models.realm import ParamsFromBoxedInit, dropout_rngs, init_retriever_params
+from realm_jax.models.retriever_objectives import EXTRACTIVE, Target
 from realm_jax.models.retriever import RealmRetriever, relevance_scores
 
 Array = jax.Array
@@ -117,6 +118,12 @@ class OpenQAModel(ParamsFromBoxedInit):
       raise ValueError(f"reader_beam must be positive, got {self.reader_beam}")
     if self.document_beam is not None and self.document_beam < 1:
       raise ValueError(f"document_beam must be positive, got {self.document_beam}")
+
+  @property
+  def objective(self) -> retriever_objectives.Objective:
+    """The registered `retriever_objective`, whose declarations decide what the reader
+    computes."""
+    return retriever_objectives.get(self.retriever_objective)
 
   @property
   def num_reembedded(self) -> int:
@@ -201,7 +208,7 @@ class OpenQAModel(ParamsFromBoxedInit):
   def _forward(self, params: Params, batch: Batch, rng: Array | None = None,
                question_emb: Array | None = None, attention: bool = False) -> tuple:
     """`forward`'s four outputs and, with `attention`, the reader's attention relevance of
-    each reader block [Q, reader_beam] (adist; else None)."""
+    each reader block [Q, reader_beam] (`Target.ATTENTION`; else None)."""
     params = peft_lib.effective_params(params, self.peft)
     question_rng, document_rng, reader_rng = (
         (None, None, None) if rng is None else jax.random.split(rng, 3))
@@ -212,7 +219,7 @@ class OpenQAModel(ParamsFromBoxedInit):
       raise ValueError(f"the batch has {batch['reader_ids'].shape[1]} reader blocks per "
                        f"question, the model reader_beam={self.reader_beam}")
     reader_scores = scores[:, :self.reader_beam]
-    if self.retriever_objective != "marginal":
+    if not self.objective.joint:
       # Atlas's objectives: the reader's loss trains the reader, not the retriever.
       reader_scores = jax.lax.stop_gradient(reader_scores)
     # [Q, reader_beam, spans]: span logits + the block's retrieval score (joint scoring).
@@ -233,7 +240,7 @@ class OpenQAModel(ParamsFromBoxedInit):
 
   def _sums(self, params: Params, batch: Batch, rng: Array | None) -> tuple[Array, dict]:
     scores, logits, starts, ends, relevance = self._forward(
-        params, batch, rng, attention=self.retriever_objective == "adist")
+        params, batch, rng, attention=self.objective.target(EXTRACTIVE) is Target.ATTENTION)
     num_questions = logits.shape[0]
     example_mask = batch["example_mask"].astype(jnp.float32)  # [Q]
     retriever_correct = batch["retriever_correct"].astype(bool)  # [Q, beam]
@@ -248,7 +255,7 @@ class OpenQAModel(ParamsFromBoxedInit):
     reader_loss_sum = jnp.sum(reader_loss * example_mask)
     loss_sum = retriever_loss_sum + reader_loss_sum
     objective = {}
-    if self.retriever_objective != "marginal":
+    if not self.objective.joint:
       objective["objective_loss_sum"] = self._objective_sum(scores, logits, reader_correct,
                                                             example_mask, relevance)
       loss_sum = loss_sum + objective["objective_loss_sum"]
@@ -305,8 +312,8 @@ class OpenQAModel(ParamsFromBoxedInit):
     else:
       values = relevance
       weights = weights * jnp.any(block_correct, axis=-1).astype(jnp.float32)
-    _, aux = retriever_objectives.RETRIEVER_LOSSES[self.retriever_objective](
-        scores[:, :self.reader_beam], values, weights, temperature=self.objective_temperature)
+    _, aux = self.objective.loss(EXTRACTIVE, scores[:, :self.reader_beam], values, weights,
+                                 temperature=self.objective_temperature)
     return aux["loss_sum"]
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:

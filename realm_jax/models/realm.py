@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from realm_jax.models import losses
 from realm_jax.models import retriever_objectives
 from realm_jax.models.config import RealmConfig
+from realm_jax.models.retriever_objectives import EXTRACTIVE, Target
 from realm_jax.models.reader import RealmKnowledgeAugEncoder, block_attention_relevance
 from realm_jax.models.retriever import RealmRetriever
 
@@ -233,6 +234,12 @@ class RealmPretrainModel(ParamsFromBoxedInit):
   def __post_init__(self):
     retriever_objectives.check_objective(self.retriever_objective, self.objective_temperature)
 
+  @property
+  def objective(self) -> retriever_objectives.Objective:
+    """The registered `retriever_objective`, whose declarations decide what the reader
+    computes."""
+    return retriever_objectives.get(self.retriever_objective)
+
   def _boxed_init(self, rng: Array) -> Params:
     retriever_rng, encoder_rng = jax.random.split(rng)
     return {"retriever": init_retriever_params(self.config, retriever_rng),
@@ -247,20 +254,20 @@ class RealmPretrainModel(ParamsFromBoxedInit):
         batch["query_mask"], batch["candidate_input_ids"], batch["candidate_type_ids"],
         batch["candidate_mask"], deterministic=deterministic, rngs=dropout_rngs(retriever_rng))
     # [B, K, M, V] MLM logits at the mask positions only.
-    adist = self.retriever_objective == "adist"
+    attention = self.objective.target(EXTRACTIVE) is Target.ATTENTION
     logits = RealmKnowledgeAugEncoder(self.config).apply(
         {"params": params["encoder"]}, batch["reader_ids"], batch["reader_type_ids"],
         batch["reader_mask"], batch["mlm_positions"], deterministic=deterministic,
-        rngs=dropout_rngs(encoder_rng), mutable=["intermediates"] if adist else False)
+        rngs=dropout_rngs(encoder_rng), mutable=["intermediates"] if attention else False)
     intermediates = None
-    if adist:  # the encoder's attention maps too (bert.SelfAttention sows them)
+    if attention:  # the encoder's attention maps too (bert.SelfAttention sows them)
       logits, intermediates = logits[0], logits[1]["intermediates"]
     # [B, K, M] log p(y_j | z_k, x)
     token_log_probs = losses.mlm_token_log_probs(logits, batch["mlm_targets"])
     example_mask = batch["example_mask"].astype(jnp.float32)
     # [B, M] skipped examples (duplicate candidates) contribute nothing.
     weights = batch["mlm_weights"].astype(jnp.float32) * example_mask[:, None]
-    if self.retriever_objective != "marginal":
+    if not self.objective.joint:
       relevance = (None if intermediates is None
                    else self._attention_relevance(intermediates, batch, weights))
       loss, aux = self._objective_sums(scores, token_log_probs, weights, relevance)
@@ -291,23 +298,25 @@ class RealmPretrainModel(ParamsFromBoxedInit):
     The reader: REALM's marginal MLM loss (`marginalization` as configured) with the scores
     held fixed, so it trains the encoder alone. The retriever: the objective. Its targets are
     per example, `log p(y | z_k, x) = sum_j w_j log p(y_j | z_k, x)` over the example's masked
-    tokens (Atlas's whole target), except EMDR^2 under "per_token", one target per masked
-    token (Atlas's code; the release's marginal). Each example's objective is weighted by its
-    masked tokens' weight ("per_token") or 1 ("per_example"), so the objective's denominator is
-    the reader's `weight_sum` and the loss stays `loss_sum / weight_sum` (exact under
-    microbatches). aux adds `reader_loss_sum` and `objective_loss_sum` (their sum is
-    `loss_sum`).
+    tokens (Atlas's whole target), except under "per_token" for an objective with
+    `per_token_targets` (EMDR^2), one target per masked token (Atlas's code; the release's
+    marginal). Each example's objective is weighted by its masked tokens' weight ("per_token")
+    or 1 ("per_example"), so the objective's denominator is the reader's `weight_sum` and the
+    loss stays `loss_sum / weight_sum` (exact under microbatches). aux adds `reader_loss_sum`
+    and `objective_loss_sum` (their sum is `loss_sum`).
 
     Args:
       scores: [B, K] live retrieval scores.
       token_log_probs: [B, K, M] log p(y_j | z_k, x).
       weights: [B, M] mask weights (0 for padding and skipped examples).
-      relevance: [B, K] the reader's attention relevance ("adist"), else None.
+      relevance: [B, K] the reader's attention relevance (an objective of `Target.ATTENTION`),
+        else None.
     """
+    objective = self.objective
     _, reader_aux = losses.marginal_mlm_loss(jax.lax.stop_gradient(scores), token_log_probs,
                                              weights, marginalization=self.marginalization)
     batch_size, num_candidates, num_masks = token_log_probs.shape
-    if self.retriever_objective == "emdr2" and self.marginalization == "per_token":
+    if objective.per_token_targets and self.marginalization == "per_token":
       # [B * M, K]: one row per masked token, its example's scores.
       rows = jnp.broadcast_to(scores[:, None, :], (batch_size, num_masks, num_candidates))
       values = jnp.swapaxes(token_log_probs, 1, 2)
@@ -321,8 +330,8 @@ class RealmPretrainModel(ParamsFromBoxedInit):
                          * weights[:, None, :], axis=-1)
       row_weights = (jnp.sum(weights, axis=-1) if self.marginalization == "per_token"
                      else (jnp.sum(weights, axis=-1) > 0).astype(jnp.float32))
-    _, objective_aux = retriever_objectives.RETRIEVER_LOSSES[self.retriever_objective](
-        rows.reshape(-1, num_candidates), values.reshape(-1, num_candidates),
+    _, objective_aux = objective.loss(
+        EXTRACTIVE, rows.reshape(-1, num_candidates), values.reshape(-1, num_candidates),
         row_weights.reshape(-1), temperature=self.objective_temperature)
     loss_sum = reader_aux["loss_sum"] + objective_aux["loss_sum"]
     weight_sum = reader_aux["weight_sum"]

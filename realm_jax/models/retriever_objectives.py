@@ -49,12 +49,18 @@ averages its KL over candidates too (`KLDivLoss(reduction="mean")`, a factor 1/K
 summed over candidates); Atlas computes its targets in a separate pass of the reader in eval
 mode (its "std" attention modes excepted), here the training pass's own values (dropout
 included) are used: one reader pass.
+
+One registry serves both readers: each objective is an `Objective` subclass added by
+`register` under its gin name, declaring what each reader it serves computes for it (`Target`),
+whether it takes the temperature and its loss; the models and jobs read those declarations
+(`check_objective`, `get`), never the name.
 """
 
 from __future__ import annotations
 
+import enum
 import math
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -63,23 +69,7 @@ from realm_jax.models import losses
 
 Array = jax.Array
 
-OBJECTIVES = ("marginal", "emdr2", "pdist", "loop", "adist")
 _NEG = float(jnp.finfo(jnp.float32).min)  # a finite -inf: its logsumexp stays finite
-
-
-def check_objective(objective: str, temperature: float) -> None:
-  """Raises ValueError (one line, naming the setting) unless `objective` is one of OBJECTIVES and
-  `temperature` a finite number > 0, equal to 1 with "marginal" (REALM's score has no
-  temperature, REALM_SPEC 2)."""
-  if objective not in OBJECTIVES:
-    raise ValueError(f"retriever_objective={objective!r}: not one of {', '.join(OBJECTIVES)}")
-  if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-      or not math.isfinite(temperature) or temperature <= 0):
-    raise ValueError(f"objective_temperature={temperature!r}: expected a finite number > 0")
-  if objective == "marginal" and temperature != 1:
-    raise ValueError(f"objective_temperature={temperature!r} applies to "
-                     f"{', '.join(OBJECTIVES[1:])}; REALM's marginal has no temperature "
-                     f"(REALM_SPEC 2): leave it at 1.0")
 
 
 def _prepare(scores: Array, values: Array, weights: Array):
@@ -295,9 +285,224 @@ def adist_loss(scores: Array, attention_scores: Array, weights: Array, *,
   return pdist_loss(scores, attention_scores, weights, temperature=temperature)
 
 
-# The retriever's losses of the objectives that add one (the reader keeping its own).
-RETRIEVER_LOSSES = {"emdr2": emdr2_loss, "pdist": pdist_loss, "loop": loop_loss,
-                    "adist": adist_loss}
+# ------------------------------------------------------------------------------ the registry
+
+# The readers an objective may serve (`FinetuneJob.reader`'s names). "extractive": REALM's readers,
+# one row per candidate (fine-tuning's span reader, and pretraining's masked-LM encoder, which
+# serves the objectives alike); "fid": Atlas's Fusion-in-Decoder reader (`models.fid_qa`).
+EXTRACTIVE = "extractive"
+FID = "fid"
+
+
+class Target(enum.Enum):
+  """What a reader computes for an objective, one value per block [N, K] held fixed: the
+  `values` of the objective's loss."""
+
+  LIKELIHOODS = "log p(y | z_k, x): the reader reading block k (the FiD decoder: block k alone)"
+  LEFT_OUT_LIKELIHOODS = "log p(y | Z \\ z_k, x): the FiD decoder reading every block but k"
+  ATTENTION = "a_k: the reader's attention relevance of block k"
+  ANSWER_BLOCKS = "0 for a block that holds an answer string, -inf for the others"
+
+  @property
+  def needs_reader(self) -> bool:
+    """False when the batch alone knows the target: the objective may then score blocks the
+    reader does not read (FiD's `objective_beam`)."""
+    return self is not Target.ANSWER_BLOCKS
+
+  @property
+  def lower_is_preferred(self) -> bool:
+    """The block the target prefers has the lowest value (LOOP: the one whose absence hurts
+    the prediction most)."""
+    return self is Target.LEFT_OUT_LIKELIHOODS
+
+
+# What each reader can compute (None: nothing), in the order its objectives are listed.
+READER_TARGETS = {
+    EXTRACTIVE: (Target.LIKELIHOODS, Target.ATTENTION),
+    FID: (None, Target.ATTENTION, Target.LIKELIHOODS, Target.LEFT_OUT_LIKELIHOODS,
+          Target.ANSWER_BLOCKS)}
+_READER_SUFFIX = {EXTRACTIVE: "", FID: " with the FiD reader"}
+
+
+class Objective:
+  """A retriever objective: one subclass per `retriever_objective` value, added by `register`.
+  The models and jobs read its declarations (class attributes), never its name.
+
+  Attributes:
+    name: the gin setting's value.
+    targets: {reader: Target or None}: the readers it serves and what each computes for it
+      (None: nothing); another reader refuses it.
+    joint: its loss is the reader's own and trains reader and retriever at once (REALM's
+      marginal): the reader reads the live scores and the model adds nothing.
+    trains_retriever: False: the retriever only retrieves (no loss, no targets).
+    no_temperature: why `objective_temperature` must stay 1; None: the objective takes it.
+    per_token_targets: under pretraining's `marginalization="per_token"`, one row per masked
+      token rather than per example (EMDR^2: Atlas's code marginalises per token).
+    refusals: {reader: why} said, for a reader it does not serve, instead of the list of names.
+  """
+
+  name: str = ""
+  targets: Mapping[str, Target | None] = {}
+  joint: bool = False
+  trains_retriever: bool = True
+  no_temperature: str | None = None
+  per_token_targets: bool = False
+  refusals: Mapping[str, str] = {}
+
+  @property
+  def takes_temperature(self) -> bool:
+    return self.no_temperature is None
+
+  def serves(self, reader: str) -> bool:
+    return reader in self.targets
+
+  def target(self, reader: str) -> Target | None:
+    return self.targets[reader]
+
+  def loss(self, reader: str, scores: Array, values: Array, weights: Array, *,
+           temperature: float) -> tuple[Array, dict]:
+    """`(loss, aux)` over rows (module docstring): `values` [N, K] the reader's `target`."""
+    raise NotImplementedError(f"retriever_objective={self.name!r} has no loss")
+
+
+_REGISTRY: dict[str, Objective] = {}
+
+
+def register(cls: type[Objective]) -> type[Objective]:
+  """Registers an Objective subclass under its `name` (a decorator too); a ValueError for a
+  name taken or a target its reader cannot compute."""
+  if not cls.name or cls.name in _REGISTRY:
+    raise ValueError(f"retriever objective {cls.name!r}: "
+                     f"{'already registered' if cls.name else 'no name'}")
+  for reader, target in cls.targets.items():
+    if target not in READER_TARGETS.get(reader, ()):
+      raise ValueError(f"retriever objective {cls.name!r}: reader {reader!r} cannot compute "
+                       f"{target}")
+  _REGISTRY[cls.name] = cls()
+  return cls
+
+
+def unregister(name: str) -> None:
+  """Removes a registered objective (a test's, after the test)."""
+  del _REGISTRY[name]
+
+
+def get(name: str) -> Objective | None:
+  """The objective registered as `name`; None for another name."""
+  return _REGISTRY.get(name) if isinstance(name, str) else None
+
+
+def names(reader: str) -> tuple[str, ...]:
+  """The objectives `reader` serves, by what it computes (`READER_TARGETS`), then as
+  registered."""
+  order = READER_TARGETS[reader]
+  served = [o for o in _REGISTRY.values() if o.serves(reader)]
+  return tuple(o.name for o in sorted(served, key=lambda o: order.index(o.target(reader))))
+
+
+def check_objective(name: str, temperature: float, reader: str = EXTRACTIVE) -> Objective:
+  """The objective `name` for `reader`; a ValueError (one line, naming the setting) unless
+  `reader` serves it and `temperature` is a finite number > 0 it takes, or 1 where it takes
+  none (REALM's score has no temperature, REALM_SPEC 2)."""
+  objective = get(name)
+  if objective is None or not objective.serves(reader):
+    if objective is not None and reader in objective.refusals:
+      raise ValueError(f"retriever_objective={name!r} {objective.refusals[reader]}")
+    raise ValueError(f"retriever_objective={name!r}: not one of {', '.join(names(reader))}"
+                     f"{_READER_SUFFIX[reader]}")
+  if objective.takes_temperature:
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature) or temperature <= 0):
+      raise ValueError(f"objective_temperature={temperature!r}: expected a finite number > 0")
+  elif isinstance(temperature, bool) or temperature != 1:
+    takers = [n for n in names(reader) if _REGISTRY[n].takes_temperature]
+    raise ValueError(f"objective_temperature={temperature!r} applies to {', '.join(takers)}; "
+                     f"{objective.no_temperature}: leave it at 1.0")
+  return objective
+
+
+@register
+class Marginal(Objective):
+  """REALM's marginal likelihood (`marginal_loss`), the reader's own loss."""
+  name = "marginal"
+  targets = {EXTRACTIVE: Target.LIKELIHOODS}
+  joint = True
+  no_temperature = "REALM's marginal has no temperature (REALM_SPEC 2)"
+  refusals = {FID: "has no counterpart with the FiD reader (its answer loss reads the K blocks "
+                   "together, no marginal over blocks): use 'adist', 'emdr2', 'pdist' or "
+                   "'loop' to train the question tower, or 'none'"}
+
+  def loss(self, reader, scores, values, weights, *, temperature):
+    del reader
+    return marginal_loss(scores, values, weights, temperature=temperature)
+
+
+@register
+class NoObjective(Objective):
+  """The FiD reader's default: its question tower only retrieves."""
+  name = "none"
+  targets = {FID: None}
+  trains_retriever = False
+  no_temperature = "retriever_objective='none' trains no retriever"
+
+
+@register
+class Emdr2(Objective):
+  """EMDR^2 (`emdr2_loss`)."""
+  name = "emdr2"
+  targets = {EXTRACTIVE: Target.LIKELIHOODS, FID: Target.LIKELIHOODS}
+  per_token_targets = True
+
+  def loss(self, reader, scores, values, weights, *, temperature):
+    del reader
+    return emdr2_loss(scores, values, weights, temperature=temperature)
+
+
+@register
+class Pdist(Objective):
+  """Perplexity distillation (`pdist_loss`)."""
+  name = "pdist"
+  targets = {EXTRACTIVE: Target.LIKELIHOODS, FID: Target.LIKELIHOODS}
+
+  def loss(self, reader, scores, values, weights, *, temperature):
+    del reader
+    return pdist_loss(scores, values, weights, temperature=temperature)
+
+
+@register
+class Loop(Objective):
+  """Leave-one-out perplexity distillation: REALM's readers leave block k out of their marginal
+  (`loop_loss`), the FiD decoder reads every block but k (`left_out_loop_loss`)."""
+  name = "loop"
+  targets = {EXTRACTIVE: Target.LIKELIHOODS, FID: Target.LEFT_OUT_LIKELIHOODS}
+
+  def loss(self, reader, scores, values, weights, *, temperature):
+    left_out = self.target(reader) is Target.LEFT_OUT_LIKELIHOODS
+    return (left_out_loop_loss if left_out else loop_loss)(scores, values, weights,
+                                                           temperature=temperature)
+
+
+@register
+class Adist(Objective):
+  """Attention distillation (`adist_loss`)."""
+  name = "adist"
+  targets = {EXTRACTIVE: Target.ATTENTION, FID: Target.ATTENTION}
+
+  def loss(self, reader, scores, values, weights, *, temperature):
+    del reader
+    return adist_loss(scores, values, weights, temperature=temperature)
+
+
+@register
+class AnswerBlocks(Objective):
+  """A control, not Atlas's (`models.fid_qa`): PDist's distillation of the uniform
+  distribution over the blocks that hold an answer string, a target the batch knows."""
+  name = "answer_blocks"
+  targets = {FID: Target.ANSWER_BLOCKS}
+
+  def loss(self, reader, scores, values, weights, *, temperature):
+    del reader
+    return pdist_loss(scores, values, weights, temperature=temperature)
 
 
 def attention_relevance(attention_probs: Sequence[Array], value_norms: Sequence[Array],
