@@ -1,29 +1,14 @@
 """Import transformers REALM and BERT checkpoints into realm_jax parameter trees.
 
-Reads a local directory holding `config.json` and `model.safetensors` (or
-`pytorch_model.bin`); nothing is downloaded. Supported checkpoint classes (from
-`config.json`'s `architectures`, or named with `kind=`):
+Reads a local directory with `config.json` and `model.safetensors` (or `pytorch_model.bin`);
+nothing is downloaded. The `KINDS` (embedder, scorer, encoder, reader, open_qa, bert) come from
+`config.json`'s `architectures`. Every tensor is converted or known unused (`_UNUSED`); any
+other, or one missing, is a `CheckpointMismatchError`.
 
-  kind          transformers class            our module            our parameter tree
-  "embedder"    RealmEmbedder                 RealmEmbedder         {bert, projection, ...}
-  "scorer"      RealmScorer                   RealmRetriever        {embedder} or
-                                                                    {query_embedder, document_embedder}
-  "encoder"     RealmKnowledgeAugEncoder      RealmKnowledgeAugEncoder {bert, mlm_head}
-  "reader"      RealmReader                   RealmReader           {bert, span_head}
-  "open_qa"     RealmForOpenQA                query embedder + reader + block embeddings
-  "bert"        BertModel / BertForMaskedLM / BertForPreTraining    {bert[, mlm_head]}
+  python -m realm_jax.convert.hf --hf_dir DIR --run_dir RUN [--kind bert]
 
-`python -m realm_jax.convert.hf --hf_dir DIR --run_dir RUN [--kind bert]` writes a BERT (kind
-"bert", or a REALM encoder, kind "encoder") as step 0 of a realm_jax run directory, the
-`{"encoder"}` checkpoint the trainer's warm starts read (ICT's `init_checkpoint`, pretraining's
-`encoder_checkpoint`): REALM starts from BERT.
-
-`write_bert_mlm` goes the other way: an encoder tree (a toy BERT trained by the `mlm` job) as a
-transformers `BertForMaskedLM` directory, the layout the project ships its toy BERT in.
-
-Every tensor of the checkpoint is accounted for: it is converted, or it is one of the tensors
-the transformers classes carry but never use (listed in `_UNUSED`); anything else, and any
-tensor our model needs that the checkpoint lacks, is a `CheckpointMismatchError` listing them.
+writes a BERT as step 0 of a run directory, the `{"encoder"}` warm start of ICT and pretraining.
+`write_bert_mlm` goes the other way. Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -53,9 +38,8 @@ _ARCHITECTURE_KINDS = {
     "BertForPreTraining": "bert",
 }
 
-# Tensors that transformers' classes hold but never use in forward: the MLM head inside the
-# embedder's projection and inside the reader, the pooler of BERTs whose pooled output nobody
-# reads, BERT's next-sentence head, and non-persistent buffers some versions saved.
+# Tensors transformers' classes hold but never use: MLM heads inside the embedder and reader,
+# unread poolers, BERT's next-sentence head, and non-persistent buffers some versions saved.
 _UNUSED = {
     "embedder": [r"cls\.predictions\..*", r".*position_ids", r".*embeddings\.token_type_ids"],
     "encoder": [r"realm\.pooler\..*", r".*position_ids", r".*embeddings\.token_type_ids"],
@@ -349,9 +333,8 @@ def load_checkpoint(directory: str, kind: str | None = None,
     **config_overrides: RealmConfig fields to change (e.g. `bert.dtype="bfloat16"`).
 
   Returns:
-    (config, params, extras): params is the plain (unboxed) float32 tree for the module of
-    that kind (see the module docstring); extras holds `block_emb` [blocks, proj] for an
-    open-QA checkpoint.
+    (config, params, extras): params is the plain float32 tree for the module of that kind;
+    extras holds `block_emb` [blocks, proj] for an open-QA checkpoint.
 
   Raises:
     CheckpointMismatchError: listing missing and unexpected tensors.

@@ -1,15 +1,8 @@
 """Numerical parity of our models against the transformers REALM port (random weights).
 
-For a named size, builds each transformers REALM class with random weights (every parameter
-perturbed, so biases and LayerNorm scales are exercised too), saves it as a checkpoint
-directory, imports it with `realm_jax.convert.hf.load_checkpoint`, runs both on the same
-random inputs and reports the largest absolute differences:
-
-  embedder   RealmEmbedder projected embeddings
-  scorer     RealmScorer relevance scores (tied and untied towers)
-  encoder    RealmKnowledgeAugEncoder logits at the mask positions, and its marginal loss
-  reader     RealmReader span logits (valid spans), ORQA retriever/reader losses, and the
-             predicted (block, start, end)
+For a named size, builds each transformers REALM class (embedder, scorer, encoder, reader) with
+random, perturbed weights, imports it with `realm_jax.convert.hf.load_checkpoint`, runs both on
+the same random inputs and reports the largest absolute differences.
 
 Run `python -m realm_jax.convert.parity --size tiny --size base` to print the table; the tests
 in tests/convert/test_parity.py assert every difference is within 1e-4. Needs the test extra
