@@ -34,10 +34,7 @@ DEFAULT_FINETUNE_NAME = "finetune"
 DEFAULT_PRETRAIN_STEPS = 400  # toy_pretrain.gin's NUM_STEPS
 INDEX_GIN = "gin_configs/runs/build_index.gin"
 TOY_WARM_START_GIN = "gin_configs/experiments/toy_ict.gin"
-# Checkpoints per run when --ict_steps, --pretrain_steps or --finetune_steps set its length, as
-# the toy gins have them: ICT 400 steps / 100; pretraining 400 / 80, five refreshes of the
-# index in lockstep and five retrieval-utility evaluations to pick the best from; fine-tuning
-# 300 / 100, three dev evaluations.
+# Checkpoints per run when a --*_steps flag sets its length, as the toy gins have them.
 CHECKPOINTS_PER_RUN = {"ict": 4, "pretrain": 5, "finetune": 3}
 # The name your corpus's tasks carry (ict_own, realm_own_salient_span): each child registers
 # them over the recipe's BlockStore (`realm_jax_tasks.register_corpus_for_task`).
@@ -45,16 +42,11 @@ OWN_CORPUS = "own"
 # Reader rows are `[CLS] question [SEP] body [SEP]`: the block length and this much room for
 # the question, as toy_finetune.gin's 160 for the toy world's blocks of 128.
 READER_QUESTION_ROOM = 32
-# The wiki world's own settings, each chosen on its dev questions' recall@5
-# (docs/wiki_world.md#the-recipe-on-the-wiki-world): ICT keeps the query sentence in its block
-# half the time (a toy-sized ICT from random weights learns the words a description shares with
-# its article's lead; at ORQA's 0.9 it learns too little of them), and REALM pretraining holds
-# the retriever still for the first half of its steps, while the encoder learns to read the
-# blocks (before that, the retriever's updates follow a reader that reads nothing).
+# The wiki world's own settings, chosen on its dev recall@5 (docs/wiki_world.md): ICT keeps the
+# query sentence half the time; pretraining freezes the retriever for its first half.
 WIKI_ICT_REMOVE_PROBABILITY = 0.5
 WIKI_RETRIEVER_FROZEN_SHARE = 0.5
-# Its run lengths, where they differ from the toy gins': halved for time (the whole recipe takes
-# 25 minutes on 2 cores with them, docs/wiki_world.md).
+# Its run lengths where they differ from the toy gins': halved for time.
 WIKI_STEPS = {"pretrain": 200, "finetune": 150}
 # Paper scale (docs/paper_scale.md): the fine-tuning gin and QA task of each benchmark, and the
 # global batch of each training gin (BATCH_SIZE in the gins is per host: divided by the hosts).
@@ -152,24 +144,14 @@ class Recipe:
                warm_start_bindings: Sequence[str] = (), finetune_name: str = DEFAULT_FINETUNE_NAME,
                finetune_retriever: str = "pretrain", finetune_reader: str = "pretrain",
                runner: Optional[stages.Runner] = None, make_dirs: bool = True):
-    """Args: out: the output directory; store: the toy BlockStore; ict_dir: an existing ICT
-    run to start from (None: train one in `<out>/ict`); toy_bert: the BertForMaskedLM directory
-    ICT's towers, the pretraining encoder and the baseline's reader start from (None: random
-    weights); pretrain_bindings, finetune_bindings: extra `KEY=VALUE` gin bindings of those
-    stages (the ablations); with_builder: refresh the index during pretraining (False: the
-    index stays the ICT one); eval_split: the toy QA split of the recall and EM evaluations;
-    baseline: also fine-tune and evaluate the ORQA-style baseline; warm_start_gin: the
-    retriever's warm start (ICT, or another job whose checkpoint has a retriever, e.g.
-    experiments/toy_retromae.gin) and its extra bindings; finetune_name: REALM's fine-tuning
-    run directory and evaluation name under `out` (several fine-tunings of one pretraining
-    side by side); finetune_retriever, finetune_reader: what that fine-tuning starts from, each
-    'pretrain' (the pretraining checkpoint: REALM, the default) or, for the retriever,
-    'warm_start' (the warm start's checkpoint, its index built from it) and, for the reader,
-    'bert' (the BERT, `ENCODER_CHECKPOINT`): 'warm_start' and 'bert' is the ORQA-style
-    baseline's fine-tuning, the other two mixes are the paper's Table 2 rows "REALM retriever
-    + baseline encoder" ('pretrain', 'bert') and "baseline retriever + REALM encoder"
-    ('warm_start', 'pretrain'); runner: how stages run (default: the class's); make_dirs:
-    make `<out>/logs` and `<out>/eval` now (off for a plan only: `--dry_run`, a pod)."""
+    """Args: out: the output directory; store: the toy BlockStore; ict_dir: an ICT run to
+    start from (None: train one in `<out>/ict`); toy_bert: the BertForMaskedLM directory the
+    towers start from (None: random weights); pretrain_bindings, finetune_bindings: extra
+    `KEY=VALUE` bindings (the ablations); with_builder: refresh the index while pretraining;
+    baseline: also the ORQA-style baseline; warm_start_gin: the retriever's warm start and its
+    bindings; finetune_name: REALM's fine-tuning directory under `out`; finetune_retriever
+    ('pretrain' or 'warm_start') and finetune_reader ('pretrain' or 'bert'): what it starts
+    from (the mixes are Table 2's rows); make_dirs: make `<out>/logs` and `<out>/eval` now."""
     if finetune_retriever not in ("pretrain", "warm_start"):
       raise ValueError(f"finetune_retriever={finetune_retriever!r}: expected 'pretrain' or "
                        f"'warm_start'")
@@ -588,13 +570,10 @@ class OwnDataRecipe(Recipe):
   """The recipe's stages on your corpus and questions (`python -m realm_jax.recipe --documents
   ... --questions ...`, docs/own_corpus.md).
 
-  Before anything trains (`prepare`, then the dry-run stage): the questions read and checked,
-  the block length chosen from the documents, the BlockStore built, ICT's removal probability
-  chosen from it, the answers looked for in it, the settings recorded (a resumed run must share
-  them) and every training child's configuration checked by its own dry run. Then the toy
-  recipe's stages over the toy gins, each child pointed at your data (`data_bindings`), with
-  BM25 beside the dense retrievers, REALM's pretrained checkpoint picked by retrieval utility
-  (best.json) rather than the last, and a third fine-tuning: the reader on BM25's blocks.
+  `prepare` checks the questions, chooses the block length and ICT's removal probability,
+  builds the BlockStore and looks for the answers in it before anything trains. Then the toy
+  recipe's stages on your data, with BM25 beside the dense retrievers, the pretrained
+  checkpoint picked by best.json, and a third fine-tuning: the reader on BM25's blocks.
   """
 
   pretrained = BestCheckpoint
@@ -610,14 +589,11 @@ class OwnDataRecipe(Recipe):
                with_builder: bool = True, slot_bindings: Sequence[str] = (),
                runner: Optional[stages.Runner] = None, make_dirs: bool = True):
     """Args: out: the output directory (its BlockStore in `<out>/store`); documents: the
-    corpus (`build_corpus --input`, an absolute path for files); questions: your QA files
-    (`absolute_questions`); documents_format: `build_corpus --source`; toy_bert, ict_from_bert,
-    the bindings, REALM's fine-tuning slot (finetune_name, finetune_retriever, finetune_reader),
-    with_builder, runner, make_dirs: as Recipe's; slot_bindings: more bindings of that slot's
-    fine-tuning alone, last (a bench's: another fine-tuning seed), not recorded with the run's
-    arguments; max_block_len, ict_remove_probability: None to choose them from the data;
-    min_answerable: the least share of a split's questions whose answers must occur in the
-    corpus."""
+    corpus (`build_corpus --input`); questions: your QA files; documents_format:
+    `build_corpus --source`; slot_bindings: more bindings of REALM's fine-tuning alone (a
+    bench's seed), not recorded; max_block_len, ict_remove_probability: None to choose them
+    from the data; min_answerable: the least share of a split's questions answerable in the
+    corpus; the others as Recipe's."""
     out = os.path.abspath(out)
     super().__init__(out, os.path.join(out, "store"), toy_bert=toy_bert,
                      ict_from_bert=ict_from_bert, warm_start_bindings=warm_start_bindings,
@@ -937,14 +913,11 @@ class WikiRecipe(OwnDataRecipe):
 
 
 class PaperRecipe(Recipe):
-  """REALM at paper scale (docs/paper_scale.md, section 2): BERT-base converted, ICT
-  (experiments/wiki_ict.gin), the first index, pretraining with the index builder beside it
-  (experiments/wiki_pretrain.gin), the fine-tuning indexes of best.json's pretraining
-  checkpoint and of the ICT checkpoint, REALM's and the ORQA-style baseline's fine-tuning
-  (experiments/nq_finetune.gin, or wq, ct) and their evaluation on the test split
-  (runs/eval.gin). Its paths are on a file system every host sees; nothing here reads them
-  (the plan is made on another machine for a pod), and BATCH_SIZE is per host: the gins'
-  global batch over `hosts`."""
+  """REALM at paper scale (docs/paper_scale.md, section 2): BERT-base converted, ICT, the first
+  index, pretraining with the index builder, the fine-tuning indexes, REALM's and the baseline's
+  fine-tuning (nq, wq or ct) and their test evaluation. Its paths are on a file system every
+  host sees; nothing here reads them (the plan is made elsewhere for a pod). BATCH_SIZE is per
+  host: the gins' global batch over `hosts`."""
 
   pretrained = BestCheckpoint
   pretrain_gin = "gin_configs/experiments/wiki_pretrain.gin"
