@@ -6,15 +6,10 @@ r"""Builds the knowledge corpus Z as a BlockStore (REALM_SPEC 7, 24).
   python -m realm_jax.build_corpus --source realm \
       --input 'retrieval_corpus/docs.tfr.gz-*-of-*' --out /data/z/blocks
 
-Documents are tokenised in `--workers` processes (default: every core this process may use),
-in order-preserving chunks; one writer keeps the one-process order, so the store is the same
-whatever the number of workers. Progress goes to stderr every few seconds (documents/s,
-blocks written, ETA when the input size is known); the final summary (counts, skips by reason
-with examples, output path, store_id) goes to stdout. Bad input in `--on_error raise` mode
-(the default: a malformed file usually shows up on its first lines, and a silent skip could
-hide it) exits with status 1 and a one-line error naming file, line/record and field;
-`--on_error skip` counts such records and reports them.
-Empty, duplicate and over-long-title documents are always counted skips, never errors.
+Documents are tokenised in `--workers` processes; one writer keeps their order, so the store is
+the same whatever the number of workers. Progress goes to stderr, the summary to stdout. Bad
+input stops with a one-line error (`--on_error raise`, the default) or is counted
+(`--on_error skip`); empty, duplicate and over-long-title documents are always counted skips.
 """
 
 from __future__ import annotations

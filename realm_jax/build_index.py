@@ -3,18 +3,11 @@ r"""The index-builder job: follows a training run and publishes fresh indexes (R
   python -m realm_jax.build_index --gin_file=gin_configs/runs/build_index.gin \
       --gin.RUN_DIR="'/runs/realm'" --gin.BLOCK_STORE="'/data/z/blocks'" [--once]
 
-t5x style: `--gin_file` (repeatable; relative paths are also looked up from the repository
-root), `--gin_bindings` (repeatable) and `--gin.KEY=VALUE` (the same as
-`--gin_bindings='KEY = VALUE'`). Gin binds only `build_index_main` below; `--once` overrides its
-`once`. Progress and waiting messages go to stderr (logging); one line per published index goes
-to stdout. Exit status: 0 done (training finished and its last checkpoint indexed, or `--once`
-built its index), 1 a runtime error (one line: unreadable checkpoint, bad BlockStore, ...),
-2 a configuration error (one line: unknown flag or gin binding, missing required macro) or
-another builder holding the run directory (`<run_dir>/builder.lock`), 130 interrupted by
-SIGINT and 143 by SIGTERM (nothing partial is ever published).
-
-Multi-host: start one builder per host (after `jax.distributed.initialize()` in the launcher);
-see `realm_jax.index.builder` for how the hosts split the blocks.
+Gin binds only `build_index_main`; `--once` builds one index and exits. One line per published
+index goes to stdout, progress to stderr. Exit status: 0 done (training finished and its last
+checkpoint indexed, or `--once`), 1 a runtime error, 2 a configuration error or another builder
+holding the run directory, 130 or 143 interrupted (nothing partial is ever published).
+Multi-host: one builder per host (`realm_jax.index.builder` splits the blocks).
 """
 
 from __future__ import annotations
@@ -56,9 +49,8 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
     keep: published indexes to keep (at least 2 while a trainer runs).
     dtype: "float32" or "bfloat16" embeddings.
     batch_size: blocks per jitted call over all local devices.
-    length_bucket: each batch is embedded at the smallest multiple of this many wordpieces that
-      holds its longest block, not the BlockStore's full block length (only padding is cut, so short
-      documents embed much faster); 0: always the full length.
+    length_bucket: embed each batch at the smallest multiple of this many wordpieces that holds
+      its longest block (only padding is cut); 0: always the full block length.
     scann: also build ScaNN artifacts into each index.
     scann_options: `build_scann_artifacts` knobs (num_leaves, num_leaves_to_search,
       training_sample_size, dims_per_block, anisotropic_quantization_threshold, reorder).
@@ -91,8 +83,7 @@ def build_index_main(run_dir: str = gin.REQUIRED, block_store: str = gin.REQUIRE
           f"({manifest['num_blocks']} x {manifest['dim']} {manifest['dtype']}, "
           f"{manifest['build_seconds']:.1f}s)", flush=True)
 
-  # One builder per run directory (it publishes and prunes `index/`); the trainer holds its own
-  # lock. Hosts other than the first share the first's.
+  # One builder per run directory (it publishes and prunes `index/`); other hosts share the lock.
   with (fileio.run_dir_lock(run_dir, "builder") if jax.process_index() == 0
         else contextlib.nullcontext()):
     published = builder.follow(

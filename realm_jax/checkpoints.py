@@ -1,52 +1,14 @@
 """Orbax checkpoints of a training run, and the run directory the index builder follows.
 
-Run directory layout (shared by the trainer, the index builder and evaluation):
-
-  <run_dir>/checkpoints/<step>/   one Orbax checkpoint per saved step (CheckpointManager)
-      params/                     StandardSave of the parameter dict ({"retriever": ..., ...})
-      metadata/                   JsonSave: {"format", "format_version", "step", "model_kind",
-                                  "param_items", "config": config_to_dict(config), "extra_items",
-                                  "json_items", optional "extra" (the trainer's settings)}
-      <name>/                     one StandardSave item per entry of `extra_state`
-                                  (the trainer: "opt_state", "train_state" = {step, rng})
-      <name>/                     one JsonSave item per entry of `json_state`
-                                  (the trainer: "data_state", every host's input position)
-  <run_dir>/index/<step>/         published indexes (realm_jax.index.store)
-  <run_dir>/best.json             {"metric", "mode", "step", "value"}: the best checkpoint so far
-                                  by an eval metric (CheckpointWriter; kept through pruning)
-  <run_dir>/TRAINING_DONE         written by the trainer after its last checkpoint
-  <run_dir>/checksums/<step>.json {"step", "files": {relative path: sha256}} of a finished
-                                  checkpoint: every restore checks them (a flipped byte is a
-                                  CorruptCheckpointError, not parameters silently changed)
-  <run_dir>/corrupt_checkpoints/<step>/  a corrupt checkpoint moved aside by the trainer, which
-                                  resumed from the newest intact one instead
-  <run_dir>/peft_base/            a parameter-efficient run's base: an ordinary run directory
-                                  whose checkpoint 0 holds the frozen parameters
-
-Parameter-efficient fine-tuning (`PeftCheckpoints`, `models.peft`): a PEFT run's checkpoint holds
-only the trained parameters (LoRA factors or adapters; `params/` a subset of the tree) and their
-optimizer state; its metadata's "peft" entry records the method and its settings, the base
-checkpoint (absolute, and relative to the step directory, so a moved run still finds its own
-base) and `base_params_sha256`, one sha256 over the checksums the base recorded for its
-`params/` files. Restoring one verifies the base against that hash (a one-line CheckpointError
-naming both when it changed) and rebuilds the full tree: with an abstract target (the trainer's
-resume) base + trained leaves, as trained; into host arrays (evaluation, index building, warm
-starts) the effective parameters, LoRA merged into the kernels. `export_merged` writes those as
-an ordinary checkpoint.
-
-Atomicity: Orbax writes a step into `<step>.orbax-checkpoint-tmp-<ts>` and renames it to `<step>`
-when every item is written (then `_CHECKPOINT_METADATA` exists inside). `list_checkpoint_steps`
-lists only directories whose whole name is a step number *and* that hold `_CHECKPOINT_METADATA`
-and the metadata item, so a half-written checkpoint (a temporary directory, or a bare `<step>`
-left by something else) is never listed and so never restored by the index builder.
-
-Two writers share the layout: `save_checkpoint` (one synchronous save, for tools, tests and the
-stand-in trainer) and `CheckpointWriter` (the trainer's: one CheckpointManager kept open,
-asynchronous saves, the newest `keep` checkpoints plus the best one preserved).
-
-The index builder is another process: it never holds a CheckpointManager (whose step list is a
-snapshot taken at construction); it re-lists the directory on every poll and restores one step
-directory with a plain Orbax Checkpointer.
+`<run_dir>/checkpoints/<step>/` holds one Orbax checkpoint per saved step: `params/`, a JSON
+`metadata/` (format, step, model config, items) and the trainer's extra items; beside it
+`best.json`, `TRAINING_DONE`, `checksums/<step>.json` (every restore checks them) and, for PEFT,
+`peft_base/`. Orbax renames a step into place when it is complete, and only complete steps are
+listed, so the index builder (another process, re-listing on every poll) never restores a
+half-written one. `save_checkpoint` saves once, synchronously; `CheckpointWriter` is the
+trainer's (asynchronous, keeps the newest and the best). A PEFT checkpoint holds only the
+trained parameters, restored against its hash-checked base (`PeftCheckpoints`).
+Layout and design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -306,26 +268,15 @@ def save_checkpoint(run_dir: str, step: int, params: Mapping[str, Any], *, confi
   """Saves one checkpoint with Orbax and waits until it is finalized on disk.
 
   Args:
-    params: dict of parameter trees with "retriever" (RealmRetriever params, ICT), "encoder"
-      (RealmKnowledgeAugEncoder params, block MLM) or both (pretraining). Flax boxed (`nn.Partitioned`) leaves are unboxed first.
-    config: the model config; written as JSON so a reader rebuilds the same model and can
-      refuse a checkpoint of another model size.
-    extra_state: optional {item name: pytree of arrays} saved as further Orbax items
-      (optimizer state, RNG, step); restore one with `restore_params(..., item=name)`.
+    params: {"retriever", "encoder", ...: parameter tree} (boxed leaves are unboxed first).
+    config: the model config, written as JSON (a reader refuses another model size).
+    extra_state: {item name: pytree of arrays} saved as further Orbax items (optimizer state).
     keep: keep the newest `keep` checkpoints (None keeps all).
-    model_kind: recorded in the metadata; default: the sorted `params` keys joined by "+"
-      (e.g. "encoder+retriever").
-    json_state: optional {item name: JSON-able value} saved as JSON items (the input
-      pipeline's position); restore one with `restore_params(..., item=name)`.
-    extra_metadata: optional JSON-able dict stored as the metadata's "extra" entry (the
-      trainer records its settings there).
+    model_kind: recorded in the metadata; default: the sorted `params` keys joined by "+".
+    json_state: {item name: JSON-able value} saved as JSON items (the input position).
+    extra_metadata: a JSON-able dict stored as the metadata's "extra" (the trainer's settings).
 
-  Returns:
-    The step directory `<run_dir>/checkpoints/<step>`.
-
-  The save is finished (renamed into place) when this returns: the index builder in another
-  process may pick the step up at once, and a test's stand-in trainer is deterministic. The
-  trainer uses `CheckpointWriter` instead, which saves asynchronously.
+  Returns the step directory `<run_dir>/checkpoints/<step>`, finished (renamed into place).
   """
   step = int(step)
   args = _checkpoint_args(step, params, config=config, extra_state=extra_state,
@@ -441,23 +392,10 @@ def _is_better(value: float, best: float, mode: str) -> bool:
 class CheckpointWriter:
   """The trainer's checkpoint writer: one CheckpointManager for the whole run.
 
-  * Asynchronous (`async_save=True`): `save` returns once the arrays are copied off the devices
-    (Orbax's blocking part); files are written and the step directory is renamed into place
-    on a background thread. A step is listed by `list_checkpoint_steps` only after that rename,
-    so a reader never sees a half-written checkpoint. Orbax waits for the previous save before
-    it starts the next one, so at most one save is in flight.
-  * Keeps the newest `keep` checkpoints *and* the best one by `best_metric` (recorded in
-    `<run_dir>/best.json`): pruning by recency alone would delete the checkpoint a run is
-    selected by.
-  * `best.json` only ever names a finished checkpoint: a new best is recorded when its save has
-    completed (at the next `save`, or `wait`/`close`).
-  * Waiting for a save is bounded (`save_timeout`): a save that fails or never completes (its
-    files removed under it, a hung filesystem) raises CheckpointSaveError naming the step, and
-    `close` then returns without waiting on Orbax again, so a run can end instead of hanging at
-    exit (`gin_utils.exit_process` ends a process whose Orbax threads still wait).
-
-  Multi-host: every process calls `save` with the same step (Orbax synchronises them; process 0
-  writes the JSON items); `best.json` is written by process 0 only.
+  Saves asynchronously (at most one in flight), keeps the newest `keep` checkpoints and the
+  best one by `best_metric` (`best.json`, naming only finished checkpoints), and bounds each
+  wait by `save_timeout` (CheckpointSaveError) so a run ends instead of hanging. Multi-host:
+  every process calls `save` with the same step; process 0 writes the JSON.
   """
 
   def __init__(self, run_dir: str, *, keep: Optional[int] = 3, async_save: bool = True,
@@ -467,16 +405,11 @@ class CheckpointWriter:
     """Opens (creates) `<run_dir>/checkpoints`.
 
     Args:
-      run_dir: the run directory.
       keep: newest checkpoints to keep (None keeps all); the best one is kept in addition.
-      async_save: write in the background (see the class docstring).
-      best_metric: name of the metric (passed to `save`) that ranks checkpoints, e.g.
-        "eval/retrieval/utility"; None disables best tracking.
+      best_metric: the metric (passed to `save`) that ranks checkpoints; None: no best.
       best_mode: "max" (higher is better) or "min".
-      peft: a parameter-efficient run: save only its trained parameters, against its base
-        (written before the first save).
-      save_timeout: seconds to wait for a save to reach the disk before raising
-        CheckpointSaveError.
+      peft: save only a PEFT run's trained parameters, against its base.
+      save_timeout: seconds to wait for a save to reach the disk.
     """
     if not save_timeout > 0:
       raise ValueError(f"CheckpointWriter: save_timeout={save_timeout}; expected > 0 seconds")
@@ -733,24 +666,13 @@ def restore_items(step_dir: str, targets: Mapping[str, Any], *,
   """Restores several items of one checkpoint step directory in one read.
 
   Args:
-    step_dir: `<run>/checkpoints/<step>`.
-    targets: {item name: target}. For array items ("params" and `extra_state` names) the
-      target is an abstract tree (`jax.ShapeDtypeStruct` leaves with shardings: the arrays
-      come back sharded like that) or None (host NumPy arrays, the structure Orbax recorded).
-      For JSON items (`json_state` names) the target must be None.
-    expected_config: if given, a checkpoint of another model size is a one-line
-      CheckpointError (checked from the JSON metadata before any array is read).
+    targets: {item name: target}: an abstract tree (`jax.ShapeDtypeStruct` leaves with
+      shardings), or None for host NumPy arrays (always None for JSON items).
+    expected_config: if given, another model size is a one-line CheckpointError.
 
-  A PEFT checkpoint's "params" come back whole (its base joined in, see the module docstring):
-  into an abstract target as trained (base + trained leaves), into host arrays LoRA merged.
-
-  Returns:
-    ({item name: value}, config, metadata).
-
-  Raises:
-    CheckpointError: unfinished, another model size, or an item it does not have.
-    CorruptCheckpointError: its files do not match the checksums recorded at save time, or
-      they cannot be read.
+  A PEFT checkpoint's "params" come back whole: as trained into an abstract target, LoRA merged
+  into host arrays. Returns ({item name: value}, config, metadata). Raises CheckpointError
+  (unfinished, another size, no such item) or CorruptCheckpointError (checksums, unreadable).
   """
   step_dir = os.path.abspath(os.fspath(step_dir))
   verify_checkpoint(step_dir)
@@ -847,17 +769,9 @@ def restore_checkpoint_dir(step_dir: str, *, item: str = PARAMS_ITEM,
                            target: Any = None) -> tuple[Any, RealmConfig, dict]:
   """Restores one item of a checkpoint step directory (e.g. an ICT run's `checkpoints/1000`).
 
-  Args:
-    step_dir: `<some run>/checkpoints/<step>`.
-    item: "params", a name from the checkpoint's `extra_state`, or one from its `json_state`.
-    expected_config: if given, a checkpoint of another model size is a one-line
-      CheckpointError (checked from the JSON metadata before any array is read).
-    target: optional abstract tree (jax.ShapeDtypeStruct leaves with shardings) to restore
-      into; default: host NumPy arrays, so any process (any device count) can read it and
-      place the arrays itself. Must be None for a JSON item.
-
-  Returns:
-    (tree, config, metadata).
+  `item`: "params" or an `extra_state` / `json_state` name; `target`: an abstract tree to
+  restore into, default host NumPy arrays (any process can read them); `expected_config` as
+  `restore_items`. Returns (tree, config, metadata).
   """
   restored, config, metadata = restore_items(step_dir, {item: target},
                                              expected_config=expected_config)
@@ -869,20 +783,8 @@ def restore_params(run_dir: str, step: Optional[int] = None, *, item: str = PARA
                    target: Any = None) -> tuple[Any, RealmConfig, dict]:
   """Restores one item of a run's checkpoint.
 
-  Args:
-    run_dir: the run directory.
-    step: the step; None for the newest.
-    item: "params" (the parameter dict), an `extra_state` or a `json_state` item name.
-    expected_config: the caller's model config; a checkpoint of another model size is a
-      one-line CheckpointError.
-    target: see `restore_checkpoint_dir`.
-
-  Returns:
-    (tree, config, metadata): for "params" the dict saved by `save_checkpoint` with NumPy
-    leaves (unless `target` says otherwise), the checkpoint's RealmConfig and its metadata.
-
-  Raises:
-    CheckpointError: no such step, unfinished, unreadable, or another model size.
+  `step` None: the newest; the rest as `restore_checkpoint_dir`. Returns (tree, config,
+  metadata); CheckpointError for no such step, unfinished, unreadable or another model size.
   """
   if step is None:
     step = latest_checkpoint_step(run_dir)

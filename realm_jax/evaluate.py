@@ -3,75 +3,15 @@ of a BM25 baseline.
 
   python -m realm_jax.evaluate --gin_file=gin_configs/experiments/toy_eval.gin \
       --gin.RUN_DIR="'/tmp/realm_toy/finetune'" [--dry_run] [--question="Who ...?" ...]
-
-t5x style (shared with `realm_jax.train` and `realm_jax.build_index`, see `realm_jax.gin_utils`):
-`--gin_file` (repeatable; relative paths are also looked up from the repository root),
-`--gin_bindings` (repeatable) and `--gin.KEY=VALUE`. Gin binds only `evaluate_main` below (plus
-the model gins' %MODEL_CONFIG); `--dry_run` overrides its `dry_run`, `--question` (repeatable)
-its `questions`.
-
-Three things it does with a run directory (`<run>/checkpoints/<step>`, `<run>/index/<step>`):
-
-* mode "qa" (default): the fine-tuned `OpenQAModel` of one checkpoint (the best one recorded
-  in `<run>/best.json`, else the newest, or `checkpoint_step`) answers every question of a QA
-  task split, retrieving from the run's published index (`realm_jax.evaluation.qa`).
-  Writes the predictions JSONL (`{"question", "prediction"}` first, ORQA's format) and the
-  metrics JSON next to it, and prints one summary line (exact match or CuratedTrec's regex
-  match, recall@k, questions, skipped) to stdout. Progress (rate, ETA) goes to stderr.
-* mode "retrieval": no reader. The query tower of the checkpoint the index was built from
-  searches the index (`index.retrieval.make_index_loader`), as the trainer would retrieve.
-  For a QA task recall@k = an answer occurs in one of the first k blocks (`metrics.has_answer`,
-  regex mode for CuratedTrec); for an `ict_<corpus>` task recall@k = the query's source block
-  is among the first k, reported with chance@k = k / blocks. This is how "ICT recall@5 above
-  chance" and "recall before/after pretraining" (`index_step=0` vs the newest) are measured; it
-  works on an ICT run (params {"retriever"} only), a pretraining run (even before its first
-  checkpoint: index 0 comes from the ICT checkpoint) and a fine-tuning run.
-* `--question` (predict): answers free-text questions with the "qa" model and prints each
-  answer with its evidence blocks (rank, block id, title, retrieval score, snippet). No task.
-
-Mode "qa" and `--question` read the blocks the run's index ranks; with
-`evaluate_main.candidates='bm25'` they read the blocks BM25 ranks instead, with no retrieval
-score added (a run fine-tuned with `FinetuneJob.candidates='bm25'`: DrQA's pipeline; no index);
-with `evaluate_main.candidates='none'` they read no block (a closed-book FiD run,
-`FinetuneJob.candidates='none'`: one row `[CLS] question [SEP]`, empty evidence, no recall; no
-index).
-
-And one without a run:
-
-* mode "bm25": the lexical baseline for mode "retrieval". Okapi BM25 (`evaluation.bm25`: k1 0.9,
-  b 0.4, Lucene's idf, lower-cased alphanumeric terms of each block's title and body) ranks the
-  blocks of the BlockStore (`block_store`, or the toy store for toy tasks) for every question of
-  the same task split, and reports the same metrics the same way (recall@k by
-  `evaluation.recall.answer_hits`, regex answers for regex tasks; for an ICT task the source
-  block's recall by `evaluation.recall.ict_hits`, its wordpiece query decoded back to text,
-  with chance@k), "bm25" in place of "retrieval". No
-  checkpoint, index or model: the settings for those (checkpoint_step, index_step,
-  index_run_dir, first_index_checkpoint_dir, backend, reader_beam, reader_len, verify_index)
-  are refused unless left at their defaults. `--gin.RUN_DIR=None` with `evaluate_main.output`
-  (metrics at its .metrics.json); with a RUN_DIR the metrics go next to the retrieval mode's,
-  `<run>/predictions/<task>_<split>_bm25.metrics.json`.
-
-And one for the released REALM open-QA models, transformers' `RealmForOpenQA` directories
-(google/realm-orqa-nq-openqa, ...), with flags of its own (`--released DIR --help`), no gin:
-
   python -m realm_jax.evaluate --released DIR --task nq_open [--split test] [--output PATH]
 
-  The checkpoint's block embeddings are the index (exact search), the reader reads the top 5
-  blocks, the answer is its best span; exact match on the split, written as mode "qa" writes it
-  (`realm_jax.evaluation.released`).
-
-`--dry_run` checks the configuration (mode, task registered and of the right kind, split, block
-store needed, k values) and, if the run directory has checkpoints, that the one to evaluate is
-of this model size (and has a reader for "qa"); it reads no data, writes nothing, and prints one
-line `evaluate: dry run ok (...)`. It works without any run.
-
-This module reads the configuration, checks it and calls one function per mode
-(`realm_jax.evaluation.modes`); every mode's files are written by `realm_jax.evaluation.results`.
-
-Exit status: 0 done (or dry run), 1 a runtime error (one line: no checkpoint, no published
-index, unreadable data), 2 a configuration error (one line: unknown flag or gin binding,
-missing required macro, unknown task or mode, a checkpoint of another model size), 130
-interrupted (nothing partial is written: the output files are renamed into place).
+Modes (`evaluate_main.mode`): "qa" (a fine-tuned checkpoint answers a QA task split: predictions
+JSONL, metrics JSON, one summary line), "retrieval" (recall@k of the index's own query tower) and
+"bm25" (the same recall of Okapi BM25; no run needed). `--question` answers free-text questions
+with their evidence; `--released DIR` evaluates transformers' released REALM open-QA models (its
+own flags: `--released DIR --help`). `--dry_run` checks the configuration, reads no data and
+prints one line. Exit status: 0 done, 1 a runtime error, 2 a configuration error, 130
+interrupted (nothing partial is written). Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -93,9 +33,8 @@ from realm_jax.gin_utils import ConfigError
 from realm_jax.index import store as index_lib
 from realm_jax.models.config import RealmConfig
 
-# Orbax (under checkpoints, batches and the modes) configures the root logger when it is
-# imported (absl's first log line), and TensorFlow (under the tasks) takes seconds to import: both
-# are imported inside the functions that use them, once `main` has set up logging.
+# Orbax configures the root logger on import and TensorFlow takes seconds to import: both are
+# imported inside the functions that use them, once `main` has set up logging.
 
 PROG = results.PROG
 MODES = ("qa", "retrieval", "bm25")
@@ -411,52 +350,31 @@ def evaluate_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   """Evaluates a run, or BM25 over a block store (the only gin-configurable function of this job).
 
   Args:
-    run_dir: the run directory: its checkpoints/ (and best.json) and its published index/.
-      Mode "bm25" reads nothing from it: None (--gin.RUN_DIR=None) needs `output`; a run
-      directory gets the metrics beside its retrieval metrics (see `output`).
-    model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin); checkpoints of
-      another model size are refused. Not used by mode "bm25".
-    task: a seqio QA task (`toy_qa`, `nq_open`, ...) or, for modes "retrieval" and "bm25", an
-      ICT task (`ict_toy`; `ict_<corpus>` of your own corpus is registered over `block_store`,
-      as `train` does); or your own QA files, a path (`regex:<path>` for regex answers; see
-      `realm_jax_tasks.register_qa_files`). Not needed with `questions`.
+    run_dir: the run: its checkpoints/, best.json and published index/ ("bm25": None needs
+      `output`).
+    model_config: a RealmConfig (%MODEL_CONFIG); checkpoints of another size are refused.
+    task: a seqio QA task, an ICT task ("retrieval", "bm25"), or your own QA files (a path;
+      `regex:<path>` for regex answers). Not needed with `questions`.
     split: the task split ("test"; the ICT tasks have only "train").
-    mode: "qa" (reader predictions, EM, recall), "retrieval" (recall of the index's own
-      query tower, no reader) or "bm25" (the same recall of Okapi BM25 over the block store's
-      title and body text, `realm_jax.evaluation.bm25`: the lexical baseline; no checkpoint,
-      index or model, so checkpoint_step, index_step, index_run_dir,
-      first_index_checkpoint_dir, backend, reader_beam, reader_len and verify_index must stay
-      at their defaults).
-    checkpoint_step: "qa": the checkpoint to evaluate; None: the best in best.json, else the
-      newest. (Mode "retrieval" uses the checkpoint the index was built from.)
+    mode: "qa" (reader predictions, EM, recall), "retrieval" (the index's query tower, no
+      reader) or "bm25" (Okapi BM25: no checkpoint, index or reader settings).
+    checkpoint_step: "qa": the checkpoint to evaluate; None: best.json's, else the newest.
     index_step: the published index to retrieve from; None: the newest.
-    index_run_dir: the run whose published index/ is searched; None: `run_dir` (set it when a
-      fine-tuning run searches its pretraining run's frozen index instead of its own copy).
-    block_store: the BlockStore the index embeds ("bm25": the one BM25 ranks); None: the toy
-      store for toy tasks (and for `questions`), required otherwise.
-    first_index_checkpoint_dir: "retrieval": the checkpoint index step 0 was built from, when
-      its manifest's path no longer exists (e.g. moved run directories).
+    index_run_dir: the run whose published index/ is searched; None: `run_dir`.
+    block_store: the BlockStore the index embeds (or BM25 ranks); None: the toy store.
+    first_index_checkpoint_dir: "retrieval": index 0's checkpoint, if its recorded path is gone.
     batch_size: questions (queries) per step.
     k_values: recall cut-offs (clipped to the number of blocks).
     reader_beam: blocks the reader reads per question.
     reader_len: reader sequence length.
     backend: "exact" or "scann" (the index's ScaNN artifacts).
     max_examples: evaluate only the first this many examples.
-    output: predictions JSONL path (metrics go to the same path with .metrics.json); None:
-      `<run_dir>/predictions/<task>_<split>_step<N>.jsonl` ("retrieval":
-      `<task>_<split>_retrieval_index<N>.metrics.json`, "bm25": `<task>_<split>_bm25.metrics.json`;
-      "bm25" without a run_dir has no default: set `output`).
+    output: predictions JSONL path (metrics beside it, .metrics.json); None: under
+      `<run_dir>/predictions/`.
     questions: free-text questions to answer and show evidence for (overrides the task).
-    verify_index: re-hash every file of the index against its manifest before searching it
-      (as the trainer does: a flipped byte is refused); False checks file sizes only, for
-      speed on a large index.
-    candidates: what the reader reads in mode "qa" and for `questions`: "index" (the blocks
-      the published index ranks) or "bm25" (the blocks BM25 ranks over the block store, with
-      no retrieval score added: a run fine-tuned with FinetuneJob.candidates='bm25'; no index,
-      so index_step, index_run_dir, backend and verify_index stay at their defaults), or
-      "none" (the closed book: no block, one row `[CLS] question [SEP]`, empty evidence, no
-      recall; a FiD run fine-tuned with FinetuneJob.candidates='none'; no index either, and
-      reader_beam is 1).
+    verify_index: re-hash the index's files before searching it (False: sizes only).
+    candidates: what the reader reads: "index", "bm25" (BM25's blocks, no retrieval score) or
+      "none" (the closed book of a FiD run: no block, reader_beam 1).
     dry_run: check the configuration (and the run's checkpoint size, if any), print one line.
 
   Returns:

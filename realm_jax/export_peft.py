@@ -2,11 +2,9 @@ r"""Merged export of a parameter-efficient fine-tuning run's checkpoint (Finetun
 
   python -m realm_jax.export_peft <run>/checkpoints/<step> <out_run_dir>
 
-A PEFT checkpoint holds only its trained parameters and names its base checkpoint with the
-base's hash (realm_jax.checkpoints). This writes `<out_run_dir>/checkpoints/<step>`: an
-ordinary checkpoint of the full model, LoRA merged into the kernels (adapters stay modules,
-with the model config that has them), after checking the base against its hash. Evaluate it
-like any fine-tuning run, with the fine-tuning run's index:
+A PEFT checkpoint holds only its trained parameters and names its hash-checked base
+(realm_jax.checkpoints). This writes `<out_run_dir>/checkpoints/<step>`, an ordinary checkpoint
+of the full model with LoRA merged into the kernels; evaluate it with the run's index:
 
   python -m realm_jax.evaluate --gin_file=gin_configs/experiments/toy_eval.gin \
     --gin.RUN_DIR="'<out_run_dir>'" --gin.evaluate_main.index_run_dir="'<run>'"

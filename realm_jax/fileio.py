@@ -1,22 +1,15 @@
 """Small file helpers shared by everything that publishes atomically (stores, indexes, worlds),
 and the run directory's writer lock.
 
-The pattern: write into a staging directory next to the destination, fsync the files, write
-the manifest (with sha256 of every file) last, fsync the directory, rename into place, fsync the
-parent so the rename itself is durable.
-
-In code (`staged_directory`, `publish_staged`):
+The pattern: write and fsync the files in a staging directory next to the destination, write
+the manifest (sha256 of every file) last, rename into place and fsync the parent:
 
   with staged_directory(dest, f"{name}.staging-") as staging:
     ...write and fsync the files, then write_manifest(staging, manifest)...
     publish_staged(staging, dest)  # leaving the block without this removes staging
 
-`run_dir_lock` keeps a second trainer (or builder) out of a run directory another process
-writes.
-
-Private directories (staging, or an old copy being deleted) are named
-`<prefix><host>-<pid>-<random>` (`private_path`), so a later writer can tell those of dead
-processes (`remove_stale`) from those of live ones.
+Private directories are named `<prefix><host>-<pid>-<random>`, so a later writer can remove
+those of dead processes. `run_dir_lock` keeps a second trainer (or builder) out of a run.
 """
 
 from __future__ import annotations
@@ -243,18 +236,9 @@ def run_dir_lock(run_dir: str, role: str) -> Iterator[str]:
   """Holds `<run_dir>/<role>.lock` exclusively while in the block: one trainer (and one index
   builder) per run directory.
 
-  The lock is the kernel's (`flock`), so it ends with its process however that ends; the file
-  also records the holder (pid, host, start time, command line) for the message a second
-  process gets, and is emptied on a clean release. A record found under a free lock is a
-  holder that died without releasing: taken over, with a warning naming it. Filesystems
-  without locks (some network mounts) get a warning and no lock.
-
-  Yields:
-    The lock file's path.
-
-  Raises:
-    RunDirInUse: another process holds it (the message names that process).
-    NotADirectoryError: `run_dir` exists and is not a directory.
+  The lock is the kernel's (`flock`), so it ends with its process; the file records the holder
+  for the message a second process gets. A filesystem without locks gets a warning and no lock.
+  Yields the lock file's path; raises RunDirInUse (naming the holder) or NotADirectoryError.
   """
   if os.path.exists(run_dir) and not os.path.isdir(run_dir):
     raise NotADirectoryError(f"{run_dir} is a file, not a run directory")

@@ -1,23 +1,12 @@
 r"""Shared t5x-style command-line handling of the gin-configured entry points.
 
-Used by every gin-configured `python -m realm_jax.*` (train, build_index, evaluate), each of
-them one `@command(...)` function:
-
-* `--gin_file` (repeatable; a relative path is also looked up from the repository root),
-  `--gin_bindings` (repeatable) and `--gin.KEY=VALUE` (the same as
-  `--gin_bindings='KEY = VALUE'`);
-* configuration mistakes become a `ConfigError` whose message is one line (gin's multi-line
-  errors are folded; a missing `%gin.REQUIRED` macro is named with the flag that sets it); the
-  entry points print it as `<prog>: config error: ...` and exit with status 2;
-* `command` turns a gin-configurable main function into the entry point (`.main(argv)`): flags,
-  gin parsing, `--help`, and what it raises as one line and an exit status (`run_job`);
-* `run_command` is that last step for every `python -m realm_jax.*`, the argparse ones too
-  (build_corpus, recipe, toy_bert, convert.hf, ...): exit status 1 and one line
-  `<prog>: error: ...` for a runtime error, 2 for a configuration error or a run directory
-  another process holds, 128 + N (130, 143) and the command's own sentence when stopped by
-  SIGINT or SIGTERM, which it turns into `Interrupted` whatever dispositions it inherited;
-* `exit_process` is how each `python -m` ends: `sys.exit`, unless background threads (a
-  checkpoint save that never completes) would keep the interpreter from exiting.
+`command` turns a gin-configurable main function into `python -m realm_jax.<prog>` (train,
+build_index, evaluate): `--gin_file` (also looked up from the repository root), `--gin_bindings`
+and `--gin.KEY=VALUE`, gin parsing, `--help`. Configuration mistakes are one-line
+`ConfigError`s (exit 2). `run_command` ends every `python -m realm_jax.*`, the argparse ones
+too: one line and an exit status for what it raises (1 a runtime error, 2 a configuration
+error, 130 or 143 on SIGINT or SIGTERM). `exit_process` exits even when background threads
+would hang. Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -350,17 +339,10 @@ def run_command(prog: str, fn: Callable[[], int], *, interrupted: str,
   """Runs a command-line entry point's work, `fn()`, and turns what it raises into one line on
   stderr and the exit status; every `python -m realm_jax.*` goes through here.
 
-  Exit statuses: fn's own (0 done); 2 a ConfigError (`<prog>: config error: ...`; argparse
-  refuses bad flags with 2 before this runs) or a run directory another live process writes
-  (`fileio.RunDirInUse`, `<prog>: error: ...`); 130 interrupted by SIGINT (Ctrl-C) and 143 by
-  SIGTERM (`<prog>: interrupted (SIGTERM); <interrupted>`, which says what that means for this
-  command, e.g. "nothing was written to --out"); 1 any other error (`report_error`: one line
-  `<prog>: error: ...` worded by `describe`, with a traceback in the log unless it is one of the
-  `expected` types).
-
-  While `fn` runs (in the main thread), SIGINT and SIGTERM raise `Interrupted`, even when the
-  process inherited SIGINT ignored (a shell starts background jobs so, and Python then never
-  raises KeyboardInterrupt): whoever started the job can stop it cleanly.
+  Exit statuses: fn's own; 2 a ConfigError or `fileio.RunDirInUse`; 130 (SIGINT) or 143
+  (SIGTERM) with `<prog>: interrupted ...; <interrupted>`; 1 any other error (`report_error`,
+  worded by `describe`). SIGINT and SIGTERM raise `Interrupted` while `fn` runs, even when the
+  process inherited SIGINT ignored.
   """
   with _stop_signals_interrupt():
     try:
@@ -554,15 +536,11 @@ def command(prog: str, *, doc: str, example_gin: str, interrupted: str,
   """Decorates an entry point's main function: gin-configurable under its own name, with a
   `.main(argv) -> exit status` attribute that is the whole `python -m realm_jax.<prog>`.
 
-  `.main` parses `--gin_file` (at least one; `example_gin` is suggested when there is none),
-  `--gin_bindings`, `--gin.KEY=VALUE`, the `booleans` flags ({name: help}: when given, the
-  argument of that name is passed as True, overriding gin) and the `multi_strings` flags
-  ({name: help}: when given, passed as a list); `arguments` ({flag: argument}) names the
-  argument a flag sets where the two differ (evaluate's `--question` sets `questions`);
-  `extra_bindings(flag values)` may add gin bindings. Then it calls the function through gin
-  and maps what it raises with `run_job`: an error before the function's body starts is gin's
-  refusal of the configuration (exit 2). `--help` shows `doc`, the flags and the settings of
-  the function and of `configurables` (e.g. the gin-configurable objects it is given).
+  `.main` parses the gin flags, the `booleans` flags ({name: help}, passed as True) and the
+  `multi_strings` flags ({name: help}, passed as lists; `arguments` maps a flag to another
+  argument name), adds `extra_bindings(flag values)`, calls the function through gin and maps
+  what it raises with `run_job` (an error before the body starts is a config error, exit 2).
+  `--help` shows `doc`, the flags and the settings of the function and of `configurables`.
   """
   spec = _Command(prog, doc, example_gin, interrupted, dict(booleans or {}),
                   dict(multi_strings or {}), dict(arguments or {}), extra_bindings,

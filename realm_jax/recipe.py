@@ -8,11 +8,9 @@ systems, REALM beside the ORQA-style baseline, each stage an entry point run as 
       /mnt/realm/data/wiki_blocks --bert /mnt/realm/bert-base-uncased --dry_run (paper_scale.md)
 
 The stages are `realm_jax.pipeline.recipes`' (docs/architecture.md, "The recipe"); --dry_run
-prints each, what it reads and writes and its commands, and runs nothing. A stage whose outputs
-exist and check out is skipped: run again to resume (--fresh starts over). Your data is checked
-before anything trains, and another run's --out is refused (`<out>/own_data.json`). SIGINT or
-SIGTERM stops the stages (exit 130, 143). Logs in `<out>/logs/`, the table also in
-`<out>/summary.md` and `summary.json`. On a pod: `python -m realm_jax_launch.tpu_pod run`.
+prints them and runs nothing. A stage whose outputs check out is skipped: run again to resume
+(--fresh starts over). SIGINT or SIGTERM stops the stages (exit 130, 143). Logs in
+`<out>/logs/`, the table also in `<out>/summary.md`. On a pod: `realm_jax_launch.tpu_pod run`.
 """
 
 from __future__ import annotations

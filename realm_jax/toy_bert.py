@@ -1,34 +1,17 @@
 r"""The toy BERT: build it, ship it, measure how well it reads.
 
-REALM starts its knowledge-augmented encoder and (through ICT) its retriever from BERT; the toy
-world starts them from the toy BERT, a BERT-tiny (2 layers, hidden 128, 2 heads, intermediate
-512, the uncased BERT vocabulary) that the project trains itself on reading worlds that share
-no name with the toy world (realm_jax.batches.reading). It ships in transformers' BertForMaskedLM
-layout in `realm_jax/data/assets/toy_bert/` and is loaded through `realm_jax.convert.hf`
-exactly like a user's real BERT.
+REALM starts its encoder and (through ICT) its retriever from BERT; the toy world starts them
+from the toy BERT, a BERT-tiny the project trains itself on reading worlds that share no name
+with the toy world, shipped in BertForMaskedLM layout in `realm_jax/data/assets/toy_bert/`.
 
   python -m realm_jax.toy_bert --work_dir /tmp/toy_bert [--out DIR] [--copy_steps N] [--steps N]
       [--distract_steps N]
   python -m realm_jax.toy_bert --world wiki --work_dir /tmp/wiki_bert
 
-`--world wiki` builds the wiki world's English BERT instead (the same shape, shipped in
-`realm_jax/data/assets/wiki_bert/`): copying (`experiments/wiki_bert_copy.gin`) and English
-(`experiments/wiki_bert.gin`) on the wiki world's train articles (realm_jax_tasks.wiki),
-measured on its test articles, which it never reads (docs/wiki_world.md).
-
-runs three `mlm` train jobs, each continuing from the last checkpoint of the one before:
-copying (`experiments/toy_bert_copy.gin`, in `<work_dir>/copy`), reading
-(`experiments/toy_bert.gin`, in `<work_dir>/run`) and reading among distractors
-(`experiments/toy_bert_distract.gin`, in `<work_dir>/distract`); each resumes after an
-interruption (run the same command again). It writes the final encoder as `config.json` +
-`model.safetensors` into `--out` (default: the shipped directory), measures its reading
-accuracy on a held-out reading world and prints the sha256 of the weights.
-
-Reading accuracy: masked salient spans (names and dates) of the held-out world's pretraining
-text, read beside the block of the document that states them ("with context") and with the
-null document, `[CLS] sentence [SEP] [SEP]` ("without context"), and beside another
-document's block ("with distractor": most of REALM's candidates). Reported per masked
-wordpiece and per whole span (every wordpiece right).
+runs the `mlm` train jobs (copying, reading, reading among distractors; `--world wiki`: the wiki
+world's English BERT), each resuming after an interruption, writes the encoder to `--out`
+(default: the shipped directory) and prints its held-out reading accuracy and sha256
+(`--measure_only`: measure only). Details: docs/toy_bert.md, docs/wiki_world.md.
 """
 
 from __future__ import annotations

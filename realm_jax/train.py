@@ -4,39 +4,14 @@ the toy BERT's MLM) that gin builds, run by one generic `train_main`.
   python -m realm_jax.train --gin_file=gin_configs/experiments/toy_ict.gin \
       --gin.RUN_DIR="'/tmp/realm_toy/ict'" [--dry_run]
 
-t5x style (shared with `build_index` and `evaluate`, see `realm_jax.gin_utils`): `--gin_file`
-(repeatable; relative paths are also looked up from the repository root), `--gin_bindings`
-(repeatable) and `--gin.KEY=VALUE`. Gin binds `train_main` below (what every run shares), the
-job object it is given (`train_main.job = @PretrainJob()`: its settings, `realm_jax.jobs`) and
-the model gins' %MODEL_CONFIG; `--dry_run` overrides `train_main.dry_run`.
-
-`--dry_run` builds everything the job needs (model config, model, optimizer, mesh, the input
-iterator object, the train step jitted with its shardings and *lowered* on abstract shapes:
-traced, not compiled, no parameters allocated) and checks `init_checkpoint`'s model size from
-its metadata, then prints one line describing the job and exits 0. It reads no data, starts no
-index watcher (pretraining dry runs need no index) and writes nothing.
-
-Exit status: 0 done (or dry run), 1 a runtime error (one line), 2 a configuration error (one
-line: unknown flag or gin binding, missing required macro, unregistered task, an
-`init_checkpoint` of another model size) or another trainer holding the run directory (one
-trainer per run directory: `<run_dir>/trainer.lock`, whose message names the holder's pid, host
-and start time), 130 interrupted by SIGINT and 143 by SIGTERM (both stop cleanly; a rerun
-resumes from the last checkpoint).
-
-Jobs (`train_main.job`, one class each in `realm_jax.jobs`; a job's settings are bound on its
-class, e.g. `--gin.PretrainJob.num_candidates=8`, and gin refuses another job's):
-  @MlmJob()       masked language modelling of the encoder on an `mlm_<corpus>` task: the toy
-                  BERT (REALM starts from BERT; at paper scale convert it with
-                  `python -m realm_jax.convert.hf`).
-  @IctJob()       the ICT warm start of the retriever on an `ict_<corpus>` task (REALM_SPEC 14).
-  @ContrieverJob()  Contriever's warm start, an alternative to ICT: two independent random crops
-                  of a block as the positive pair, on a `contriever_<corpus>` task.
-  @RetroMaeJob()  the RetroMAE warm start of the retriever, an alternative to ICT, on the blocks
-                  of an `ict_<corpus>` task (its checkpoints are used as ICT's).
-  @PretrainJob()  REALM pretraining on a `realm_<corpus>_<strategy>` task, candidates from the
-                  run's index published by `realm_jax.build_index` alongside (REALM_SPEC 15-21).
-  @FinetuneJob()  open-QA fine-tuning on a QA task, retrieving from the run's index
-                  (REALM_SPEC 25-29).
+Gin binds `train_main` (what every run shares), its job (`train_main.job = @PretrainJob()`; a
+job's settings on its class, e.g. `--gin.PretrainJob.num_candidates=8`) and %MODEL_CONFIG. Jobs
+(`realm_jax.jobs`): @MlmJob() (the toy BERT), @IctJob() (REALM_SPEC 14), @ContrieverJob() and
+@RetroMaeJob() (other warm starts), @PretrainJob() (REALM_SPEC 15-21; `realm_jax.build_index`
+beside it) and @FinetuneJob() (REALM_SPEC 25-29). `--dry_run` builds the job, lowers its step on
+abstract shapes and prints one line; it reads and writes nothing. Exit status: 0 done, 1 a
+runtime error, 2 a configuration error or another trainer holding the run directory, 130 or 143
+interrupted (a rerun resumes). Design notes: docs/design/training_and_commands.md.
 """
 
 from __future__ import annotations
@@ -115,14 +90,13 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
   """Runs (or, with `dry_run`, only builds) one training job.
 
   Args:
-    run_dir: the run directory (checkpoints/, tensorboard/, best.json, TRAINING_DONE; for
-      jobs that retrieve also index/, written by `realm_jax.build_index`).
+    run_dir: the run directory (checkpoints/, tensorboard/, best.json, TRAINING_DONE; index/
+      for jobs that retrieve).
     model_config: a RealmConfig (%MODEL_CONFIG of gin_configs/models/*.gin).
-    job: the job object (`@MlmJob()`, `@IctJob()`, `@PretrainJob()`, `@FinetuneJob()`; see the
-      module docstring), which owns the task, the model, the batches and their schema, the
-      warm start, the evaluation and their settings.
-    batch_size: examples (questions) per step on this host (global batch = hosts x this; a
-      multiple of the mesh's data axis).
+    job: the job object (`@IctJob()`, `@PretrainJob()`, ...), which owns the task, model,
+      batches, warm start and evaluation.
+    batch_size: examples per step on this host (global batch = hosts x this; a multiple of the
+      mesh's data axis).
     num_steps: total updates of the run (a resumed run continues to it).
     learning_rate: peak learning rate of `optim.bert_optimizer`.
     warmup_steps: linear warmup steps (None: the optimizer's default).
@@ -130,18 +104,15 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
     mesh_shape: (data, model) sizes of the device mesh; -1 takes the rest.
     rules: logical axis rules (None: partitioning.DEFAULT_RULES).
     seed: parameter init, dropout and data seed.
-    init_checkpoint: a checkpoint step directory to warm-start from (what it provides: the
-      job's `warm_start`); model size checked; ignored when resuming.
+    init_checkpoint: a checkpoint step directory to warm-start from (the job's `warm_start`);
+      ignored when resuming.
     log_every: write metrics every this many steps.
     keep: newest checkpoints to keep (the best one is kept too).
-    dry_run: build everything and lower the step on abstract shapes, print one line, no
-      training.
-    checkpoint_timeout: seconds a checkpoint save may take before the run stops with an error
-      naming its step (None: `checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS`, 30 minutes); the last
-      complete checkpoint stays intact.
-    metrics_format: where the metrics go: "tensorboard" (`<run_dir>/tensorboard`, through clu,
-      which imports TensorFlow) or "jsonl" (`<run_dir>/metrics.jsonl`, one JSON object per
-      write; no TensorFlow needed).
+    dry_run: build everything and lower the step on abstract shapes, print one line.
+    checkpoint_timeout: seconds a checkpoint save may take before the run stops (None:
+      `checkpoints.DEFAULT_SAVE_TIMEOUT_SECONDS`, 30 minutes).
+    metrics_format: "tensorboard" (`<run_dir>/tensorboard`, imports TensorFlow) or "jsonl"
+      (`<run_dir>/metrics.jsonl`).
 
   Returns:
     The exit status (0).
@@ -213,8 +184,8 @@ def train_main(run_dir: str = gin.REQUIRED, model_config: Any = gin.REQUIRED,
           f"compiled)", flush=True)
     return 0
 
-  # One trainer per run directory: a second (the same command started twice) stops here, before
-  # it reads or writes anything of the run. Hosts other than the first share the first's lock.
+  # One trainer per run directory: a second stops here, before touching the run. Hosts other
+  # than the first share the first's lock.
   with (fileio.run_dir_lock(run_dir, "trainer") if jax.process_index() == 0
         else contextlib.nullcontext()):
     batches = job.build_batches(ctx, model)
