@@ -104,13 +104,8 @@ NEIGHBOUR_LOGIT = 10.0
 
 def neighbour_kernel_init(config: BertConfig, role: str):
   """Layer 0's query ("query") or key ("key") kernel [embed, heads, kv] when
-  position_init="neighbours": head i attends to position p + NEIGHBOUR_OFFSETS[i].
-
-  Both read only the local frequencies of the position table: the key at position p' is
-  g (cos w p', sin w p') per local frequency w, the query at p that pair rotated by the offset,
-  g (cos w (p + d), sin w (p + d)), so their product sums cos(w (p' - p - d)), which peaks at
-  p' = p + d and cancels elsewhere. The embeddings' LayerNorm divides the sum of three
-  std-`initializer_range` tables by about initializer_range * sqrt(3), which g undoes.
+  position_init="neighbours": head i attends to position p + NEIGHBOUR_OFFSETS[i], reading the
+  local frequencies of the position table (the derivation: docs/design/models_and_jobs.md).
   Heads past the offsets keep BERT's truncated normal; the biases stay zero.
   """
   features, head_dim = config.hidden_size, config.head_dim
@@ -200,12 +195,9 @@ class FeedForward(nn.Module):
 def tied_decode(hidden: Array, table: Array, bias: Array) -> Array:
   """`hidden @ table.T + bias`: [rows, embed] x [vocab, embed] + [vocab] -> [rows, vocab].
 
-  The MLM decoder tied to the word embeddings, with its gradients written out: for autodiff's
-  backward of this product XLA:CPU copies the [rows, vocab] cotangent transposed for the
-  table's gradient and sums it over rows with a reduction for the bias's, which together cost
-  more than the backward's two matmuls (toy BERT: 320 mask rows x 30522 words). Here the
-  table's gradient is one matmul over the cotangent as it lies and the bias's `ones @ g`, a
-  matrix-vector product. Same values as autodiff up to summation order.
+  The MLM decoder tied to the word embeddings, with its gradients written out (one matmul and
+  one matrix-vector product, cheaper on XLA:CPU than autodiff's); same values up to summation
+  order.
   """
   return jnp.dot(hidden, table.T) + bias
 

@@ -56,18 +56,9 @@ class BertConfig(ShapeProperties):
     attention_dropout: dropout on attention probabilities.
     dtype: compute dtype ("float32" or "bfloat16"); parameters stay in `param_dtype`.
     param_dtype: storage dtype of the parameters.
-    position_init: how the learned position embeddings start: "normal" (BERT's truncated
-      normal) or "sinusoidal" (the Transformer's sine/cosine table scaled to the same std), which
-      gives a BERT trained from scratch the relative-position structure that attending to a
-      neighbouring token needs from its first step, or "neighbours" (the toy BERT; see
-      experiments/toy_bert_copy.gin): a sin/cos table whose upper half of frequencies reaches
-      pi per position, with layer 0's first two heads started as heads attending to the
-      previous and the next position (models.bert.neighbour_kernel_init), the first step of
-      copying a word that stands elsewhere in the row. Only the initialisation differs; the
-      parameters are the same.
-    adapter_size: width of the bottleneck adapters (Houlsby et al. 2019) after the attention
-      and the feed-forward output of every layer (`models.peft.BottleneckAdapter`); 0 (the
-      default) adds none. Set by parameter-efficient fine-tuning (`FinetuneJob.peft='adapters'`).
+    position_init: how the position embeddings start: "normal", "sinusoidal" or "neighbours"
+      (design notes); only the initialisation differs.
+    adapter_size: width of the bottleneck adapters (`models.peft.BottleneckAdapter`); 0: none.
   """
 
   vocab_size: int = 30522
@@ -125,32 +116,17 @@ class RealmConfig:
   Attributes:
     bert: the encoder shared in shape (not in parameters) by every tower.
     proj_size: retriever embedding size (128).
-    proj_layer_norm_eps: epsilon of the projection LayerNorm. The transformers port (and so the
-      released checkpoints as converted) uses BERT's 1e-12; the open-source ICT code used Keras'
-      default 1e-3. Default: the port's value, so converted checkpoints match.
-    proj_dropout: dropout on the 128-d embedding in training (the ICT code used 0.1; the port 0).
-    retriever_pooling: what the embedders' pooler reads: "cls", the [CLS] hidden state (REALM,
-      BERT; REALM_SPEC 1), or "mean", the mean of the last hidden states over the real tokens.
-      "mean" is for retrievers trained from random weights (the toy world): there a [CLS]
-      vector is nearly the same for every input, and a CLS retriever does not learn to match a
-      question's rare name wordpieces to its document in minutes (measured in
-      docs/toy_settings.md, "Mean pooling"). Same parameters either way.
-    retriever_query_masks: how the query embedder treats `[MASK]` wordpieces
-      (`mask_token_id`) of a masked pretraining query: "read" them as any token (REALM), or
-      "ignore" them (left out of its attention and pooling, as padding is). "ignore" is for a
-      retriever warm-started by ICT from random weights (the toy world): ICT's queries have no
-      `[MASK]`, so its embedding stays random and pulls the mean of a masked sentence away
-      from the sentence's document (measured in docs/toy_settings.md, "Query masks ignored"). A
-      question or an ICT query has no `[MASK]`: the same either way.
-    mask_token_id: the vocabulary's `[MASK]` id (default: BERT's, `realm_jax.data.vocab.MASK_ID`).
-    share_embedders: tie the query and document embedders (the release's
-      `share_embedders=True`); False gives two independent towers.
+    proj_layer_norm_eps: epsilon of the projection LayerNorm (the port's 1e-12, not ICT's 1e-3).
+    proj_dropout: dropout on the 128-d embedding in training.
+    retriever_pooling: "cls", the [CLS] hidden state (REALM_SPEC 1), or "mean" over real tokens
+      (for retrievers trained from random weights).
+    retriever_query_masks: "read" a query's `[MASK]` wordpieces (REALM) or "ignore" them.
+    mask_token_id: the vocabulary's `[MASK]` id (default `realm_jax.data.vocab.MASK_ID`).
+    share_embedders: tie the query and document embedders (the release's default).
     span_hidden_size: width of the span start/end projections (256).
     max_span_width: longest answer span in wordpieces (10).
     span_layer_norm_eps: epsilon of the span LayerNorm (1e-3, as ORQA and the port).
-    invalid_span_logit: added to the logit of a span that is not inside the block. ORQA adds
-      -10000; the transformers port adds float32's most negative value. Both exclude the span
-      from the argmax and from every softmax, so predictions and losses agree.
+    invalid_span_logit: added to a span not inside the block (excluded from argmax and softmax).
   """
 
   bert: BertConfig = dataclasses.field(default_factory=BertConfig)

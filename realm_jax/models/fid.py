@@ -1,66 +1,11 @@
 """Fusion-in-Decoder (FiD; Izacard & Grave 2021), the reader of Atlas (Izacard et al. 2022).
 
-  encoder:  reads each (query, passage) pair on its own: input ids [B, K, L] (a row per
-            passage, e.g. `[CLS] question [SEP] passage [SEP]` with type ids 0 / 1) ->
-            encodings [B, K, L, D]. Passage k's encodings depend on passage k's row only.
-  fusion:   the K encodings concatenated into one memory [B, K L, D] with its padding mask
-            [B, K L] (`concatenate_passages`): the decoder sees all passages at once, and each
-            cross-attention runs ONE softmax over the real tokens of all K passages.
-  decoder:  pre-LN transformer layers over the answer tokens: h += SelfAttention(LN h)
-            (causal), h += CrossAttention(LN h, memory), h += FFW(LN h); a last LayerNorm and
-            the readout tied to the encoder's word embeddings (also the decoder's token
-            embeddings), plus learned absolute positions of the answer tokens.
-
-Deviations from Atlas's T5 reader: the encoder is this repository's BERT (`models.bert`, post-LN,
-learned absolute positions, pretrained by masked LM) where T5 uses relative position biases and
-an encoder pretrained as part of a seq2seq model; its parameters are exactly `BertModel`'s, so
-the encoder warm-starts from the project's BERT checkpoints (`encoder_from_bert`). The decoder is
-new (trained from scratch): learned absolute positions where T5 uses relative biases, LayerNorm
-where T5 uses RMSNorm, the FFW of `FidConfig.hidden_act` where T5 v1.1 gates it. Pre-LN, as T5
-(and `models.retro` here): a decoder trained from scratch on top of a pretrained encoder trains
-stably without the careful warm-up a post-LN stack needs. The encodings are not normalised again
-before the cross-attention: BERT's post-LN output already is a LayerNorm's.
-
-The copy head (`FidConfig.copy_head`, off by default; See et al. 2017's pointer-generator), not
-in Atlas: `p(w) = g p_gen(w) + (1 - g) sum_{s: x_s = w} c_s`, with p_gen the tied readout's
-softmax, c one more single-head attention of the last decoder state over the memory (its own
-query and key projections, the same visibility as the cross-attention's), x the memory's token
-ids and the gate g = sigmoid(w . h + b). T5 copies from its passages because it was pretrained;
-a decoder trained from scratch on a few thousand answers learns to map a memory state back to a
-word only for the words it was trained on, and so learns the training answers rather than to
-read (bench/docs/benchmarks.md, "The FiD reader trained five times longer"). The copy head names the
-word by its position, whatever the word. With it, `decode` returns the mixture's
-log-probabilities (float32) where it returns logits without: both are read through a
-log-softmax (`token_log_probs`, the searches), which leaves log-probabilities as they are.
-
-Tokens (BERT's WordPiece vocabulary): `[CLS]` (101) is the decoder's start token (BOS), `[SEP]`
-(102) ends an answer (EOS), `[PAD]` (0) fills the positions after it. The targets of an answer
-y_0 .. y_{n-1} are [y_0, ..., y_{n-1}, EOS, PAD, ...] [B, T] with the target mask on the n + 1
-first; the decoder reads them shifted right, [BOS, y_0, ..., y_{n-1}, EOS, ...] (`shift_right`).
-
-ADist (Atlas's attention distillation): with the collection "intermediates" mutable, every
-decoder layer's cross-attention sows `attention_probs` [B, heads, T, K L] (the weights before
-dropout) and `value_norms` [B, heads, K L] (each memory token's value-vector norm per head);
-`cross_attention_maps` reads them from the intermediates, `passage_attention_scores` reduces them
-to Atlas's score per passage [B, K] (weights times value norms, averaged over layers, heads and
-the target tokens, summed over the passage's tokens), the `attention_scores` that
-`retriever_objectives.adist_loss` distils. The default pass computes and keeps nothing of this.
-
-The other objectives' targets (`models.fid_qa`): `FidModel.teacher_forced` also returns every
-decoder layer's cross-attention keys and values of the memory, so more decodes over the same
-encodings cost no second encoder pass: `passage_log_likelihoods` (the decoder reading each
-passage alone: EMDR^2, PDist) and `left_out_log_likelihoods` (reading all passages but one, a
-visibility mask over the memory: LOOP).
-
-Decoding (`greedy_decode`, `beam_search`): jitted at fixed shapes; the encoder runs once, every
-layer's cross-attention keys and values of the memory are projected once, and the decoder runs
-one token per step over a self-attention key/value cache ([rows, max_len, heads, kv] per layer);
-the teacher-forced pass is the same code with a cache as long as its input, written at once.
-Beams share their batch row's memory (their queries read it together) rather than copying it.
-The searches take a step function (`greedy_search`, `search_beams`), so they run on any model.
-
-Precision: as `bert`, dense layers compute in `dtype`; attention scores, softmax and the
-LayerNorms in float32; the decoder's residual stream is float32; log-probabilities float32.
+The encoder (this repository's BERT, so it warm-starts from its checkpoints) reads each
+(query, passage) row on its own [B, K, L] -> [B, K, L, D]; the K encodings are concatenated into
+one memory [B, K L, D] that a pre-LN decoder, trained from scratch, cross-attends over all at
+once. Also here: an optional copy head, the cross-attention maps ADist distils, the per-passage
+and leave-one-out likelihoods of Atlas's other objectives, and greedy and beam decoding over a
+key/value cache. Design, deviations from Atlas's T5 and tokens: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -98,34 +43,18 @@ _NEG_INF = float("-inf")
 @dataclasses.dataclass(frozen=True)
 class FidConfig(ShapeProperties):
   """Shapes and numerics of a FiD reader: a BERT encoder (`bert`) and a decoder of width
-  `bert.hidden_size` over `bert`'s vocabulary. Defaults: a BERT-base encoder and a decoder of
-  the same size (T5-base's decoder: 12 layers, 12 heads, FFW 3072).
-
-  As RetroConfig, the fields `initializer_range`, `dtype`, `param_dtype` (and the properties
-  `hidden_size`, `compute_dtype`, `storage_dtype`, `head_dim`) are BertConfig's, so bert.py's
-  initialisers, dense layers and LayerNorms take a FidConfig for the decoder.
+  `bert.hidden_size` over `bert`'s vocabulary (defaults: BERT-base and a T5-base-sized
+  decoder). `initializer_range`, `dtype` and `param_dtype` are named as BertConfig's, so bert.py's
+  layers take a FidConfig for the decoder.
 
   Attributes:
-    bert: the encoder's configuration; its `dtype` and `param_dtype` are overridden by this
-      config's (one precision for the whole model: `encoder`).
-    decoder_layers: decoder layers.
-    num_heads: heads of the decoder's self- and cross-attentions; must divide the width.
-    intermediate_size: width of the decoder's feed-forward layers ("mlp").
-    hidden_act: activation of the decoder's feed-forward layers (see config.ACTIVATIONS).
-    max_answer_length: decoder positions (learned), the longest target / decoded answer,
-      EOS included.
-    copy_head: a pointer-generator readout (`CopyHead`): each next-token distribution mixes the
-      tied readout's with a copy of the memory's tokens, weighted by one more attention over
-      the memory (the module docstring's deviations).
-    bos_id: the decoder's start token (BERT's [CLS]).
-    eos_id: the token that ends an answer (BERT's [SEP]).
-    pad_id: the token after EOS in targets and decoded answers (BERT's [PAD]).
-    layer_norm_eps: epsilon of the decoder's LayerNorms.
-    initializer_range: std of the decoder's truncated-normal initialiser.
-    hidden_dropout: dropout on the decoder's embeddings and residual branches.
-    attention_dropout: dropout on the decoder's attention weights.
-    dtype: compute dtype of the whole model ("float32", "bfloat16" or "float16").
-    param_dtype: storage dtype of the parameters.
+    bert: the encoder's configuration (its dtypes overridden by this config's).
+    decoder_layers, num_heads, intermediate_size, hidden_act: the decoder's layers.
+    max_answer_length: decoder positions, the longest target / decoded answer, EOS included.
+    copy_head: a pointer-generator readout (`CopyHead`) mixing in a copy of the memory's tokens.
+    bos_id, eos_id, pad_id: start token ([CLS]), answer end ([SEP]), filler after it ([PAD]).
+    layer_norm_eps, initializer_range, hidden_dropout, attention_dropout: the decoder's.
+    dtype, param_dtype: compute dtype of the whole model, and the parameters' storage dtype.
   """
 
   bert: BertConfig = dataclasses.field(default_factory=BertConfig)
@@ -280,14 +209,10 @@ def cross_attention_maps(intermediates: dict) -> tuple[list[Array], list[Array]]
 
 def passage_attention_scores(attention_probs: Sequence[Array], value_norms: Sequence[Array],
                              target_mask: Array, input_mask: Array) -> Array:
-  """Atlas's ADist relevance of each passage: `alpha * ||v||`, averaged over layers, heads and
-  the target tokens, summed over the passage's real tokens.
-
-  `a_k = sum_l sum_h sum_t w_t sum_{j in passage k} m_j alpha^{l,h}_{t,j} ||v^{l,h}_j||
-  / (layers * heads * sum_t w_t)`: `alpha` the cross-attention weights of target position t
-  (one softmax over all K passages), `||v||` the value norms, `w` the target mask, `m` the
-  input mask (the question tokens of each row count, as in Atlas; Atlas also scales by a fixed
-  1/256 where this does not). 0 for a row without targets. Stop its gradient before distilling.
+  """Atlas's ADist relevance of each passage: the cross-attention weights times the value norms,
+  averaged over layers, heads and the target tokens, summed over the passage's real tokens
+  (the formula: docs/design/models_and_jobs.md). 0 for a row without targets. Stop its gradient
+  before distilling.
 
   Args:
     attention_probs: per layer, [B, heads, T, K L].
@@ -820,15 +745,11 @@ def greedy_search(step_fn: StepFn, state: Any, batch_size: int, max_len: int, *,
 def search_beams(step_fn: StepFn, state: Any, batch_size: int, beam_size: int, max_len: int, *,
                  bos_id: int, eos_id: int, pad_id: int,
                  length_penalty: float = 1.0) -> tuple[Array, Array]:
-  """Beam search for the highest-scoring answers.
+  """Beam search for the highest-scoring answers (every step and all max_len steps run).
 
   A hypothesis y_1 .. y_n scores `sum_t log p(y_t | y_<t) / n ** length_penalty` (n counts its
-  EOS; 0: the plain log-probability; 1, the default, as transformers': the mean per token). A
-  hypothesis is finished when it takes EOS, or when it reaches max_len tokens without one.
-  Every step extends each of the `beam_size` alive hypotheses by every token: the EOS
-  extensions all join the finished ones (the best `beam_size` of those are kept), the best
-  `beam_size` other extensions by log-probability stay alive. All max_len steps run (a lax
-  fori loop at fixed shapes; with length_penalty > 0 a longer hypothesis can still win).
+  EOS; 0: the plain log-probability; 1, the default, as transformers': the mean per token). It
+  is finished when it takes EOS or reaches max_len tokens.
 
   Args:
     step_fn: see `StepFn`, over N = batch_size * beam_size rows (row b * beam_size + i is beam
@@ -840,8 +761,7 @@ def search_beams(step_fn: StepFn, state: Any, batch_size: int, beam_size: int, m
 
   Returns:
     (int32 [batch_size, beam_size, max_len] tokens, float32 [batch_size, beam_size] scores),
-    best first; a hypothesis that never could be completed (fewer than beam_size exist) scores
-    -inf.
+    best first; a hypothesis that could never be completed scores -inf.
   """
   rows = batch_size * beam_size
 

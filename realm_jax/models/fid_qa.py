@@ -2,90 +2,12 @@
 `FinetuneJob(reader='fid')` model, Atlas's reader (Izacard et al. 2022) over this project's
 retrieval.
 
-`FidReaderModel` is the trainer's model interface (`models.realm`: init / logical_axes /
-loss_fn / eval_fn / summarize, plus the predictor's `embed_questions` / `predict_batch` /
-`answer_texts`) over the batches of `realm_jax.batches.fid` (`build_fid_batch`):
-
-* **Retrieval**: as the extractive job (`models.open_qa_model`): the question tower searches the
-  run's frozen index for the top `retriever_beam` blocks, the reader reads the first
-  `reader_beam` (K). With `retriever_objective="none"` (the default) the retriever is NOT
-  trained: the FiD loss has no path to the retrieval scores, and the optimizer leaves
-  `params["retriever"]` exactly as it was warm-started (`trainable_mask`).
-* **Query-side fine-tuning** (Atlas sec. 2.2 and 2.4; `retriever_objective` "adist", "emdr2",
-  "pdist" or "loop"): the question tower trains, the document side stays the frozen index's
-  embeddings (the batch's `retrieved_block_emb` of the K read blocks; an untied document tower
-  is masked out of the optimizer). The retrieval scores of the read blocks are recomputed in
-  the graph with the live question tower, `s_k = q . d_k` [Q, K] (as the extractive reader
-  does), and `retriever_objectives` distils a target the reader computes, held fixed
-  (stop_gradient: no gradient from the objective reaches the reader), into `softmax(s / T)`:
-    adist  `fid.passage_attention_scores` of the training pass's decoder cross-attention
-           (weights times value norms, averaged over layers, heads and the answer tokens,
-           summed over each passage's tokens), `adist_loss`;
-    emdr2  `log p(y | z_k, x)`, the decoder reading passage k ALONE (`fid.
-           passage_log_likelihoods`: the training pass's memory split into K one-passage
-           memories), summed over the answer's tokens and EOS, `emdr2_loss` (sequence level);
-    pdist  the same likelihoods, `pdist_loss` (summed, not length-normalised: its docstring);
-    loop   `log p(y | Z \\ z_k, x)`, the decoder reading every passage but k (`fid.
-           left_out_log_likelihoods`: K decodes over the training pass's memory, decode k
-           blind to passage k), `retriever_objectives.left_out_loop_loss`.
-  And a control that is not Atlas's, to tell a target's quality from the distillation itself:
-    answer_blocks  0 for the read blocks that contain an answer string (the batch's
-           `retriever_correct`), impossible for the others: `pdist_loss` distils the uniform
-           distribution over the answer's blocks (the weak supervision of DPR's fine-tuning);
-           a question none of whose K blocks holds an answer has no objective. Its target needs
-           no reader, so it may score more of the beam than the K read (`objective_beam`: the
-           first L blocks of the beam, a question with an answer among them has a target),
-           which tells whether seeing only the K read blocks is what loses retrieval.
-           `targets_in_read_blocks` keeps the beam's other blocks scored but never a target
-           (the questions trained and their targets are those of the K read): it tells the
-           other blocks' scores, as negatives, from the targets they add.
-  Whatever the objective, the logs say how often its target's preferred block and the
-  retriever's top block hold an answer (`summarize`): a target worse at it than the retriever
-  teaches the retriever to miss.
-  Only the chosen objective's extra work runs: adist sows the training pass's cross-attention;
-  emdr2 / pdist / loop run K more decodes per question (no dropout) over the training pass's
-  memory keys and values, never a second encoder pass. A question without a target to train
-  on has no objective either. Departures from Atlas's code: the likelihoods are summed, not
-  length-normalised (its `ppmean`), and EMDR^2 marginalises the sequence's likelihood (the
-  paper's form) rather than each token's; its target passes run in eval mode, here the
-  decodes run without dropout but read the training pass's encodings (dropout included in
-  training), and ADist reads the training pass's attention (Atlas's "std" modes); the rest as
-  `retriever_objectives` says (no `temperature_gold`, no 1/sqrt(d), the KL summed over blocks).
-* **Training the document tower** (`train_document_tower=True`, with an objective: Atlas's full
-  retriever training): the K read blocks are re-embedded in the graph by the live document tower
-  from their `[CLS] title [SEP] body [SEP]` rows (the batch's `document_ids`...), so
-  `s_k = q . d_k` is live on both sides and the objective trains both towers. The index that
-  chose the beam goes stale as the tower moves; instead of refreshing it (the index builder
-  alongside, as in pretraining), Atlas's cheaper option re-ranks a larger beam
-  (`document_beam` = L > K: `index.rerank`): the first L blocks of the stale index's beam are
-  re-embedded on the host with the live tower (eval mode), re-ordered by their live scores,
-  and the reader reads the best K. The dev and test evaluations re-rank the same way.
-* **Reader rows**: one per read block, `[CLS] question [SEP] body [SEP]` with type ids 0 / 1,
-  exactly the extractive reader's rows (`batches.qa_batches.build_open_qa_batch`): the FiD encoder
-  reads each on its own, the decoder reads all K at once (`models.fid`).
-* **Targets**: ONE answer per question: the first of the question's answers (in the task's
-  order) whose wordpieces plus EOS fit `FidConfig.max_answer_length` (`batches.fid.
-  answer_targets`); a question none of whose answers fits counts no token (its loss is 0).
-* **Loss**: `fid.answer_loss`, the teacher-forced token cross entropy over the counted tokens of
-  the batch (answer and EOS), in nats per token (`loss_sum / weight_sum`, exact under
-  microbatches). With an objective, `loss_sum` adds the objective's sum with each question's
-  row weighted by its counted answer tokens, so both terms share the one denominator
-  `weight_sum` (the counted tokens) and microbatching stays exact: loss = mean token cross
-  entropy + the token-weighted mean over questions of the objective (the per-question mean
-  when the answers are equally long).
-* **Prediction**: greedy decoding (`fid.greedy_decode`, at most `max_answer_length` tokens),
-  detokenised with the project's WordPiece vocabulary (`detokenize`); EM is then ORQA's
-  `metrics.exact_match` on the text, as for the extractive reader.
-
-* **Closed book** (`closed_book=True`, `FinetuneJob.candidates='none'`: Atlas's closed-book
-  baseline, the same encoder-decoder with no retrieval): one reader row per question,
-  `[CLS] question [SEP]` alone (`batches.qa_batches.build_open_qa_batch` over a beam of
-  `NULL_BLOCK`), so the decoder's memory holds the question's tokens only; no retriever at all
-  (no parameters, no objective), the same loss, decoding and EM.
-
-Parameters: `{"retriever": RealmRetriever params, "fid": FidModel params}` (the checkpoints'
-RealmConfig is the run's model config, the retriever's; the FidConfig is written beside the run,
-`<run_dir>/fid_config.json`, for `python -m realm_jax.evaluate`); closed book: `{"fid"}` only.
+`FidReaderModel` is the trainer's model interface over `batches.fid.build_fid_batch`'s batches:
+the question tower searches the frozen index, the reader reads the first K blocks and trains on
+one answer per question (teacher-forced token cross entropy); prediction decodes greedily. A
+`retriever_objective` (Atlas's query-side fine-tuning) also trains the question tower,
+`train_document_tower` the document tower over a re-ranked beam; `closed_book` reads the
+question alone. Design notes: docs/design/models_and_jobs.md, docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -121,12 +43,8 @@ __all__ = ["FID_CONFIG_FILE", "RETRIEVAL_SETTINGS", "FidReaderModel",
 
 FID_CONFIG_FILE = "fid_config.json"
 
-# Wordpiece detokenisation: BERT's basic tokenizer splits punctuation off words, so "O'Brien"
-# comes back as "o ' brien" and "Jean-Luc" as "jean - luc"; ORQA's normalisation drops the
-# punctuation but keeps the spaces, so those would miss. Glued back as HF's
-# `clean_up_tokenization` does (plus hyphens and slashes inside words, decimal points and
-# thousands separators inside numbers: "3 . 5" -> "3.5", "1 , 000" -> "1,000", but "24 , 1811"
-# -> "24, 1811").
+# The basic tokenizer split punctuation off words ("o ' brien", "3 . 5"); glued back as HF's
+# `clean_up_tokenization` does, plus inside-word hyphens and numbers (design notes).
 _CLEANUPS = ((re.compile(r"(\d) \. (\d)"), r"\1.\2"), (re.compile(r"(\d) , (\d{3})\b"), r"\1,\2"),
              (re.compile(r" ([.,!?;:%)\]])"), r"\1"), (re.compile(r"([(\[$]) "), r"\1"),
              (re.compile(r" ' "), "'"), (re.compile(r" (n't|'s|'m|'re|'ve|'ll|'d)\b"), r"\1"),
@@ -148,20 +66,16 @@ def detokenize(ids: Sequence[int], vocab: vocab_lib.WordPieceVocabulary, *,
 
 
 def check_objective(objective: str, temperature: float) -> retriever_objectives.Objective:
-  """The registered objective `objective` if the FiD reader serves it (`retriever_objectives.
-  names(FID)`: "none", the question tower only retrieves, or one that trains it) with a valid
-  `objective_temperature`; else a ValueError (one line, naming the setting)."""
+  """The registered `objective` if the FiD reader serves it (`retriever_objectives.names(FID)`)
+  with a valid `objective_temperature`; else a one-line ValueError."""
   return retriever_objectives.check_objective(objective, temperature, reader=FID)
 
 
 def trainable_mask(params: Params, train_question_tower: bool = False,
                    train_document_tower: bool = False) -> Params:
-  """The optimizer's `trainable`: the FiD reader trains; the retriever stays as it is unless
-  `train_question_tower` (a retriever objective, `FidReaderModel.train_question_tower`), and
-  then only its question tower does: untied towers keep the document tower
-  (`document_embedder`) as warm-started, whose embeddings the frozen index holds, unless
-  `train_document_tower` (`FidReaderModel.train_document_tower`); tied towers (one `embedder`)
-  are the question tower, and the index built from them stays frozen."""
+  """The optimizer's `trainable`: the FiD reader trains; of the retriever only the question
+  tower, and only with `train_question_tower`; the untied document tower (whose embeddings the
+  frozen index holds) only with `train_document_tower`."""
 
   def trains(path, _) -> bool:
     if path[0].key != "retriever":
@@ -238,31 +152,21 @@ def read_retrieval_settings(run_dir: str) -> dict:
 class FidReaderModel(ParamsFromBoxedInit):
   """Question tower + FiD reader over a frozen index (module docstring).
 
-  Batch (`batches.fid.build_fid_batch`, `fid_model_inputs`): reader_ids, reader_type_ids,
-  reader_mask [Q, reader_beam, reader_len]; answer_targets, answer_mask [Q, T] (T <=
-  max_answer_length); retriever_correct [Q, beam]; example_mask [Q]; with a retriever objective
-  also question_ids, question_type_ids, question_mask [Q, question_len] and retrieved_block_emb
-  [Q, >= scored_beam, proj] (the frozen index's embeddings of the beam's first blocks).
+  Batch (`batches.fid.build_fid_batch`): reader_ids, reader_type_ids, reader_mask
+  [Q, reader_beam, reader_len]; answer_targets, answer_mask [Q, T]; retriever_correct [Q, beam];
+  example_mask [Q]; with an objective also question_ids, question_type_ids, question_mask
+  [Q, question_len] and retrieved_block_emb [Q, >= scored_beam, proj].
 
   Attributes:
-    config: the run's RealmConfig (the question tower's; the checkpoints record it).
-    fid: the reader's FidConfig (its `bert` is the encoder, warm-started from a BERT).
+    config: the run's RealmConfig (the question tower's). fid: the reader's FidConfig.
     reader_beam: blocks the reader reads (K).
-    retriever_objective: "none" (the question tower only retrieves), Atlas's "adist",
-      "emdr2", "pdist", "loop" over the K read blocks, or the control "answer_blocks" (module
-      docstring; `retriever_objectives.names(FID)`).
-    objective_temperature: T of the retriever's softmax(scores / T) (1.0 with "none").
-    closed_book: no retrieval (module docstring): the question alone in one row
-      (`reader_beam` 1), no retriever parameters, `retriever_objective` "none".
-    train_document_tower: the objective trains the document tower too (module docstring,
-      "Training the document tower"): the K read blocks are re-embedded in the graph.
-    document_beam: with the document tower, L: the first L blocks of the index's beam are
-      re-embedded on the host and re-ranked before the reader reads the best K (Atlas's
-      over-retrieval with re-ranking, `index.rerank`); None: no re-ranking.
-    objective_beam: with "answer_blocks", the objective scores the first this many blocks of
-      the beam (>= K; the batch's `retrieved_block_emb` carries them); None: the K read.
-    targets_in_read_blocks: with `objective_beam`, only the K read blocks can be the target's
-      (the others count as holding no answer: scored as negatives only).
+    retriever_objective: "none", "adist", "emdr2", "pdist", "loop" or the control
+      "answer_blocks" (`retriever_objectives.names(FID)`); objective_temperature: its T.
+    closed_book: no retrieval: the question alone in one row, no retriever parameters.
+    train_document_tower: the objective trains the document tower too (re-embedded in graph).
+    document_beam: L blocks of the index's beam re-ranked by the live document tower; or None.
+    objective_beam: "answer_blocks" scores this many blocks of the beam (>= K); None: the K read.
+    targets_in_read_blocks: with `objective_beam`, only the K read blocks can be targets.
   """
 
   config: RealmConfig
@@ -391,10 +295,9 @@ class FidReaderModel(ParamsFromBoxedInit):
 
   def _targets(self, fid_params: Params, batch: Batch, cross: fid_lib.Cross,
                memory_mask: Array, attention: Array | None) -> Array:
-    """What the objective distils, per read block [Q, K], held fixed (its `Target`): the
-    attention scores (adist), `log p(y | z_k, x)` (emdr2, pdist) or `log p(y | Z \\ z_k, x)`
-    (loop), the latter two from decodes without dropout over the training pass's memory; 0 or
-    -inf, the block holds an answer or not (answer_blocks)."""
+    """What the objective distils per read block [Q, K], held fixed (its `Target`): attention
+    scores (adist), `log p(y | z_k, x)` (emdr2, pdist), `log p(y | Z \\ z_k, x)` (loop), or 0 /
+    -inf for a block holding an answer or not (answer_blocks)."""
     target = self.objective.target(FID)
     if target is Target.ATTENTION:
       return attention
@@ -418,12 +321,9 @@ class FidReaderModel(ParamsFromBoxedInit):
     return self._targets(params["fid"], batch, cross, memory_mask, attention)
 
   def retrieval_scores(self, params: Params, batch: Batch, rng: Array | None = None) -> Array:
-    """`s_k = q . d_k` of the scored blocks [Q, scored_beam] (the K read, or the first
-    `objective_beam` of the beam): the live question tower's embeddings of
-    the batch's questions against the frozen index's embeddings of the blocks
-    (`retrieved_block_emb`), so the objective's gradient reaches the question tower only; with
-    `train_document_tower`, against the live document tower's embeddings of the blocks
-    (`document_ids`...), so it reaches both towers."""
+    """`s_k = q . d_k` [Q, scored_beam] of the live question tower against the frozen index's
+    block embeddings (the gradient reaches the question tower only), or with
+    `train_document_tower` against the live document tower's (it reaches both)."""
     question_emb = self.embed_questions(params, batch, rng)  # [Q, proj]
     if not self.train_document_tower:  # [Q, scored_beam]
       return relevance_scores(question_emb, batch["retrieved_block_emb"][:, :self.scored_beam])
@@ -440,11 +340,9 @@ class FidReaderModel(ParamsFromBoxedInit):
 
   def _objective_sums(self, params: Params, batch: Batch, rng: Array | None, targets: Array,
                       weights: Array) -> dict:
-    """The objective's summed loss (rows weighted by their counted answer tokens, module
-    docstring); the answered questions whose retriever's top block is the target's; and the
-    answered questions whose target's preferred block, and whose retriever's top block, holds
-    an answer (per answered question, not per question with an answer's block read: a batch
-    with none read would have no value, and the trainer averages the steps' values)."""
+    """The objective's summed loss (rows weighted by their counted answer tokens) and the counts
+    of answered questions whose retriever's top block is the target's, and whose target's
+    preferred block and retriever's top block hold an answer."""
     scores = self.retrieval_scores(params, batch, rng)  # [Q, scored_beam]
     question_weights = jnp.sum(weights, axis=-1)  # [Q] counted tokens, 0 for padding
     _, aux = self.objective.loss(FID, scores, targets, question_weights,
@@ -501,8 +399,8 @@ class FidReaderModel(ParamsFromBoxedInit):
     return loss, sums
 
   def loss_fn(self, params: Params, batch: Batch, rng: Array) -> tuple[Array, dict]:
-    """(mean answer-token cross entropy (+ the objective's token-weighted mean: module
-    docstring), summed aux) with dropout."""
+    """(mean answer-token cross entropy, plus the objective's token-weighted mean, summed aux)
+    with dropout."""
     return self._sums(params, batch, rng)
 
   def eval_fn(self, params: Params, batch: Batch) -> dict:
@@ -524,16 +422,12 @@ class FidReaderModel(ParamsFromBoxedInit):
         method=RealmRetriever.embed_queries)
 
   def predict_batch(self, params: Params, batch: Batch) -> dict[str, Array]:
-    """Greedy answers of the reader over the batch's reader rows
-    (`build_open_qa_batch`'s, which are the FiD rows).
+    """Greedy answers of the reader over the batch's reader rows.
 
     Returns:
-      answer_tokens int32 [Q, max_answer_length] (answer, EOS, pad), logit [Q] (the answer's
-      log-probability, EOS included), block_index / block_id [Q] (-1: FiD reads the K blocks
-      together, no single block holds its answer), retrieval_scores [Q, beam] (question .
-      index embedding, with `question_emb` from the batch when given, as the extractive
-      reader's; zeros for the closed book, which retrieves nothing) and retrieved_block_ids
-      [Q, beam].
+      answer_tokens int32 [Q, max_answer_length] (answer, EOS, pad), logit [Q] (its
+      log-probability), block_index / block_id [Q] (-1: FiD reads the K blocks together),
+      retrieval_scores [Q, beam] (zeros for the closed book) and retrieved_block_ids [Q, beam].
     """
     self._check_rows(batch)
     cfg = self.fid
@@ -566,14 +460,9 @@ class FidReaderModel(ParamsFromBoxedInit):
 
 
 def summarize(aux: dict) -> dict[str, Array]:
-  """Means from summed aux values: loss and token accuracy per counted answer token; answer
-  accuracy (every target token the teacher-forced argmax), answerable (a target fits) and
-  recall (an answer in the beam / in the K blocks read) per question. With a retriever
-  objective also its two terms per counted token (`answer_loss`, `retriever_objective`: they
-  add up to `loss`), and per answered question `retriever_agreement` (the retriever's top
-  block is the target's top block), `target_top_answer` and `retriever_top_answer` (the
-  target's preferred block, and the retriever's top block, holds an answer: each at most the
-  share with an answer's block among the blocks the objective scores, the K read by default)."""
+  """Means from summed aux values: per counted answer token (loss, token accuracy) and per
+  question (answer accuracy, answerable, recall); with a retriever objective also its two loss
+  terms and the agreement and top-block-answer shares (docs/design/models_and_jobs.md)."""
 
   def ratio(numerator: str, denominator: str) -> Array:
     den = aux[denominator]

@@ -1,21 +1,11 @@
 """Loss functions for REALM pretraining, ICT warm start and open-QA fine-tuning.
 
-Pure JAX functions (no Flax modules), so every model's ``loss_fn`` can share them and the tests
-can compare them directly against independent NumPy references.
-
-Conventions:
-
-* Everything is computed in float32. Inputs are cast with ``.astype(jnp.float32)`` first, so the
-  models may run in bfloat16 while log-sum-exps and means keep full precision.
-* Functions that average over masked positions return ``(value, aux)`` where ``aux`` carries the
-  numerator and denominator of the mean (``*_sum`` and ``weight_sum``). Summing those across
-  devices or microbatches and dividing once gives the right global mean; averaging per-shard
-  means would not (shards hold different numbers of masked tokens).
-* Padded positions (weight 0) never influence a value or a gradient, even if their inputs are
-  ``-inf`` or huge: they are replaced with finite values by ``jnp.where`` *before* any arithmetic,
-  because ``-inf * 0`` is NaN and a NaN in the forward pass also poisons the backward pass.
-
-Spec references (REALM_SPEC n) are to the numbered items of ``docs/realm_spec.md``.
+Pure JAX functions shared by every model's ``loss_fn`` and tested against NumPy. Everything is
+float32; averaging functions return ``(value, aux)`` with the mean's numerator and denominator
+(``*_sum``, ``weight_sum``) so devices and microbatches add up exactly; weight-0 positions are
+made finite by ``jnp.where`` before any arithmetic, so they never touch a value or gradient.
+Spec references (REALM_SPEC n) are to the numbered items of ``docs/realm_spec.md``; design
+notes: docs/design/models_and_jobs.md.
 """
 
 from typing import Any, Dict, Tuple
@@ -31,12 +21,9 @@ MARGINALIZATIONS = ("per_token", "per_example")
 
 def mlm_accuracy_sums(scores: Array, mlm_logits: Array, mlm_targets: Array, weights: Array, *,
                       null_index: int | None = 0) -> dict[str, Array]:
-  """Weighted counts of masked tokens predicted exactly, with and without retrieval.
-
-  With retrieval: the argmax of the marginal `p(y_j | x) = sum_k p(z_k | x) p(y_j | z_k, x)`
-  over the vocabulary (REALM's prediction). Null document only: the argmax of
-  `p(y_j | null, x)`, what the encoder knows without evidence. Their gap is retrieval utility
-  in accuracy form.
+  """Weighted counts of masked tokens predicted exactly: by the argmax of the marginal over
+  the candidates (REALM's prediction), and of the null document alone (what the encoder knows
+  without evidence); their gap is retrieval utility in accuracy form.
 
   Args:
     scores: [batch, candidates] relevance scores f(x, z_k).
@@ -46,8 +33,7 @@ def mlm_accuracy_sums(scores: Array, mlm_logits: Array, mlm_targets: Array, weig
     null_index: candidate slot of the null document (None: there is none).
 
   Returns:
-    {"mlm_correct_sum", "null_mlm_correct_sum"}: float32 scalars (divide by sum(weights));
-    without a null document only the first.
+    {"mlm_correct_sum", "null_mlm_correct_sum"} float32 (the second only with a null document).
   """
   logits = mlm_logits.astype(jnp.float32)
   x_max, shifted_logsumexp = _log_softmax_parts(logits)  # [B, K, M, 1] each
@@ -73,9 +59,8 @@ def mlm_accuracy_sums(scores: Array, mlm_logits: Array, mlm_targets: Array, weig
 
 
 def _is_argmax(values: Array, targets: Array, values_max: Array | None = None) -> Array:
-  """`jnp.argmax(values, axis=-1) == targets`, from the maximum (given, or taken here) and one
-  min-reduction: the first index holding the maximum, or the first NaN, as argmax picks. On a
-  CPU, XLA runs argmax's (value, index) reduction element by element, about ten times slower.
+  """`jnp.argmax(values, axis=-1) == targets` from the maximum and one min-reduction (the first
+  index holding the maximum, or the first NaN, as argmax picks): faster than argmax on a CPU.
 
   Args:
     values: [..., vocab].
@@ -128,11 +113,8 @@ def _log_softmax_parts(logits: Array) -> tuple[Array, Array]:
 @jax.custom_vjp
 def _target_log_softmax(logits: Array, targets: Array) -> Array:
   """`take_along_axis(log_softmax(logits), targets[..., None], -1)[..., 0]` without forming the
-  log-softmax over the vocabulary, and with the gradient `g * (onehot(target) - softmax)`
-  written out: autodiff would scatter `g` into a zero [..., vocab] array, sum it back and take
-  another pass for the softmax, each a full pass over the logits (on a CPU, a large share of a
-  toy-sized train step). Same values as that expression (out-of-range targets give NaN, and no
-  gradient, as its gather does; negative ones count from the end).
+  log-softmax over the vocabulary and with its gradient written out, which saves full passes
+  over the logits. Same values (out-of-range targets give NaN and no gradient).
 
   Args:
     logits: float32 [..., vocab].
@@ -214,37 +196,20 @@ def marginal_mlm_loss(
     *,
     marginalization: str = "per_token",
 ) -> Tuple[Array, Dict[str, Array]]:
-  """REALM pretraining loss: masked-LM likelihood marginalised over retrieved documents.
-
-  ``p(z | x) = softmax_k(f(x, z_k))`` over the candidates (null document included). Two forms:
-
-  * ``"per_token"`` (default, REALM_SPEC item 16): each masked token is marginalised over the
-    documents on its own, ``marg_j = log sum_k p(z_k|x) p(y_j|z_k,x)``, and the loss is the
-    weighted mean of ``-marg_j`` over all masked tokens of the batch. This is the default because
-    it is what the authors' released code computes (and so what produced the published numbers),
-    as does the transformers port.
-  * ``"per_example"``: the paper's formula, ``log sum_k p(z_k|x) prod_j p(y_j|z_k,x)``: the
-    document is chosen once for all masked tokens of an example. The loss is the mean of the
-    negative per-example log-likelihood over the examples that have at least one mask. It differs
-    from the per-token form whenever an example has more than one masked token.
+  """REALM pretraining loss: masked-LM likelihood marginalised over retrieved documents,
+  ``p(z | x) = softmax_k(f(x, z_k))`` (null document included). ``"per_token"`` (default, the
+  authors' code, REALM_SPEC item 16) marginalises each masked token on its own;
+  ``"per_example"`` (the paper's formula) once per example (design notes).
 
   Args:
     candidate_logits: ``[batch, candidates]`` retrieval scores ``f(x, z)``.
-    token_log_probs: ``[batch, candidates, masks]`` ``log p(y_j | z_k, x)``, e.g. from
-      ``mlm_token_log_probs``.
-    mlm_weights: ``[batch, masks]`` non-negative float weights, 0 for padded mask slots. Padded
-      slots may hold any token log-prob (even ``-inf``); they affect neither loss nor gradient.
-    marginalization: ``"per_token"`` or ``"per_example"``.
+    token_log_probs: ``[batch, candidates, masks]`` ``log p(y_j | z_k, x)``.
+    mlm_weights: ``[batch, masks]`` weights, 0 for padded slots (any log-prob there is ignored).
+    marginalization: ``"per_token"`` or ``"per_example"`` (else ValueError).
 
   Returns:
-    ``(loss, aux)``: scalar float32 loss (0, not NaN, when there is no mask at all) and a dict
-    with ``loss_sum`` (negated numerator, ``loss = loss_sum / weight_sum``), ``weight_sum``
-    (sum of mask weights for per_token, number of examples with a mask for per_example) and
-    ``marginal_log_probs`` (``[batch, masks]`` per-token marginals, 0 at padded slots, or
-    ``[batch]`` per-example log-likelihoods, 0 for examples without masks).
-
-  Raises:
-    ValueError: if ``marginalization`` is not one of the allowed values.
+    ``(loss, aux)``: float32 loss (0 without masks); ``loss_sum``, ``weight_sum`` (mask weights,
+    or examples with a mask) and ``marginal_log_probs`` (``[batch, masks]`` or ``[batch]``).
   """
   if marginalization not in MARGINALIZATIONS:
     raise ValueError(
@@ -293,12 +258,10 @@ def retrieval_utility(
     *,
     null_index: int = 0,
 ) -> Tuple[Array, Dict[str, Array]]:
-  """Retrieval utility (REALM_SPEC item 17): how much retrieval helps over the null document.
-
-  ``RU = weighted mean over masked tokens of (marg_j - log p(y_j | null, x))`` with ``marg_j`` the
-  per-token marginal of ``marginal_mlm_loss``. Positive means the retrieved documents make the
-  masked tokens more likely than no document at all; the authors select checkpoints on it
-  (higher is better).
+  """Retrieval utility (REALM_SPEC item 17): the weighted mean over masked tokens of
+  ``marg_j - log p(y_j | null, x)``, ``marg_j`` the per-token marginal of ``marginal_mlm_loss``.
+  Positive: retrieval makes the tokens likelier than no document; the authors select
+  checkpoints on it (higher is better).
 
   Args:
     candidate_logits: ``[batch, candidates]`` retrieval scores ``f(x, z)``.
@@ -307,8 +270,7 @@ def retrieval_utility(
     null_index: candidate slot holding the null document (slot 0 in REALM).
 
   Returns:
-    ``(ru, aux)``: scalar float32 utility (0 when there are no masks) and a dict with
-    ``utility_sum`` (weighted numerator) and ``weight_sum`` (sum of weights).
+    ``(ru, aux)``: float32 utility (0 without masks), ``utility_sum`` and ``weight_sum``.
   """
   log_prior = jax.nn.log_softmax(candidate_logits.astype(jnp.float32), axis=-1)
   # [batch, candidates]
@@ -382,26 +344,18 @@ def in_batch_softmax_loss(
     *,
     label_offset: Any = 0,
 ) -> Tuple[Array, Dict[str, Array]]:
-  """Inverse Cloze Task loss with in-batch negatives (REALM_SPEC item 14, from ORQA).
-
-  Each query is scored against every block of the (global) batch with a plain dot product and
-  trained with softmax cross-entropy to pick its own block. Query ``i``'s positive is block
-  ``i + label_offset``: when the blocks are all-gathered across devices and each device holds a
-  shard of the queries, it passes the offset of its shard (e.g. ``device_index * queries``).
+  """Inverse Cloze Task loss with in-batch negatives (REALM_SPEC item 14, from ORQA): each query
+  picks its own block among all blocks of the (global) batch, softmax over dot products.
 
   Args:
     query_emb: ``[queries, proj]`` query embeddings.
     block_emb: ``[blocks, proj]`` block embeddings, possibly gathered from all devices.
-    label_offset: index of query 0's positive block. A Python int is validated against the
-      shapes; a traced value (e.g. from ``jax.lax.axis_index``) cannot be and is trusted.
+    label_offset: index of query 0's positive block (a device's shard offset when the blocks
+      are all-gathered). A Python int is validated; a traced value is trusted.
 
   Returns:
-    ``(loss, aux)``: scalar float32 mean cross-entropy over the queries and a dict with
-    ``loss_sum``, ``weight_sum`` (number of queries), ``accuracy_sum`` (queries whose top-scoring
-    block is the positive) and ``scores`` (``[queries, blocks]``).
-
-  Raises:
-    ValueError: on mismatched ranks or widths, or if the labels would fall outside the blocks.
+    ``(loss, aux)``: mean cross-entropy over the queries and ``loss_sum``, ``weight_sum``,
+    ``accuracy_sum``, ``scores`` (``[queries, blocks]``). ValueError on mismatched shapes.
   """
   if query_emb.ndim != 2 or block_emb.ndim != 2:
     raise ValueError(

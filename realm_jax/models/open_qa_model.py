@@ -1,31 +1,13 @@
 """Open-domain QA fine-tuning model (ORQA's recipe, used for REALM's numbers; REALM_SPEC
 25-29).
 
-`OpenQAModel` is the model interface of `realm_jax.models.realm` (init / logical_axes /
-loss_fn / eval_fn, plus predict_batch) over batches built on the host by
-`realm_jax.batches.qa_batches.build_open_qa_batch` (where the labels and reader inputs are
-described); `summarize` turns summed aux values into means.
-
-What the authors' code does, and what is followed here (`language/orqa/models/orqa_model.py`,
-`language/orqa/ops/orqa_ops.cc`):
-
-* **Losses** (REALM_SPEC 28): `marginal_log_loss` of the retrieval scores over the whole beam
-  against `retriever_correct`, and of the reader's joint (block, span) logits flattened over
-  `reader_beam x spans` (the reader already adds each block's retrieval score) against
-  `reader_correct`; each zeroed when nothing is correct; total = retriever + reader. The release
-  trains one question per step; here a batch of questions, the loss averaged per question.
-* **Frozen document side** (REALM_SPEC 25, the default): the index embeddings of the retrieved
-  blocks are a batch input (`retrieved_block_emb [Q, beam, proj]`, gathered from the frozen index)
-  and `score = question_emb . block_emb`, recomputed with the live question tower (as ORQA does,
-  so both losses train the question tower even though the searcher's own scores are discarded).
-* **Training the document tower** (`train_document_tower=True`; users asked for it, no
-  implementation offers it): the first `document_beam` retrieved blocks (default: the reader's
-  top `reader_beam`) are re-embedded with the live document tower from their
-  `[CLS] title [SEP] body [SEP]` inputs (`document_ids/type_ids/mask`), as REALM pretraining does,
-  and their scores replace the index scores; the rest of the beam keeps the stale index scores
-  (re-embedding 5000 blocks per question is out of reach). The index then drifts from the
-  document tower: run the index builder alongside (as in pretraining) so the searcher that
-  *chooses* the beam is refreshed; only the top `document_beam` scores are exact.
+`OpenQAModel` is the model interface of `realm_jax.models.realm` over batches built on the host
+by `realm_jax.batches.qa_batches.build_open_qa_batch`: the question tower scores the retrieved
+beam against the frozen index's embeddings (REALM_SPEC 25), the span reader reads the top
+blocks, and the loss is ORQA's retriever plus reader `marginal_log_loss` (REALM_SPEC 28).
+Optionally the document tower trains on the top of the beam, or an Atlas objective replaces
+the reader's pull on the retriever. `summarize` turns summed aux values into means. What is
+followed from the authors' code: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -80,28 +62,19 @@ def params_from_hf_open_qa(params: Params) -> Params:
 class OpenQAModel(ParamsFromBoxedInit):
   """ORQA/REALM open-QA fine-tuning: question tower + span reader over a frozen index.
 
-  Batch: `build_open_qa_batch`'s arrays (see there). Parameters: `{"retriever":
-  RealmRetriever params, "reader": RealmReader params}`. With tied towers (the default config,
-  as the release) the retriever has one `embedder`, which serves as the question tower; the
-  frozen index is what stays fixed. With untied towers and a frozen document side, the
-  document tower gets no gradient (mask it out of weight decay if it must stay unchanged).
+  Batch: `build_open_qa_batch`'s arrays. Parameters: `{"retriever": RealmRetriever params,
+  "reader": RealmReader params}`.
 
   Attributes:
     config: model configuration.
     reader_beam: blocks the reader reads (5).
     train_document_tower: re-embed the first `document_beam` blocks with the live document
-      tower (see the module docstring); needs the batch's `document_*` inputs and an index
-      builder refreshing the searcher.
+      tower (needs the batch's `document_*` inputs and an index builder alongside).
     document_beam: blocks re-embedded when training the document tower (None: reader_beam).
-    retriever_objective: "marginal" (ORQA's losses, REALM_SPEC 28) or one of Atlas's "emdr2",
-      "pdist", "loop", "adist" over the reader beam (realm_jax.models.retriever_objectives;
-      `_objective_sum`): the reader's loss then reads the scores held fixed, ORQA's retriever
-      loss over the whole beam stays.
-    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
-      (1.0 with "marginal").
-    peft: parameter-efficient fine-tuning (`models.peft`): LoRA factors under params["peft"]
-      merged into the reader's and the question tower's kernels, or adapters (their width is
-      `config.bert.adapter_size`); only those train. None: every parameter trains.
+    retriever_objective: "marginal" (ORQA's losses, REALM_SPEC 28) or Atlas's "emdr2",
+      "pdist", "loop", "adist" over the reader beam (`realm_jax.models.retriever_objectives`).
+    objective_temperature: T of the retriever's softmax in Atlas's objectives.
+    peft: None, or LoRA / adapters (`models.peft`): then only those train.
   """
 
   config: RealmConfig
@@ -281,17 +254,9 @@ class OpenQAModel(ParamsFromBoxedInit):
 
   def _objective_sum(self, scores: Array, logits: Array, reader_correct: Array,
                      example_mask: Array, relevance: Array | None) -> Array:
-    """The summed loss of Atlas's objective over the reader beam (retriever_objectives).
-
-    `log p(y | z_k, x)` of reader block k: the reader's probability of the block's gold spans
-    among the block's spans (its span logits softmaxed within the block; the marginal over
-    its correct spans), -inf for a block without a gold span; a question without any gold
-    span in the reader beam gives 0 (ORQA's convention), as its reader loss does. "adist"
-    reads the attention of the question's tokens on each block (the span reader has no output
-    tokens: Atlas's decoder attends from the answer it generates), for the questions that have
-    a gold span in the reader beam. The retriever's scores of the rest of the beam are trained
-    by ORQA's retriever loss alone (kept: the objectives replace only what the reader's joint
-    loss gave the retriever, and the beam beyond the reader's blocks has no reader output).
+    """The summed loss of Atlas's objective over the reader beam (retriever_objectives): the
+    block likelihoods are the reader's gold-span probabilities within each block (-inf without
+    a gold span), "adist" the question tokens' attention on each block (design notes).
 
     Args:
       scores: [Q, beam] retrieval scores.

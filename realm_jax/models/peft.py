@@ -1,36 +1,12 @@
 """Parameter-efficient fine-tuning (PEFT) of open-QA fine-tuning: LoRA and bottleneck adapters.
 
-Two methods train a few new parameters while the pretrained model stays frozen (by the
-optimizer: `optim.bert_optimizer(trainable=...)`, with `PeftConfig.trainable_mask`). The
-reader's span head (`TASK_HEAD`), the task's output layer that fine-tuning adds to the pretrained
-encoder, trains with them, as the LoRA and adapter papers train their tasks' output layers: held
-at its random initialisation it would leave the reader nothing to learn the spans with.
-
-* **LoRA** (Hu et al. 2021), a transformation of the parameters. For each targeted kernel W
-  of a BertModel layer (`LORA_TARGETS`: the attention `query`/`key`/`value` [embed, heads, kv]
-  and `out` [heads, kv, embed] projections, the feed-forward `intermediate` [embed, mlp] and
-  `output` [mlp, embed]), trainable factors A [in, r] (random normal, std 1/sqrt(in)) and
-  B [r, out] (zeros), `in`/`out` being W's input/output dimensions flattened; the model reads
-  W + (alpha / r) * (A @ B).reshape(W.shape). `merge` computes that tree; the model's forward
-  pass runs the unchanged modules on it, and the merged export for serving is the same
-  function. The factors live in their own subtree, at the path of the kernel's module:
-
-      {"retriever": ..., "reader": ...,                        the frozen base
-       "peft": {"reader": {"bert": {"layer_0": {"attention": {"query": {"lora_a", "lora_b"}}}}},
-                "retriever": {"embedder": {"bert": {...}}}}}    (query_embedder when untied)
-
-  applied to the reader's BERT and the question tower's (`lora_roots`).
-* **Bottleneck adapters** (Houlsby et al. 2019), modules: `BottleneckAdapter` (down-projection,
-  nonlinearity, up-projection started at zero so a fresh adapter is the identity, residual)
-  after the attention output and after the feed-forward output of every BertModel layer,
-  before their LayerNorms (`BertConfig.adapter_size`; 0, the default, adds nothing). They live
-  inside the layers (`layer_i/attention_adapter`, `layer_i/output_adapter`); those of the
-  reader and of the question tower train (an untied document tower's stay frozen, as that
-  tower does).
-
-`effective_params` is what a PEFT model's forward pass reads: LoRA merged (the "peft" subtree
-consumed) and the frozen leaves behind `stop_gradient` (their gradients are never needed; the
-optimizer is what keeps them fixed).
+Both train a few new parameters (plus the reader's span head, `TASK_HEAD`) while the optimizer
+keeps the pretrained model frozen (`PeftConfig.trainable_mask`). LoRA (Hu et al. 2021) adds
+factors A, B per targeted kernel in a "peft" subtree; the model reads the merged
+W + (alpha / r) A @ B (`merge`, also the serving export). Bottleneck adapters (Houlsby et al.
+2019) are modules inside each BertModel layer (`BertConfig.adapter_size`).
+`effective_params` is what a PEFT model's forward pass reads. Design:
+docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations

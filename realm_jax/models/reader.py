@@ -1,10 +1,8 @@
 """REALM's readers: the knowledge-augmented MLM encoder and the open-QA span reader.
 
 Knowledge-augmented encoder (REALM_SPEC 5): BERT over `[CLS] query [SEP] block [SEP]` and the
-standard MLM head (Dense + activation + LayerNorm, decoder tied to the word embeddings, output
-bias), evaluated only at the gathered mask positions: logits are [batch, candidates, masks,
-vocab], never [batch, candidates, length, vocab] as in the transformers port (which is
-infeasible at paper scale: 512 x 8 x 384 x 30522 floats).
+standard MLM head (decoder tied to the word embeddings), evaluated only at the gathered mask
+positions: logits [batch, candidates, masks, vocab].
 
 Span reader (REALM_SPEC 6, ORQA): spans of width 1..max_span_width enumerated width-major;
 a span is valid iff its start and end tokens are block tokens; the block's retrieval score is
@@ -220,12 +218,9 @@ def span_correctness(starts: Array, ends: Array, gold_starts: Array, gold_ends: 
 
 def block_attention_relevance(intermediates: dict, num_layers: int, query_weights: Array,
                               token_type_ids: Array, attention_mask: Array) -> Array:
-  """Atlas's attention relevance of each reader row's block (retriever_objectives.adist_loss).
-
-  Reads what the reader's BERT (the submodule "bert" of RealmKnowledgeAugEncoder and
-  RealmReader) sowed when applied with `mutable=["intermediates"]`: every layer's attention
-  weights and value norms (bert.SelfAttention). The block's tokens are the row's segment-1
-  tokens, its body and the [SEP] closing it (the null document's block is that [SEP] alone).
+  """Atlas's attention relevance of each reader row's block (retriever_objectives.adist_loss),
+  from the attention weights and value norms the reader's BERT sowed under
+  `mutable=["intermediates"]`; the block is the row's segment-1 tokens.
 
   Args:
     intermediates: the "intermediates" collection the apply returned.

@@ -1,20 +1,10 @@
 """The models the trainer runs: a BERT-style encoder warm start, ICT and REALM pretraining.
 
-Each is a small frozen dataclass with the interface the trainer depends on (t5x's BaseModel
-in spirit):
-
-  init(rng) -> params                       plain (unboxed) parameter tree
-  logical_axes() -> tree of PartitionSpec   logical axis names per parameter, for sharding
-  loss_fn(params, batch, rng) -> (loss, aux)
-  eval_fn(params, batch) -> aux             the same sums, deterministic (no dropout)
-
-`aux` carries sums and their weights (`*_sum`, `weight_sum`), never means, so metrics stay
-right when a batch is split over devices or microbatches: divide once, at the end.
-
-Parameter trees: `{"encoder": RealmKnowledgeAugEncoder params}` for MLM (a toy BERT),
-`{"retriever": RealmRetriever params}` for ICT, and both for pretraining, so a pretraining run
-warm-starts its retriever from an ICT checkpoint and its encoder from an MLM checkpoint by
-copying one subtree each.
+Each is a small frozen dataclass with the trainer's interface (t5x's BaseModel in spirit):
+`init(rng)`, `logical_axes()`, `loss_fn(params, batch, rng) -> (loss, aux)` and `eval_fn`. `aux`
+carries sums and their weights, never means, so devices and microbatches add up exactly.
+Parameter trees: `{"encoder"}` for MLM, `{"retriever"}` for ICT and both for pretraining, so
+each warm start copies one subtree. Design notes: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -120,23 +110,16 @@ class BertMlmModel(ParamsFromBoxedInit):
 
 @dataclasses.dataclass(frozen=True)
 class IctModel(ParamsFromBoxedInit):
-  """Inverse Cloze Task (REALM_SPEC 14): a sentence must find its own block.
+  """Inverse Cloze Task (REALM_SPEC 14): a sentence must find its own block, a softmax over
+  every block of the global batch (the `contriever_<corpus>` tasks have the same batch).
 
   Batch (from the `ict_<corpus>` tasks): query_ids, query_mask [B, 64]; block_ids,
-  block_type_ids, block_mask [B, 288]. The loss is a softmax over every block of the batch.
-  Under `jit` with the batch sharded over devices, the [B, B] score matrix is computed from the
-  global arrays, so XLA gathers the block embeddings of all devices: in-batch negatives span the
-  global batch, as the authors' 4096-example batches did. The `contriever_<corpus>` tasks have
-  the same batch (two random crops of a block).
+  block_type_ids, block_mask [B, 288].
 
   Attributes:
     config: model configuration.
-    similarity: the in-batch scores: "dot", the retriever's own relevance score (ICT, REALM;
-      the embeddings end in a LayerNorm, so a score is already on a fixed scale: proj_size x
-      cosine at the LayerNorm's initial gain), or "cosine", the embeddings' cosine
-      (Contriever's form; the index still ranks by dot product).
-    temperature: the scores are divided by it (1.0: ICT's loss, unchanged; Contriever: cosine
-      over 0.05).
+    similarity: "dot", the retriever's own score (ICT, REALM), or "cosine" (Contriever's).
+    temperature: the scores are divided by it (1.0: ICT; Contriever: cosine over 0.05).
   """
 
   config: RealmConfig
@@ -199,30 +182,21 @@ class IctModel(ParamsFromBoxedInit):
 
 @dataclasses.dataclass(frozen=True)
 class RealmPretrainModel(ParamsFromBoxedInit):
-  """REALM pretraining (REALM_SPEC 15-17): retrieve-then-predict masked salient spans.
+  """REALM pretraining (REALM_SPEC 15-17): retrieve-then-predict masked salient spans; the K
+  candidates are re-embedded with the live document tower so gradients reach the retriever.
 
-  Batch (realm_jax.batches.pretraining_batches.build_pretraining_batch): query_ids, query_type_ids,
-  query_mask [B, 96]; candidate_input_ids, candidate_type_ids, candidate_mask [B, K, 288]
-  (null document at slot 0); reader_ids, reader_type_ids, reader_mask [B, K, 384];
+  Batch (realm_jax.batches.pretraining_batches.build_pretraining_batch): query_ids,
+  query_type_ids, query_mask [B, 96]; candidate_input_ids, candidate_type_ids, candidate_mask
+  [B, K, 288] (null document at slot 0); reader_ids, reader_type_ids, reader_mask [B, K, 384];
   mlm_positions, mlm_targets, mlm_weights [B, M]; example_mask [B].
-
-  The stale index only chose the K candidates; their scores come from re-embedding them with
-  the live document tower here, so gradients reach the retriever through log_softmax of the
-  scores.
 
   Attributes:
     config: model configuration.
-    marginalization: "per_token" (the release's and the port's loss, the default) or
-      "per_example" (the paper's formula); see losses.marginal_mlm_loss.
-    null_index: candidate slot of the null document (0); None for batches without one (the
-      ablation without the null document: no retrieval utility, null probability or
-      null-only accuracy then).
-    retriever_objective: "marginal" (REALM: the marginal MLM loss trains reader and
-      retriever) or one of Atlas's "emdr2", "pdist", "loop", "adist": the reader keeps the
-      marginal MLM loss with the scores held fixed and the retriever is trained by the
-      objective (realm_jax.models.retriever_objectives; `_objective_sums`).
-    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
-      (1.0 with "marginal").
+    marginalization: "per_token" (the release's, default) or "per_example" (the paper's).
+    null_index: candidate slot of the null document (0); None for batches without one.
+    retriever_objective: "marginal" (REALM) or Atlas's "emdr2", "pdist", "loop", "adist"
+      (realm_jax.models.retriever_objectives).
+    objective_temperature: T of the retriever's softmax in Atlas's objectives.
   """
 
   config: RealmConfig
@@ -293,24 +267,16 @@ class RealmPretrainModel(ParamsFromBoxedInit):
 
   def _objective_sums(self, scores: Array, token_log_probs: Array, weights: Array,
                       relevance: Array | None) -> tuple[Array, dict]:
-    """Loss and sums under one of Atlas's objectives (retriever_objectives).
-
-    The reader: REALM's marginal MLM loss (`marginalization` as configured) with the scores
-    held fixed, so it trains the encoder alone. The retriever: the objective. Its targets are
-    per example, `log p(y | z_k, x) = sum_j w_j log p(y_j | z_k, x)` over the example's masked
-    tokens (Atlas's whole target), except under "per_token" for an objective with
-    `per_token_targets` (EMDR^2), one target per masked token (Atlas's code; the release's
-    marginal). Each example's objective is weighted by its masked tokens' weight ("per_token")
-    or 1 ("per_example"), so the objective's denominator is the reader's `weight_sum` and the
-    loss stays `loss_sum / weight_sum` (exact under microbatches). aux adds `reader_loss_sum`
-    and `objective_loss_sum` (their sum is `loss_sum`).
+    """Loss and sums under one of Atlas's objectives (retriever_objectives): the reader keeps
+    the marginal MLM loss with the scores held fixed, the objective trains the retriever, both
+    over the reader's `weight_sum`; aux adds `reader_loss_sum` and `objective_loss_sum` (their
+    sum is `loss_sum`). Targets per example or per token: design notes.
 
     Args:
       scores: [B, K] live retrieval scores.
       token_log_probs: [B, K, M] log p(y_j | z_k, x).
       weights: [B, M] mask weights (0 for padding and skipped examples).
-      relevance: [B, K] the reader's attention relevance (an objective of `Target.ATTENTION`),
-        else None.
+      relevance: [B, K] the reader's attention relevance (`Target.ATTENTION`), else None.
     """
     objective = self.objective
     _, reader_aux = losses.marginal_mlm_loss(jax.lax.stop_gradient(scores), token_log_probs,

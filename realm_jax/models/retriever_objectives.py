@@ -1,59 +1,15 @@
-"""Atlas's retriever objectives (Izacard et al. 2022, "Atlas: Few-shot Learning with Retrieval
-Augmented Language Models", section 2.2) beside REALM's marginal likelihood: a gin choice
-(`PretrainJob.retriever_objective`, `FinetuneJob.retriever_objective`).
+"""Atlas's retriever objectives (Izacard et al. 2022, section 2.2) beside REALM's marginal
+likelihood (REALM_SPEC 16, 28): a gin choice (`PretrainJob.retriever_objective`,
+`FinetuneJob.retriever_objective`).
 
-REALM trains its reader and its retriever with one loss, the marginal likelihood (REALM_SPEC 16,
-28); the retriever's gradient arrives through `log_softmax` of its scores. Atlas trains the
-retriever with a loss of its own, built from the reader's output held fixed (stop_gradient), and
-the reader with its own language-modelling loss. The objectives, with `q = softmax(s / T)` the
-retriever's distribution over the K candidates (`T`: `objective_temperature`) and `sg` a
-stop_gradient:
-
-  marginal  -log sum_k softmax(s)_k p(y | z_k, x)           REALM: reader and retriever, one loss
-  emdr2     -log sum_k q_k sg(p(y | z_k, x))                EMDR^2
-  pdist     KL(softmax_k(sg(log p(y | z_k, x))) || q)       perplexity distillation
-  loop      KL(softmax_k(sg(-log p(y | Z \\ z_k, x))) || q)  leave-one-out perplexity distillation
-  adist     KL(softmax_k(sg(a_k)) || q)                     attention distillation
-
-The reader's loss with emdr2, pdist, loop and adist (decided here, the models follow it): REALM's
-own reader loss, computed with the retriever's scores held fixed, `sg(s)`: in pretraining the
-marginal MLM loss of `losses.marginal_mlm_loss` (per token or per example, as configured) with
-`sg(s)` as the prior, in fine-tuning ORQA's reader loss over the joint (block, span) logits with
-`sg(s)` added to the span logits. The reader still reads every candidate weighted by the
-retriever's (fixed) belief, as REALM's reader does, and its loss has the same value as under
-`marginal`; only the retriever's gradient changes: it comes from the objective alone. (Atlas's
-Fusion-in-Decoder reader reads its passages jointly and never sees the retriever's scores.)
-The model's loss is the reader's plus the objective's, over one denominator (see the models).
-
-With the project's FiD reader (`models.fid_qa`, open-QA fine-tuning) the objectives read what
-Atlas's do: the decoder's likelihood of the answer with each passage alone (emdr2, pdist), with
-all passages but one (loop: `left_out_loop_loss`, the left-out likelihoods given), and its
-cross-attention (adist); its reader loss is its own answer loss, which never sees the scores.
-
-Every function takes one row per target: `scores [N, K]` (the retriever's scores of the row's
-candidates), what the objective reads (`[N, K]`) and `weights [N]`, and returns `(loss, aux)` in
-the conventions of `losses.py`: float32, `aux["loss_sum"]` = sum over rows of
-`weights * loss_row` and `aux["weight_sum"]` = sum of `weights` (so sums add across devices and
-microbatches), `aux["row_losses"] [N]`; `loss = loss_sum / weight_sum` (0 without weight).
-Rows of weight 0 (padding, skipped examples) affect neither value nor gradient, whatever their
-inputs: they are replaced by `jnp.where` before any arithmetic. A log-likelihood of `-inf`
-marks a candidate under which the target is impossible (fine-tuning: a block without a gold
-span); a row where every candidate is impossible has loss 0 and keeps its weight (ORQA's
-convention: a question with nothing correct counts, with zero loss; REALM_SPEC 28).
-
-Where the encoder reader departs from Atlas's Fusion-in-Decoder (FiD) is said in each function.
-Departures shared by all: Atlas divides its retriever scores by sqrt(d) before the temperature
-(REALM's score is the plain dot product, REALM_SPEC 2, kept); Atlas's code softmaxes its targets
-with a second temperature (`temperature_gold`; none here, T applies to the retriever only) and
-averages its KL over candidates too (`KLDivLoss(reduction="mean")`, a factor 1/K; here the KL
-summed over candidates); Atlas computes its targets in a separate pass of the reader in eval
-mode (its "std" attention modes excepted), here the training pass's own values (dropout
-included) are used: one reader pass.
-
-One registry serves both readers: each objective is an `Objective` subclass added by
-`register` under its gin name, declaring what each reader it serves computes for it (`Target`),
-whether it takes the temperature and its loss; the models and jobs read those declarations
-(`check_objective`, `get`), never the name.
+Atlas trains the retriever with a loss of its own (emdr2, pdist, loop, adist) built from the
+reader's output held fixed, `q = softmax(s / T)` against the reader's target; the reader then
+keeps its own loss under the fixed scores `sg(s)`. Each loss takes rows `scores [N, K]`, targets
+[N, K] and `weights [N]` and returns `(loss, aux)` as `losses.py` (loss_sum, weight_sum,
+row_losses); weight-0 rows count nowhere, a row with every candidate impossible (-inf) has loss
+0 (REALM_SPEC 28). Scores are REALM's plain dot product (REALM_SPEC 2). The registry (`Objective`,
+`register`) declares what each reader computes for each objective. Formulas and departures from
+Atlas: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -104,11 +60,7 @@ def marginal_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
   """REALM's marginal likelihood over the candidates of each row (REALM_SPEC 16, 28).
 
   `loss_row = -log sum_k softmax(s / T)_k p(y | z_k, x)`, differentiable in both the scores and
-  the log-likelihoods: the reader and the retriever trained by one loss. Rows of one masked
-  token each give `losses.marginal_mlm_loss(marginalization="per_token")` (the models keep
-  calling that function for the objective "marginal", unchanged), rows of one example
-  "per_example", and rows of one question with the block's gold-span likelihood ORQA's reader
-  loss.
+  the log-likelihoods: the reader and the retriever trained by one loss.
 
   Args:
     scores: [N, K] retrieval scores f(x, z_k).
@@ -117,7 +69,7 @@ def marginal_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
     temperature: T (1: REALM).
 
   Returns:
-    (loss, aux) as the module docstring says.
+    (loss, aux): aux["loss_sum"], aux["weight_sum"], aux["row_losses"] [N] (module docstring).
   """
   scores, values, weights, possible, defined = _prepare(scores, log_likelihoods, weights)
   log_q = jax.nn.log_softmax(scores / temperature, axis=-1)  # [N, K]
@@ -129,23 +81,10 @@ def emdr2_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
                temperature: float = 1.0) -> tuple[Array, dict]:
   """EMDR^2 (Sachan et al. 2021; Atlas's "EMDR^2"): REALM's marginal with the reader held fixed.
 
-  `loss_row = -log sum_k q_k sg(p(y | z_k, x))`, `q = softmax(s / T)`: the retriever's gradient
-  `(q_k - r_k) / T`, `r` the posterior `q_k p(y|z_k,x) / sum_j q_j p(y|z_j,x)`, moves its
-  probability towards the candidates under which the reader predicts y; the log-likelihoods get
-  no gradient. That is the marginal's own score gradient at T = 1, and the reader's loss under
-  `sg(s)` has the marginal's reader gradient, so in pretraining (whose reader loss is the
-  marginal) EMDR^2 at T = 1 trains exactly as REALM does; only T != 1 sets it apart there. In
-  fine-tuning the reader's loss is ORQA's joint softmax over (block, span), not a marginal over
-  blocks, and EMDR^2 differs at any T.
-
-  Departure from Atlas: its FiD decoder reads all passages at once, so its EMDR^2 runs the
-  decoder on each passage alone to get `p(y | z_k, x)`; REALM's encoder reader reads one
-  candidate per row anyway, so these are the likelihoods its marginal already uses. Atlas's code
-  marginalises per target token (as REALM's release does, the default `per_token`); its paper
-  writes the sequence-level form (`per_example`): the pretraining model follows its
-  `marginalization` setting.
-
-  Args and returns as `marginal_loss`.
+  `loss_row = -log sum_k q_k sg(p(y | z_k, x))`, `q = softmax(s / T)`: the retriever moves its
+  probability towards the candidates under which the reader predicts y. In pretraining at T = 1
+  it trains exactly as REALM's marginal does (design notes). Args and returns as
+  `marginal_loss`.
   """
   return marginal_loss(scores, jax.lax.stop_gradient(log_likelihoods), weights,
                        temperature=temperature)
@@ -174,15 +113,9 @@ def pdist_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
                temperature: float = 1.0) -> tuple[Array, dict]:
   """Perplexity distillation (Atlas's "PDist").
 
-  `loss_row = KL(p || q)`, `p_k = softmax_k(sg(log p(y | z_k, x)))` over the candidates (an
-  impossible candidate, -inf, gets 0), `q = softmax(s / T)`. Gradient in the scores
-  `(q_k - p_k) / T`; none in the log-likelihoods.
-
-  Departures from Atlas: its FiD decoder runs on each passage alone for `p(y | z_k, x)`; REALM's
-  encoder reader reads one candidate per row anyway, so these are the likelihoods of its
-  marginal. Atlas's code length-normalises (the mean per target token, `ppmean`); here the
-  paper's `log p(y | z_k, x)`, the sum over the target's tokens (pretraining: the example's
-  masked tokens; fine-tuning: the block's gold spans, one target).
+  `loss_row = KL(p || q)`, `p_k = softmax_k(sg(log p(y | z_k, x)))` (an impossible candidate
+  gets 0), `q = softmax(s / T)`. The log-likelihoods are summed over the target's tokens, not
+  length-normalised as in Atlas's code.
 
   Args:
     scores: [N, K] retrieval scores.
@@ -191,7 +124,7 @@ def pdist_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
     temperature: T of the retriever's softmax.
 
   Returns:
-    (loss, aux) as the module docstring says.
+    (loss, aux) as `marginal_loss`.
   """
   scores, values, weights, possible, defined = _prepare(
       scores, jax.lax.stop_gradient(log_likelihoods), weights)
@@ -200,22 +133,12 @@ def pdist_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
 
 def loop_loss(scores: Array, log_likelihoods: Array, weights: Array, *,
               temperature: float = 1.0) -> tuple[Array, dict]:
-  """Leave-one-out perplexity distillation (Atlas's "LOOP").
+  """Leave-one-out perplexity distillation (Atlas's "LOOP") for a reader with one row per
+  candidate.
 
   `loss_row = KL(p || q)` with `p_k ∝ exp(-log p(y | Z \\ z_k, x))`: the more the prediction of y
   worsens without candidate k, the more mass. The prediction without k is REALM's marginal over
-  the other candidates, their prior renormalised:
-  `log p(y | Z \\ z_k, x) = logsumexp_{j != k}(log pi_j + log p(y|z_j,x)) - logsumexp_{j != k}
-  log pi_j`, `pi = softmax(sg(s))` (the reader's prior: no temperature), everything held fixed.
-  With exactly one possible candidate, removing it leaves y impossible (`p_k = 1` there, 0
-  elsewhere); with none the row is undefined (loss 0).
-
-  Departure from Atlas: its FiD decoder is re-run on the K - 1 remaining passages, which it reads
-  jointly with equal standing; REALM's encoder reader has one row per candidate and predicts
-  through the marginal, so leaving candidate k out is dropping its term from the marginal and
-  renormalising the retriever's (fixed) prior, no extra reader pass. Atlas's code
-  length-normalises the log-likelihoods (mean per target token); here the sum, as `pdist_loss`.
-
+  the other candidates, their fixed prior renormalised (no extra reader pass; design notes).
   Args and returns as `pdist_loss`.
   """
   scores, values, weights, possible, defined = _prepare(
@@ -243,10 +166,7 @@ def left_out_loop_loss(scores: Array, left_out_log_likelihoods: Array, weights: 
   """LOOP for a reader that reads the candidates jointly (Atlas's FiD): the leave-one-out
   predictions come from the reader itself, not from a marginal (`loop_loss`).
 
-  `loss_row = KL(p || q)`, `p_k = softmax_k(-sg(log p(y | Z \\ z_k, x)))` (the more the
-  prediction of y worsens without candidate k, the more mass), `q = softmax(s / T)`: PDist's
-  distillation of the negated left-out log-likelihoods. Atlas's code length-normalises them
-  (mean per target token); here the sum, as `pdist_loss`.
+  `loss_row = KL(p || q)`, `p_k = softmax_k(-sg(log p(y | Z \\ z_k, x)))`, `q = softmax(s / T)`.
 
   Args:
     scores: [N, K] retrieval scores.
@@ -256,7 +176,7 @@ def left_out_loop_loss(scores: Array, left_out_log_likelihoods: Array, weights: 
     temperature: T of the retriever's softmax.
 
   Returns:
-    (loss, aux) as the module docstring says.
+    (loss, aux) as `marginal_loss`.
   """
   return pdist_loss(scores, -jax.lax.stop_gradient(left_out_log_likelihoods), weights,
                     temperature=temperature)
@@ -267,20 +187,10 @@ def adist_loss(scores: Array, attention_scores: Array, weights: Array, *,
   """Attention distillation (Atlas's "ADist", from Izacard & Grave 2021).
 
   `loss_row = KL(p || q)`, `p = softmax_k(sg(a_k))`, `a_k` the reader's attention relevance of
-  candidate k (`attention_relevance`: attention weights times value norms, averaged over layers,
-  heads and the query positions, summed over the candidate's block tokens), `q = softmax(s / T)`.
-
-  Departures from Atlas: its FiD decoder's cross-attention runs one softmax over the tokens of
-  all passages at once, so the mass a passage receives is relative to the other passages, and
-  the attending positions are the decoder's target tokens; REALM's encoder reader has one row
-  per candidate, each with its own softmax, so `a_k` is the mass the query positions of row k
-  put on the block against the query's own tokens, and the comparison between candidates is
-  only the softmax over k here. Atlas sums over every token of a passage's input (its question
-  prefix too; scaled by a fixed 1/256, with a target temperature); here only the block's tokens,
-  no scaling.
-
-  Args and returns as `pdist_loss`, with `attention_scores` [N, K], the `a_k`, in place of the
-  log-likelihoods: the same distillation of a fixed softmax target.
+  candidate k (`attention_relevance`), `q = softmax(s / T)`. With one row per candidate, `a_k`
+  compares candidates only through the softmax over k (departures from Atlas: design notes).
+  Args and returns as `pdist_loss`, with `attention_scores` [N, K] in place of the
+  log-likelihoods.
   """
   return pdist_loss(scores, attention_scores, weights, temperature=temperature)
 
@@ -507,16 +417,9 @@ class AnswerBlocks(Objective):
 
 def attention_relevance(attention_probs: Sequence[Array], value_norms: Sequence[Array],
                         query_weights: Array, key_mask: Array) -> Array:
-  """Atlas's attention score of each reader row: `alpha * ||v||`, averaged over layers, heads and
-  the query positions, summed over the key positions of the block.
-
-  `a = sum_l sum_h sum_i w_i sum_j m_j alpha^{l,h}_{ij} ||v^{l,h}_j|| / (layers * heads * sum_i
-  w_i)`: `alpha` the attention weights (before dropout), `||v||` the norm of the attended
-  position's value vector in that head (Kobayashi et al. 2020: a weight on a small value moves
-  the output little; Atlas multiplies them), `w` the weights of the attending (query) positions,
-  `m` the key positions that count (the block). 0 for a row without query weight. Cost: every
-  layer's attention weights stay alive until this reduction (the backward pass keeps them
-  anyway); nothing is collected unless the objective is "adist".
+  """Atlas's attention score of each reader row: attention weights (before dropout) times value
+  norms, averaged over layers, heads and the query positions, summed over the block's key
+  positions (the formula: docs/design/models_and_jobs.md). 0 for a row without query weight.
 
   Args:
     attention_probs: per layer, [rows, heads, length, length] (query, key).

@@ -1,40 +1,13 @@
 """RETRO (Borgeaud et al. 2022): a causal decoder that reads retrieved text through chunked
 cross-attention (CCA).
 
-  chunks:     the input x_0 .. x_{n-1} is l chunks of m tokens (n = l m); chunk u's k
-              neighbours (each a retrieved chunk and its continuation, r = 2m tokens) arrive as
-              neighbour_ids [B, l, k, r], retrieved with chunk u's own content.
-  decoder:    pre-LN transformer layers: h += SelfAttention(LN h) (causal), then in the CCA
-              layers (`RetroConfig.cca_layers`: every `cca_every`-th layer from `cca_start`)
-              h += CCA(LN h, E), then h += FFW(LN h); a last LayerNorm and the readout tied to
-              the token embeddings.
-  encoder:    `RetroNeighbourEncoder`, `encoder_layers` bidirectional pre-LN layers over each
-              neighbour's r tokens (token embeddings shared with the decoder), each with a
-              cross-attention from all k r neighbour tokens of chunk u to H_u, the decoder's
-              activations of chunk u's m tokens. As in the paper's Algorithm 1, H is the
-              residual stream of the first CCA layer after its self-attention (before its CCA).
-  CCA:        the sequence shifted by m - 1: token i attends to the k r encoded tokens of chunk
-              u's neighbours (all neighbours at once) iff u = floor((i - m + 1) / m), i.e. the
-              last token of chunk u and the first m - 1 of chunk u + 1 read chunk u's
-              neighbours, and tokens 0 .. m - 2 read none (CCA output 0: the residual passes).
-              No token reads neighbours retrieved with a chunk it has not completed, and E_u
-              depends on tokens <= (u + 1) m - 1 only, so the model stays causal.
-
-Positions: rotary embeddings (RoPE, Su et al. 2021) on the queries and keys of every attention,
-where the paper uses relative position encodings. Self-attentions count positions from 0. The
-cross-attentions (`RetroConfig.cross_attention_positions`) place both sides on chunk u's own
-axis, so that a neighbour token lines up with the text it would continue: in the encoder,
-neighbour token j (j = 0 .. r - 1) at j against H_u's token i at i; in CCA, the reader of
-window position i (sequence position (u + 1) m - 1 + i) at m - 1 + i against neighbour token j
-at j, so a token that copies the neighbour token after its own aligned one attends at relative
-offset -1, the same for every chunk.
-
-Retrieval off: with `neighbour_ids=None` the encoder and the CCA layers are skipped (they add
-nothing), a plain decoder on the same parameters; `init_params` always builds the full tree.
-RETRO-fitting trains only `retrieval_parameter_mask`'s leaves (the encoder and the CCA).
-
-Precision: as `bert`, dense layers compute in `dtype`, attention scores, softmax and the
-LayerNorms in float32; the residual streams are float32.
+The input is l chunks of m tokens; chunk u's k neighbours (a retrieved chunk and its
+continuation, r = 2m tokens each) arrive as neighbour_ids [B, l, k, r]. A small encoder reads
+them, cross-attending to the decoder's activations of chunk u, and the decoder's CCA layers let
+the last token of chunk u and the first m - 1 of chunk u + 1 read them, so the model stays
+causal. Rotary positions; with `neighbour_ids=None` a plain decoder on the same parameters
+(RETRO-fitting trains `retrieval_parameter_mask`'s leaves). Design:
+docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -61,39 +34,23 @@ RETRIEVAL_MODULES = ("neighbour_encoder", "cca", "cca_layer_norm")
 
 @dataclasses.dataclass(frozen=True)
 class RetroConfig(ShapeProperties):
-  """Shapes and numerics of a RETRO model. Defaults: the paper's 172M model (12 layers of
-  width 896, 16 heads, CCA in layers 6, 9, 12 counted from 1, a 2-layer encoder, m = 64,
-  r = 128) with the repository's WordPiece vocabulary in place of its 128k SentencePiece one.
-
-  The field names `initializer_range`, `dtype`, `param_dtype` (and ShapeProperties'
-  `compute_dtype`, `storage_dtype`, `head_dim`) are BertConfig's, so bert.py's initialisers,
-  dense layers and LayerNorms take a RetroConfig as they take a BertConfig.
+  """Shapes and numerics of a RETRO model. Defaults: the paper's 172M model with the
+  repository's WordPiece vocabulary. Field names shared with BertConfig let bert.py's layers
+  take a RetroConfig. The number of neighbours k is the batch's neighbour_ids.shape[2].
 
   Attributes:
-    vocab_size: token vocabulary, shared by the decoder and the neighbours.
-    hidden_size: width of the residual streams ("embed"), decoder and encoder.
-    num_layers: decoder layers.
-    num_heads: attention heads of every attention; must divide `hidden_size` into an even
-      head width (rotary embeddings rotate pairs of features).
-    intermediate_size: width of the feed-forward layers ("mlp"), decoder and encoder.
-    hidden_act: activation of the feed-forward layers (see config.ACTIVATIONS).
+    vocab_size, hidden_size, num_layers, intermediate_size, hidden_act: decoder and encoder.
+    num_heads: heads of every attention; must divide `hidden_size` into an even head width.
     chunk_size: m, the tokens of one chunk (one retrieval).
     neighbour_len: r, the tokens of one neighbour (retrieved chunk + continuation; 2m).
     encoder_layers: layers of the neighbour encoder (2).
-    cca_start: index (from 0) of the first decoder layer with CCA; the encoder reads the
-      decoder's activations there.
-    cca_every: CCA in every `cca_every`-th layer from `cca_start` (3).
+    cca_start, cca_every: CCA in every `cca_every`-th decoder layer from `cca_start` (from 0);
+      the encoder reads the decoder's activations at `cca_start`.
     rotary_base: the wavelength base of the rotary embeddings.
-    cross_attention_positions: rotary positions in the encoder's cross-attention and in CCA
-      (module docstring); False: those two match by content only.
-    layer_norm_eps: epsilon of every LayerNorm.
-    initializer_range: std of the truncated-normal initialiser.
-    hidden_dropout: dropout on the embeddings and every residual branch.
-    attention_dropout: dropout on attention weights.
-    dtype: compute dtype ("float32" or "bfloat16"); parameters stay in `param_dtype`.
-    param_dtype: storage dtype of the parameters.
-
-  The number of neighbours k is not fixed: it is the batch's neighbour_ids.shape[2].
+    cross_attention_positions: rotary positions in the encoder's cross-attention and in CCA;
+      False: those two match by content only.
+    layer_norm_eps, initializer_range, hidden_dropout, attention_dropout: as BertConfig's.
+    dtype, param_dtype: compute dtype ("float32" or "bfloat16") and parameter storage dtype.
   """
 
   vocab_size: int = 30522
@@ -560,25 +517,9 @@ def parameter_counts(params: Params) -> dict[str, int]:
 
 
 def flops_per_token(config: RetroConfig, context_length: int, num_neighbours: int = 0) -> float:
-  """Approximate forward FLOPs per decoder token (training: about 3x).
-
-  Counts matrix products only, 2 FLOPs per multiply-add (Kaplan et al. 2020's C_forward =
-  2 N + 2 n_layer n_ctx d, with N the matmul weights); LayerNorms, softmax, activations,
-  biases, rotary and the embedding lookup are left out. With d = hidden_size,
-  f = intermediate_size, n = context_length, V = vocab_size, m = chunk_size,
-  r = neighbour_len, k = num_neighbours, L = num_layers, C = len(cca_layers),
-  L_e = encoder_layers:
-
-    decoder (k = 0): L (8 d^2 + 4 d f + 4 n d) + 2 d V
-      per layer q, k, v, out (4 d^2 weights), the FFW (2 d f), scores and weighted values over
-      n keys (the full n, as computed, though causal masking discards half); the tied readout.
-    + CCA: C (4 d^2 + 4 d^2 k r / m + 4 k r d)
-      q and out per token; k, v of the k r neighbour tokens once per chunk (k r / m per token);
-      scores and values over the k r keys.
-    + encoder: k r / m encoded tokens per decoder token, each L_e (8 d^2 + 4 d^2 + 4 d f
-      + 4 r d + 4 m d) (self-attention, cross-attention's q and out, FFW, self scores over r,
-      cross scores over m), plus L_e 4 d^2 per token for the cross-attention's k, v of H_u
-      (its m rows projected once per chunk of m tokens, not once per neighbour).
+  """Approximate forward FLOPs per decoder token (training: about 3x): matrix products only,
+  2 FLOPs per multiply-add, decoder plus CCA plus neighbour encoder (the terms:
+  docs/design/models_and_jobs.md).
 
   Args:
     config: the model.

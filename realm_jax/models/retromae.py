@@ -1,44 +1,11 @@
 """RetroMAE (Xiao et al. 2022): the retriever's document tower pre-trained as the encoder of a
 masked auto-encoder, a warm start of the retriever beside ICT.
 
-  encoder:  the document tower (RealmEmbedder) reads the block with 30% of its wordpieces
-            masked; its embedding e (pooled, projected, LayerNorm'd: the vector the index
-            stores) is the sentence embedding; BERT's MLM head on its last hidden states at the
-            masked positions gives the encoder's MLM loss (the paper keeps it).
-  decoder:  h = LayerNorm(Dense(e)) in the hidden width. Enhanced decoding (the paper's 3.3):
-            query stream H1_i = h + p_i, one row per predicted position i; content stream
-            H2 = [h, emb(x_1), ..., emb(x_{L-1})] (the block's unmasked wordpieces through the
-            tower's own embeddings, word + position + type, LayerNorm; h in the [CLS] slot);
-            one post-LN transformer layer whose attention reads Q from H1 and K, V from H2
-            under a position-specific mask (row i: the sentence embedding, never itself, a
-            sampled half of the others; `realm_jax.batches.retromae` draws it), residual on
-            H1; the same MLM head predicts x_i at every real position but [CLS].
-  loss:     per block, the mean encoder MLM loss over its masked wordpieces times
-            `encoder_loss_weight` (1: the paper's L_enc + L_dec) plus the mean decoder loss
-            over its positions; averaged over blocks (aux: sums over blocks and their count, so
-            microbatches add up exactly).
-
-As in the authors' code, the decoder shares the encoder's embeddings (its content stream and
-the positions of its query stream) and its MLM head (here the head lives in `decoder`, since
-the retriever has none; its output layer is tied to the tower's word embeddings). The decoder's
-own parameters are `decoder/{sentence_projection, sentence_layer_norm, layer, mlm_head}`.
-
-Which embedding: the paper's sentence embedding is the [CLS] hidden state, the vector its
-retriever uses. Here the retriever's vector is the tower's output (the pooler, [CLS] or the
-mean over real tokens per `RealmConfig.retriever_pooling`, then the projection and its
-LayerNorm), so that output is the decoder's only view of the block: the projection the index
-uses is trained too, not left fresh.
-
-Which tower: the encoder is the document tower. Tied towers (`share_embedders`, REALM's
-default) are one tower anyway. Untied towers are held equal, so that the checkpoint warm-starts
-both as the same RetroMAE encoder: `init` gives the query tower the document tower's
-parameters, and the loss reads `document + (query - stop_gradient(query))`, the document
-tower's values with its gradient reaching both towers, so both get the same updates (the
-optimizer's global gradient norm counts the gradient twice).
-
-Parameter tree: {"retriever": RealmRetriever params, "decoder": ...}; a checkpoint's
-`retriever` warm-starts REALM pretraining and gives the first index exactly as an ICT
-checkpoint's does.
+The tower reads the block with 30% of its wordpieces masked (plus BERT's MLM loss); its
+embedding, the vector the index stores, is the only view of the block a one-layer decoder gets
+to reconstruct it under the paper's enhanced decoding (query and content streams, a sampled
+attention mask). Untied towers are kept equal. Params: {"retriever", "decoder"}; the
+`retriever` warm-starts REALM like an ICT checkpoint. Design: docs/design/models_and_jobs.md.
 
 Batch (`realm_jax.batches.retromae.retromae_batch_spec`): block_ids, block_type_ids,
 block_mask, encoder_ids [B, L]; encoder_positions/targets/weights [B, M];
