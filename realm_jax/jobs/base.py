@@ -2,23 +2,10 @@
 
 A job (t5x style: gin builds it, `train_main.job = @PretrainJob()`) owns its task, its model,
 its batch source and that source's schema, its warm start, its hooks and its evaluation; its
-settings are its constructor's arguments, so a setting of another job is refused by gin when the
-gin files are parsed. `realm_jax.train.train_main` holds what every run shares (run directory,
-model size, batch size, steps, learning rate, mesh, checkpointing) in a `RunContext` and calls
-the job's methods in this order:
-
-    job.configure(ctx)                       check settings, register tasks (no data read)
-    model = job.build_model(ctx)
-    job.abstract_batch(ctx)                  the batch schema: a dry run lowers the step on it
-    batches = job.build_batches(ctx, model)  reads data from here on
-    params = job.warm_start(checkpoints, fresh params, ctx)
-    hooks, eval_fn, best_metric = job.start(ctx, model, batches)
-    ... trainer.train(...) ...
-    job.close()
-
-Adding a job: a subclass of `Job` (or of `IndexJob` when it retrieves from the run's index) in
-a module of this package, registered with `@gin.configurable`, and a run gin that binds
-`train_main.job = @YourJob()` (docs/architecture.md shows an example).
+settings are its constructor's arguments. `realm_jax.train.train_main` holds what every run
+shares in a `RunContext` and calls `configure`, `build_model`, `abstract_batch`,
+`build_batches`, `warm_start`, `start`, trains, then `close`. Adding a job and the call order:
+docs/design/models_and_jobs.md, docs/architecture.md.
 """
 
 from __future__ import annotations

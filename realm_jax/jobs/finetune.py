@@ -1,23 +1,10 @@
 """`finetune`: open-QA fine-tuning (REALM_SPEC 25-29; ORQA's recipe, used for REALM's numbers).
 
-Batches of questions retrieved with the live question tower from the run's index (frozen: built
-once with `build_index --once` from `init_checkpoint`; refreshed by a builder running alongside
-when `train_document_tower=True`). The retriever and the reader warm-start from
-`init_checkpoint` (a pretraining checkpoint: the reader's BERT is its encoder's). At every
-checkpoint, EM (or CuratedTrec's regex match) on `eval_split` picks the best checkpoint.
-With `candidates='bm25'` the reader reads BM25's blocks instead (DrQA's pipeline), and the run
-needs no index; with `candidates='none'` (the FiD reader only) it reads none: Atlas's closed-book
-baseline, no retriever, no index.
-
-Two readers (`reader`): 'extractive' (ORQA's span reader, `models.open_qa_model`) or 'fid' (Atlas's
-generative Fusion-in-Decoder reader, `models.fid_qa`, shaped by `@FidConfig()` in gin): the same
-retrieval and reader rows; the FiD reader is trained on one answer's wordpieces, its encoder
-warm-started from the BERT of `init_checkpoint`'s encoder (or reader) or `encoder_checkpoint`,
-its decoder fresh; by default its question tower only retrieves, with Atlas's retriever
-objectives (`retriever_objective`) it trains against the frozen index (query-side fine-tuning),
-or with `train_document_tower` both towers, the index stale or re-ranked (`document_beam`);
-at every checkpoint its greedy answers, detokenised, are scored by the same EM, which picks the
-best checkpoint.
+Questions are retrieved with the live question tower from the run's index (or BM25's blocks,
+or none for the closed book); the retriever and the reader warm-start from `init_checkpoint`,
+and EM on `eval_split` picks the best checkpoint. Two readers: 'extractive' (ORQA's span
+reader, `models.open_qa_model`) or 'fid' (Atlas's Fusion-in-Decoder, `models.fid_qa`), whose
+question tower trains only by Atlas's objectives. Details: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -90,8 +77,9 @@ def answer_blocks_beam(objective_beam: Optional[int] = None,
 @gin.configurable
 @dataclasses.dataclass
 class FinetuneJob(IndexJob):
-  """OpenQAModel on a QA task (toy_qa, nq_open, web_questions, curated_trec) or your own QA
-  files (`task`: a path, or `regex:<path>` for regex answers; realm_jax_tasks.register_qa_files).
+  """OpenQAModel (or FidReaderModel) on a QA task (toy_qa, nq_open, web_questions,
+  curated_trec) or your own QA files (`task`: a path, or `regex:<path>` for regex answers;
+  realm_jax_tasks.register_qa_files). Details: docs/design/models_and_jobs.md.
 
   Attributes:
     retriever_beam: blocks per question for the retriever loss (5000).
@@ -99,66 +87,21 @@ class FinetuneJob(IndexJob):
     reader_len: reader row length (320): the full width of the reader rows.
     question_len: fixed question length (longer questions are left out, counted).
     max_occurrences: gold-span slots per (question, block).
-    train_document_tower: also train the document tower (run the index builder alongside so
-      the index follows it; with reader='fid', or re-rank instead: `document_beam`).
-    document_beam: with the document tower: blocks re-embedded per question (None: the reader
-      beam). With reader='fid': L, the blocks of the stale index's beam re-embedded and
-      re-ranked with the live document tower before the reader reads the best reader_beam
-      (Atlas's over-retrieval with re-ranking, `index.rerank`; in its evaluations too); None:
-      no re-ranking (the read blocks' scores are still live in the graph).
+    train_document_tower: also train the document tower (with an index builder alongside).
+    document_beam: blocks re-embedded per question (FiD: re-ranked before reading); None.
     eval_split: the split evaluated at every checkpoint ("" disables).
     eval_examples: evaluate only the first this many questions of it (None: all).
-    peft: parameter-efficient fine-tuning (realm_jax.models.peft): 'none' (every parameter
-      trains), 'lora' (Hu et al. 2021: low-rank updates of the reader's and the question
-      tower's kernels) or 'adapters' (Houlsby et al. 2019: bottleneck adapters in every BERT
-      layer). Only those parameters train, with the reader's span head (the output layer
-      fine-tuning adds, `models.peft.TASK_HEAD`); checkpoints hold only them and name the run's base
-      (<run_dir>/peft_base) with its hash; `python -m realm_jax.export_peft` writes a merged,
-      ordinary checkpoint.
+    peft: 'none', 'lora' or 'adapters' (realm_jax.models.peft): only those train.
     lora_rank: r of each LoRA update (A [in, r] @ B [r, out]).
     lora_alpha: LoRA's alpha: the update is scaled by alpha / r.
-    lora_targets: the kernels of each BERT layer LoRA updates: of 'query', 'key', 'value',
-      'out' (attention), 'intermediate', 'output' (feed-forward).
+    lora_targets: kernels LoRA updates: 'query', 'key', 'value', 'out', 'intermediate', 'output'.
     adapter_size: the adapters' bottleneck width (peft='adapters').
-    length_bucket: cut each training batch's reader rows from `reader_len` to the smallest
-      multiple of this many wordpieces that holds its longest `[CLS] question [SEP] body [SEP]`
-      (`seqio_batches.LengthBucketed`): only padding goes, so the losses are the same, and each
-      distinct width is one compilation of the train step. 0 (the default): every batch at
-      `reader_len`. Single-host runs only. The evaluation cuts its own rows the same way
-      whatever this says (`evaluation.qa.Predictor`, buckets of 32).
-    retriever_objective: how the question tower learns. The extractive reader: "marginal"
-      (ORQA's retriever and reader losses, REALM_SPEC 28) or Atlas's "emdr2", "pdist", "loop",
-      "adist" over the reader beam (the reader's loss then reads the scores held fixed; ORQA's
-      retriever loss over the whole beam stays: realm_jax.models.retriever_objectives). The
-      FiD reader: "none" (it only retrieves) or Atlas's "adist", "emdr2", "pdist", "loop" over
-      the K read blocks against the frozen index (`models.fid_qa`), or "answer_blocks", a
-      control that distils the read blocks holding an answer string; "marginal" has no
-      counterpart there. None (the default): the reader's own, "marginal" for the extractive
-      reader, "none" for FiD.
-    candidates: where each question's beam comes from: 'index' (the run's published index,
-      searched with the live question tower: ORQA, REALM) or 'bm25' (Okapi BM25 over the
-      BlockStore's text, `evaluation.bm25.BM25Searcher`: DrQA's pipeline, the reader trained
-      on BM25's top `reader_beam` blocks with no retrieval score added; no index, no index
-      watcher, the question tower unused). Evaluate such a run with
-      `evaluate_main.candidates='bm25'`. Or 'none': the closed book (Atlas's baseline without
-      retrieval), `reader='fid'` only: its encoder reads one row per question, `[CLS] question
-      [SEP]` alone (`reader_beam=1`; `retriever_beam` is then 1, the beam's one empty slot), no
-      retriever parameters, no index and no index settings (retriever_objective 'none',
-      retriever_lr_scale 1, ...); the same loss, greedy answers and EM. Evaluate it with
-      `evaluate_main.candidates='none'`.
-    reader: 'extractive' (ORQA's span reader, the default) or 'fid' (Atlas's generative
-      Fusion-in-Decoder reader, `models.fid_qa.FidReaderModel`: rows `[CLS] question [SEP]
-      body [SEP]` of the `reader_beam` blocks read together, trained on the first answer that
-      fits `max_answer_length`, greedy answers scored by the same EM). With 'fid' the question
-      tower trains only by Atlas's objectives (`retriever_objective`; by default it only
-      retrieves), the document tower never (`train_document_tower` stays False), and `peft`
-      stays 'none'; regex-answer tasks are refused.
-    fid: the FiD reader's settings, `@FidConfig()` in gin (`fid_config`); None: the defaults
-      (a decoder shaped like the encoder, answers of up to 32 wordpieces with EOS).
-    few_shot: train on only this many questions of the task's train split (Atlas's few-shot
-      protocol: 64, 256, ...; None: all of them), a sample drawn with `few_shot_seed`
-      (`qa_batches.few_shot_sample`), the same whatever `train_main.seed`, so that runs of one
-      sample differ only in their training seed. Evaluation reads the whole dev split.
+    length_bucket: cut training reader rows to a multiple of this many wordpieces (0: off).
+    retriever_objective: "marginal" (REALM_SPEC 28), "none" or Atlas's (None: the reader's).
+    candidates: 'index', 'bm25' (DrQA's pipeline, no index) or 'none' (FiD's closed book).
+    reader: 'extractive' (ORQA's span reader, the default) or 'fid' (Atlas's FiD reader).
+    fid: the FiD reader's settings, `@FidConfig()` in gin; None: the defaults.
+    few_shot: train on only this many questions of the train split (None: all).
     few_shot_seed: the seed of that sample.
   """
   retriever_beam: int = 5000

@@ -2,14 +2,10 @@
 `contriever`, Contriever's (Izacard et al. 2021) beside it.
 
 The towers' BERT starts from `init_checkpoint`'s encoder (a converted BERT or an `mlm`
-checkpoint) when one is given: REALM warm-starts ICT from BERT. With `continue_retriever`, the
-checkpoint's whole retriever is continued instead (a RetroMAE run's: ICT as the contrastive
-stage after RetroMAE, as RetroMAE's paper fine-tunes its pre-trained encoder contrastively).
-
-`ContrieverJob` trains the same model (`IctModel`, in-batch negatives) on a
-`contriever_<corpus>` task: two independent random crops of one block are the positive pair
-(realm_jax.data.contriever). Its checkpoints are ICT checkpoints to everything downstream (the
-first index, pretraining's and fine-tuning's retriever warm start).
+checkpoint) when one is given, or with `continue_retriever` from its whole retriever.
+`ContrieverJob` trains the same model (`IctModel`, in-batch negatives) on two independent random
+crops of one block (realm_jax.data.contriever); its checkpoints are ICT checkpoints to
+everything downstream. Details: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -59,12 +55,10 @@ class IctJob(SeqioJob):
   """IctModel on an `ict_<corpus>` task.
 
   Attributes:
-    ict_remove_probability: on a corpus registered over `block_store`, the probability that
-      ICT removes the query sentence from its block (None: ORQA's 0.9). Short documents
-      (one-sentence blocks are skipped when their sentence is removed) want it lower.
-    continue_retriever: take `init_checkpoint`'s whole retriever (every tower's BERT, pooler,
-      projection and LayerNorm) rather than its encoder's BERT: ICT after RetroMAE, whose
-      checkpoint holds the retriever it pre-trained and no encoder.
+    ict_remove_probability: on a corpus over `block_store`, the probability that ICT removes
+      the query sentence from its block (None: ORQA's 0.9; lower for short documents).
+    continue_retriever: continue `init_checkpoint`'s whole retriever rather than start from
+      its encoder's BERT (ICT after RetroMAE).
   """
   ict_remove_probability: Optional[float] = None
   continue_retriever: bool = False
@@ -106,23 +100,15 @@ class IctJob(SeqioJob):
 @gin.configurable
 @dataclasses.dataclass
 class ContrieverJob(SeqioJob):
-  """IctModel on a `contriever_<corpus>` task: Contriever's independent random crops.
-
-  A job beside `IctJob` rather than a subclass, so that ICT's settings (its removal
-  probability) are refused on it by gin. Its warm start is IctJob's (every tower's BERT from
-  `init_checkpoint`'s encoder). `contriever_toy` is registered over the toy BlockStore when a
-  run names it; another corpus's `contriever_<corpus>` over `block_store`
-  (`realm_jax_tasks.register_corpus_for_task`).
+  """IctModel on a `contriever_<corpus>` task: Contriever's independent random crops. A job
+  beside `IctJob`, not a subclass, so gin refuses ICT's settings on it; its warm start is
+  IctJob's.
 
   Attributes:
     min_crop_ratio: the shortest crop, as a fraction of its block's body (Contriever: 0.1).
-      Both ratios apply to a task that train registers (over `block_store`, or the toy
-      world's); other ratios on a task registered before are refused.
     max_crop_ratio: the longest crop, as a fraction of its block's body (Contriever: 0.5).
     similarity: "dot" (the retriever's relevance score, ICT's) or "cosine" (Contriever's).
-    temperature: the in-batch scores are divided by it (1.0: ICT's loss; Contriever: 0.05 over
-      cosines). The toy world's choice: gin_configs/experiments/contriever_toy.gin, measured
-      in docs/toy_settings.md, "Contriever scores".
+    temperature: the in-batch scores are divided by it (1.0: ICT; Contriever: 0.05).
   """
   # realm_jax.data.contriever's MIN_CROP_RATIO and MAX_CROP_RATIO (not imported: --help stays
   # instant).

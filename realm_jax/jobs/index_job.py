@@ -16,34 +16,20 @@ class IndexJob(Job):
   """A job whose batches are retrieved from `<run_dir>/index/` (`realm_jax.build_index`).
 
   Attributes:
-    encoder_checkpoint: a checkpoint step directory (a converted BERT's or an mlm run's).
-      Pretraining: the knowledge-augmented encoder starts from its encoder (None: random, or
-      `init_checkpoint`'s encoder when it has one). Fine-tuning: the reader's BERT starts from
-      its encoder's BERT under a fresh span head, overriding `init_checkpoint`'s reader (with
-      an ICT `init_checkpoint`: ORQA, the paper's baseline).
-    retriever_lr_scale: the retriever's (question tower's) updates are multiplied by this (its
-      lr relative to the encoder's or reader's; same schedule), as Atlas's `--lr_retriever`.
-      1.0 (off): REALM uses one optimizer for both towers (REALM_SPEC 18); a toy-world
-      deviation where set. See `optim.bert_optimizer`.
-    freeze_retriever_steps: the retriever's parameters stay exactly as they are for this many
-      first updates (Atlas's `--freeze_retriever_steps`); its Adam moments still accumulate.
-      0: off. Either option on changes the optimizer state's structure: a run resumes only
-      with the options on or off as they were.
+    encoder_checkpoint: a converted BERT's or an mlm run's checkpoint: the encoder's (or
+      fine-tuning reader's) BERT starts from its encoder; None: `init_checkpoint`'s or random.
+    retriever_lr_scale: the retriever's lr relative to the encoder's or reader's, as Atlas's
+      `--lr_retriever`; 1.0: off (REALM_SPEC 18: one optimizer for both towers).
+    freeze_retriever_steps: the retriever stays fixed for this many first updates; 0: off.
     index_check_every: look for a newer published index every this many steps.
-    refresh_in_lockstep: False (the paper's way): swap in whatever newer index the builder has
-      published, checked every `index_check_every` steps. True: step s searches the index of
-      the newest checkpoint before it (R * floor((s - 1) / R), R = `train_main.
-      checkpoint_every`), the trainer waiting for the builder to publish it (`index.swap`'s
-      lockstep), so that the run does not depend on the builder's speed next to the trainer
-      and resumes to the same result. Needs the builder running alongside once training passes
-      its first checkpoint.
+    refresh_in_lockstep: True: step s waits for the index of the newest checkpoint before it
+      (reproducible); False (the paper's way): whatever newer index the builder published.
     first_index_checkpoint_dir: the checkpoint the step-0 index was built from (default:
       `init_checkpoint`), for its query tower.
-    retriever_objective: how the retriever learns: "marginal" (REALM's and ORQA's own loss)
-      or one of Atlas's "emdr2", "pdist", "loop", "adist" (realm_jax.models.
-      retriever_objectives; what each job does with it: its own description).
-    objective_temperature: T of the retriever's softmax(scores / T) in Atlas's objectives
-      (must stay 1.0 with "marginal").
+    retriever_objective: "marginal" (REALM's and ORQA's own loss) or one of Atlas's "emdr2",
+      "pdist", "loop", "adist" (realm_jax.models.retriever_objectives).
+    objective_temperature: T of the retriever's softmax in Atlas's objectives (1.0 with
+      "marginal").
   """
   encoder_checkpoint: Optional[str] = None
   retriever_lr_scale: float = 1.0

@@ -28,20 +28,11 @@ class PretrainJob(IndexJob):
     pretrain_records: the pretraining text X in the REALM release schema (e.g. CC-News with
       precomputed salient spans); None: X is the corpus itself.
     num_candidates: candidates per query including the null document.
-    null_document: False for the ablation without the null document (K retrieved blocks;
-      retrieval utility is then undefined and the best checkpoint is picked by
-      eval/mlm/accuracy).
-    eval_batches: batches (drawn with the current index) whose retrieval utility is computed at
-      every checkpoint to pick the best one; 0 disables.
-    length_bucket: cut each training batch's reader rows from query_len + block_len to the
-      smallest multiple of this many wordpieces that holds its longest `[CLS] query [SEP] body
-      [SEP]` (`seqio_batches.LengthBucketed`): only padding goes, so the losses are the same, and
-      each distinct width is one compilation of the train step. 0 (the default): every batch at
-      the full width. Single-host runs only.
-    retriever_objective: how the retriever learns: "marginal" (REALM: the marginal MLM loss
-      trains reader and retriever) or Atlas's "emdr2", "pdist", "loop", "adist" (the reader
-      keeps the marginal MLM loss with the scores held fixed; the objective trains the
-      retriever: realm_jax.models.retriever_objectives).
+    null_document: False for the ablation without the null document (K retrieved blocks).
+    eval_batches: batches whose retrieval utility picks the best checkpoint; 0 disables.
+    length_bucket: cut training reader rows to a multiple of this many wordpieces (0: off).
+    retriever_objective: "marginal" (REALM) or Atlas's "emdr2", "pdist", "loop", "adist" (the
+      reader keeps the marginal MLM loss with the scores held fixed).
   """
   pretrain_records: Optional[str] = None
   num_candidates: int = 8
@@ -118,11 +109,8 @@ class PretrainJob(IndexJob):
     from realm_jax.training import trainer  # pylint: disable=g-import-not-at-top
 
     def draw():
-      # Retrieval utility (and the loss) on the task's first `eval_batches` batches in order,
-      # candidates retrieved from the index in use at each evaluation (REALM_SPEC 17: the
-      # authors pick their best checkpoint on it). The queries are training queries: the
-      # pretraining tasks have one split. At the full width even with `length_bucket`: the
-      # eval step then compiles once, and a few batches cost less than compiling more widths.
+      # The first `eval_batches` batches in order, from the index in use (REALM_SPEC 17), at
+      # full width even with `length_bucket` so the eval step compiles once.
       batches = self._batches(ctx, retriever=self.watcher, shuffle=False, num_epochs=1)
       return [next(batches) for _ in range(self.eval_batches)]
 

@@ -1,35 +1,12 @@
 """`retro`: RETRO (Borgeaud et al. 2022), a decoder language model that reads retrieved chunks.
 
-The model is `realm_jax.models.retro.RetroModel` (`RetroJob.model`, a RetroConfig bound in gin
-as `RetroJob.model = @RetroConfig()`); its text and neighbours come from a chunk database
-(`realm_jax.index.chunks`): training sequences of l chunks of one document, each chunk's k
-nearest chunks of other documents by the frozen BERT's keys, computed once
-(`realm_jax.batches.retro`). The loss is the mean next-token cross entropy over the real
-target tokens.
-
-Three runs of one job:
-
-* RETRO (`retrieval=True`): decoder, neighbour encoder and CCA trained together.
-* the baseline (`retrieval=False`): the same decoder without retrieval; its batches carry no
-  neighbours and the encoder and CCA parameters get no gradient.
-* RETRO-fitting (`retrofit=True`): the decoder warm-started from a baseline checkpoint
-  (`init_checkpoint`) and frozen; only `retro.retrieval_parameter_mask`'s parameters (the
-  encoder and the CCA, initialised fresh as in the paper) train.
-
-Evaluation at every checkpoint, on the first `eval_sequences` sequences of the held-out
-documents (the last 5% of the database's documents by id: never trained on, never retrieved):
-loss (nats per target token) and bits per byte, with retrieval (`eval/loss`,
-`eval/bits_per_byte`) and, for a retrieval model, without (`eval/no_retrieval/...`). No best
-checkpoint is tracked: the trainer ranks by a metric to maximise, and these are minimised.
-
-Checkpoints: the trainer's format records `train_main.model_config` (a RealmConfig) in each
-checkpoint's metadata, and it is that config that resuming and `init_checkpoint` check; so a
-RETRO run keeps the model gin of the toy world (or any) as the other jobs do, the parameter
-tree's shapes are checked against `RetroJob.model` at the warm start, and `start` writes
-`<run_dir>/retro_config.json` with the RETRO config for readers of the checkpoints, plus the
-run's data: "chunk_database" (the resolved path) and "block_store" (the toy BlockStore for the
-toy database, else null). `realm_jax.evaluation.retro.evaluate_retro` reads it to evaluate a
-checkpoint in depth (loss by token kind, RETRO's leakage-filtered loss).
+The model is `realm_jax.models.retro.RetroModel` (`RetroJob.model = @RetroConfig()` in gin); its
+sequences and each chunk's precomputed neighbours come from a chunk database
+(`realm_jax.index.chunks`, `realm_jax.batches.retro`). The loss is the mean next-token cross
+entropy over the real target tokens. One job runs RETRO, the no-retrieval baseline and
+RETRO-fitting; every checkpoint is evaluated on held-out documents (loss and bits per byte,
+with and without retrieval), and `start` writes `<run_dir>/retro_config.json` for
+`realm_jax.evaluation.retro.evaluate_retro`. Details: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -184,25 +161,18 @@ class RetroJob(Job):
   """RETRO, its no-retrieval baseline, or RETRO-fitting (module docstring) on a chunk database.
 
   Attributes:
-    task: a label for the run's description, `retro_<corpus>` (the text is the chunk
-      database's; no seqio task is read).
-    model: the RetroConfig (`@RetroConfig()` in gin); its chunk_size must be the database's
-      chunk length and its neighbour_len twice that.
+    task: a label for the run's description, `retro_<corpus>` (no seqio task is read).
+    model: the RetroConfig (`@RetroConfig()`); chunk_size the database's, neighbour_len twice it.
     chunk_database: a chunk database directory (`chunks.build_chunk_database`); None: the toy
-      world's, built once next to the toy BlockStore with the shipped toy BERT
-      (realm_jax/data/assets/toy_bert) and cached there.
+      world's, built once with the shipped toy BERT and cached next to the toy BlockStore.
     chunks_per_sequence: l, chunks per training sequence (n = l m tokens; RETRO: 32).
     num_neighbours: k, neighbours per chunk (RETRO trains with 2).
     retrieval: True: RETRO; False: the same decoder without retrieval (the baseline).
-    retrofit: True: RETRO-fitting, only the neighbour encoder and the CCA train (the rest
-      frozen, taken from `init_checkpoint`, a baseline's checkpoint, which it requires).
+    retrofit: True: only the neighbour encoder and the CCA train, the rest from a baseline's
+      `init_checkpoint` (required).
     eval_sequences: held-out sequences evaluated at every checkpoint (0: no evaluation).
-    exclude_own_document: RETRO's rule against trivial copies (default True). False is a
-      positive control for analyses (`batches.retro.RetroBatches`): a chunk may retrieve its
-      own document's text, the continuation it is about to predict included.
-    adam_epsilon: the optimizer's epsilon; None: BERT's (`optim.bert_optimizer`, 1e-6). The
-      neighbour encoder's and CCA's gradients start small, and an epsilon of their size damps
-      their updates (bench/docs/benchmarks.md, "RETRO copying from its neighbours (synthetic)").
+    exclude_own_document: RETRO's rule against trivial copies (True); False: a positive control.
+    adam_epsilon: the optimizer's epsilon; None: BERT's (1e-6).
   """
   task: str = "retro_toy"
   model: Any = gin.REQUIRED

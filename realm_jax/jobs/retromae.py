@@ -1,18 +1,10 @@
 """`retromae`: the RetroMAE warm start of the retriever (Xiao et al. 2022), beside ICT.
 
 The retriever's document tower learns to be the encoder of a masked auto-encoder over the
-corpus' blocks (`realm_jax.models.retromae`: the encoder reads a block with 30% of its
-wordpieces masked, a one-layer decoder rebuilds every wordpiece from the block's embedding and
-a half-masked view of it, plus the encoder's own MLM loss). The blocks are those of the
-`ict_<corpus>` task (its block features; a block comes once per sentence of it, as ICT sees
-them); on a corpus registered over `block_store` the task keeps every block whole
-(`ict_remove_probability` 0). The towers' BERT starts from `init_checkpoint`'s encoder (a
-converted BERT or an `mlm` checkpoint), as ICT's does.
-
-Its checkpoints hold `params["retriever"]` as ICT's do (and `params["decoder"]`, which nothing
-else reads), so they warm-start REALM pretraining (`INIT_CHECKPOINT` of runs/pretrain.gin)
-and give the first index (`build_index --once` with `checkpoint_dir`) exactly as an ICT
-checkpoint does.
+blocks of the `ict_<corpus>` task (`realm_jax.models.retromae`), its BERT started from
+`init_checkpoint`'s encoder as ICT's is. Its checkpoints hold `params["retriever"]` as ICT's
+do, so they warm-start REALM pretraining and give the first index exactly as an ICT checkpoint
+does. Details: docs/design/models_and_jobs.md.
 """
 
 from __future__ import annotations
@@ -33,13 +25,10 @@ class RetroMaeJob(Job):
   """RetroMaeModel on the blocks of an `ict_<corpus>` task.
 
   Attributes:
-    encoder_mask_rate: fraction of a block's wordpieces (not [CLS]/[SEP]) the encoder sees
-      masked (BERT's 80% [MASK] / 10% random / 10% kept); the paper's 0.3 (it tried 0.15-0.3).
-    decoder_mask_rate: fraction of the other wordpieces each decoder row does not see, drawn
-      per row (enhanced decoding); the paper's 0.5 (0.5-0.7 worked best).
-    decoder_predictions: at most this many decoder rows (predicted wordpieces) per block, a
-      uniform sample of a longer block's; None: every wordpiece but [CLS] (the paper). A cost
-      knob: each row is a softmax over the whole vocabulary.
+    encoder_mask_rate: fraction of a block's wordpieces the encoder sees masked (the paper: 0.3).
+    decoder_mask_rate: fraction of the other wordpieces each decoder row does not see (0.5).
+    decoder_predictions: at most this many decoder rows per block, a uniform sample; None:
+      every wordpiece but [CLS] (the paper). A cost knob.
     encoder_loss_weight: weight of the encoder's MLM loss beside the decoder's (the paper: 1).
   """
   encoder_mask_rate: float = 0.3
