@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -249,6 +249,8 @@ class Objective:
     per_token_targets: under pretraining's `marginalization="per_token"`, one row per masked
       token rather than per example (EMDR^2: Atlas's code marginalises per token).
     refusals: {reader: why} said, for a reader it does not serve, instead of the list of names.
+    loss_fn: the loss over rows when every reader's is the same (`staticmethod(pdist_loss)`);
+      a subclass whose loss depends on the reader overrides `loss` instead.
   """
 
   name: str = ""
@@ -258,6 +260,7 @@ class Objective:
   no_temperature: str | None = None
   per_token_targets: bool = False
   refusals: Mapping[str, str] = {}
+  loss_fn: Callable[..., tuple[Array, dict]] | None = None
 
   @property
   def takes_temperature(self) -> bool:
@@ -271,8 +274,11 @@ class Objective:
 
   def loss(self, reader: str, scores: Array, values: Array, weights: Array, *,
            temperature: float) -> tuple[Array, dict]:
-    """`(loss, aux)` over rows (module docstring): `values` [N, K] the reader's `target`."""
-    raise NotImplementedError(f"retriever_objective={self.name!r} has no loss")
+    """`(loss, aux)` over rows (module docstring): `values` [N, K] the reader's `target`. An
+    objective that trains no retriever ('none') has no loss."""
+    if self.loss_fn is None:
+      raise NotImplementedError(f"retriever_objective={self.name!r} has no loss")
+    return self.loss_fn(scores, values, weights, temperature=temperature)
 
 
 _REGISTRY: dict[str, Objective] = {}
@@ -341,10 +347,7 @@ class Marginal(Objective):
   refusals = {FID: "has no counterpart with the FiD reader (its answer loss reads the K blocks "
                    "together, no marginal over blocks): use 'adist', 'emdr2', 'pdist' or "
                    "'loop' to train the question tower, or 'none'"}
-
-  def loss(self, reader, scores, values, weights, *, temperature):
-    del reader
-    return marginal_loss(scores, values, weights, temperature=temperature)
+  loss_fn = staticmethod(marginal_loss)
 
 
 @register
@@ -362,10 +365,7 @@ class Emdr2(Objective):
   name = "emdr2"
   targets = {EXTRACTIVE: Target.LIKELIHOODS, FID: Target.LIKELIHOODS}
   per_token_targets = True
-
-  def loss(self, reader, scores, values, weights, *, temperature):
-    del reader
-    return emdr2_loss(scores, values, weights, temperature=temperature)
+  loss_fn = staticmethod(emdr2_loss)
 
 
 @register
@@ -373,10 +373,7 @@ class Pdist(Objective):
   """Perplexity distillation (`pdist_loss`)."""
   name = "pdist"
   targets = {EXTRACTIVE: Target.LIKELIHOODS, FID: Target.LIKELIHOODS}
-
-  def loss(self, reader, scores, values, weights, *, temperature):
-    del reader
-    return pdist_loss(scores, values, weights, temperature=temperature)
+  loss_fn = staticmethod(pdist_loss)
 
 
 @register
@@ -397,10 +394,7 @@ class Adist(Objective):
   """Attention distillation (`adist_loss`)."""
   name = "adist"
   targets = {EXTRACTIVE: Target.ATTENTION, FID: Target.ATTENTION}
-
-  def loss(self, reader, scores, values, weights, *, temperature):
-    del reader
-    return adist_loss(scores, values, weights, temperature=temperature)
+  loss_fn = staticmethod(adist_loss)
 
 
 @register
@@ -409,10 +403,7 @@ class AnswerBlocks(Objective):
   distribution over the blocks that hold an answer string, a target the batch knows."""
   name = "answer_blocks"
   targets = {FID: Target.ANSWER_BLOCKS}
-
-  def loss(self, reader, scores, values, weights, *, temperature):
-    del reader
-    return pdist_loss(scores, values, weights, temperature=temperature)
+  loss_fn = staticmethod(pdist_loss)
 
 
 def attention_relevance(attention_probs: Sequence[Array], value_norms: Sequence[Array],
