@@ -349,6 +349,9 @@ FINGERPRINT_GINS = ("gin_configs/experiments/toy_*.gin", "gin_configs/runs/*.gin
 # cell, and counting them would make every kept cell again whenever they change.
 FINGERPRINT_EXCLUDED = ("gin_configs/experiments/toy_retro.gin", "gin_configs/runs/retro.gin",
                         "gin_configs/experiments/toy_finetune_fid.gin")
+# Parameters added after cells were kept, at the value that keeps the old computation: left out
+# of the fingerprint at that value (so the kept cells stay valid); any other value enters it.
+INERT_PARAMETERS = {"realm_jax.jobs.pretrain.PretrainJob": {"oracle_blocks": "0"}}
 
 
 def world_options() -> dict:
@@ -397,6 +400,11 @@ def fingerprint(options: dict, *, gins: Sequence[str] = FINGERPRINT_GINS,
       if relative in excluded:
         continue
       bindings = gin_utils.effective_bindings(relative, root=REPO)
+      for configurable, inert in INERT_PARAMETERS.items():
+        values = bindings.get(configurable, {})
+        for name, value in inert.items():
+          if values.get(name) == value:
+            del values[name]
       if any(name.endswith("_main") for name in bindings):
         configured.append(json.dumps(bindings, sort_keys=True))
   digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode())

@@ -23,6 +23,12 @@ evaluation, and the mixed row's fine-tuning of the same pretraining. A cell
 reading of REALM's encoder at the checkpoint it fine-tunes (`toy_bert.measure` on 300 held-out
 test-article sentences).
 
+`--oracle_blocks n` (wiki world): REALM pretrained with n blocks of another article that state
+the masked span first among its candidates (`PretrainJob.oracle_blocks`), in runs
+(`steps<N>_oracle<n>`) and cells (`wiki_<N>_oracle<n>/`) of their own, against the seed's shared
+baseline: whether the encoder learns to read, and the retriever to find, when blocks that can
+help are always there.
+
 The toy world's reading is measured on each seed's REALM pretraining under --out at its last
 checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_reading.json`; at
 1x, where the Table 2 bench keeps cells alone, the pretraining is made again from the seed.
@@ -215,27 +221,40 @@ def wiki_steps(multiple: int, smoke: bool = False) -> int:
   return wiki_runs.recipe_steps("pretrain", smoke) * multiple
 
 
-def wiki_options(multiple: int, smoke: bool = False) -> dict:
+def wiki_options(multiple: int, smoke: bool = False, oracle: int = 0) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the world's options
-  (`wiki_runs.world_options`), the length and the reading's size."""
+  (`wiki_runs.world_options`), the length, the reading's size and the oracle blocks (if any)."""
   return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke),
           "pretrain_steps": wiki_steps(multiple, smoke),
-          "reading_sentences": READING_SENTENCES}
+          "reading_sentences": READING_SENTENCES, **({"oracle_blocks": oracle} if oracle else {})}
 
 
-def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False) -> str:
-  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}", f"seed{seed}.json")
+def variant(oracle: int) -> str:
+  """The suffix of a variant's run and cell directories: "" for REALM, "_oracle<n>" with
+  `PretrainJob.oracle_blocks = n`."""
+  return f"_oracle{oracle}" if oracle else ""
 
 
-def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False):
+def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False,
+                   oracle: int = 0) -> str:
+  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}{variant(oracle)}",
+                      f"seed{seed}.json")
+
+
+def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False,
+                oracle: int = 0):
   """The wiki recipe of one seed and length under `out` (`wiki_runs.recipe`: `seed<s>/steps<N>`,
   1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
-  (REALM's retriever, the BERT reader), as the Table 2 bench names it."""
+  (REALM's retriever, the BERT reader), as the Table 2 bench names it. `oracle`: REALM
+  pretrained with that many blocks stating the masked span first among its candidates
+  (`PretrainJob.oracle_blocks`), in a run of its own."""
   steps = wiki_steps(multiple, smoke)
   ablations.wiki_seed_dir(out, seed, smoke)
-  return wiki_runs.recipe(out, seed, f"steps{steps}", pretrain_steps=steps, smoke=smoke,
-                          **({"finetune_name": MIXED, "finetune_reader": "bert"} if mixed
-                             else {}))
+  kwargs = {"finetune_name": MIXED, "finetune_reader": "bert"} if mixed else {}
+  if oracle:
+    kwargs["pretrain_bindings"] = [f"PretrainJob.oracle_blocks={oracle}"]
+  return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle)}", pretrain_steps=steps,
+                          smoke=smoke, **kwargs)
 
 
 def encoder_reading(run_dir: str, step: int, world: str,
@@ -265,18 +284,20 @@ def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
 
 
 def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
-              make: bool = True, smoke: bool = False) -> dict[str, dict[int, dict]]:
-  """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`)."""
-  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke))
+              make: bool = True, smoke: bool = False, oracle: int = 0
+              ) -> dict[str, dict[int, dict]]:
+  """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`);
+  `oracle`: REALM's rows pretrained with that many oracle blocks (`wiki_recipe`)."""
+  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle))
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
-    path = wiki_cell_path(multiple, seed, cells, smoke)
+    path = wiki_cell_path(multiple, seed, cells, smoke, oracle)
     cell = ablations.load_cell(path, fingerprint)
     if cell is None and make:
       print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps ...",
             flush=True)
       start = time.monotonic()
-      run = wiki_recipe(multiple, seed, out, smoke)
+      run = wiki_recipe(multiple, seed, out, smoke, oracle=oracle)
       summary = run.run()
       step = summary["pretrain_checkpoint"]["step"]
       reading = encoder_reading(run.pretrain, step, "wiki",
@@ -286,7 +307,7 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
     if cell is not None and MIXED not in cell and make:
       print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps: "
             "REALM's retriever with the BERT reader ...", flush=True)
-      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True).run()
+      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True, oracle=oracle).run()
       cell = {**cell, MIXED: {ablations.EM: summary["qa"]["realm"]["exact_match"],
                               ablations.RECALL: summary["recall"]["pretrained"]["recall@5"]},
               "recipe_mixed": summary}
@@ -391,11 +412,19 @@ def main() -> int:
                       help="the wiki world's cells at a tiny size (ICT 8 steps, 1x = 4 "
                            "pretraining steps, fine-tuning 4, reading 16 sentences): the bench "
                            "itself checked; its cells go to --cells, nothing is written")
+  parser.add_argument("--oracle_blocks", type=int, default=0,
+                      help="with --world wiki: REALM pretrained with this many blocks that "
+                           "state the masked span first among its candidates "
+                           "(PretrainJob.oracle_blocks; the experiment that separates retrieval "
+                           "from reading), in runs and cells of its own and a section of its "
+                           "own; the baseline is the seed's shared one")
   args = parser.parse_args()
   if any(m < 1 for m in args.multiples):
     parser.error("--multiples: positive integers")
   if args.smoke and (args.world != "wiki" or args.write or args.cells == CELLS):
     parser.error("--smoke: with --world wiki and a --cells of its own, never --write")
+  if args.oracle_blocks and (args.world != "wiki" or args.oracle_blocks < 0):
+    parser.error("--oracle_blocks: a positive count, with --world wiki")
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
@@ -408,7 +437,8 @@ def main() -> int:
     seeds = tuple(sorted(set(args.seeds))) if args.smoke else seeds_at(multiple, args.seeds)
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
-                                             make=not args.report_only, smoke=args.smoke)
+                                             make=not args.report_only, smoke=args.smoke,
+                                             oracle=args.oracle_blocks)
     else:
       rows = (kept_rows(multiple, seeds, toy_bert, cells) if args.report_only
               else make_rows(multiple, seeds, out, toy_bert, cells))
@@ -423,7 +453,8 @@ def main() -> int:
     for m in rows_by_multiple:
       for seed in seeds_at(m, args.seeds):
         paths.setdefault(seed, []).extend(
-            [wiki_cell_path(m, seed, cells)] if args.world == "wiki" else
+            [wiki_cell_path(m, seed, cells, oracle=args.oracle_blocks)] if args.world == "wiki"
+            else
             [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json") for name in ROWS])
     what = ("REALM's row of bench/ablations.py pretrained for 1x, 4x and 16x the recipe's 400 "
             "steps, the ORQA-style baseline beside it from the same seed's ICT warm start"
@@ -431,7 +462,15 @@ def main() -> int:
             "the wiki recipe (docs/wiki_world.md) with 1x, 4x and 16x its 200 pretraining "
             "steps, the retriever held for the first half of each, the ORQA-style baseline "
             "and its ICT warm start shared by the lengths of a seed")
-    body = (f"`python bench/compute_curve.py --world {args.world} --write` on "
+    flags, title = f"--world {args.world}", SECTIONS[args.world]
+    if args.oracle_blocks:
+      flags += (f" --multiples {' '.join(map(str, sorted(set(args.multiples))))} --seeds "
+                f"{' '.join(map(str, args.seeds))} --oracle_blocks {args.oracle_blocks}")
+      title += f", REALM with {args.oracle_blocks} oracle block{'s' * (args.oracle_blocks > 1)}"
+      what += (f"; REALM pretrained with {args.oracle_blocks} block(s) of another article that "
+               "state the masked span first among its candidates (`PretrainJob.oracle_blocks`, "
+               "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them")
+    body = (f"`python bench/compute_curve.py {flags} --write` on "
             f"{ablations.cells_machines(paths)}: {what}; the warm start, fine-tuning and "
             "evaluation are the recipe's at every length. Differences are REALM minus the "
             "baseline, paired by seed: mean ± standard error (each seed's value). EM and "
@@ -441,9 +480,9 @@ def main() -> int:
     import jax  # pylint: disable=import-outside-toplevel
     device = jax.devices()[0]
     # Cells made on an accelerator get a section of their own, named after it.
-    report.write_section(SECTIONS[args.world], body,
+    report.write_section(title, body,
                          accelerator=None if device.platform == "cpu" else device.device_kind)
-    if device.platform == "cpu":
+    if device.platform == "cpu" and not args.oracle_blocks:
       plot({world: kept_curve(world, cells, toy_bert) for world in ("toy", "wiki")})
       print(f"compute_curve: wrote {os.path.relpath(PLOT, REPO)}")
   return 0

@@ -336,6 +336,8 @@ def test_build_index_settings_are_refused_before_any_wait(tmp_path, capsys, bind
      "retriever_lr_scale must be finite and >= 0"),
     ("toy_pretrain", "PretrainJob.length_bucket=-32",
      "PretrainJob.length_bucket: length_bucket must be an int >= 0"),
+    ("toy_pretrain", "PretrainJob.oracle_blocks=8",
+     "PretrainJob.oracle_blocks=8: expected 0 to the 7 retrieved candidates of num_candidates=8"),
     ("toy_finetune", "FinetuneJob.length_bucket=1.5",
      "FinetuneJob.length_bucket: length_bucket must be an int >= 0"),
     ("toy_finetune", "FinetuneJob.candidates='dense'",

@@ -22,6 +22,7 @@ import numpy as np
 from realm_jax.data import block_store as block_store_lib
 from realm_jax.data.masking import SkipCounter
 from realm_jax.data.vocab import CLS_ID, PAD_ID, SEP_ID
+from realm_jax.batches import stating_blocks
 from realm_jax.batches.seqio_batches import SeqioBatches
 from realm_jax.index.retrieval import Retriever
 
@@ -508,7 +509,8 @@ class PretrainingBatches:
                retriever: RetrieverOrProvider, *,
                num_candidates: int = DEFAULT_NUM_CANDIDATES,
                retrieval_margin: int = 0, duplicates: str = "skip",
-               reader_len: Optional[int] = None, null_document: bool = True):
+               reader_len: Optional[int] = None, null_document: bool = True,
+               oracle_blocks: int = 0):
     """Wraps a masked-query iterator.
 
     Args:
@@ -519,10 +521,12 @@ class PretrainingBatches:
       retrieval_margin: extra neighbours beyond num_candidates (used by duplicates="dedupe" only).
       reader_len: reader row length; default query_len + store.max_block_len.
       num_candidates, duplicates, null_document: as `select_candidates`.
+      oracle_blocks: put up to this many blocks of another document that state the masked span
+        first among each query's retrieved blocks (`stating_blocks`, a diagnostic; 0: off).
     """
-    if num_candidates < 1 or retrieval_margin < 0:
-      raise ValueError(f"need num_candidates >= 1 and retrieval_margin >= 0, got "
-                       f"{num_candidates} and {retrieval_margin}")
+    if num_candidates < 1 or retrieval_margin < 0 or oracle_blocks < 0:
+      raise ValueError(f"need num_candidates >= 1, retrieval_margin >= 0 and oracle_blocks >= 0, "
+                       f"got {num_candidates}, {retrieval_margin} and {oracle_blocks}")
     self.k = int(num_candidates) + int(retrieval_margin) + (0 if null_document else 1)
     self.null_document = bool(null_document)
     if self.k > store.num_blocks:
@@ -538,6 +542,9 @@ class PretrainingBatches:
     self._skips = SkipCounter({reason: 0 for reason in SKIP_REASONS})
     self._examples = 0
     self._last_index_step: Optional[int] = None
+    self.oracle_blocks = int(oracle_blocks)
+    self._stating = stating_blocks.StatingBlocks(store) if oracle_blocks else None
+    self._oracle_rows = 0  # examples that got at least one stating block first
 
   def set_retriever(self, retriever: RetrieverOrProvider) -> None:
     """Retrieve with `retriever` (or the provider's current one) from the next batch on."""
@@ -569,6 +576,10 @@ class PretrainingBatches:
       raise ValueError(f"the retriever of index {retriever.step} returned ids of shape "
                        f"{retrieved_ids.shape}, expected [{masked['query_ids'].shape[0]}, "
                        f"{self.k}]")
+    if self._stating is not None:
+      retrieved_ids, rows = stating_blocks.with_stating_first(self._stating, masked, retrieved_ids,
+                                                              self.oracle_blocks)
+      self._oracle_rows += rows
     batch, skips = build_pretraining_batch(
         self.store, masked, retrieved_ids, index_step=retriever.step,
         num_candidates=self.num_candidates, duplicates=self.duplicates,
@@ -595,6 +606,9 @@ class PretrainingBatches:
     out = {f"retrieval/skipped_{reason}": count for reason, count in self._skips.items()}
     out["retrieval/skipped_fraction"] = (sum(self._skips.values()) / self._examples
                                          if self._examples else 0.0)
+    if self._stating is not None:
+      out["retrieval/oracle_fraction"] = (self._oracle_rows / self._examples
+                                          if self._examples else 0.0)
     return out
 
   def state(self) -> dict[str, Any]:
@@ -605,6 +619,8 @@ class PretrainingBatches:
     state["skip_counts"] = self.skip_counts()
     state["examples"] = self._examples
     state["last_index_step"] = self._last_index_step
+    if self._stating is not None:
+      state["oracle_rows"] = self._oracle_rows
     return state
 
   def restore(self, state: Mapping[str, Any]) -> None:
@@ -613,6 +629,7 @@ class PretrainingBatches:
     skips = state.pop("skip_counts", None)
     examples = state.pop("examples", None)
     last = state.pop("last_index_step", None)
+    self._oracle_rows = int(state.pop("oracle_rows", 0) or 0)
     self.masked.restore(state)
     self._skips = SkipCounter({reason: 0 for reason in SKIP_REASONS})
     for reason, count in (skips or {}).items():

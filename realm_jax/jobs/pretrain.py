@@ -33,12 +33,16 @@ class PretrainJob(IndexJob):
     length_bucket: cut training reader rows to a multiple of this many wordpieces (0: off).
     retriever_objective: "marginal" (REALM) or Atlas's "emdr2", "pdist", "loop", "adist" (the
       reader keeps the marginal MLM loss with the scores held fixed).
+    oracle_blocks: a diagnostic, 0 in REALM: up to this many blocks of another document that
+      state the masked span go first among each query's candidates
+      (`realm_jax.batches.stating_blocks`), whatever the retriever ranks.
   """
   pretrain_records: Optional[str] = None
   num_candidates: int = 8
   null_document: bool = True
   eval_batches: int = 4
   length_bucket: int = 0
+  oracle_blocks: int = 0
 
   name = "pretrain"
 
@@ -51,6 +55,11 @@ class PretrainJob(IndexJob):
       raise ConfigError(f"PretrainJob.length_bucket: {e}") from e
     self.register_corpus(pretrain_records=self.pretrain_records)
     self.check_task_prefix("realm_")
+    real_candidates = self.num_candidates - (1 if self.null_document else 0)
+    if not 0 <= self.oracle_blocks <= real_candidates:
+      raise ConfigError(f"PretrainJob.oracle_blocks={self.oracle_blocks}: expected 0 to the "
+                        f"{real_candidates} retrieved candidates of num_candidates="
+                        f"{self.num_candidates}")
     self.open_store()
 
   def build_model(self, ctx: RunContext) -> Any:
@@ -69,7 +78,8 @@ class PretrainJob(IndexJob):
         feature_keys=pretraining_batches.MASKED_QUERY_KEYS, **masked_options)
     return pretraining_batches.PretrainingBatches(masked, self.store, retriever=retriever,
                                                   num_candidates=self.num_candidates,
-                                                  null_document=self.null_document)
+                                                  null_document=self.null_document,
+                                                  oracle_blocks=self.oracle_blocks)
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
     return global_spec(self._batches(ctx).element_spec(), ctx.global_batch)

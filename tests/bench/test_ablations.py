@@ -632,3 +632,22 @@ def test_the_wiki_table_runs_each_rows_recipe_once_and_keeps_its_cells(tmp_path,
   assert not made
   assert {name: c[0]["qa_em"] for name, c in again.items()} == {
       name: c[0]["qa_em"] for name, c in rows.items()}
+
+
+def test_a_parameter_added_at_its_inert_value_keeps_the_fingerprint(tmp_path, monkeypatch):
+  experiments = tmp_path / "repo" / "gin_configs" / "experiments"
+  experiments.mkdir(parents=True)
+  pretrain = "train_main.num_steps = 200\nPretrainJob.num_candidates = 8\n"
+  (experiments / "toy_pretrain.gin").write_text(pretrain)
+  monkeypatch.setattr(ablations, "REPO", str(tmp_path / "repo"))
+  inert = ablations.fingerprint({})
+  (experiments / "toy_pretrain.gin").write_text(pretrain + "PretrainJob.oracle_blocks = 0\n")
+  assert ablations.fingerprint({}) == inert
+  # Without the entry the default enters the fingerprint: cells kept before the parameter
+  # existed would all be made again.
+  monkeypatch.setattr(ablations, "INERT_PARAMETERS", {})
+  assert ablations.fingerprint({}) != inert
+  monkeypatch.undo()
+  monkeypatch.setattr(ablations, "REPO", str(tmp_path / "repo"))
+  (experiments / "toy_pretrain.gin").write_text(pretrain + "PretrainJob.oracle_blocks = 1\n")
+  assert ablations.fingerprint({}) != inert  # any other value is another computation

@@ -107,6 +107,18 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   mixed = compute_curve.wiki_recipe(1, 3, str(tmp_path), mixed=True)
   assert mixed.pretrain == one.pretrain and mixed.finetune_reader == "bert"
   assert mixed.finetune == str(tmp_path / "seed3" / "steps200" / compute_curve.MIXED)
+  # The oracle variant: REALM's pretraining in a run of its own, with the seed's baseline.
+  oracle = compute_curve.wiki_recipe(1, 3, str(tmp_path), oracle=2)
+  assert oracle.pretrain == str(tmp_path / "seed3" / "steps200_oracle2" / "pretrain")
+  assert "PretrainJob.oracle_blocks=2" in oracle.pretrain_bindings
+  assert "PretrainJob.oracle_blocks=2" not in one.pretrain_bindings
+  assert oracle.orqa == one.orqa and oracle.ict == one.ict
+  oracle_mixed = compute_curve.wiki_recipe(1, 3, str(tmp_path), mixed=True, oracle=2)
+  assert oracle_mixed.pretrain == oracle.pretrain and oracle_mixed.finetune_reader == "bert"
+  assert compute_curve.wiki_cell_path(1, 3, "/c", oracle=2) == "/c/wiki_200_oracle2/seed3.json"
+  assert compute_curve.wiki_cell_path(1, 3, "/c") == "/c/wiki_200/seed3.json"
+  assert compute_curve.wiki_options(1, oracle=2) == {**compute_curve.wiki_options(1),
+                                                     "oracle_blocks": 2}
 
 
 def test_a_toy_realm_cell_takes_its_seeds_reading_and_the_table_counts_them():
@@ -165,9 +177,11 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
       made.append(self.mixed)
       return summary
 
-  monkeypatch.setattr(compute_curve, "wiki_options", lambda multiple, smoke=False: {"m": multiple})
+  monkeypatch.setattr(compute_curve, "wiki_options",
+                      lambda multiple, smoke=False, oracle=0: {"m": multiple})
   monkeypatch.setattr(compute_curve, "wiki_recipe",
-                      lambda multiple, seed, out, smoke=False, mixed=False: FakeRecipe(mixed))
+                      lambda multiple, seed, out, smoke=False, mixed=False, oracle=0:
+                      FakeRecipe(mixed))
   fingerprint = ablations.fingerprint({"m": 1})
   path = compute_curve.wiki_cell_path(1, 0, str(tmp_path))
   ablations.save_cell(path, {"realm": _cell(0.04, 0.17), "orqa": _cell(0.03, 0.17)}, fingerprint)
