@@ -467,6 +467,8 @@ def main() -> int:
       flags += (f" --multiples {' '.join(map(str, sorted(set(args.multiples))))} --seeds "
                 f"{' '.join(map(str, args.seeds))} --oracle_blocks {args.oracle_blocks}")
       title += f", REALM with {args.oracle_blocks} oracle block{'s' * (args.oracle_blocks > 1)}"
+      lengths = ", ".join(f"{m}x" for m in sorted(set(args.multiples)))
+      what = what.replace("1x, 4x and 16x", lengths).replace("the lengths of a seed", "a seed")
       what += (f"; REALM pretrained with {args.oracle_blocks} block(s) of another article that "
                "state the masked span first among its candidates (`PretrainJob.oracle_blocks`, "
                "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them")
