@@ -456,19 +456,21 @@ def main() -> int:
             [wiki_cell_path(m, seed, cells, oracle=args.oracle_blocks)] if args.world == "wiki"
             else
             [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json") for name in ROWS])
-    what = ("REALM's row of bench/ablations.py pretrained for 1x, 4x and 16x the recipe's 400 "
+    # The standard sections name the axis; a variant names the lengths it measured.
+    lengths = ("1x, 4x and 16x" if not args.oracle_blocks else
+               ", ".join(f"{m}x" for m in sorted(set(args.multiples))))
+    what = (f"REALM's row of bench/ablations.py pretrained for {lengths} the recipe's 400 "
             "steps, the ORQA-style baseline beside it from the same seed's ICT warm start"
             if args.world == "toy" else
-            "the wiki recipe (docs/wiki_world.md) with 1x, 4x and 16x its 200 pretraining "
+            f"the wiki recipe (docs/wiki_world.md) with {lengths} its 200 pretraining "
             "steps, the retriever held for the first half of each, the ORQA-style baseline "
-            "and its ICT warm start shared by the lengths of a seed")
+            "and its ICT warm start shared by "
+            + ("a seed" if args.oracle_blocks else "the lengths of a seed"))
     flags, title = f"--world {args.world}", SECTIONS[args.world]
     if args.oracle_blocks:
       flags += (f" --multiples {' '.join(map(str, sorted(set(args.multiples))))} --seeds "
                 f"{' '.join(map(str, args.seeds))} --oracle_blocks {args.oracle_blocks}")
       title += f", REALM with {args.oracle_blocks} oracle block{'s' * (args.oracle_blocks > 1)}"
-      lengths = ", ".join(f"{m}x" for m in sorted(set(args.multiples)))
-      what = what.replace("1x, 4x and 16x", lengths).replace("the lengths of a seed", "a seed")
       what += (f"; REALM pretrained with {args.oracle_blocks} block(s) of another article that "
                "state the masked span first among its candidates (`PretrainJob.oracle_blocks`, "
                "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them")

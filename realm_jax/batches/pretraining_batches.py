@@ -543,7 +543,7 @@ class PretrainingBatches:
     self._examples = 0
     self._last_index_step: Optional[int] = None
     self.oracle_blocks = int(oracle_blocks)
-    self._stating = stating_blocks.StatingBlocks(store) if oracle_blocks else None
+    self._stating = stating_blocks.lookup(store) if oracle_blocks else None
     self._oracle_rows = 0  # examples that got at least one stating block first
 
   def set_retriever(self, retriever: RetrieverOrProvider) -> None:

@@ -9,6 +9,7 @@ list, does the encoder learn to read them, and does retrieval utility rise?
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -75,6 +76,13 @@ class StatingBlocks:
     if source_doc is not None:
       found = found[self.doc_ids[found] != source_doc]
     return found[np.argsort(self.uids[found], kind="stable")]
+
+
+@functools.lru_cache(maxsize=1)
+def lookup(store: block_store_lib.BlockStore) -> StatingBlocks:
+  """The `StatingBlocks` of `store`, built once: a job makes a new batch iterator for each
+  checkpoint's evaluation over the same store."""
+  return StatingBlocks(store)
 
 
 def masked_phrase(positions: np.ndarray, targets: np.ndarray, weights: np.ndarray
