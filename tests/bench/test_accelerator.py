@@ -32,6 +32,12 @@ def test_the_step_table():
       "| 8 | 0.500 | 0.800 | 10.0 | 21% |", "| 64 | - | - | - | - |"]
 
 
+def test_the_smoke_gets_a_cpus_budget_unless_one_is_given():
+  assert accelerator.parse_args([]).budget_s == 520.0
+  assert accelerator.parse_args(["--smoke"]).budget_s == 1500.0
+  assert accelerator.parse_args(["--smoke", "--budget_s", "300"]).budget_s == 300.0
+
+
 def test_a_part_starts_only_with_its_time_left(capsys):
   budget = accelerator.Budget(100.0)
   assert budget.allows("step") and not budget.allows("curve")
