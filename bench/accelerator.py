@@ -66,9 +66,10 @@ def device_kind() -> str:
 def rehearsal_args(batch_size: int, json_path: str, work: str, seconds: float, blocks: int,
                    smoke: bool) -> list[str]:
   """bench/paper_rehearsal.py's command line for one batch size."""
-  # Checkpoints every 30 steps with a record every 10: intervals of the step alone.
-  size = (["--size", "tiny", "--blocks", "2000", "--matmul_n", "256", "--checkpoint_every", "30"]
-          if smoke else ["--blocks", str(blocks)])
+  # The smoke: checkpoints every 30 steps and a record every 2, so that a slow CPU still gives
+  # the analysis its 3 records.
+  size = (["--size", "tiny", "--blocks", "2000", "--matmul_n", "256", "--checkpoint_every", "30",
+           "--log_every", "2"] if smoke else ["--blocks", str(blocks)])
   return [sys.executable, os.path.join(REPO, "bench", "paper_rehearsal.py"), "--work", work,
           "--json", json_path, "--batch_size", str(batch_size), "--seconds", str(int(seconds)),
           "--dtype", "bfloat16", *size]

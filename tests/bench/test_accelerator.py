@@ -23,6 +23,7 @@ def test_the_rehearsal_runs_base_in_bfloat16_and_tiny_for_the_smoke():
   smoke = accelerator.rehearsal_args(2, "/o/j", "/o/w", 60, 100_000, smoke=True)
   assert smoke[smoke.index("--size") + 1] == "tiny"
   assert smoke[smoke.index("--blocks") + 1] == "2000"
+  assert smoke[smoke.index("--log_every") + 1] == "2"
 
 
 def test_the_step_table():
