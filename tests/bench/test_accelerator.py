@@ -33,10 +33,13 @@ def test_the_step_table():
       "| 8 | 0.500 | 0.800 | 10.0 | 21% |", "| 64 | - | - | - | - |"]
 
 
-def test_the_smoke_gets_a_cpus_budget_unless_one_is_given():
+def test_the_smoke_gets_a_cpus_budget_and_batches_unless_they_are_given():
   assert accelerator.parse_args([]).budget_s == 520.0
-  assert accelerator.parse_args(["--smoke"]).budget_s == 1500.0
-  assert accelerator.parse_args(["--smoke", "--budget_s", "300"]).budget_s == 300.0
+  assert tuple(accelerator.parse_args([]).batch_sizes) == (8, 32, 64)
+  smoke = accelerator.parse_args(["--smoke"])
+  assert (smoke.budget_s, tuple(smoke.batch_sizes)) == (1500.0, (2, 4, 8))
+  given = accelerator.parse_args(["--smoke", "--budget_s", "300", "--batch_sizes", "16"])
+  assert (given.budget_s, given.batch_sizes) == (300.0, [16])
 
 
 def test_a_part_starts_only_with_its_time_left(capsys):
