@@ -1,7 +1,7 @@
 r"""What only an accelerator measures, in one call of the lent device: the script it runs.
 
   python bench/accelerator.py [--budget_s 520] [--write]     # on a GPU, in one call
-  python bench/accelerator.py --smoke                        # the script itself, on a CPU (1500 s)
+  python bench/accelerator.py --smoke                        # the script, on a CPU (1500 s)
 
 Two parts, in this order, each started only while its share of --budget_s is left (a part it
 skips is named, with the time that was left):
@@ -18,8 +18,8 @@ skips is named, with the time that was left):
 
 --write replaces the script's sections of bench/docs/benchmarks.md, each named after the device.
 --smoke runs both parts at a tiny size wherever it is (paper_rehearsal --size tiny on 2,000
-blocks at batches 2, 4 and 8; compute_curve --smoke), writes nothing and keeps its cells under --out, so that the
-device's minutes go to measuring.
+blocks at batches 2, 4 and 8; compute_curve --smoke), writes nothing and keeps its cells under
+--out, so that the device's minutes go to measuring.
 """
 
 from __future__ import annotations
