@@ -351,7 +351,9 @@ FINGERPRINT_EXCLUDED = ("gin_configs/experiments/toy_retro.gin", "gin_configs/ru
                         "gin_configs/experiments/toy_finetune_fid.gin")
 # Parameters added after cells were kept, at the value that keeps the old computation: left out
 # of the fingerprint at that value (so the kept cells stay valid); any other value enters it.
-INERT_PARAMETERS = {"realm_jax.jobs.pretrain.PretrainJob": {"oracle_blocks": "0"}}
+INERT_PARAMETERS = {"realm_jax.jobs.pretrain.PretrainJob": {"oracle_blocks": "0"},
+                    **{f"realm_jax.jobs.{job}": {"shuffle_buffer": "None"}
+                       for job in ("mlm.MlmJob", "ict.IctJob", "ict.ContrieverJob")}}
 
 
 def world_options() -> dict:

@@ -490,6 +490,25 @@ def test_a_length_bucket_cuts_the_training_batches_reader_rows(job_class, task, 
   assert cut_spec == plain_spec
 
 
+@pytest.mark.parametrize("job_class,task", [("MlmJob", "mlm_toy_reading"), ("IctJob", "ict_toy")])
+def test_a_seqio_jobs_shuffle_buffer_reaches_its_batches(job_class, task, tmp_path):
+  """`shuffle_buffer` sizes the job's `SeqioBatches` shuffle buffer; unset, the iterator's own
+  default of 10,000 examples."""
+  # pylint: disable=import-outside-toplevel
+  from realm_jax.jobs.base import RunContext
+  from realm_jax.training import partitioning
+  config = config_lib.RealmConfig(bert=config_lib.tiny_bert(), proj_size=8)
+  ctx = RunContext(run_dir=str(tmp_path), model_config=config, batch_size=2, global_batch=2,
+                   seed=0, mesh=partitioning.make_mesh(-1, 1), rules=partitioning.DEFAULT_RULES,
+                   init_checkpoint=None)
+  sizes = []
+  for shuffle_buffer in (None, 7):
+    job = getattr(jobs, job_class)(task=task, shuffle_buffer=shuffle_buffer)
+    job.configure(ctx)
+    sizes.append(job.build_batches(ctx, job.build_model(ctx)).shuffle_buffer_size)
+  assert sizes == [10_000, 7]
+
+
 @pytest.mark.parametrize("peft,expected", [
     ("lora", "LoRA r 8 alpha 16 on query/value"), ("adapters", "adapters of 64")])
 def test_parameter_efficient_fine_tuning_dry_run(peft, expected, tmp_path, capsys):

@@ -70,7 +70,8 @@ def test_reading_accuracy_counts_argmax_hits_per_wordpiece_and_per_span():
 def test_build_writes_the_trained_encoder_as_a_bert_for_masked_lm(tmp_path, clean_gin, capsys):
   out = str(tmp_path / "toy_bert")
   toy_bert.build(str(tmp_path / "work"), out, steps=2, copy_steps=2, distract_steps=2,
-                 bindings=["--gin.BATCH_SIZE=8", "--gin.train_main.checkpoint_every=2"])
+                 bindings=["--gin.BATCH_SIZE=8", "--gin.train_main.checkpoint_every=2",
+                           "--gin.MlmJob.shuffle_buffer=64"])
   # Each phase continued from the last checkpoint of the one before.
   copied = tmp_path / "work" / "copy" / "checkpoints" / "2"
   read = tmp_path / "work" / "run" / "checkpoints" / "2"

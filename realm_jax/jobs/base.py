@@ -187,15 +187,23 @@ class Job:
 class SeqioJob(Job):
   """A job whose batches are a seqio task's examples as they are (`SeqioBatches`): the task's
   features named by `feature_keys` (a key tuple of `realm_jax.batches.seqio_batches`) are its
-  batch schema."""
+  batch schema.
+
+  Attributes:
+    shuffle_buffer: examples in the shuffle buffer (None: `SeqioBatches`' default, 10,000),
+      filled before the first batch; a smaller one starts sooner and shuffles less.
+  """
+  shuffle_buffer: Optional[int] = None
 
   feature_keys = ""
 
   def _seqio(self, ctx: RunContext) -> Any:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
     from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
+    buffer = {} if self.shuffle_buffer is None else {"shuffle_buffer_size": self.shuffle_buffer}
     return seqio_batches.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
-                                      feature_keys=getattr(seqio_batches, self.feature_keys))
+                                      feature_keys=getattr(seqio_batches, self.feature_keys),
+                                      **buffer)
 
   def abstract_batch(self, ctx: RunContext, model: Any) -> dict[str, Any]:
     return global_spec(self._seqio(ctx).element_spec(), ctx.global_batch)
