@@ -1297,7 +1297,7 @@ def generate(seed: int = DEFAULT_SEED, *, scale: float = 1.0, num_people: int | 
   wordpieces = vocab.default_vocabulary()
   names = _NameMaker(_stage_rng(seed, "names"), _vocabulary_words() | frozenset(_REAL_WORDS),
                      reserved=reserved_names,
-                     num_pieces=lambda word: len(wordpieces.tokenize_with_offsets(word)[0]))
+                     num_pieces=wordpieces.num_pieces)
   regions, towns = _make_places(_stage_rng(seed, "places"), names, num_places)
   people = _make_people(_stage_rng(seed, "people"), names, num_people, towns)
   organizations = _make_organizations(_stage_rng(seed, "organizations"), names, num_organizations,

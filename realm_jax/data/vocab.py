@@ -521,6 +521,14 @@ class WordPieceVocabulary:
         pass  # lone surrogates: whatever the reference does (it raises)
     return TokenizedBatch.from_texts([self._tokenize_python(t) for t in texts])
 
+  def num_pieces(self, word: str) -> int:
+    """How many wordpieces `word` becomes: `tokenize_with_offsets`' count, an ASCII letter or
+    digit run by the reference's cached WordPiece (no call into a compiled backend, whose
+    per-call cost dominates for one word)."""
+    if word.isascii() and word.isalnum():
+      return len(self._word_cache(word.lower()))
+    return len(self.tokenize_with_offsets(word)[0])
+
   def encode(self, text: str) -> list[int]:
     """WordPiece ids of `text` (no [CLS]/[SEP])."""
     if self.backend == "python":

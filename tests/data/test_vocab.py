@@ -380,3 +380,20 @@ def test_cached_backend_is_safe_across_threads(backends):
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     got = list(pool.map(cached.tokenize_with_offsets, texts))
   assert got == expected
+
+
+def test_num_pieces_counts_the_references_wordpieces(backends):
+  """`num_pieces` (a shortcut for ASCII words) against the length of the reference's
+  tokenization: toy-world-like names, mixed case and digits, accents, a letter NFD keeps
+  (ø), punctuation, spaces, the empty word and one over the unknown-word length."""
+  reference, compiled = backends
+  rng = np.random.default_rng(0)
+  letters = list("abcdefghijklmnopqrstuvwxyz")
+  words = ["".join(rng.choice(letters, size=rng.integers(3, 12))).capitalize()
+           for _ in range(300)]
+  words += ["Brannik", "JAERNRAE", "abc123", "1999", "Vésø", "Øster", "naïve", "don't", "a b",
+            "", "x" * (vocab_lib.MAX_CHARS_PER_WORD + 1), *HARD]
+  for backend in (reference, *compiled.values()):
+    for word in words:
+      assert backend.num_pieces(word) == len(reference.tokenize_with_offsets(word)[0]), (
+          backend.backend, ascii(word))
