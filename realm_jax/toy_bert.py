@@ -64,15 +64,19 @@ def heldout_world(world: str = "toy", seed: Optional[int] = None) -> tuple[str, 
 
 
 def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
-                     context: str = "own", world: str = "toy") -> dict[str, np.ndarray]:
-  """`num_examples` salient-span reading examples of the held-out sentences, stacked.
+                     context: str = "own", world: str = "toy",
+                     strategy: str = "salient_span") -> dict[str, np.ndarray]:
+  """`num_examples` reading examples of the held-out sentences, stacked.
 
   Args:
     num_examples: how many (the first passages of the world, one masked span each).
     seed: the toy reading world (`heldout_world`).
-    context: "own" (the block stating the span), "distractor" (another document's block) or
-      "null" (no block); the same masked sentences in each.
+    context: "own" (the block stating the span), "distractor" (another document's block),
+      "null" (no block) or "copy" (the sentence's verbatim repeat, then its block); the same
+      masked sentences in each.
     world: "toy" or "wiki" (`heldout_world`).
+    strategy: the masking, one salient span ("salient_span") or BERT's random tokens
+      ("random_token").
 
   Returns:
     input_ids, type_ids, input_mask [N, READER_LEN]; mlm_positions, mlm_targets, mlm_weights
@@ -90,7 +94,7 @@ def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
       break
     example = reading.make_reading_example(
         record, store, title_blocks, rng=np.random.default_rng([index]), query_len=QUERY_LEN,
-        reader_len=READER_LEN, max_masks=MAX_MASKS, strategy="salient_span", context=context)
+        reader_len=READER_LEN, max_masks=MAX_MASKS, strategy=strategy, context=context)
     if example is not None:
       examples.append(example)
   if len(examples) < num_examples:
