@@ -27,7 +27,10 @@ test-article sentences).
 the masked span first among its candidates (`PretrainJob.oracle_blocks`), in runs
 (`steps<N>_oracle<n>`) and cells (`wiki_<N>_oracle<n>/`) of their own, against the seed's shared
 baseline: whether the encoder learns to read, and the retriever to find, when blocks that can
-help are always there.
+help are always there. `--encoder_lr x` (wiki world): REALM's encoder pretrained at peak learning
+rate x instead of the recipe's 3e-4, its retriever's rate kept (`retriever_lr_scale` scaled to
+match), in runs (`steps<N>_enclr<x>`) and cells (`wiki_<N>_enclr<x>/`) of their own: whether an
+encoder that keeps more of the BERT's copying (bench/copy_circuit.py) lets REALM gain.
 
 The toy world's reading is measured on each seed's REALM pretraining under --out at its last
 checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_reading.json`; at
@@ -74,6 +77,9 @@ READING = ("with_context", "without_context", "with_distractor")
 PLOT = os.path.join(REPO, "bench", "docs", "compute_curve.png")
 SECTIONS = {world: f"REALM against the ORQA-style baseline as pretraining grows ({world} world)"
             for world in ("toy", "wiki")}
+# experiments/toy_pretrain.gin's peak learning rate and retriever scale, which the wiki recipe
+# pretrains with (tests/bench/test_compute_curve.py reads them from the gin).
+PRETRAIN_LR, RETRIEVER_LR_SCALE = 3e-4, 0.3
 
 
 def steps_of(multiple: int) -> int:
@@ -221,40 +227,55 @@ def wiki_steps(multiple: int, smoke: bool = False) -> int:
   return wiki_runs.recipe_steps("pretrain", smoke) * multiple
 
 
-def wiki_options(multiple: int, smoke: bool = False, oracle: int = 0) -> dict:
+def wiki_options(multiple: int, smoke: bool = False, oracle: int = 0,
+                 encoder_lr: Optional[float] = None) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the world's options
-  (`wiki_runs.world_options`), the length, the reading's size and the oracle blocks (if any)."""
+  (`wiki_runs.world_options`), the length, the reading's size, and the oracle blocks and the
+  encoder's learning rate (if set)."""
   return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke),
           "pretrain_steps": wiki_steps(multiple, smoke),
-          "reading_sentences": READING_SENTENCES, **({"oracle_blocks": oracle} if oracle else {})}
+          "reading_sentences": READING_SENTENCES, **({"oracle_blocks": oracle} if oracle else {}),
+          **({"encoder_lr": encoder_lr} if encoder_lr else {})}
 
 
-def variant(oracle: int) -> str:
+def variant(oracle: int, encoder_lr: Optional[float] = None) -> str:
   """The suffix of a variant's run and cell directories: "" for REALM, "_oracle<n>" with
-  `PretrainJob.oracle_blocks = n`."""
-  return f"_oracle{oracle}" if oracle else ""
+  `PretrainJob.oracle_blocks = n`, "_enclr<x>" with the encoder's peak learning rate x."""
+  return (f"_oracle{oracle}" if oracle else "") + (f"_enclr{encoder_lr:g}" if encoder_lr else "")
+
+
+def encoder_lr_bindings(encoder_lr: float) -> list[str]:
+  """The pretraining's peak learning rate `encoder_lr`, the retriever's scale changed so that its
+  own peak rate stays the recipe's (PRETRAIN_LR x RETRIEVER_LR_SCALE)."""
+  from realm_jax import gin_utils  # pylint: disable=import-outside-toplevel
+  return [gin_utils.binding("LEARNING_RATE", encoder_lr),
+          gin_utils.binding("PretrainJob.retriever_lr_scale",  # 12 digits: no 2.9999999999999996
+                            float(f"{PRETRAIN_LR * RETRIEVER_LR_SCALE / encoder_lr:.12g}"))]
 
 
 def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False,
-                   oracle: int = 0) -> str:
-  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}{variant(oracle)}",
+                   oracle: int = 0, encoder_lr: Optional[float] = None) -> str:
+  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}{variant(oracle, encoder_lr)}",
                       f"seed{seed}.json")
 
 
 def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False,
-                oracle: int = 0):
+                oracle: int = 0, encoder_lr: Optional[float] = None):
   """The wiki recipe of one seed and length under `out` (`wiki_runs.recipe`: `seed<s>/steps<N>`,
   1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
   (REALM's retriever, the BERT reader), as the Table 2 bench names it. `oracle`: REALM
   pretrained with that many blocks stating the masked span first among its candidates
-  (`PretrainJob.oracle_blocks`), in a run of its own."""
+  (`PretrainJob.oracle_blocks`), in a run of its own; `encoder_lr`: REALM's encoder at that
+  peak learning rate, the retriever's kept (`encoder_lr_bindings`), in a run of its own."""
   steps = wiki_steps(multiple, smoke)
   ablations.wiki_seed_dir(out, seed, smoke)
   kwargs = {"finetune_name": MIXED, "finetune_reader": "bert"} if mixed else {}
-  if oracle:
-    kwargs["pretrain_bindings"] = [f"PretrainJob.oracle_blocks={oracle}"]
-  return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle)}", pretrain_steps=steps,
-                          smoke=smoke, **kwargs)
+  pretrain_bindings = ([f"PretrainJob.oracle_blocks={oracle}"] if oracle else []) + (
+      encoder_lr_bindings(encoder_lr) if encoder_lr else [])
+  if pretrain_bindings:
+    kwargs["pretrain_bindings"] = pretrain_bindings
+  return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle, encoder_lr)}",
+                          pretrain_steps=steps, smoke=smoke, **kwargs)
 
 
 def encoder_reading(run_dir: str, step: int, world: str,
@@ -284,20 +305,21 @@ def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
 
 
 def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
-              make: bool = True, smoke: bool = False, oracle: int = 0
-              ) -> dict[str, dict[int, dict]]:
+              make: bool = True, smoke: bool = False, oracle: int = 0,
+              encoder_lr: Optional[float] = None) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`);
-  `oracle`: REALM's rows pretrained with that many oracle blocks (`wiki_recipe`)."""
-  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle))
+  `oracle`, `encoder_lr`: REALM's rows pretrained as `wiki_recipe` says."""
+  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle, encoder_lr))
+  variant_kwargs = {"oracle": oracle, **({"encoder_lr": encoder_lr} if encoder_lr else {})}
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
-    path = wiki_cell_path(multiple, seed, cells, smoke, oracle)
+    path = wiki_cell_path(multiple, seed, cells, smoke, **variant_kwargs)
     cell = ablations.load_cell(path, fingerprint)
     if cell is None and make:
       print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps ...",
             flush=True)
       start = time.monotonic()
-      run = wiki_recipe(multiple, seed, out, smoke, oracle=oracle)
+      run = wiki_recipe(multiple, seed, out, smoke, **variant_kwargs)
       summary = run.run()
       step = summary["pretrain_checkpoint"]["step"]
       reading = encoder_reading(run.pretrain, step, "wiki",
@@ -307,7 +329,7 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
     if cell is not None and MIXED not in cell and make:
       print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps: "
             "REALM's retriever with the BERT reader ...", flush=True)
-      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True, oracle=oracle).run()
+      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True, **variant_kwargs).run()
       cell = {**cell, MIXED: {ablations.EM: summary["qa"]["realm"]["exact_match"],
                               ablations.RECALL: summary["recall"]["pretrained"]["recall@5"]},
               "recipe_mixed": summary}
@@ -418,6 +440,10 @@ def main() -> int:
                            "(PretrainJob.oracle_blocks; the experiment that separates retrieval "
                            "from reading), in runs and cells of its own and a section of its "
                            "own; the baseline is the seed's shared one")
+  parser.add_argument("--encoder_lr", type=float, default=None,
+                      help="with --world wiki: REALM's encoder pretrained at this peak learning "
+                           f"rate (the recipe's: {PRETRAIN_LR:g}), the retriever's rate kept, in "
+                           "runs and cells of its own and a section of its own")
   args = parser.parse_args()
   if any(m < 1 for m in args.multiples):
     parser.error("--multiples: positive integers")
@@ -425,6 +451,11 @@ def main() -> int:
     parser.error("--smoke: with --world wiki and a --cells of its own, never --write")
   if args.oracle_blocks and (args.world != "wiki" or args.oracle_blocks < 0):
     parser.error("--oracle_blocks: a positive count, with --world wiki")
+  if args.encoder_lr is not None and (args.world != "wiki" or not args.encoder_lr > 0):
+    parser.error("--encoder_lr: a positive learning rate, with --world wiki")
+  variant_kwargs = {"oracle": args.oracle_blocks,
+                    **({"encoder_lr": args.encoder_lr} if args.encoder_lr else {})}
+  is_variant = bool(args.oracle_blocks or args.encoder_lr)
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
@@ -438,7 +469,7 @@ def main() -> int:
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
                                              make=not args.report_only, smoke=args.smoke,
-                                             oracle=args.oracle_blocks)
+                                             **variant_kwargs)
     else:
       rows = (kept_rows(multiple, seeds, toy_bert, cells) if args.report_only
               else make_rows(multiple, seeds, out, toy_bert, cells))
@@ -453,11 +484,11 @@ def main() -> int:
     for m in rows_by_multiple:
       for seed in seeds_at(m, args.seeds):
         paths.setdefault(seed, []).extend(
-            [wiki_cell_path(m, seed, cells, oracle=args.oracle_blocks)] if args.world == "wiki"
+            [wiki_cell_path(m, seed, cells, **variant_kwargs)] if args.world == "wiki"
             else
             [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json") for name in ROWS])
     # The standard sections name the axis; a variant names the lengths it measured.
-    lengths = ("1x, 4x and 16x" if not args.oracle_blocks else
+    lengths = ("1x, 4x and 16x" if not is_variant else
                ", ".join(f"{m}x" for m in sorted(set(args.multiples))))
     what = (f"REALM's row of bench/ablations.py pretrained for {lengths} the recipe's 400 "
             "steps, the ORQA-style baseline beside it from the same seed's ICT warm start"
@@ -465,15 +496,24 @@ def main() -> int:
             f"the wiki recipe (docs/wiki_world.md) with {lengths} its 200 pretraining "
             "steps, the retriever held for the first half of each, the ORQA-style baseline "
             "and its ICT warm start shared by "
-            + ("a seed" if args.oracle_blocks else "the lengths of a seed"))
+            + ("a seed" if is_variant else "the lengths of a seed"))
     flags, title = f"--world {args.world}", SECTIONS[args.world]
-    if args.oracle_blocks:
+    if is_variant:
       flags += (f" --multiples {' '.join(map(str, sorted(set(args.multiples))))} --seeds "
-                f"{' '.join(map(str, args.seeds))} --oracle_blocks {args.oracle_blocks}")
+                f"{' '.join(map(str, args.seeds))}")
+    if args.oracle_blocks:
+      flags += f" --oracle_blocks {args.oracle_blocks}"
       title += f", REALM with {args.oracle_blocks} oracle block{'s' * (args.oracle_blocks > 1)}"
       what += (f"; REALM pretrained with {args.oracle_blocks} block(s) of another article that "
                "state the masked span first among its candidates (`PretrainJob.oracle_blocks`, "
                "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them")
+    if args.encoder_lr:
+      flags += f" --encoder_lr {args.encoder_lr:g}"
+      title += f", REALM's encoder at learning rate {args.encoder_lr:g}"
+      what += (f"; REALM's encoder pretrained at peak learning rate {args.encoder_lr:g} (the "
+               f"recipe's {PRETRAIN_LR:g}), its retriever's rate kept "
+               f"({PRETRAIN_LR * RETRIEVER_LR_SCALE:g}: `PretrainJob.retriever_lr_scale` "
+               f"{PRETRAIN_LR * RETRIEVER_LR_SCALE / args.encoder_lr:g})")
     body = (f"`python bench/compute_curve.py {flags} --write` on "
             f"{ablations.cells_machines(paths)}: {what}; the warm start, fine-tuning and "
             "evaluation are the recipe's at every length. Differences are REALM minus the "
@@ -486,7 +526,7 @@ def main() -> int:
     # Cells made on an accelerator get a section of their own, named after it.
     report.write_section(title, body,
                          accelerator=None if device.platform == "cpu" else device.device_kind)
-    if device.platform == "cpu" and not args.oracle_blocks:
+    if device.platform == "cpu" and not is_variant:
       plot({world: kept_curve(world, cells, toy_bert) for world in ("toy", "wiki")})
       print(f"compute_curve: wrote {os.path.relpath(PLOT, REPO)}")
   return 0

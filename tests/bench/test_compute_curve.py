@@ -119,6 +119,32 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   assert compute_curve.wiki_cell_path(1, 3, "/c") == "/c/wiki_200/seed3.json"
   assert compute_curve.wiki_options(1, oracle=2) == {**compute_curve.wiki_options(1),
                                                      "oracle_blocks": 2}
+  # The encoder's learning rate: a run of its own whose retriever keeps the recipe's rate
+  # (3e-4 x 0.3 = 9e-5 = 3e-5 x 3).
+  slow = compute_curve.wiki_recipe(1, 3, str(tmp_path), encoder_lr=3e-5)
+  assert slow.pretrain == str(tmp_path / "seed3" / "steps200_enclr3e-05" / "pretrain")
+  assert slow.pretrain_bindings[-2:] == ["LEARNING_RATE=3e-05",
+                                         "PretrainJob.retriever_lr_scale=3.0"]
+  assert slow.orqa == one.orqa and slow.ict == one.ict
+  assert compute_curve.wiki_cell_path(1, 3, "/c", encoder_lr=3e-5) == (
+      "/c/wiki_200_enclr3e-05/seed3.json")
+  assert compute_curve.wiki_options(1, encoder_lr=3e-5) == {**compute_curve.wiki_options(1),
+                                                            "encoder_lr": 3e-5}
+
+
+def test_the_recipes_pretraining_rates_are_the_pretraining_gins(clean_gin):
+  """PRETRAIN_LR and RETRIEVER_LR_SCALE, which `--encoder_lr` keeps the retriever's rate by, are
+  experiments/toy_pretrain.gin's (the wiki recipe pretrains with it)."""
+  del clean_gin
+  import gin  # pylint: disable=import-outside-toplevel
+  from realm_jax import gin_utils  # pylint: disable=import-outside-toplevel
+  import realm_jax.train  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  gin_file = "gin_configs/experiments/toy_pretrain.gin"
+  bindings = gin_utils.effective_bindings(gin_file)
+  assert float(bindings["realm_jax.jobs.pretrain.PretrainJob"]["retriever_lr_scale"]) == (
+      compute_curve.RETRIEVER_LR_SCALE)
+  gin.parse_config_file(gin_file, skip_unknown=True)
+  assert gin.query_parameter("%LEARNING_RATE") == compute_curve.PRETRAIN_LR
 
 
 def test_a_toy_realm_cell_takes_its_seeds_reading_and_the_table_counts_them():
@@ -178,7 +204,8 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
       return summary
 
   monkeypatch.setattr(compute_curve, "wiki_options",
-                      lambda multiple, smoke=False, oracle=0: {"m": multiple})
+                      lambda multiple, smoke=False, oracle=0, encoder_lr=None:
+                      {"m": multiple})
   monkeypatch.setattr(compute_curve, "wiki_recipe",
                       lambda multiple, seed, out, smoke=False, mixed=False, oracle=0:
                       FakeRecipe(mixed))
