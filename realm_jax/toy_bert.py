@@ -69,7 +69,7 @@ def heldout_examples(num_examples: int, *, seed: Optional[int] = None,
   """`num_examples` reading examples of the held-out sentences, stacked.
 
   Args:
-    num_examples: how many (the first passages of the world, one masked span each).
+    num_examples: how many (the first passages of the world, one masked sentence each).
     seed: the toy reading world (`heldout_world`).
     context: "own" (the block stating the span), "distractor" (another document's block),
       "null" (no block) or "copy" (the sentence's verbatim repeat, then its block); the same

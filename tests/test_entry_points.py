@@ -343,6 +343,10 @@ def test_build_index_settings_are_refused_before_any_wait(tmp_path, capsys, bind
     ("toy_finetune", "FinetuneJob.candidates='dense'",
      "FinetuneJob.candidates='dense'; expected one of index, bm25"),
     ("toy_ict", "IctJob.ict_remove_probability=1.5", "expected a probability in [0, 1]"),
+    ("toy_ict", "IctJob.shuffle_buffer=0",
+     "IctJob.shuffle_buffer=0: expected a whole number of examples >= 1"),
+    ("toy_bert", "MlmJob.shuffle_buffer=2.5",
+     "MlmJob.shuffle_buffer=2.5: expected a whole number of examples >= 1"),
     # The toy world's ict_toy is registered (keeping the sentence) before any run.
     ("toy_ict", "IctJob.ict_remove_probability=0.5",
      "task 'ict_toy' is registered already"),

@@ -200,7 +200,11 @@ class SeqioJob(Job):
   def _seqio(self, ctx: RunContext) -> Any:
     import realm_jax_tasks  # pylint: disable=g-import-not-at-top,unused-import  (registers tasks)
     from realm_jax.batches import seqio_batches  # pylint: disable=g-import-not-at-top
-    buffer = {} if self.shuffle_buffer is None else {"shuffle_buffer_size": self.shuffle_buffer}
+    size = self.shuffle_buffer
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+      raise ConfigError(f"{type(self).__name__}.shuffle_buffer={size!r}: expected a whole "
+                        "number of examples >= 1 (None: 10,000)")
+    buffer = {} if size is None else {"shuffle_buffer_size": size}
     return seqio_batches.SeqioBatches(self.task, batch_size=ctx.batch_size, seed=ctx.seed,
                                       feature_keys=getattr(seqio_batches, self.feature_keys),
                                       **buffer)
