@@ -163,8 +163,8 @@ def test_the_table_has_the_rows_measured_in_order_mean_and_sd_over_seeds():
 
 def test_distinct_top_blocks_counts_the_first_retrieved_block_of_each_question(tmp_path):
   path = tmp_path / "p.jsonl"
-  records = [{"question": "q", "prediction": "a", "correct": False, "block_ids": ids}
-             for ids in ([3, 1], [3, 2], [5, 3], [], [1])]
+  records = [{"question": "q", "answers": ["b"], "prediction": "a", "correct": False,
+              "block_ids": ids} for ids in ([3, 1], [3, 2], [5, 3], [], [1])]
   path.write_text("".join(json.dumps(r) + "\n" for r in records))
   assert controls.distinct_top_blocks(str(path)) == 3  # 3, 5 and 1
 
