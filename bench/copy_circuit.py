@@ -97,7 +97,7 @@ def measure(params: Mapping[str, Any], config: Any, examples: int, world: str,
       "wordpiece_accuracy"] for context in rows}
 
   @jax.jit
-  def attention(ids, type_ids, mask, positions):
+  def attention(params, ids, type_ids, mask, positions):
     # per layer [B, heads, L, L], in layer order
     _, state = RealmKnowledgeAugEncoder(config).apply(
         {"params": params}, ids[:, None], type_ids[:, None], mask[:, None], positions,
@@ -113,7 +113,8 @@ def measure(params: Mapping[str, Any], config: Any, examples: int, world: str,
   for start in range(0, len(copy["input_ids"]), BATCH):
     batch = {k: v[start:start + BATCH] for k, v in copy.items()}
     probs = [np.asarray(p, np.float64) for p in attention(
-        batch["input_ids"], batch["type_ids"], batch["input_mask"], batch["mlm_positions"])]
+        params, batch["input_ids"], batch["type_ids"], batch["input_mask"],
+        batch["mlm_positions"])]
     neighbours = neighbours + np.stack(neighbour_mass(probs[0], batch["input_mask"]))  # [2, H]
     batches += 1
     positions = batch["mlm_positions"]
