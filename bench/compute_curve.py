@@ -310,7 +310,7 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
   """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`);
   `oracle`, `encoder_lr`: REALM's rows pretrained as `wiki_recipe` says."""
   fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle, encoder_lr))
-  variant_kwargs = {"oracle": oracle, **({"encoder_lr": encoder_lr} if encoder_lr else {})}
+  variant_kwargs = {"oracle": oracle, "encoder_lr": encoder_lr}
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
     path = wiki_cell_path(multiple, seed, cells, smoke, **variant_kwargs)
@@ -453,8 +453,7 @@ def main() -> int:
     parser.error("--oracle_blocks: a positive count, with --world wiki")
   if args.encoder_lr is not None and (args.world != "wiki" or not args.encoder_lr > 0):
     parser.error("--encoder_lr: a positive learning rate, with --world wiki")
-  variant_kwargs = {"oracle": args.oracle_blocks,
-                    **({"encoder_lr": args.encoder_lr} if args.encoder_lr else {})}
+  variant_kwargs = {"oracle": args.oracle_blocks, "encoder_lr": args.encoder_lr}
   is_variant = bool(args.oracle_blocks or args.encoder_lr)
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")

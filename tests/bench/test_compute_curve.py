@@ -207,8 +207,8 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
                       lambda multiple, smoke=False, oracle=0, encoder_lr=None:
                       {"m": multiple})
   monkeypatch.setattr(compute_curve, "wiki_recipe",
-                      lambda multiple, seed, out, smoke=False, mixed=False, oracle=0:
-                      FakeRecipe(mixed))
+                      lambda multiple, seed, out, smoke=False, mixed=False, oracle=0,
+                      encoder_lr=None: FakeRecipe(mixed))
   fingerprint = ablations.fingerprint({"m": 1})
   path = compute_curve.wiki_cell_path(1, 0, str(tmp_path))
   ablations.save_cell(path, {"realm": _cell(0.04, 0.17), "orqa": _cell(0.03, 0.17)}, fingerprint)
