@@ -701,10 +701,11 @@ def wiki_cell_options(smoke: bool = False) -> dict:
           "pretrain_steps": wiki_runs.recipe_steps("pretrain", smoke)}
 
 
-def wiki_seed_dir(out: str, seed: int, smoke: bool = False) -> str:
-  """`wiki_runs.seed_dir`, claimed for the world's options (`claim_runs_dir`)."""
-  path = wiki_runs.seed_dir(out, seed)
-  claim_runs_dir(path, fingerprint(wiki_runs.world_options(EVAL_SPLIT, smoke)))
+def wiki_seed_dir(out: str, seed: int, smoke: bool = False, bert: Optional[str] = None) -> str:
+  """`wiki_runs.seed_dir`, claimed for the world's options (`claim_runs_dir`; `bert`: an English
+  BERT directory other than the shipped one)."""
+  path = wiki_runs.seed_dir(out, seed, bert)
+  claim_runs_dir(path, fingerprint(wiki_runs.world_options(EVAL_SPLIT, smoke, bert)))
   return path
 
 
@@ -938,7 +939,8 @@ def comparisons(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") -> s
 def noise_line(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") -> str:
   """The fine-tuning noise ("REALM fine-tuned again" minus REALM, test EM: mean ± standard
   error and the standard deviation of the difference) next to the smallest effect of the
-  paper's directions on test EM that it must resolve; "" before both rows are measured with two seeds."""
+  paper's directions on test EM that it must resolve; "" before both rows are measured with two
+  seeds."""
   pair = paired(rows, "realm_refit", BASE, EM)
   if pair is None or len(pair[0]) < 2:
     return ""

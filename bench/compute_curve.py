@@ -228,20 +228,22 @@ def wiki_steps(multiple: int, smoke: bool = False) -> int:
 
 
 def wiki_options(multiple: int, smoke: bool = False, oracle: int = 0,
-                 encoder_lr: Optional[float] = None) -> dict:
+                 encoder_lr: Optional[float] = None, bert: Optional[str] = None) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the world's options
-  (`wiki_runs.world_options`), the length, the reading's size, and the oracle blocks and the
-  encoder's learning rate (if set)."""
-  return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke),
+  (`wiki_runs.world_options`, the English BERT's sha256 among them), the length, the reading's
+  size, and the oracle blocks and the encoder's learning rate (if set)."""
+  return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke, bert),
           "pretrain_steps": wiki_steps(multiple, smoke),
           "reading_sentences": READING_SENTENCES, **({"oracle_blocks": oracle} if oracle else {}),
           **({"encoder_lr": encoder_lr} if encoder_lr else {})}
 
 
-def variant(oracle: int, encoder_lr: Optional[float] = None) -> str:
+def variant(oracle: int, encoder_lr: Optional[float] = None, bert: Optional[str] = None) -> str:
   """The suffix of a variant's run and cell directories: "" for REALM, "_oracle<n>" with
-  `PretrainJob.oracle_blocks = n`, "_enclr<x>" with the encoder's peak learning rate x."""
-  return (f"_oracle{oracle}" if oracle else "") + (f"_enclr{encoder_lr:g}" if encoder_lr else "")
+  `PretrainJob.oracle_blocks = n`, "_enclr<x>" with the encoder's peak learning rate x,
+  "_bert<h>" from the English BERT directory `bert` (`wiki_runs.bert_suffix`)."""
+  return ((f"_oracle{oracle}" if oracle else "") + (f"_enclr{encoder_lr:g}" if encoder_lr else "")
+          + wiki_runs.bert_suffix(bert))
 
 
 def encoder_lr_bindings(encoder_lr: float) -> list[str]:
@@ -254,28 +256,32 @@ def encoder_lr_bindings(encoder_lr: float) -> list[str]:
 
 
 def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False,
-                   oracle: int = 0, encoder_lr: Optional[float] = None) -> str:
-  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}{variant(oracle, encoder_lr)}",
+                   oracle: int = 0, encoder_lr: Optional[float] = None,
+                   bert: Optional[str] = None) -> str:
+  return os.path.join(cells,
+                      f"wiki_{wiki_steps(multiple, smoke)}{variant(oracle, encoder_lr, bert)}",
                       f"seed{seed}.json")
 
 
 def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False,
-                oracle: int = 0, encoder_lr: Optional[float] = None):
+                oracle: int = 0, encoder_lr: Optional[float] = None, bert: Optional[str] = None):
   """The wiki recipe of one seed and length under `out` (`wiki_runs.recipe`: `seed<s>/steps<N>`,
   1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
   (REALM's retriever, the BERT reader), as the Table 2 bench names it. `oracle`: REALM
   pretrained with that many blocks stating the masked span first among its candidates
   (`PretrainJob.oracle_blocks`), in a run of its own; `encoder_lr`: REALM's encoder at that
-  peak learning rate, the retriever's kept (`encoder_lr_bindings`), in a run of its own."""
+  peak learning rate, the retriever's kept (`encoder_lr_bindings`), in a run of its own; `bert`:
+  the seed's runs from that English BERT directory, in a seed directory of its own
+  (`wiki_runs.seed_dir`)."""
   steps = wiki_steps(multiple, smoke)
-  ablations.wiki_seed_dir(out, seed, smoke)
+  ablations.wiki_seed_dir(out, seed, smoke, bert)
   kwargs = {"finetune_name": MIXED, "finetune_reader": "bert"} if mixed else {}
   pretrain_bindings = ([f"PretrainJob.oracle_blocks={oracle}"] if oracle else []) + (
       encoder_lr_bindings(encoder_lr) if encoder_lr else [])
   if pretrain_bindings:
     kwargs["pretrain_bindings"] = pretrain_bindings
   return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle, encoder_lr)}",
-                          pretrain_steps=steps, smoke=smoke, **kwargs)
+                          pretrain_steps=steps, smoke=smoke, bert=bert, **kwargs)
 
 
 def encoder_reading(run_dir: str, step: int, world: str,
@@ -306,11 +312,12 @@ def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
 
 def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
               make: bool = True, smoke: bool = False, oracle: int = 0,
-              encoder_lr: Optional[float] = None) -> dict[str, dict[int, dict]]:
+              encoder_lr: Optional[float] = None,
+              bert: Optional[str] = None) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`);
-  `oracle`, `encoder_lr`: REALM's rows pretrained as `wiki_recipe` says."""
-  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle, encoder_lr))
-  variant_kwargs = {"oracle": oracle, "encoder_lr": encoder_lr}
+  `oracle`, `encoder_lr`, `bert`: the rows made as `wiki_recipe` says."""
+  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle, encoder_lr, bert))
+  variant_kwargs = {"oracle": oracle, "encoder_lr": encoder_lr, "bert": bert}
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
     path = wiki_cell_path(multiple, seed, cells, smoke, **variant_kwargs)
@@ -444,6 +451,12 @@ def main() -> int:
                       help="with --world wiki: REALM's encoder pretrained at this peak learning "
                            f"rate (the recipe's: {PRETRAIN_LR:g}), the retriever's rate kept, in "
                            "runs and cells of its own and a section of its own")
+  parser.add_argument("--bert", default=None,
+                      help="with --world wiki: the encoder and the readers (the baseline's and "
+                           "REALM's) from this English BERT directory (transformers layout, as "
+                           "`python -m realm_jax.toy_bert --world wiki --out` writes it) instead "
+                           "of the shipped one, in seed directories (seed<s>_bert<sha256, 8 "
+                           "digits>) and cells of its own and a section of its own")
   args = parser.parse_args()
   if any(m < 1 for m in args.multiples):
     parser.error("--multiples: positive integers")
@@ -453,8 +466,16 @@ def main() -> int:
     parser.error("--oracle_blocks: a positive count, with --world wiki")
   if args.encoder_lr is not None and (args.world != "wiki" or not args.encoder_lr > 0):
     parser.error("--encoder_lr: a positive learning rate, with --world wiki")
-  variant_kwargs = {"oracle": args.oracle_blocks, "encoder_lr": args.encoder_lr}
-  is_variant = bool(args.oracle_blocks or args.encoder_lr)
+  if args.bert is not None:
+    if args.world != "wiki":
+      parser.error("--bert: with --world wiki")
+    if not os.path.isfile(os.path.join(args.bert, "model.safetensors")):
+      parser.error(f"--bert {args.bert}: no model.safetensors there (a transformers BERT "
+                   "directory, as `python -m realm_jax.toy_bert --world wiki --out` writes it)")
+    args.bert = os.path.abspath(args.bert)
+  variant_kwargs = {"oracle": args.oracle_blocks, "encoder_lr": args.encoder_lr,
+                    "bert": args.bert}
+  is_variant = bool(args.oracle_blocks or args.encoder_lr or args.bert)
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
@@ -463,8 +484,9 @@ def main() -> int:
   os.chdir(REPO)  # the recipe's children run from the repository root
   rows_by_multiple = {}
   for multiple in sorted(set(args.multiples)):
-    # A smoke run makes the seeds asked for alone (no 0-4 at 1x).
-    seeds = tuple(sorted(set(args.seeds))) if args.smoke else seeds_at(multiple, args.seeds)
+    # A smoke run and a variant make the seeds asked for alone (no 0-4 at 1x).
+    seeds = (tuple(sorted(set(args.seeds))) if args.smoke or is_variant
+             else seeds_at(multiple, args.seeds))
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
                                              make=not args.report_only, smoke=args.smoke,
@@ -481,7 +503,7 @@ def main() -> int:
   if args.write:
     paths: dict[int, list[str]] = {}  # {seed: its cell files at every length}
     for m in rows_by_multiple:
-      for seed in seeds_at(m, args.seeds):
+      for seed in (sorted(set(args.seeds)) if is_variant else seeds_at(m, args.seeds)):
         paths.setdefault(seed, []).extend(
             [wiki_cell_path(m, seed, cells, **variant_kwargs)] if args.world == "wiki"
             else
@@ -513,6 +535,14 @@ def main() -> int:
                f"recipe's {PRETRAIN_LR:g}), its retriever's rate kept "
                f"({PRETRAIN_LR * RETRIEVER_LR_SCALE:g}: `PretrainJob.retriever_lr_scale` "
                f"{PRETRAIN_LR * RETRIEVER_LR_SCALE / args.encoder_lr:g})")
+    if args.bert:
+      flags += f" --bert {args.bert}"
+      title += f", from the English BERT {wiki_runs.bert_suffix(args.bert)[len('_bert'):]}"
+      from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
+      what += (f"; the encoder and the readers (the baseline's and REALM's) from the English "
+               f"BERT {args.bert} (model.safetensors' sha256 "
+               f"{toy_bert_lib.weights_sha256(args.bert)}) instead of the shipped one, in "
+               "runs of their own")
     body = (f"`python bench/compute_curve.py {flags} --write` on "
             f"{ablations.cells_machines(paths)}: {what}; the warm start, fine-tuning and "
             "evaluation are the recipe's at every length. Differences are REALM minus the "

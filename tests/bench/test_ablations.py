@@ -533,7 +533,8 @@ def fixture_wiki_world(monkeypatch):
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(wiki, "world_dir", lambda seed=0: "/world")
   monkeypatch.setattr(wiki_runs, "world_options",
-                      lambda eval_split, smoke=False: {"world": "options", "split": eval_split})
+                      lambda eval_split, smoke=False, bert=None: {"world": "options",
+                                                                  "split": eval_split})
 
 
 def test_the_wiki_rows_are_the_toy_rows_on_the_own_corpus(tmp_path, wiki_world):

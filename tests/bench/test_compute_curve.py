@@ -91,7 +91,7 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   from bench import wiki_runs  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(wiki, "world_dir", lambda seed=0: "/world")
   monkeypatch.setattr(wiki_runs, "world_options",
-                      lambda eval_split, smoke=False: {"world": "options"})
+                      lambda eval_split, smoke=False, bert=None: {"world": "options"})
   four, one = (compute_curve.wiki_recipe(m, 3, str(tmp_path)) for m in (4, 1))
   # The seed's directory is claimed for the world's options before anything runs in it.
   with open(tmp_path / "seed3.fingerprint", encoding="utf-8") as f:
@@ -130,6 +130,50 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
       "/c/wiki_200_enclr3e-05/seed3.json")
   assert compute_curve.wiki_options(1, encoder_lr=3e-5) == {**compute_curve.wiki_options(1),
                                                             "encoder_lr": 3e-5}
+
+
+def test_a_bert_variant_is_every_run_of_its_seeds_from_that_bert(tmp_path, monkeypatch):
+  """`--bert DIR`: the seed's runs (baseline, REALM) start from that English BERT, converted
+  apart, in seed directories and cells named after its weights' sha256 (computed here with
+  hashlib), each seed's directory claimed for options that name that sha256."""
+  import hashlib  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
+  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
+  from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
+  from bench import wiki_runs  # pylint: disable=import-outside-toplevel
+  bert = tmp_path / "english_bert_long_copy"
+  bert.mkdir()
+  shutil.copy(os.path.join(recipe_lib.toy_bert_dir("shipped", "wiki"), "config.json"), bert)
+  (bert / "model.safetensors").write_bytes(b"another English BERT's weights")
+  digest = hashlib.sha256(b"another English BERT's weights").hexdigest()
+  assert digest != toy_bert.shipped_sha256("wiki")
+  world = tmp_path / "world"
+  world.mkdir()
+  (world / "manifest.json").write_text('{"articles": 3}', encoding="utf-8")
+  monkeypatch.setattr(wiki, "world_dir", lambda seed=0: str(world))
+  shipped = wiki_runs.world_options("test")
+  other = wiki_runs.world_options("test", bert=str(bert))
+  assert shipped["wiki_bert_sha256"] == toy_bert.shipped_sha256("wiki")
+  assert other == {**shipped, "wiki_bert_sha256": digest}
+  runs = tmp_path / "runs"
+  run = compute_curve.wiki_recipe(1, 3, str(runs), bert=str(bert))
+  assert run.toy_bert == str(bert)
+  seed_out = runs / f"seed3_bert{digest[:8]}"
+  assert run.pretrain == str(seed_out / "steps200" / "pretrain")
+  assert run.ict == str(seed_out / "ict") and run.orqa == str(seed_out / "orqa")
+  assert run.bert == str(runs / f"bert_bert{digest[:8]}")
+  with open(f"{seed_out}.fingerprint", encoding="utf-8") as f:
+    assert f.read().strip() == ablations.fingerprint(other)
+  assert compute_curve.wiki_cell_path(1, 3, "/c", bert=str(bert)) == (
+      f"/c/wiki_200_bert{digest[:8]}/seed3.json")
+  assert compute_curve.wiki_options(1, bert=str(bert)) == {**compute_curve.wiki_options(1),
+                                                           "wiki_bert_sha256": digest}
+  # The shipped BERT's runs of the same seed and output directory are apart from them.
+  shipped_run = compute_curve.wiki_recipe(1, 3, str(runs))
+  assert shipped_run.pretrain == str(runs / "seed3" / "steps200" / "pretrain")
+  assert shipped_run.bert == str(runs / "bert") and shipped_run.store == run.store
+  assert os.path.exists(f"{seed_out}.fingerprint")
 
 
 def test_the_recipes_pretraining_rates_are_the_pretraining_gins(clean_gin):
@@ -204,11 +248,11 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
       return summary
 
   monkeypatch.setattr(compute_curve, "wiki_options",
-                      lambda multiple, smoke=False, oracle=0, encoder_lr=None:
+                      lambda multiple, smoke=False, oracle=0, encoder_lr=None, bert=None:
                       {"m": multiple})
   monkeypatch.setattr(compute_curve, "wiki_recipe",
                       lambda multiple, seed, out, smoke=False, mixed=False, oracle=0,
-                      encoder_lr=None: FakeRecipe(mixed))
+                      encoder_lr=None, bert=None: FakeRecipe(mixed))
   fingerprint = ablations.fingerprint({"m": 1})
   path = compute_curve.wiki_cell_path(1, 0, str(tmp_path))
   ablations.save_cell(path, {"realm": _cell(0.04, 0.17), "orqa": _cell(0.03, 0.17)}, fingerprint)
