@@ -784,12 +784,14 @@ def _make_cell(row: Row, seed: int, recipe: recipe_lib.Recipe, world: str = "toy
 def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_steps: int | None,
         finetune_steps: int | None, toy_bert: str | None = None,
         ict_from_bert: bool = False, cells: str = DEFAULT_CELLS,
-        world: str = "toy", smoke: bool = False) -> dict[str, dict[int, dict]]:
+        world: str = "toy", smoke: bool = False,
+        make: bool = True) -> dict[str, dict[int, dict]]:
   """{row name: {seed: cell}}. Finished cells are kept in `cells` and reused (see the module
   docstring); REALM's row is measured too when a row that fine-tunes its pretraining is. `world`
   'wiki': the rows of `WIKI_ROWS` on the wiki world (`wiki_runs`, the recipe's steps, its
   English BERT: the step and BERT arguments must be left as they are; `smoke`: its cells at
-  `wiki_runs.SMOKE_STEPS`, the bench itself checked)."""
+  `wiki_runs.SMOKE_STEPS`, the bench itself checked). `make` False: nothing is made or removed,
+  the kept cells of the current fingerprints are read as they are."""
   import realm_jax_tasks  # pylint: disable=import-outside-toplevel
   wiki = world == "wiki"
   if wiki and (pretrain_steps, finetune_steps, toy_bert, ict_from_bert) != (None, None, None,
@@ -812,6 +814,10 @@ def run(out: str, only: tuple[str, ...], *, seeds: tuple[int, ...], pretrain_ste
     path = lambda name: os.path.join(cells, f"seed{seed}_{name}.json")
     kept = {name: cell for name in sorted(needed)
             if (cell := load_cell(path(name), fingerprints[name])) is not None}
+    if not make:
+      for name, cell in kept.items():
+        rows.setdefault(name, {})[seed] = cell
+      continue
     base_pretrain = (os.path.join(wiki_runs.seed_dir(out, seed), wiki_base_run(smoke), "pretrain")
                      if wiki else os.path.join(seed_out, BASE, "pretrain"))
     finetunings = tuple(name for name in FINETUNINGS if not wiki or name in WIKI_ROWS)
@@ -1114,6 +1120,9 @@ def main() -> int:
                       help="with --world wiki: its cells at a tiny size (ICT 8 steps, "
                            "pretraining 4, fine-tuning 4), every row's path checked in minutes; "
                            "with an --out and --cells of its own, never --write")
+  parser.add_argument("--report_only", action="store_true",
+                      help="make nothing: the table of the kept cells (with --write, its "
+                           "section), a missing cell left out of its row")
   add_cell_flags(parser, DEFAULT_CELLS)
   args = parser.parse_args()
   wiki = args.world == "wiki"
@@ -1135,7 +1144,7 @@ def main() -> int:
   rows = run(os.path.abspath(args.out), tuple(args.only), seeds=tuple(args.seeds),
              pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
              toy_bert=None if wiki else toy_bert, ict_from_bert=args.ict_from == "bert",
-             cells=cells, world=args.world, smoke=args.smoke)
+             cells=cells, world=args.world, smoke=args.smoke, make=not args.report_only)
   text = "\n\n".join(part for part in (table(rows, args.world), comparisons(rows, args.world),
                                          noise_line(rows, args.world),
                                          factorial_lines(rows, args.world)) if part)

@@ -633,6 +633,13 @@ def test_the_wiki_table_runs_each_rows_recipe_once_and_keeps_its_cells(tmp_path,
   assert not made
   assert {name: c[0]["qa_em"] for name, c in again.items()} == {
       name: c[0]["qa_em"] for name, c in rows.items()}
+  # Reporting only: the kept cells as they are, a missing seed left out, nothing made.
+  reported = ablations.run(str(tmp_path / "elsewhere"), ("orqa", "random_token"), seeds=(0, 1),
+                           pretrain_steps=None, finetune_steps=None,
+                           cells=str(tmp_path / "cells"), world="wiki", make=False)
+  assert not made and not (tmp_path / "elsewhere" / "seed1").exists()
+  assert {name: sorted(c) for name, c in reported.items()} == {"orqa": [0], "realm": [0]}
+  assert reported["orqa"][0]["qa_em"] == 0.03
 
 
 def test_a_parameter_added_at_its_inert_value_keeps_the_fingerprint(tmp_path, monkeypatch):
