@@ -31,6 +31,10 @@ help are always there. `--encoder_lr x` (wiki world): REALM's encoder pretrained
 rate x instead of the recipe's 3e-4, its retriever's rate kept (`retriever_lr_scale` scaled to
 match), in runs (`steps<N>_enclr<x>`) and cells (`wiki_<N>_enclr<x>/`) of their own: whether an
 encoder that keeps more of the BERT's copying (bench/copy_circuit.py) lets REALM gain.
+`--bert DIR` (wiki world): the baseline's reader and REALM's encoder from another English BERT
+(as `python -m realm_jax.toy_bert --world wiki --out DIR` writes one), each seed's runs apart
+(`wiki_runs.seed_dir`) and cells `wiki_<N>_bert<h>/`: whether an encoder that reads a stating
+block lets REALM gain. The variants combine.
 
 The toy world's reading is measured on each seed's REALM pretraining under --out at its last
 checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_reading.json`; at

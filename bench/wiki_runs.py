@@ -6,7 +6,9 @@ BERT, shared by every seed; per seed (`seed<s>/`) the ICT warm start, the ORQA-s
 the BM25 reader, shared by every pretraining of the seed; per pretraining a run directory of the
 wiki recipe (`recipe.WikiRecipe`): `steps<N>` for REALM pretrained N steps, the Table 2 rows'
 own names for the others. REALM's pretraining at the recipe's length is one run for both
-benches, and its fine-tunings (REALM's, the mixed rows') are slots of that run.
+benches, and its fine-tunings (REALM's, the mixed rows') are slots of that run. Another English
+BERT (`bert`) has its converted copy (`bert_bert<h>`) and its seeds (`seed<s>_bert<h>`) of its
+own beside them, h its weights' sha256 (8 digits).
 """
 
 from __future__ import annotations
