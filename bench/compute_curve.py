@@ -34,7 +34,10 @@ encoder that keeps more of the BERT's copying (bench/copy_circuit.py) lets REALM
 `--bert DIR` (wiki world): the baseline's reader and REALM's encoder from another English BERT
 (as `python -m realm_jax.toy_bert --world wiki --out DIR` writes one), each seed's runs apart
 (`wiki_runs.seed_dir`) and cells `wiki_<N>_bert<h>/`: whether an encoder that reads a stating
-block lets REALM gain. The variants combine.
+block lets REALM gain. `--candidates k` (wiki world): REALM pretrained with k candidates per
+masked query instead of 8 (`PretrainJob.num_candidates`), runs `steps<N>_cand<k>`: whether a
+retriever whose gradient reaches more blocks learns to find those that state the span. The
+variants combine.
 
 The toy world's reading is measured on each seed's REALM pretraining under --out at its last
 checkpoint (the one fine-tuning starts from), and kept in `toy_<steps>/seed<s>_reading.json`; at
@@ -232,22 +235,26 @@ def wiki_steps(multiple: int, smoke: bool = False) -> int:
 
 
 def wiki_options(multiple: int, smoke: bool = False, oracle: int = 0,
-                 encoder_lr: Optional[float] = None, bert: Optional[str] = None) -> dict:
+                 encoder_lr: Optional[float] = None, bert: Optional[str] = None,
+                 candidates: Optional[int] = None) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the world's options
   (`wiki_runs.world_options`, the English BERT's sha256 among them), the length, the reading's
-  size, and the oracle blocks and the encoder's learning rate (if set)."""
+  size, and the oracle blocks, the encoder's learning rate and the candidates (if set)."""
   return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke, bert),
           "pretrain_steps": wiki_steps(multiple, smoke),
           "reading_sentences": READING_SENTENCES, **({"oracle_blocks": oracle} if oracle else {}),
-          **({"encoder_lr": encoder_lr} if encoder_lr else {})}
+          **({"encoder_lr": encoder_lr} if encoder_lr else {}),
+          **({"num_candidates": candidates} if candidates else {})}
 
 
-def variant(oracle: int, encoder_lr: Optional[float] = None, bert: Optional[str] = None) -> str:
+def variant(oracle: int, encoder_lr: Optional[float] = None, bert: Optional[str] = None,
+            candidates: Optional[int] = None) -> str:
   """The suffix of a variant's run and cell directories: "" for REALM, "_oracle<n>" with
   `PretrainJob.oracle_blocks = n`, "_enclr<x>" with the encoder's peak learning rate x,
-  "_bert<h>" from the English BERT directory `bert` (`wiki_runs.bert_suffix`)."""
+  "_cand<k>" with `PretrainJob.num_candidates = k`, "_bert<h>" from the English BERT directory
+  `bert` (`wiki_runs.bert_suffix`)."""
   return ((f"_oracle{oracle}" if oracle else "") + (f"_enclr{encoder_lr:g}" if encoder_lr else "")
-          + wiki_runs.bert_suffix(bert))
+          + (f"_cand{candidates}" if candidates else "") + wiki_runs.bert_suffix(bert))
 
 
 def encoder_lr_bindings(encoder_lr: float) -> list[str]:
@@ -261,14 +268,15 @@ def encoder_lr_bindings(encoder_lr: float) -> list[str]:
 
 def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False,
                    oracle: int = 0, encoder_lr: Optional[float] = None,
-                   bert: Optional[str] = None) -> str:
-  return os.path.join(cells,
-                      f"wiki_{wiki_steps(multiple, smoke)}{variant(oracle, encoder_lr, bert)}",
+                   bert: Optional[str] = None, candidates: Optional[int] = None) -> str:
+  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}"
+                      f"{variant(oracle, encoder_lr, bert, candidates)}",
                       f"seed{seed}.json")
 
 
 def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False,
-                oracle: int = 0, encoder_lr: Optional[float] = None, bert: Optional[str] = None):
+                oracle: int = 0, encoder_lr: Optional[float] = None, bert: Optional[str] = None,
+                candidates: Optional[int] = None):
   """The wiki recipe of one seed and length under `out` (`wiki_runs.recipe`: `seed<s>/steps<N>`,
   1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
   (REALM's retriever, the BERT reader), as the Table 2 bench names it. `oracle`: REALM
@@ -276,15 +284,17 @@ def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: 
   (`PretrainJob.oracle_blocks`), in a run of its own; `encoder_lr`: REALM's encoder at that
   peak learning rate, the retriever's kept (`encoder_lr_bindings`), in a run of its own; `bert`:
   the seed's runs from that English BERT directory, in a seed directory of its own
-  (`wiki_runs.seed_dir`)."""
+  (`wiki_runs.seed_dir`); `candidates`: REALM pretrained with that many candidates per query
+  (`PretrainJob.num_candidates`, the null document among them), in a run of its own."""
   steps = wiki_steps(multiple, smoke)
   ablations.wiki_seed_dir(out, seed, smoke, bert)
   kwargs = {"finetune_name": MIXED, "finetune_reader": "bert"} if mixed else {}
   pretrain_bindings = ([f"PretrainJob.oracle_blocks={oracle}"] if oracle else []) + (
-      encoder_lr_bindings(encoder_lr) if encoder_lr else [])
+      encoder_lr_bindings(encoder_lr) if encoder_lr else []) + (
+      [f"PretrainJob.num_candidates={candidates}"] if candidates else [])
   if pretrain_bindings:
     kwargs["pretrain_bindings"] = pretrain_bindings
-  return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle, encoder_lr)}",
+  return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle, encoder_lr, None, candidates)}",
                           pretrain_steps=steps, smoke=smoke, bert=bert, **kwargs)
 
 
@@ -316,12 +326,13 @@ def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
 
 def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
               make: bool = True, smoke: bool = False, oracle: int = 0,
-              encoder_lr: Optional[float] = None,
-              bert: Optional[str] = None) -> dict[str, dict[int, dict]]:
+              encoder_lr: Optional[float] = None, bert: Optional[str] = None,
+              candidates: Optional[int] = None) -> dict[str, dict[int, dict]]:
   """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`);
-  `oracle`, `encoder_lr`, `bert`: the rows made as `wiki_recipe` says."""
-  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, oracle, encoder_lr, bert))
-  variant_kwargs = {"oracle": oracle, "encoder_lr": encoder_lr, "bert": bert}
+  `oracle`, `encoder_lr`, `bert`, `candidates`: the rows made as `wiki_recipe` says."""
+  variant_kwargs = {"oracle": oracle, "encoder_lr": encoder_lr, "bert": bert,
+                    "candidates": candidates}
+  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, **variant_kwargs))
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
     path = wiki_cell_path(multiple, seed, cells, smoke, **variant_kwargs)
@@ -461,6 +472,11 @@ def main() -> int:
                            "`python -m realm_jax.toy_bert --world wiki --out` writes it) instead "
                            "of the shipped one, in seed directories (seed<s>_bert<sha256, 8 "
                            "digits>) and cells of its own and a section of its own")
+  parser.add_argument("--candidates", type=int, default=None,
+                      help="with --world wiki: REALM pretrained with this many candidates per "
+                           "masked query, the null document among them (PretrainJob."
+                           "num_candidates; the recipe's: 8), in runs and cells of its own and a "
+                           "section of its own; the baseline is the seed's shared one")
   args = parser.parse_args()
   if any(m < 1 for m in args.multiples):
     parser.error("--multiples: positive integers")
@@ -470,6 +486,8 @@ def main() -> int:
     parser.error("--oracle_blocks: a positive count, with --world wiki")
   if args.encoder_lr is not None and (args.world != "wiki" or not args.encoder_lr > 0):
     parser.error("--encoder_lr: a positive learning rate, with --world wiki")
+  if args.candidates is not None and (args.world != "wiki" or args.candidates < 2):
+    parser.error("--candidates: at least 2 (the null document and one block), with --world wiki")
   if args.bert is not None:
     if args.world != "wiki":
       parser.error("--bert: with --world wiki")
@@ -478,8 +496,8 @@ def main() -> int:
                    "directory, as `python -m realm_jax.toy_bert --world wiki --out` writes it)")
     args.bert = os.path.abspath(args.bert)
   variant_kwargs = {"oracle": args.oracle_blocks, "encoder_lr": args.encoder_lr,
-                    "bert": args.bert}
-  is_variant = bool(args.oracle_blocks or args.encoder_lr or args.bert)
+                    "bert": args.bert, "candidates": args.candidates}
+  is_variant = any(variant_kwargs.values())
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
@@ -539,6 +557,11 @@ def main() -> int:
                f"recipe's {PRETRAIN_LR:g}), its retriever's rate kept "
                f"({PRETRAIN_LR * RETRIEVER_LR_SCALE:g}: `PretrainJob.retriever_lr_scale` "
                f"{PRETRAIN_LR * RETRIEVER_LR_SCALE / args.encoder_lr:g})")
+    if args.candidates:
+      flags += f" --candidates {args.candidates}"
+      title += f", REALM with {args.candidates} candidates"
+      what += (f"; REALM pretrained with {args.candidates} candidates per masked query, the "
+               "null document among them (`PretrainJob.num_candidates`; the recipe's 8)")
     if args.bert:
       flags += f" --bert {args.bert}"
       title += f", from the English BERT {wiki_runs.bert_suffix(args.bert)[len('_bert'):]}"

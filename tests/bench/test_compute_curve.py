@@ -130,6 +130,15 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
       "/c/wiki_200_enclr3e-05/seed3.json")
   assert compute_curve.wiki_options(1, encoder_lr=3e-5) == {**compute_curve.wiki_options(1),
                                                             "encoder_lr": 3e-5}
+  # More candidates per masked query: a run of its own, with the seed's baseline.
+  wide = compute_curve.wiki_recipe(1, 3, str(tmp_path), candidates=32)
+  assert wide.pretrain == str(tmp_path / "seed3" / "steps200_cand32" / "pretrain")
+  assert wide.pretrain_bindings[-1] == "PretrainJob.num_candidates=32"
+  assert wide.orqa == one.orqa and wide.ict == one.ict
+  assert compute_curve.wiki_cell_path(1, 3, "/c", candidates=32, encoder_lr=3e-5) == (
+      "/c/wiki_200_enclr3e-05_cand32/seed3.json")
+  assert compute_curve.wiki_options(1, candidates=32) == {**compute_curve.wiki_options(1),
+                                                          "num_candidates": 32}
 
 
 def test_a_bert_variant_is_every_run_of_its_seeds_from_that_bert(tmp_path, monkeypatch):
@@ -248,11 +257,11 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
       return summary
 
   monkeypatch.setattr(compute_curve, "wiki_options",
-                      lambda multiple, smoke=False, oracle=0, encoder_lr=None, bert=None:
-                      {"m": multiple})
+                      lambda multiple, smoke=False, oracle=0, encoder_lr=None, bert=None,
+                      candidates=None: {"m": multiple})
   monkeypatch.setattr(compute_curve, "wiki_recipe",
                       lambda multiple, seed, out, smoke=False, mixed=False, oracle=0,
-                      encoder_lr=None, bert=None: FakeRecipe(mixed))
+                      encoder_lr=None, bert=None, candidates=None: FakeRecipe(mixed))
   fingerprint = ablations.fingerprint({"m": 1})
   path = compute_curve.wiki_cell_path(1, 0, str(tmp_path))
   ablations.save_cell(path, {"realm": _cell(0.04, 0.17), "orqa": _cell(0.03, 0.17)}, fingerprint)
