@@ -427,6 +427,40 @@ def plot(curves: Mapping[str, Mapping[int, dict]], path: str = PLOT) -> None:
   pyplot.close(figure)
 
 
+def variant_texts(oracle: int = 0, encoder_lr: Optional[float] = None,
+                  bert: Optional[str] = None,
+                  candidates: Optional[int] = None) -> list[tuple[str, str, str]]:
+  """What `--write` adds for each variant set: (its command-line flag, its words in the
+  section's title, its sentence in the section's description)."""
+  texts = []
+  if oracle:
+    texts.append((
+        f" --oracle_blocks {oracle}", f", REALM with {oracle} oracle block{'s' * (oracle > 1)}",
+        f"; REALM pretrained with {oracle} block(s) of another article that state the masked "
+        "span first among its candidates (`PretrainJob.oracle_blocks`, "
+        "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them"))
+  if encoder_lr:
+    texts.append((
+        f" --encoder_lr {encoder_lr:g}", f", REALM's encoder at learning rate {encoder_lr:g}",
+        f"; REALM's encoder pretrained at peak learning rate {encoder_lr:g} (the recipe's "
+        f"{PRETRAIN_LR:g}), its retriever's rate kept ({PRETRAIN_LR * RETRIEVER_LR_SCALE:g}: "
+        f"`PretrainJob.retriever_lr_scale` {PRETRAIN_LR * RETRIEVER_LR_SCALE / encoder_lr:g})"))
+  if candidates:
+    texts.append((
+        f" --candidates {candidates}", f", REALM with {candidates} candidates",
+        f"; REALM pretrained with {candidates} candidates per masked query, the null document "
+        "among them (`PretrainJob.num_candidates`; the recipe's 8)"))
+  if bert:
+    from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
+    sha256 = toy_bert.weights_sha256(bert)
+    texts.append((
+        f" --bert {bert}", f", from the English BERT {sha256[:8]}",
+        f"; the encoder and the readers (the baseline's and REALM's) from the English BERT "
+        f"{bert} (model.safetensors' sha256 {sha256}) instead of the shipped one, in runs of "
+        "their own"))
+  return texts
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -544,32 +578,8 @@ def main() -> int:
     if is_variant:
       flags += (f" --multiples {' '.join(map(str, sorted(set(args.multiples))))} --seeds "
                 f"{' '.join(map(str, args.seeds))}")
-    if args.oracle_blocks:
-      flags += f" --oracle_blocks {args.oracle_blocks}"
-      title += f", REALM with {args.oracle_blocks} oracle block{'s' * (args.oracle_blocks > 1)}"
-      what += (f"; REALM pretrained with {args.oracle_blocks} block(s) of another article that "
-               "state the masked span first among its candidates (`PretrainJob.oracle_blocks`, "
-               "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them")
-    if args.encoder_lr:
-      flags += f" --encoder_lr {args.encoder_lr:g}"
-      title += f", REALM's encoder at learning rate {args.encoder_lr:g}"
-      what += (f"; REALM's encoder pretrained at peak learning rate {args.encoder_lr:g} (the "
-               f"recipe's {PRETRAIN_LR:g}), its retriever's rate kept "
-               f"({PRETRAIN_LR * RETRIEVER_LR_SCALE:g}: `PretrainJob.retriever_lr_scale` "
-               f"{PRETRAIN_LR * RETRIEVER_LR_SCALE / args.encoder_lr:g})")
-    if args.candidates:
-      flags += f" --candidates {args.candidates}"
-      title += f", REALM with {args.candidates} candidates"
-      what += (f"; REALM pretrained with {args.candidates} candidates per masked query, the "
-               "null document among them (`PretrainJob.num_candidates`; the recipe's 8)")
-    if args.bert:
-      flags += f" --bert {args.bert}"
-      title += f", from the English BERT {wiki_runs.bert_suffix(args.bert)[len('_bert'):]}"
-      from realm_jax import toy_bert as toy_bert_lib  # pylint: disable=import-outside-toplevel
-      what += (f"; the encoder and the readers (the baseline's and REALM's) from the English "
-               f"BERT {args.bert} (model.safetensors' sha256 "
-               f"{toy_bert_lib.weights_sha256(args.bert)}) instead of the shipped one, in "
-               "runs of their own")
+    for flag, named, described in variant_texts(**variant_kwargs):
+      flags, title, what = flags + flag, title + named, what + described
     body = (f"`python bench/compute_curve.py {flags} --write` on "
             f"{ablations.cells_machines(paths)}: {what}; the warm start, fine-tuning and "
             "evaluation are the recipe's at every length. Differences are REALM minus the "

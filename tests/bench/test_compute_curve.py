@@ -273,3 +273,20 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
   assert rows["realm"][0] == _cell(0.04, 0.17)
   compute_curve.wiki_rows(1, (0,), "/out", str(tmp_path))
   assert made == [True]  # kept with it now
+
+
+def test_a_variants_section_title_is_the_one_its_written_section_has():
+  """The titles `--write` gives the variants' sections, against those written in
+  bench/docs/benchmarks.md (the flags in the order the sections' commands give them)."""
+  with open(os.path.join(os.path.dirname(compute_curve.PLOT), "benchmarks.md"),
+            encoding="utf-8") as f:
+    titles = {line[3:].strip() for line in f if line.startswith("## ")}
+  for kwargs, flags in (({"oracle": 1}, " --oracle_blocks 1"),
+                        ({"encoder_lr": 3e-5}, " --encoder_lr 3e-05"),
+                        ({"oracle": 1, "encoder_lr": 3e-5},
+                         " --oracle_blocks 1 --encoder_lr 3e-05")):
+    texts = compute_curve.variant_texts(**kwargs)
+    assert "".join(flag for flag, _, _ in texts) == flags
+    assert compute_curve.SECTIONS["wiki"] + "".join(named for _, named, _ in texts) in titles
+  retriever_rate = compute_curve.variant_texts(encoder_lr=3e-5)[0][2]
+  assert "(9e-05: `PretrainJob.retriever_lr_scale` 3)" in retriever_rate
