@@ -294,8 +294,10 @@ def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: 
       [f"PretrainJob.num_candidates={candidates}"] if candidates else [])
   if pretrain_bindings:
     kwargs["pretrain_bindings"] = pretrain_bindings
-  return wiki_runs.recipe(out, seed, f"steps{steps}{variant(oracle, encoder_lr, None, candidates)}",
-                          pretrain_steps=steps, smoke=smoke, bert=bert, **kwargs)
+  # The BERT names the seed's directory (`wiki_runs.seed_dir`), not the run's.
+  run_name = f"steps{steps}{variant(oracle, encoder_lr, candidates=candidates)}"
+  return wiki_runs.recipe(out, seed, run_name, pretrain_steps=steps, smoke=smoke, bert=bert,
+                          **kwargs)
 
 
 def encoder_reading(run_dir: str, step: int, world: str,
@@ -451,8 +453,7 @@ def variant_texts(oracle: int = 0, encoder_lr: Optional[float] = None,
         f"; REALM pretrained with {candidates} candidates per masked query, the null document "
         "among them (`PretrainJob.num_candidates`; the recipe's 8)"))
   if bert:
-    from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
-    sha256 = toy_bert.weights_sha256(bert)
+    sha256 = wiki_runs.bert_sha256(bert)
     texts.append((
         f" --bert {bert}", f", from the English BERT {sha256[:8]}",
         f"; the encoder and the readers (the baseline's and REALM's) from the English BERT "

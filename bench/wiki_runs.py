@@ -13,6 +13,7 @@ own beside them, h its weights' sha256 (8 digits).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from typing import Optional
@@ -37,8 +38,7 @@ def world_options(eval_split: str, smoke: bool = False, bert: Optional[str] = No
   from realm_jax.data import wiki  # pylint: disable=import-outside-toplevel
   with open(os.path.join(wiki.world_dir(), "manifest.json"), encoding="utf-8") as f:
     manifest = f.read()
-  return {"wiki_bert_sha256": (toy_bert.weights_sha256(bert) if bert
-                               else toy_bert.shipped_sha256("wiki")),
+  return {"wiki_bert_sha256": bert_sha256(bert) if bert else toy_bert.shipped_sha256("wiki"),
           "world_manifest": hashlib.sha256(manifest.encode()).hexdigest(),
           "ict_remove_probability": recipe_lib.WIKI_ICT_REMOVE_PROBABILITY,
           "retriever_frozen_share": recipe_lib.WIKI_RETRIEVER_FROZEN_SHARE,
@@ -46,11 +46,18 @@ def world_options(eval_split: str, smoke: bool = False, bert: Optional[str] = No
           "eval_split": eval_split, **({"smoke": SMOKE_STEPS} if smoke else {})}
 
 
+@functools.lru_cache(maxsize=None)
+def bert_sha256(bert: str) -> str:
+  """sha256 of an English BERT directory's weights (`toy_bert.weights_sha256`), hashed once per
+  process: a variant's every cell path, seed directory and fingerprint names it."""
+  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
+  return toy_bert.weights_sha256(bert)
+
+
 def bert_suffix(bert: Optional[str]) -> str:
   """"" for the shipped English BERT, else "_bert<h>" (h: the `bert` directory's weights'
   sha256, 8 digits): what names its converted copy and its seeds' directories."""
-  from realm_jax import toy_bert  # pylint: disable=import-outside-toplevel
-  return f"_bert{toy_bert.weights_sha256(bert)[:8]}" if bert else ""
+  return f"_bert{bert_sha256(bert)[:8]}" if bert else ""
 
 
 def seed_dir(out: str, seed: int, bert: Optional[str] = None) -> str:
