@@ -55,6 +55,7 @@ the runs under --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -234,27 +235,86 @@ def wiki_steps(multiple: int, smoke: bool = False) -> int:
   return wiki_runs.recipe_steps("pretrain", smoke) * multiple
 
 
-def wiki_options(multiple: int, smoke: bool = False, oracle: int = 0,
-                 encoder_lr: Optional[float] = None, bert: Optional[str] = None,
-                 candidates: Optional[int] = None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """REALM's wiki-world pretraining changed in one or more ways (every field unset: the
+  recipe's). A variant's runs and cells are its own (`suffix`), against the seed's baseline."""
+  oracle: int = 0  # PretrainJob.oracle_blocks: blocks stating the masked span, first
+  encoder_lr: Optional[float] = None  # the encoder's peak rate (`encoder_lr_bindings`)
+  bert: Optional[str] = None  # another English BERT's directory, for every run of the seed
+  candidates: Optional[int] = None  # PretrainJob.num_candidates (the recipe's 8)
+
+  @property
+  def is_set(self) -> bool:
+    return bool(self.oracle or self.encoder_lr or self.bert or self.candidates)
+
+  def run_suffix(self) -> str:
+    """The pretraining run's suffix: "_oracle<n>", "_enclr<x>", "_cand<k>" (the BERT names the
+    seed's directory instead: `wiki_runs.seed_dir`)."""
+    return ((f"_oracle{self.oracle}" if self.oracle else "")
+            + (f"_enclr{self.encoder_lr:g}" if self.encoder_lr else "")
+            + (f"_cand{self.candidates}" if self.candidates else ""))
+
+  def suffix(self) -> str:
+    """The cells' suffix: the run's, then "_bert<h>" (`wiki_runs.bert_suffix`)."""
+    return self.run_suffix() + wiki_runs.bert_suffix(self.bert)
+
+  def options(self) -> dict:
+    """What the cells' fingerprint adds for it (the BERT's sha256 is `world_options`')."""
+    return {**({"oracle_blocks": self.oracle} if self.oracle else {}),
+            **({"encoder_lr": self.encoder_lr} if self.encoder_lr else {}),
+            **({"num_candidates": self.candidates} if self.candidates else {})}
+
+  def pretrain_bindings(self) -> list[str]:
+    """REALM's pretraining bindings beside the recipe's."""
+    return (([f"PretrainJob.oracle_blocks={self.oracle}"] if self.oracle else [])
+            + (encoder_lr_bindings(self.encoder_lr) if self.encoder_lr else [])
+            + ([f"PretrainJob.num_candidates={self.candidates}"] if self.candidates else []))
+
+  def texts(self) -> list[tuple[str, str, str]]:
+    """What `--write` adds for each field set: (its command-line flag, its words in the
+    section's title, its sentence in the section's description)."""
+    texts = []
+    if self.oracle:
+      texts.append((
+          f" --oracle_blocks {self.oracle}",
+          f", REALM with {self.oracle} oracle block{'s' * (self.oracle > 1)}",
+          f"; REALM pretrained with {self.oracle} block(s) of another article that state the "
+          "masked span first among its candidates (`PretrainJob.oracle_blocks`, "
+          "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them"))
+    if self.encoder_lr:
+      rate = PRETRAIN_LR * RETRIEVER_LR_SCALE
+      texts.append((
+          f" --encoder_lr {self.encoder_lr:g}",
+          f", REALM's encoder at learning rate {self.encoder_lr:g}",
+          f"; REALM's encoder pretrained at peak learning rate {self.encoder_lr:g} (the "
+          f"recipe's {PRETRAIN_LR:g}), its retriever's rate kept ({rate:g}: "
+          f"`PretrainJob.retriever_lr_scale` {rate / self.encoder_lr:g})"))
+    if self.candidates:
+      texts.append((
+          f" --candidates {self.candidates}", f", REALM with {self.candidates} candidates",
+          f"; REALM pretrained with {self.candidates} candidates per masked query, the null "
+          "document among them (`PretrainJob.num_candidates`; the recipe's 8)"))
+    if self.bert:
+      sha256 = wiki_runs.bert_sha256(self.bert)
+      texts.append((
+          f" --bert {self.bert}", f", from the English BERT {sha256[:8]}",
+          f"; the encoder and the readers (the baseline's and REALM's) from the English BERT "
+          f"{self.bert} (model.safetensors' sha256 {sha256}) instead of the shipped one, in "
+          "runs of their own"))
+    return texts
+
+
+RECIPE = Variant()
+
+
+def wiki_options(multiple: int, smoke: bool = False, variant: Variant = RECIPE) -> dict:
   """What a wiki cell is fingerprinted with besides the gins: the world's options
   (`wiki_runs.world_options`, the English BERT's sha256 among them), the length, the reading's
-  size, and the oracle blocks, the encoder's learning rate and the candidates (if set)."""
-  return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke, bert),
+  size, and the variant's (`Variant.options`)."""
+  return {**wiki_runs.world_options(ablations.EVAL_SPLIT, smoke, variant.bert),
           "pretrain_steps": wiki_steps(multiple, smoke),
-          "reading_sentences": READING_SENTENCES, **({"oracle_blocks": oracle} if oracle else {}),
-          **({"encoder_lr": encoder_lr} if encoder_lr else {}),
-          **({"num_candidates": candidates} if candidates else {})}
-
-
-def variant(oracle: int, encoder_lr: Optional[float] = None, bert: Optional[str] = None,
-            candidates: Optional[int] = None) -> str:
-  """The suffix of a variant's run and cell directories: "" for REALM, "_oracle<n>" with
-  `PretrainJob.oracle_blocks = n`, "_enclr<x>" with the encoder's peak learning rate x,
-  "_cand<k>" with `PretrainJob.num_candidates = k`, "_bert<h>" from the English BERT directory
-  `bert` (`wiki_runs.bert_suffix`)."""
-  return ((f"_oracle{oracle}" if oracle else "") + (f"_enclr{encoder_lr:g}" if encoder_lr else "")
-          + (f"_cand{candidates}" if candidates else "") + wiki_runs.bert_suffix(bert))
+          "reading_sentences": READING_SENTENCES, **variant.options()}
 
 
 def encoder_lr_bindings(encoder_lr: float) -> list[str]:
@@ -267,37 +327,25 @@ def encoder_lr_bindings(encoder_lr: float) -> list[str]:
 
 
 def wiki_cell_path(multiple: int, seed: int, cells: str = CELLS, smoke: bool = False,
-                   oracle: int = 0, encoder_lr: Optional[float] = None,
-                   bert: Optional[str] = None, candidates: Optional[int] = None) -> str:
-  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}"
-                      f"{variant(oracle, encoder_lr, bert, candidates)}",
+                   variant: Variant = RECIPE) -> str:
+  return os.path.join(cells, f"wiki_{wiki_steps(multiple, smoke)}{variant.suffix()}",
                       f"seed{seed}.json")
 
 
 def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: bool = False,
-                oracle: int = 0, encoder_lr: Optional[float] = None, bert: Optional[str] = None,
-                candidates: Optional[int] = None):
+                variant: Variant = RECIPE):
   """The wiki recipe of one seed and length under `out` (`wiki_runs.recipe`: `seed<s>/steps<N>`,
   1x being the Table 2 bench's REALM run). `mixed`: its fine-tuning slot is the mixed row's
-  (REALM's retriever, the BERT reader), as the Table 2 bench names it. `oracle`: REALM
-  pretrained with that many blocks stating the masked span first among its candidates
-  (`PretrainJob.oracle_blocks`), in a run of its own; `encoder_lr`: REALM's encoder at that
-  peak learning rate, the retriever's kept (`encoder_lr_bindings`), in a run of its own; `bert`:
-  the seed's runs from that English BERT directory, in a seed directory of its own
-  (`wiki_runs.seed_dir`); `candidates`: REALM pretrained with that many candidates per query
-  (`PretrainJob.num_candidates`, the null document among them), in a run of its own."""
+  (REALM's retriever, the BERT reader), as the Table 2 bench names it. `variant`: REALM's
+  pretraining in a run of its own (`Variant.run_suffix`), from another BERT in a seed directory
+  of its own (`wiki_runs.seed_dir`)."""
   steps = wiki_steps(multiple, smoke)
-  ablations.wiki_seed_dir(out, seed, smoke, bert)
+  ablations.wiki_seed_dir(out, seed, smoke, variant.bert)
   kwargs = {"finetune_name": MIXED, "finetune_reader": "bert"} if mixed else {}
-  pretrain_bindings = ([f"PretrainJob.oracle_blocks={oracle}"] if oracle else []) + (
-      encoder_lr_bindings(encoder_lr) if encoder_lr else []) + (
-      [f"PretrainJob.num_candidates={candidates}"] if candidates else [])
-  if pretrain_bindings:
-    kwargs["pretrain_bindings"] = pretrain_bindings
-  # The BERT names the seed's directory (`wiki_runs.seed_dir`), not the run's.
-  run_name = f"steps{steps}{variant(oracle, encoder_lr, candidates=candidates)}"
-  return wiki_runs.recipe(out, seed, run_name, pretrain_steps=steps, smoke=smoke, bert=bert,
-                          **kwargs)
+  if variant.pretrain_bindings():
+    kwargs["pretrain_bindings"] = variant.pretrain_bindings()
+  return wiki_runs.recipe(out, seed, f"steps{steps}{variant.run_suffix()}", pretrain_steps=steps,
+                          smoke=smoke, bert=variant.bert, **kwargs)
 
 
 def encoder_reading(run_dir: str, step: int, world: str,
@@ -327,23 +375,20 @@ def wiki_cell(summary: dict, reading: dict, minutes: float) -> dict:
 
 
 def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
-              make: bool = True, smoke: bool = False, oracle: int = 0,
-              encoder_lr: Optional[float] = None, bert: Optional[str] = None,
-              candidates: Optional[int] = None) -> dict[str, dict[int, dict]]:
-  """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`);
-  `oracle`, `encoder_lr`, `bert`, `candidates`: the rows made as `wiki_recipe` says."""
-  variant_kwargs = {"oracle": oracle, "encoder_lr": encoder_lr, "bert": bert,
-                    "candidates": candidates}
-  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, **variant_kwargs))
+              make: bool = True, smoke: bool = False,
+              variant: Variant = RECIPE) -> dict[str, dict[int, dict]]:
+  """{row: {seed: cell}} of one length of the wiki world, its missing cells made (`make`), REALM's
+  rows of `variant`."""
+  fingerprint = ablations.fingerprint(wiki_options(multiple, smoke, variant))
   rows: dict[str, dict[int, dict]] = {}
   for seed in seeds:
-    path = wiki_cell_path(multiple, seed, cells, smoke, **variant_kwargs)
+    path = wiki_cell_path(multiple, seed, cells, smoke, variant)
     cell = ablations.load_cell(path, fingerprint)
     if cell is None and make:
       print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps ...",
             flush=True)
       start = time.monotonic()
-      run = wiki_recipe(multiple, seed, out, smoke, **variant_kwargs)
+      run = wiki_recipe(multiple, seed, out, smoke, variant=variant)
       summary = run.run()
       step = summary["pretrain_checkpoint"]["step"]
       reading = encoder_reading(run.pretrain, step, "wiki",
@@ -353,7 +398,7 @@ def wiki_rows(multiple: int, seeds: Sequence[int], out: str, cells: str = CELLS,
     if cell is not None and MIXED not in cell and make:
       print(f"compute_curve: wiki world, seed {seed}, {wiki_steps(multiple, smoke)} steps: "
             "REALM's retriever with the BERT reader ...", flush=True)
-      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True, **variant_kwargs).run()
+      summary = wiki_recipe(multiple, seed, out, smoke, mixed=True, variant=variant).run()
       cell = {**cell, MIXED: {ablations.EM: summary["qa"]["realm"]["exact_match"],
                               ablations.RECALL: summary["recall"]["pretrained"]["recall@5"]},
               "recipe_mixed": summary}
@@ -429,39 +474,6 @@ def plot(curves: Mapping[str, Mapping[int, dict]], path: str = PLOT) -> None:
   pyplot.close(figure)
 
 
-def variant_texts(oracle: int = 0, encoder_lr: Optional[float] = None,
-                  bert: Optional[str] = None,
-                  candidates: Optional[int] = None) -> list[tuple[str, str, str]]:
-  """What `--write` adds for each variant set: (its command-line flag, its words in the
-  section's title, its sentence in the section's description)."""
-  texts = []
-  if oracle:
-    texts.append((
-        f" --oracle_blocks {oracle}", f", REALM with {oracle} oracle block{'s' * (oracle > 1)}",
-        f"; REALM pretrained with {oracle} block(s) of another article that state the masked "
-        "span first among its candidates (`PretrainJob.oracle_blocks`, "
-        "realm_jax/batches/stating_blocks.py), its retrieval utility measured with them"))
-  if encoder_lr:
-    texts.append((
-        f" --encoder_lr {encoder_lr:g}", f", REALM's encoder at learning rate {encoder_lr:g}",
-        f"; REALM's encoder pretrained at peak learning rate {encoder_lr:g} (the recipe's "
-        f"{PRETRAIN_LR:g}), its retriever's rate kept ({PRETRAIN_LR * RETRIEVER_LR_SCALE:g}: "
-        f"`PretrainJob.retriever_lr_scale` {PRETRAIN_LR * RETRIEVER_LR_SCALE / encoder_lr:g})"))
-  if candidates:
-    texts.append((
-        f" --candidates {candidates}", f", REALM with {candidates} candidates",
-        f"; REALM pretrained with {candidates} candidates per masked query, the null document "
-        "among them (`PretrainJob.num_candidates`; the recipe's 8)"))
-  if bert:
-    sha256 = wiki_runs.bert_sha256(bert)
-    texts.append((
-        f" --bert {bert}", f", from the English BERT {sha256[:8]}",
-        f"; the encoder and the readers (the baseline's and REALM's) from the English BERT "
-        f"{bert} (model.safetensors' sha256 {sha256}) instead of the shipped one, in runs of "
-        "their own"))
-  return texts
-
-
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -530,9 +542,7 @@ def main() -> int:
       parser.error(f"--bert {args.bert}: no model.safetensors there (a transformers BERT "
                    "directory, as `python -m realm_jax.toy_bert --world wiki --out` writes it)")
     args.bert = os.path.abspath(args.bert)
-  variant_kwargs = {"oracle": args.oracle_blocks, "encoder_lr": args.encoder_lr,
-                    "bert": args.bert, "candidates": args.candidates}
-  is_variant = any(variant_kwargs.values())
+  variant = Variant(args.oracle_blocks, args.encoder_lr, args.bert, args.candidates)
   from realm_jax import recipe as recipe_lib  # pylint: disable=import-outside-toplevel
   toy_bert = recipe_lib.toy_bert_dir("shipped")
   cells = os.path.abspath(args.cells)
@@ -542,12 +552,12 @@ def main() -> int:
   rows_by_multiple = {}
   for multiple in sorted(set(args.multiples)):
     # A smoke run and a variant make the seeds asked for alone (no 0-4 at 1x).
-    seeds = (tuple(sorted(set(args.seeds))) if args.smoke or is_variant
+    seeds = (tuple(sorted(set(args.seeds))) if args.smoke or variant.is_set
              else seeds_at(multiple, args.seeds))
     if args.world == "wiki":
       rows_by_multiple[multiple] = wiki_rows(multiple, seeds, out, cells,
                                              make=not args.report_only, smoke=args.smoke,
-                                             **variant_kwargs)
+                                             variant=variant)
     else:
       rows = (kept_rows(multiple, seeds, toy_bert, cells) if args.report_only
               else make_rows(multiple, seeds, out, toy_bert, cells))
@@ -560,13 +570,13 @@ def main() -> int:
   if args.write:
     paths: dict[int, list[str]] = {}  # {seed: its cell files at every length}
     for m in rows_by_multiple:
-      for seed in (sorted(set(args.seeds)) if is_variant else seeds_at(m, args.seeds)):
+      for seed in (sorted(set(args.seeds)) if variant.is_set else seeds_at(m, args.seeds)):
         paths.setdefault(seed, []).extend(
-            [wiki_cell_path(m, seed, cells, **variant_kwargs)] if args.world == "wiki"
+            [wiki_cell_path(m, seed, cells, variant=variant)] if args.world == "wiki"
             else
             [os.path.join(cells_dir(m, cells), f"seed{seed}_{name}.json") for name in ROWS])
     # The standard sections name the axis; a variant names the lengths it measured.
-    lengths = ("1x, 4x and 16x" if not is_variant else
+    lengths = ("1x, 4x and 16x" if not variant.is_set else
                ", ".join(f"{m}x" for m in sorted(set(args.multiples))))
     what = (f"REALM's row of bench/ablations.py pretrained for {lengths} the recipe's 400 "
             "steps, the ORQA-style baseline beside it from the same seed's ICT warm start"
@@ -574,12 +584,12 @@ def main() -> int:
             f"the wiki recipe (docs/wiki_world.md) with {lengths} its 200 pretraining "
             "steps, the retriever held for the first half of each, the ORQA-style baseline "
             "and its ICT warm start shared by "
-            + ("a seed" if is_variant else "the lengths of a seed"))
+            + ("a seed" if variant.is_set else "the lengths of a seed"))
     flags, title = f"--world {args.world}", SECTIONS[args.world]
-    if is_variant:
+    if variant.is_set:
       flags += (f" --multiples {' '.join(map(str, sorted(set(args.multiples))))} --seeds "
                 f"{' '.join(map(str, args.seeds))}")
-    for flag, named, described in variant_texts(**variant_kwargs):
+    for flag, named, described in variant.texts():
       flags, title, what = flags + flag, title + named, what + described
     body = (f"`python bench/compute_curve.py {flags} --write` on "
             f"{ablations.cells_machines(paths)}: {what}; the warm start, fine-tuning and "
@@ -593,7 +603,7 @@ def main() -> int:
     # Cells made on an accelerator get a section of their own, named after it.
     report.write_section(title, body,
                          accelerator=None if device.platform == "cpu" else device.device_kind)
-    if device.platform == "cpu" and not is_variant:
+    if device.platform == "cpu" and not variant.is_set:
       plot({world: kept_curve(world, cells, toy_bert) for world in ("toy", "wiki")})
       print(f"compute_curve: wrote {os.path.relpath(PLOT, REPO)}")
   return 0

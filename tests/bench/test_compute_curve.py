@@ -10,6 +10,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from bench import ablations  # noqa: E402  pylint: disable=wrong-import-position
 from bench import compute_curve  # noqa: E402  pylint: disable=wrong-import-position
 
+Variant = compute_curve.Variant
+
 
 def test_lengths_seeds_and_cells():
   assert [compute_curve.steps_of(m) for m in (1, 4, 16)] == [400, 1600, 6400]
@@ -108,37 +110,40 @@ def test_the_wiki_runs_share_what_every_length_of_a_seed_shares(tmp_path, monkey
   assert mixed.pretrain == one.pretrain and mixed.finetune_reader == "bert"
   assert mixed.finetune == str(tmp_path / "seed3" / "steps200" / compute_curve.MIXED)
   # The oracle variant: REALM's pretraining in a run of its own, with the seed's baseline.
-  oracle = compute_curve.wiki_recipe(1, 3, str(tmp_path), oracle=2)
+  oracle = compute_curve.wiki_recipe(1, 3, str(tmp_path), variant=Variant(oracle=2))
   assert oracle.pretrain == str(tmp_path / "seed3" / "steps200_oracle2" / "pretrain")
   assert "PretrainJob.oracle_blocks=2" in oracle.pretrain_bindings
   assert "PretrainJob.oracle_blocks=2" not in one.pretrain_bindings
   assert oracle.orqa == one.orqa and oracle.ict == one.ict
-  oracle_mixed = compute_curve.wiki_recipe(1, 3, str(tmp_path), mixed=True, oracle=2)
+  oracle_mixed = compute_curve.wiki_recipe(1, 3, str(tmp_path), mixed=True,
+                                            variant=Variant(oracle=2))
   assert oracle_mixed.pretrain == oracle.pretrain and oracle_mixed.finetune_reader == "bert"
-  assert compute_curve.wiki_cell_path(1, 3, "/c", oracle=2) == "/c/wiki_200_oracle2/seed3.json"
+  assert compute_curve.wiki_cell_path(1, 3, "/c", variant=Variant(oracle=2)) == (
+      "/c/wiki_200_oracle2/seed3.json")
   assert compute_curve.wiki_cell_path(1, 3, "/c") == "/c/wiki_200/seed3.json"
-  assert compute_curve.wiki_options(1, oracle=2) == {**compute_curve.wiki_options(1),
-                                                     "oracle_blocks": 2}
+  assert compute_curve.wiki_options(1, variant=Variant(oracle=2)) == {
+      **compute_curve.wiki_options(1), "oracle_blocks": 2}
   # The encoder's learning rate: a run of its own whose retriever keeps the recipe's rate
   # (3e-4 x 0.3 = 9e-5 = 3e-5 x 3).
-  slow = compute_curve.wiki_recipe(1, 3, str(tmp_path), encoder_lr=3e-5)
+  slow = compute_curve.wiki_recipe(1, 3, str(tmp_path), variant=Variant(encoder_lr=3e-5))
   assert slow.pretrain == str(tmp_path / "seed3" / "steps200_enclr3e-05" / "pretrain")
   assert slow.pretrain_bindings[-2:] == ["LEARNING_RATE=3e-05",
                                          "PretrainJob.retriever_lr_scale=3.0"]
   assert slow.orqa == one.orqa and slow.ict == one.ict
-  assert compute_curve.wiki_cell_path(1, 3, "/c", encoder_lr=3e-5) == (
+  assert compute_curve.wiki_cell_path(1, 3, "/c", variant=Variant(encoder_lr=3e-5)) == (
       "/c/wiki_200_enclr3e-05/seed3.json")
-  assert compute_curve.wiki_options(1, encoder_lr=3e-5) == {**compute_curve.wiki_options(1),
-                                                            "encoder_lr": 3e-5}
+  assert compute_curve.wiki_options(1, variant=Variant(encoder_lr=3e-5)) == {
+      **compute_curve.wiki_options(1), "encoder_lr": 3e-5}
   # More candidates per masked query: a run of its own, with the seed's baseline.
-  wide = compute_curve.wiki_recipe(1, 3, str(tmp_path), candidates=32)
+  wide = compute_curve.wiki_recipe(1, 3, str(tmp_path), variant=Variant(candidates=32))
   assert wide.pretrain == str(tmp_path / "seed3" / "steps200_cand32" / "pretrain")
   assert wide.pretrain_bindings[-1] == "PretrainJob.num_candidates=32"
   assert wide.orqa == one.orqa and wide.ict == one.ict
-  assert compute_curve.wiki_cell_path(1, 3, "/c", candidates=32, encoder_lr=3e-5) == (
+  assert compute_curve.wiki_cell_path(
+      1, 3, "/c", variant=Variant(candidates=32, encoder_lr=3e-5)) == (
       "/c/wiki_200_enclr3e-05_cand32/seed3.json")
-  assert compute_curve.wiki_options(1, candidates=32) == {**compute_curve.wiki_options(1),
-                                                          "num_candidates": 32}
+  assert compute_curve.wiki_options(1, variant=Variant(candidates=32)) == {
+      **compute_curve.wiki_options(1), "num_candidates": 32}
 
 
 def test_a_bert_variant_is_every_run_of_its_seeds_from_that_bert(tmp_path, monkeypatch):
@@ -166,7 +171,7 @@ def test_a_bert_variant_is_every_run_of_its_seeds_from_that_bert(tmp_path, monke
   assert shipped["wiki_bert_sha256"] == toy_bert.shipped_sha256("wiki")
   assert other == {**shipped, "wiki_bert_sha256": digest}
   runs = tmp_path / "runs"
-  run = compute_curve.wiki_recipe(1, 3, str(runs), bert=str(bert))
+  run = compute_curve.wiki_recipe(1, 3, str(runs), variant=Variant(bert=str(bert)))
   assert run.toy_bert == str(bert)
   seed_out = runs / f"seed3_bert{digest[:8]}"
   assert run.pretrain == str(seed_out / "steps200" / "pretrain")
@@ -174,10 +179,10 @@ def test_a_bert_variant_is_every_run_of_its_seeds_from_that_bert(tmp_path, monke
   assert run.bert == str(runs / f"bert_bert{digest[:8]}")
   with open(f"{seed_out}.fingerprint", encoding="utf-8") as f:
     assert f.read().strip() == ablations.fingerprint(other)
-  assert compute_curve.wiki_cell_path(1, 3, "/c", bert=str(bert)) == (
+  assert compute_curve.wiki_cell_path(1, 3, "/c", variant=Variant(bert=str(bert))) == (
       f"/c/wiki_200_bert{digest[:8]}/seed3.json")
-  assert compute_curve.wiki_options(1, bert=str(bert)) == {**compute_curve.wiki_options(1),
-                                                           "wiki_bert_sha256": digest}
+  assert compute_curve.wiki_options(1, variant=Variant(bert=str(bert))) == {
+      **compute_curve.wiki_options(1), "wiki_bert_sha256": digest}
   # The shipped BERT's runs of the same seed and output directory are apart from them.
   shipped_run = compute_curve.wiki_recipe(1, 3, str(runs))
   assert shipped_run.pretrain == str(runs / "seed3" / "steps200" / "pretrain")
@@ -257,11 +262,10 @@ def test_a_kept_wiki_cell_gains_the_mixed_row_once(tmp_path, monkeypatch):
       return summary
 
   monkeypatch.setattr(compute_curve, "wiki_options",
-                      lambda multiple, smoke=False, oracle=0, encoder_lr=None, bert=None,
-                      candidates=None: {"m": multiple})
+                      lambda multiple, smoke=False, variant=None: {"m": multiple})
   monkeypatch.setattr(compute_curve, "wiki_recipe",
-                      lambda multiple, seed, out, smoke=False, mixed=False, oracle=0,
-                      encoder_lr=None, bert=None, candidates=None: FakeRecipe(mixed))
+                      lambda multiple, seed, out, smoke=False, mixed=False, variant=None:
+                      FakeRecipe(mixed))
   fingerprint = ablations.fingerprint({"m": 1})
   path = compute_curve.wiki_cell_path(1, 0, str(tmp_path))
   ablations.save_cell(path, {"realm": _cell(0.04, 0.17), "orqa": _cell(0.03, 0.17)}, fingerprint)
@@ -281,12 +285,12 @@ def test_a_variants_section_title_is_the_one_its_written_section_has():
   with open(os.path.join(os.path.dirname(compute_curve.PLOT), "benchmarks.md"),
             encoding="utf-8") as f:
     titles = {line[3:].strip() for line in f if line.startswith("## ")}
-  for kwargs, flags in (({"oracle": 1}, " --oracle_blocks 1"),
+  for fields, flags in (({"oracle": 1}, " --oracle_blocks 1"),
                         ({"encoder_lr": 3e-5}, " --encoder_lr 3e-05"),
                         ({"oracle": 1, "encoder_lr": 3e-5},
                          " --oracle_blocks 1 --encoder_lr 3e-05")):
-    texts = compute_curve.variant_texts(**kwargs)
+    texts = Variant(**fields).texts()
     assert "".join(flag for flag, _, _ in texts) == flags
     assert compute_curve.SECTIONS["wiki"] + "".join(named for _, named, _ in texts) in titles
-  retriever_rate = compute_curve.variant_texts(encoder_lr=3e-5)[0][2]
+  retriever_rate = Variant(encoder_lr=3e-5).texts()[0][2]
   assert "(9e-05: `PretrainJob.retriever_lr_scale` 3)" in retriever_rate
