@@ -1,6 +1,7 @@
 r"""RETRO against the same decoder without retrieval, and RETRO-fitting, on two corpora.
 
-  python bench/retro.py [--seeds 0 1 2] [--corpora toy pydocs] [--out /tmp/retro_bench] [--write]
+  python bench/retro.py [--seeds 0 1 2] [--corpora toy pydocs] [--out /tmp/retro_bench]
+      [--steps N] [--write]
 
 Rows, per corpus and seed (paired by seed: one seed sets the initialisation and data order of
 each row of it):
@@ -25,7 +26,10 @@ substring with their neighbours is at most half the chunk).
 Cells are kept in bench/results/retro/ (`<corpus>_seed<s>_<row>.json`, with the commit, date and
 a fingerprint of the gins and options that made them) and reused, as bench/ablations.py keeps
 its own; `--write` puts the table, the paired differences and the cells' provenance into the
-section "RETRO on the toy world and Python's documentation" of bench/docs/benchmarks.md.
+section "RETRO on the toy world and Python's documentation" of bench/docs/benchmarks.md ("RETRO
+on the wiki world" for `--corpora wiki`). `--steps N` trains every row N steps instead of the
+gin's, with runs (`<out>/<corpus>/seed<s>_steps<N>`), cells (bench/results/retro_steps<N>/)
+and a section (", trained N steps") of their own.
 """
 
 from __future__ import annotations
@@ -165,12 +169,17 @@ def _final_checkpoint(run_dir: str) -> str:
   return checkpoints.checkpoint_path(run_dir, step)
 
 
+def seed_runs_dir(out: str, corpus: str, seed: int, steps: Optional[int]) -> str:
+  """One seed's runs: `<out>/<corpus>/seed<s>`, `seed<s>_steps<N>` at another length."""
+  return os.path.join(out, corpus, f"seed{seed}" + (f"_steps{steps}" if steps else ""))
+
+
 def run_cell(corpus: str, seed: int, row: str, out: str, database: str,
              block_store: Optional[str], steps: Optional[int]) -> dict:
   """Trains the cell's run (the retrofit row after its seed's baseline) and evaluates it."""
   from realm_jax.evaluation import retro as retro_eval  # pylint: disable=g-import-not-at-top
   start = time.monotonic()
-  seed_dir = os.path.join(out, corpus, f"seed{seed}")
+  seed_dir = seed_runs_dir(out, corpus, seed, steps)
   bindings = {"baseline": ["RETRIEVAL=False"], "retro": [],
               "retro_own_document": ["RetroJob.exclude_own_document=False"]}.get(row)
   if row == "retrofit":
@@ -247,6 +256,11 @@ def cell_fingerprint(corpus: str, database: str, steps: Optional[int]) -> str:
                                gins=FINGERPRINT_GINS, excluded=())
 
 
+def cells_dir(steps: Optional[int]) -> str:
+  """Where the cells of runs of `steps` steps are kept (None: the gin's length)."""
+  return DEFAULT_CELLS if steps is None else f"{DEFAULT_CELLS}_steps{steps}"
+
+
 def run(out: str, corpora: Sequence[str], seeds: Sequence[int], steps: Optional[int],
         cells: str) -> dict:
   """{(corpus, row): {seed: cell}}, every cell made or reused."""
@@ -260,7 +274,7 @@ def run(out: str, corpora: Sequence[str], seeds: Sequence[int], steps: Optional[
         cell = ablations.load_cell(path, fp)
         if cell is None:
           print(f"retro: {corpus}, seed {seed}: {label} ...", flush=True)
-          ablations.claim_runs_dir(os.path.join(out, corpus, f"seed{seed}"), fp)
+          ablations.claim_runs_dir(seed_runs_dir(out, corpus, seed, steps), fp)
           cell = run_cell(corpus, seed, row, out, database, block_store, steps)
           ablations.save_cell(path, cell, fp)
           print(f"retro: {corpus}, seed {seed}, {row}: bits per byte {cell['bpb']:.4f} "
@@ -424,14 +438,20 @@ def keys_description(corpora: Sequence[str]) -> str:
   return "; ".join(parts)
 
 
-def markdown(results: dict, corpora: Sequence[str], seeds: Sequence[int]) -> str:
+def command(corpora: Sequence[str], seeds: Sequence[int], steps: Optional[int] = None) -> str:
+  """The command that writes the section of these cells."""
+  return (f"python bench/retro.py --seeds {' '.join(map(str, seeds))} --corpora "
+          f"{' '.join(corpora)}{f' --steps {steps}' if steps else ''} --write")
+
+
+def markdown(results: dict, corpora: Sequence[str], seeds: Sequence[int],
+             steps: Optional[int] = None) -> str:
   cells = [c for by_seed in results.values() for c in by_seed.values()]
   minutes = sum(c["minutes"] for c in cells)
   first = cells[0] if cells else {}
   return "\n".join([
-      f"`python bench/retro.py --seeds {' '.join(map(str, seeds))} --corpora "
-      f"{' '.join(corpora)} --write` ({minutes:.0f} minutes of runs; cells kept in "
-      f"bench/results/retro/ with their commit and date). Each row is "
+      f"`{command(corpora, seeds, steps)}` ({minutes:.0f} minutes of runs; cells kept in "
+      f"{os.path.relpath(cells_dir(steps), REPO)}/ with their commit and date). Each row is "
       f"gin_configs/experiments/toy_retro.gin (decoder of 4 layers, width 128, CCA in layers 2 "
       f"and 4, a one-layer neighbour encoder, Adam's epsilon 1e-8, m = 16, sequences of 2 "
       f"chunks, k = 2 neighbours of 32 tokens; {keys_description(corpora)}) "
@@ -473,18 +493,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   parser.add_argument("--out", default="/tmp/retro_bench",
                       help="run directories and the Python-docs corpus (resumable)")
   parser.add_argument("--steps", type=int, default=None,
-                      help="training steps of every run (default: the gin's)")
-  parser.add_argument("--cells", default=DEFAULT_CELLS, help="where finished cells are kept")
+                      help="training steps of every run (default: the gin's); with it, the "
+                           "runs, cells and section are the length's own (runs in "
+                           "<out>/<corpus>/seed<s>_steps<N>, cells in "
+                           "bench/results/retro_steps<N>, the section's title ends ', trained "
+                           "N steps')")
+  parser.add_argument("--cells", default=None,
+                      help="where finished cells are kept (default: "
+                           f"{os.path.relpath(DEFAULT_CELLS, REPO)}, with --steps N "
+                           f"{os.path.relpath(DEFAULT_CELLS, REPO)}_steps<N>)")
   parser.add_argument("--write", action="store_true",
                       help=f"write the section {SECTION!r} of bench/docs/benchmarks.md")
   args = parser.parse_args(argv)
+  if args.steps is not None and args.steps < 1:
+    parser.error("--steps: a positive count")
   if args.write and "wiki" in args.corpora and args.corpora != ["wiki"]:
     parser.error(f"--write: 'wiki' alone ({WIKI_SECTION!r}), or the others ({SECTION!r})")
-  results = run(os.path.abspath(args.out), args.corpora, args.seeds, args.steps, args.cells)
-  body = markdown(results, args.corpora, args.seeds)
+  if args.write and args.cells is not None:
+    parser.error("--write: the section cites the default --cells; leave it out")
+  results = run(os.path.abspath(args.out), args.corpora, args.seeds, args.steps,
+                args.cells or cells_dir(args.steps))
+  body = markdown(results, args.corpora, args.seeds, args.steps)
   print("\n" + body, flush=True)
   if args.write:
-    report.write_section(WIKI_SECTION if args.corpora == ["wiki"] else SECTION, body)
+    title = WIKI_SECTION if args.corpora == ["wiki"] else SECTION
+    report.write_section(title + (f", trained {args.steps} steps" if args.steps else ""), body)
   return 0
 
 

@@ -155,3 +155,34 @@ def test_the_keys_paragraph_names_each_corporas_bert():
       "world's generated text")
   assert retro_bench.keys_description(["wiki"]).startswith(
       "the wiki world's chunk keys from its English BERT")
+
+
+def test_another_length_has_runs_cells_and_a_section_of_its_own(tmp_path, monkeypatch, capsys):
+  """`--steps N`: the runs in seed<s>_steps<N> and the cells in retro_steps<N>, so that the
+  gin's length's cells are never made again over; the section says N and its command
+  reproduces it. Without it, the default cells and the plain title."""
+  made, written = [], []
+  cell = _cell(1.8, 1.81, 8.4, 6.2)
+  monkeypatch.setattr(retro_bench, "run", lambda out, corpora, seeds, steps, cells: (
+      made.append((out, steps, cells))
+      or {("wiki", row): {0: cell} for row, _ in retro_bench.ROWS}))
+  monkeypatch.setattr(retro_bench.report, "write_section",
+                      lambda title, body, **kwargs: written.append((title, body)))
+  args = ["--corpora", "wiki", "--seeds", "0", "--out", str(tmp_path), "--write"]
+  assert retro_bench.main(args + ["--steps", "1200"]) == 0
+  assert made[-1] == (str(tmp_path), 1200,
+                      os.path.join(REPO_ROOT, "bench", "results", "retro_steps1200"))
+  assert retro_bench.seed_runs_dir("/o", "wiki", 2, 1200) == "/o/wiki/seed2_steps1200"
+  assert retro_bench.seed_runs_dir("/o", "wiki", 2, None) == "/o/wiki/seed2"
+  assert written[-1][0] == "RETRO on the wiki world, trained 1200 steps"
+  assert written[-1][1].startswith(
+      "`python bench/retro.py --seeds 0 --corpora wiki --steps 1200 --write` (4 minutes of "
+      "runs; cells kept in bench/results/retro_steps1200/ ")
+  assert retro_bench.main(args) == 0
+  assert made[-1] == (str(tmp_path), None, os.path.join(REPO_ROOT, "bench", "results", "retro"))
+  assert written[-1][0] == "RETRO on the wiki world"
+  assert "--corpora wiki --write` (4 minutes of runs; cells kept in bench/results/retro/ " in (
+      written[-1][1])
+  with pytest.raises(SystemExit):
+    retro_bench.main(args + ["--steps", "0"])
+  assert "--steps: a positive count" in capsys.readouterr().err
