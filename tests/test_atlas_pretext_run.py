@@ -43,6 +43,8 @@ TINY = toy_runs.TINY
 TASK = "atlas_pretext_pretexttest"
 DEV_PERCENT = 20
 
+pytestmark = pytest.mark.usefixtures("one_device")
+
 
 @pytest.fixture(scope="module")
 def records(private_cache, tmp_path_factory):

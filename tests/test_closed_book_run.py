@@ -39,7 +39,7 @@ GIN = "--gin_file=gin_configs/experiments/atlas_toy_closed_book.gin"
 # BERT uncased: [CLS] where was alpha born ? [SEP].
 QUESTION_ROW = [101, 2073, 2001, 6541, 2141, 1029, 102]
 
-pytestmark = pytest.mark.usefixtures("clean_gin")
+pytestmark = pytest.mark.usefixtures("one_device", "clean_gin")
 
 
 @pytest.fixture(scope="module")

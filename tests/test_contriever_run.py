@@ -25,6 +25,8 @@ GIN = "--gin_file=gin_configs/experiments/contriever_toy.gin"
 ICT_KEYS = ("query_ids", "query_mask", "block_ids", "block_type_ids", "block_mask",
             "block_uid")
 
+pytestmark = pytest.mark.usefixtures("one_device")
+
 
 @pytest.fixture
 def small_store(tmp_path):

@@ -34,7 +34,7 @@ import toy_runs  # tests/toy_runs.py
 
 TINY = toy_runs.TINY
 
-pytestmark = pytest.mark.usefixtures("clean_gin")
+pytestmark = pytest.mark.usefixtures("one_device", "clean_gin")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,7 @@ def test_fid_fine_tuning_runs_resumes_exactly_and_evaluates_with_evidence(world,
   a, _, metadata = checkpoints.restore_params(straight, 4)
   b, _, _ = checkpoints.restore_params(resumed, 4)
   assert sorted(metadata["param_items"]) == ["fid", "retriever"]
+  assert metadata["extra"]["trainer"]["mesh"] == {"data": 1, "model": 1}  # one_device
   for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
     np.testing.assert_array_equal(x, y)
   # The question tower (the toy model's tied embedder) trained; the document side, the index

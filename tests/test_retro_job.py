@@ -15,7 +15,7 @@ from realm_jax.index import chunks
 from realm_jax.jobs import retro as retro_job
 from realm_jax.models import retro as retro_model
 
-pytestmark = pytest.mark.usefixtures("clean_gin")
+pytestmark = pytest.mark.usefixtures("one_device", "clean_gin")
 
 TOY = ["--gin_file=gin_configs/experiments/toy_retro.gin"]
 # A tiny RETRO (2 layers, CCA in the second, width 32) on the BERT vocabulary, 8 sequences of

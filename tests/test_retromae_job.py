@@ -17,7 +17,7 @@ from realm_jax import jobs
 from realm_jax import train
 from realm_jax.models import realm
 
-pytestmark = pytest.mark.usefixtures("clean_gin")
+pytestmark = pytest.mark.usefixtures("one_device", "clean_gin")
 
 TOY = ["--gin_file=gin_configs/experiments/toy_retromae.gin"]
 # Two small steps: 8 blocks (one per test device), at most 16 predicted wordpieces each.

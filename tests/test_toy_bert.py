@@ -15,7 +15,7 @@ from realm_jax.models import config as model_config
 from realm_jax.models.reader import RealmKnowledgeAugEncoder
 from realm_jax import checkpoints
 
-pytestmark = pytest.mark.usefixtures("private_cache")
+pytestmark = pytest.mark.usefixtures("one_device", "private_cache")
 # The shipped toy BERT reads 0.190 of 200 held-out masked wordpieces with context, 0.077
 # without and 0.075 beside another document's block (docs/toy_bert.md): floors with a margin.
 READS_WITH_CONTEXT = 0.16
