@@ -342,8 +342,9 @@ def wiki_recipe(multiple: int, seed: int, out: str, smoke: bool = False, mixed: 
   steps = wiki_steps(multiple, smoke)
   ablations.wiki_seed_dir(out, seed, smoke, variant.bert)
   kwargs = {"finetune_name": MIXED, "finetune_reader": "bert"} if mixed else {}
-  if variant.pretrain_bindings():
-    kwargs["pretrain_bindings"] = variant.pretrain_bindings()
+  pretrain_bindings = variant.pretrain_bindings()
+  if pretrain_bindings:
+    kwargs["pretrain_bindings"] = pretrain_bindings
   return wiki_runs.recipe(out, seed, f"steps{steps}{variant.run_suffix()}", pretrain_steps=steps,
                           smoke=smoke, bert=variant.bert, **kwargs)
 
