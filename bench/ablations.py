@@ -1019,10 +1019,12 @@ def factorial_lines(rows: Mapping[str, Mapping[int, dict]], world: str = "toy") 
                  f"{two_sided_verdict(effects[name])}")
   recall = paired(rows, BASE, "orqa", RECALL)
   if recall is not None and recall[0] == seeds and len(seeds) > 2:
-    r = float(np.corrcoef(recall[1].per_seed, effects["retriever"].per_seed)[0, 1])
+    x, y = recall[1].per_seed, effects["retriever"].per_seed
+    correlation = (f"{float(np.corrcoef(x, y)[0, 1]):+.2f}" if np.std(x) > 0 and np.std(y) > 0
+                   else "undefined (one of the two is the same in every seed)")
     lines.append(f"* zero-shot recall@5, REALM's retriever minus ICT's: "
                  f"{format_difference(*recall)}; its correlation over the seeds with the "
-                 f"retriever's effect on EM: {r:+.2f}")
+                 f"retriever's effect on EM: {correlation}")
   return "\n".join(lines)
 
 

@@ -196,6 +196,14 @@ def test_factorial_effects_split_realm_minus_the_baseline_by_hand():
   # r = 0.0075556 / 0.0076504 = 0.99.
   assert lines[-1].endswith("its correlation over the seeds with the retriever's effect on "
                             "EM: +0.99")
+  # One retriever in every seed (REALM's rule picked a checkpoint with the retriever still
+  # ICT's): zero recall and retriever differences, no correlation to print.
+  held = dict(rows, realm_retriever_bert_encoder=rows["orqa"],
+              ict_retriever_realm_encoder=rows["realm"],
+              orqa=_by_seed(_cell(0.18, 0.50), _cell(0.20, 0.40), _cell(0.18, 0.45)))
+  assert ablations.factorial_lines(held).splitlines()[-1].endswith(
+      "its correlation over the seeds with the retriever's effect on EM: undefined (one of the "
+      "two is the same in every seed)")
   del rows["orqa"][2]  # a seed missing one of the four rows is left out
   assert ablations.factorial_effects(rows)[0] == (0, 1)
   assert ablations.factorial_lines({"realm": rows["realm"]}) == ""
