@@ -47,9 +47,9 @@ Per length: REALM minus the baseline, paired by seed (mean ± standard error, ea
 whether every seed agrees), on test EM and on zero-shot test recall@5, and REALM's retrieval
 utility and masked-span accuracy at its last pretraining checkpoint (mean ± standard deviation)
 and its reading (mean). `--write` adds the plot of both worlds (bench/docs/compute_curve.png).
-A cell is made in about 4 + 6m minutes on 2 cores (a 16x toy cell took 98 minutes beside another
-run); run it in the background: every finished cell is kept, and a stopped run resumes from the cells and
-the runs under --out.
+A cell is made in about 4 + 6m minutes on 2 cores (16x, beside another run: a toy cell took 98
+minutes, a wiki cell 75); run it in the background: every finished cell is kept, and a stopped
+run resumes from the cells and the runs under --out.
 """
 
 from __future__ import annotations
